@@ -4,7 +4,27 @@
 #include <memory>
 #include <string>
 
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "spdlog/spdlog.h"
+
+#if !defined(ABSL_USES_STD_STRING_VIEW)
+// Debian's Abseil has its own string_view type; let spdlog/fmt print it (and Status) directly.
+template <>
+struct fmt::formatter<absl::string_view> : fmt::formatter<fmt::string_view> {
+  auto format(absl::string_view s, fmt::format_context& ctx) const {
+    return fmt::formatter<fmt::string_view>::format(fmt::string_view(s.data(), s.size()), ctx);
+  }
+};
+#endif
+
+template <>
+struct fmt::formatter<absl::Status> : fmt::formatter<fmt::string_view> {
+  auto format(const absl::Status& s, fmt::format_context& ctx) const {
+    const std::string text = s.ToString();
+    return fmt::formatter<fmt::string_view>::format(fmt::string_view(text), ctx);
+  }
+};
 
 namespace tributary::common {
 

@@ -1,0 +1,22 @@
+// absl::Status <-> grpc::Status, and server plumbing every Tributary gRPC server shares.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "grpcpp/grpcpp.h"
+
+namespace tributary::common {
+
+// Same code, same message.
+grpc::Status ToGrpcStatus(const absl::Status& s);
+absl::Status FromGrpcStatus(const grpc::Status& s);
+
+// Turns on grpc.health.v1 and server reflection for every server built afterwards.
+void EnableHealthAndReflection();
+
+// Marks the default health service SERVING (overall and for `service_name`).
+void SetServing(grpc::Server* server, const std::string& service_name);
+
+}  // namespace tributary::common

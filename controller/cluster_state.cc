@@ -1,0 +1,273 @@
+#include "controller/cluster_state.h"
+
+#include <regex>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "controller/planner/job_planner.h"
+#include "google/protobuf/util/message_differencer.h"
+
+namespace tributary::controller {
+namespace {
+
+using google::protobuf::util::MessageDifferencer;
+
+std::shared_ptr<spdlog::logger> Log() {
+  static auto logger = common::Logger("controller");
+  return logger;
+}
+
+bool ValidId(const std::string& id) {
+  static const std::regex kId("[A-Za-z0-9][A-Za-z0-9._:-]{0,127}");
+  return std::regex_match(id, kId);
+}
+
+// Plans compare equal when everything but the version matches.
+bool SamePlan(tributary::v1::JobPlan a, tributary::v1::JobPlan b) {
+  a.set_version(0);
+  b.set_version(0);
+  return MessageDifferencer::Equals(a, b);
+}
+
+}  // namespace
+
+ClusterState::ClusterState(const common::Clock* clock, Options options, uint64_t incarnation_seed)
+    : clock_(clock), options_(options), next_incarnation_(incarnation_seed) {}
+
+uint64_t ClusterState::assignments_version() const {
+  std::lock_guard lock(mu_);
+  return assignments_version_;
+}
+
+absl::Status ClusterState::RegisterNode(const tributary::v1::RegisterNodeRequest& req,
+                                        tributary::v1::RegisterNodeResponse* resp) {
+  if (!ValidId(req.node_id())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "node_id '", req.node_id(), "' must be 1-128 characters of [A-Za-z0-9._:-]"));
+  }
+  const auto& inv = req.inventory();
+  if (inv.data_plane_address().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("node '", req.node_id(), "' registered without a data_plane_address"));
+  }
+  if (!(inv.nic_bytes_per_s() >= 0) || !(inv.sum_bytes_per_s() >= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("node '", req.node_id(), "' declares negative bandwidth"));
+  }
+  std::lock_guard lock(mu_);
+  NodeEntry& node = nodes_[req.node_id()];
+  const bool changed = !node.alive || !MessageDifferencer::Equals(node.inventory, inv);
+  node.inventory = inv;
+  node.incarnation = next_incarnation_++;
+  node.last_heartbeat = clock_->Now();
+  node.alive = true;
+  Log()->info("node {} registered: data plane {}, nic {:.0f} MB/s, {} cores", req.node_id(),
+              inv.data_plane_address(), inv.nic_bytes_per_s() / 1e6, inv.cpu_cores());
+  if (changed) ReplanAllLocked();
+  resp->set_incarnation(node.incarnation);
+  resp->set_heartbeat_interval_ms(static_cast<uint32_t>(options_.heartbeat_interval.count()));
+  resp->set_assignments_version(assignments_version_);
+  return absl::OkStatus();
+}
+
+absl::Status ClusterState::Heartbeat(const tributary::v1::HeartbeatRequest& req,
+                                     tributary::v1::HeartbeatResponse* resp) {
+  std::lock_guard lock(mu_);
+  auto it = nodes_.find(req.node_id());
+  if (it == nodes_.end() || it->second.incarnation != req.incarnation()) {
+    return absl::NotFoundError(absl::StrCat("node '", req.node_id(),
+                                            "' is not registered with this controller; "
+                                            "register again"));
+  }
+  NodeEntry& node = it->second;
+  node.load = req.load();
+  node.last_heartbeat = clock_->Now();
+  if (!node.alive) {
+    node.alive = true;
+    Log()->info("node {} is alive again", req.node_id());
+    ReplanAllLocked();
+  }
+  resp->set_assignments_version(assignments_version_);
+  return absl::OkStatus();
+}
+
+absl::Status ClusterState::GetAssignments(const tributary::v1::GetAssignmentsRequest& req,
+                                          tributary::v1::GetAssignmentsResponse* resp) {
+  std::lock_guard lock(mu_);
+  if (!nodes_.contains(req.node_id())) {
+    return absl::NotFoundError(absl::StrCat("node '", req.node_id(), "' is not registered"));
+  }
+  resp->set_assignments_version(assignments_version_);
+  for (const auto& [id, entry] : jobs_) {
+    const auto& plan = entry.job.plan();
+    bool involved = false;
+    for (const auto& w : plan.workers()) involved |= w.node_id() == req.node_id();
+    for (const auto& s : plan.servers()) involved |= s.node_id() == req.node_id();
+    if (involved) *resp->add_plans() = plan;
+  }
+  return absl::OkStatus();
+}
+
+void ClusterState::ListNodes(tributary::v1::ListNodesResponse* resp) {
+  std::lock_guard lock(mu_);
+  const auto now = clock_->Now();
+  for (const auto& [id, node] : nodes_) {
+    auto* out = resp->add_nodes();
+    out->set_node_id(id);
+    *out->mutable_inventory() = node.inventory;
+    out->set_state(node.alive ? tributary::v1::NODE_STATE_ALIVE : tributary::v1::NODE_STATE_DEAD);
+    *out->mutable_load() = node.load;
+    out->set_last_heartbeat_age_s(
+        std::chrono::duration<double>(now - node.last_heartbeat).count());
+    double committed = 0;
+    for (const auto& [job_id, entry] : jobs_) {
+      for (const auto& w : entry.job.plan().workers()) {
+        if (w.node_id() == id) out->add_worker_of(job_id);
+      }
+      for (const auto& s : entry.job.plan().servers()) {
+        if (s.node_id() == id && !s.is_worker()) out->add_server_of(job_id);
+      }
+      committed += SpareNicUse(entry.job.plan(), id);
+    }
+    out->set_committed_nic_bytes_per_s(committed);
+  }
+}
+
+absl::StatusOr<tributary::v1::JobPlan> ClusterState::PlanLocked(
+    const std::string& job_id, const tributary::v1::JobSpec& spec, uint64_t version) const {
+  std::vector<NodeSnapshot> snapshot;
+  for (const auto& [id, node] : nodes_) {
+    NodeSnapshot s;
+    s.node_id = id;
+    s.inventory = node.inventory;
+    s.alive = node.alive;
+    s.cpu_busy_fraction = node.load.cpu_busy_fraction();
+    for (const auto& [other_id, entry] : jobs_) {
+      if (other_id != job_id) s.committed_nic_bytes_per_s += SpareNicUse(entry.job.plan(), id);
+    }
+    snapshot.push_back(std::move(s));
+  }
+  return PlanJob(job_id, spec, snapshot, version);
+}
+
+void ClusterState::UpdateJobStateLocked(tributary::v1::Job& job) const {
+  std::string dead;
+  for (const auto& w : job.spec().worker_nodes()) {
+    auto it = nodes_.find(w);
+    if (it == nodes_.end() || !it->second.alive) dead += (dead.empty() ? "" : ", ") + w;
+  }
+  job.set_state(dead.empty() ? tributary::v1::JOB_STATE_RUNNING
+                             : tributary::v1::JOB_STATE_DEGRADED);
+  job.set_message(dead.empty() ? "" : absl::StrCat("worker nodes down: ", dead));
+}
+
+absl::Status ClusterState::CreateJob(const tributary::v1::CreateJobRequest& req,
+                                     tributary::v1::Job* job) {
+  if (!ValidId(req.job_id())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job_id '", req.job_id(), "' must be 1-128 characters of [A-Za-z0-9._:-]"));
+  }
+  absl::StatusOr<tributary::v1::JobSpec> spec = NormalizeJobSpec(req.spec());
+  if (!spec.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job '", req.job_id(), "': ", spec.status().message()));
+  }
+  std::lock_guard lock(mu_);
+  if (auto it = jobs_.find(req.job_id()); it != jobs_.end()) {
+    if (!MessageDifferencer::Equals(it->second.job.spec(), *spec)) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "job '", req.job_id(), "' exists with a different spec; delete it first"));
+    }
+    *job = it->second.job;  // idempotent retry
+    return absl::OkStatus();
+  }
+  for (const std::string& w : spec->worker_nodes()) {
+    auto it = nodes_.find(w);
+    if (it == nodes_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("job '", req.job_id(), "': worker node '", w, "' is not registered"));
+    }
+    if (!it->second.alive) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job '", req.job_id(), "': worker node '", w, "' is dead"));
+    }
+  }
+  absl::StatusOr<tributary::v1::JobPlan> plan = PlanLocked(req.job_id(), *spec, 1);
+  if (!plan.ok()) return plan.status();
+  tributary::v1::Job created;
+  created.set_job_id(req.job_id());
+  *created.mutable_spec() = *spec;
+  *created.mutable_plan() = *std::move(plan);
+  UpdateJobStateLocked(created);
+  *job = created;
+  if (req.dry_run()) return absl::OkStatus();
+  jobs_[req.job_id()].job = std::move(created);
+  assignments_version_++;
+  Log()->info("job {} created: {} workers, {} summation servers, predicted {:.3f} s vs ring "
+              "{:.3f} s for {} bytes",
+              req.job_id(), job->plan().workers_size(), job->plan().servers_size(),
+              job->plan().predicted_seconds(), job->plan().ring_seconds(),
+              job->plan().model_bytes());
+  return absl::OkStatus();
+}
+
+absl::Status ClusterState::GetJob(const std::string& job_id, tributary::v1::Job* job) {
+  std::lock_guard lock(mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job '", job_id, "' not found"));
+  *job = it->second.job;
+  return absl::OkStatus();
+}
+
+void ClusterState::ListJobs(tributary::v1::ListJobsResponse* resp) {
+  std::lock_guard lock(mu_);
+  for (const auto& [id, entry] : jobs_) *resp->add_jobs() = entry.job;
+}
+
+absl::Status ClusterState::DeleteJob(const std::string& job_id) {
+  std::lock_guard lock(mu_);
+  if (jobs_.erase(job_id) > 0) {
+    assignments_version_++;
+    Log()->info("job {} deleted", job_id);
+    ReplanAllLocked();  // capacity it used on spare nodes is free again
+  }
+  return absl::OkStatus();
+}
+
+void ClusterState::ReplanAllLocked() {
+  bool changed = false;
+  for (auto& [id, entry] : jobs_) {
+    tributary::v1::Job& job = entry.job;
+    UpdateJobStateLocked(job);
+    absl::StatusOr<tributary::v1::JobPlan> plan =
+        PlanLocked(id, job.spec(), job.plan().version() + 1);
+    if (!plan.ok()) {
+      Log()->warn("re-planning job {} failed, keeping plan v{}: {}", id, job.plan().version(),
+                  plan.status().message());
+      continue;
+    }
+    if (SamePlan(*plan, job.plan())) continue;
+    Log()->info("job {} re-planned: v{} with {} summation servers", id, plan->version(),
+                plan->servers_size());
+    *job.mutable_plan() = *std::move(plan);
+    changed = true;
+  }
+  if (changed) assignments_version_++;
+}
+
+void ClusterState::CheckLiveness() {
+  std::lock_guard lock(mu_);
+  const auto now = clock_->Now();
+  bool died = false;
+  for (auto& [id, node] : nodes_) {
+    if (node.alive && now - node.last_heartbeat > options_.heartbeat_timeout) {
+      node.alive = false;
+      died = true;
+      Log()->warn("node {} missed heartbeats for {} ms: dead", id,
+                  options_.heartbeat_timeout.count());
+    }
+  }
+  if (died) ReplanAllLocked();
+}
+
+}  // namespace tributary::controller

@@ -1,0 +1,161 @@
+#include "controller/planner/job_planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "controller/planner/split_planner.h"
+
+namespace tributary::controller {
+namespace {
+
+constexpr uint64_t kDefaultPartitionBytes = 4 << 20;
+constexpr uint64_t kDefaultModelBytes = 64 << 20;
+constexpr uint32_t kDefaultTimeoutMs = 30000;
+// A spare machine left with less than this fraction of its NIC is not worth a connection.
+constexpr double kMinUsefulNicFraction = 0.05;
+
+}  // namespace
+
+absl::StatusOr<tributary::v1::JobSpec> NormalizeJobSpec(const tributary::v1::JobSpec& in) {
+  tributary::v1::JobSpec spec = in;
+  if (spec.worker_nodes().empty()) {
+    return absl::InvalidArgumentError("worker_nodes is empty: name the nodes that run workers");
+  }
+  std::set<std::string> seen;
+  for (const std::string& n : spec.worker_nodes()) {
+    if (n.empty()) return absl::InvalidArgumentError("worker_nodes contains an empty node id");
+    if (!seen.insert(n).second) {
+      return absl::InvalidArgumentError(absl::StrCat("worker node '", n, "' is listed twice"));
+    }
+  }
+  if (spec.procs_per_node() == 0) spec.set_procs_per_node(1);
+  if (spec.procs_per_node() > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("procs_per_node ", spec.procs_per_node(), " is above 1024"));
+  }
+  if (spec.partition_bytes() == 0) spec.set_partition_bytes(kDefaultPartitionBytes);
+  if (spec.partition_bytes() < 64 || spec.partition_bytes() > (uint64_t{1} << 30)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "partition_bytes ", spec.partition_bytes(), " is outside [64 B, 1 GiB]"));
+  }
+  if (spec.credit_bytes() == 0) spec.set_credit_bytes(4 * spec.partition_bytes());
+  if (spec.credit_bytes() < spec.partition_bytes() || spec.credit_bytes() > (uint64_t{1} << 34)) {
+    return absl::InvalidArgumentError(absl::StrCat("credit_bytes ", spec.credit_bytes(),
+                                                   " must be in [partition_bytes, 16 GiB]"));
+  }
+  if (spec.op_timeout_ms() == 0) spec.set_op_timeout_ms(kDefaultTimeoutMs);
+  if (spec.op_timeout_ms() > 3600 * 1000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("op_timeout_ms ", spec.op_timeout_ms(), " is above one hour"));
+  }
+  if (spec.model_bytes() == 0) spec.set_model_bytes(kDefaultModelBytes);
+  return spec;
+}
+
+absl::StatusOr<tributary::v1::JobPlan> PlanJob(const std::string& job_id,
+                                               const tributary::v1::JobSpec& spec,
+                                               const std::vector<NodeSnapshot>& nodes,
+                                               uint64_t version) {
+  std::map<std::string, const NodeSnapshot*> by_id;
+  for (const NodeSnapshot& n : nodes) by_id[n.node_id] = &n;
+  const std::set<std::string> worker_set(spec.worker_nodes().begin(), spec.worker_nodes().end());
+
+  auto sum_rate = [](const NodeSnapshot& n) {
+    const double c = n.inventory.sum_bytes_per_s();
+    return c <= 0 ? 0.0 : c * std::max(0.1, 1.0 - std::clamp(n.cpu_busy_fraction, 0.0, 1.0));
+  };
+
+  std::vector<MachineCapacity> workers;
+  for (const std::string& id : spec.worker_nodes()) {
+    auto it = by_id.find(id);
+    if (it == by_id.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("job '", job_id, "': worker node '", id, "' is not registered"));
+    }
+    const NodeSnapshot& n = *it->second;
+    if (n.inventory.nic_bytes_per_s() <= 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job '", job_id, "': worker node '", id, "' declares no NIC bandwidth"));
+    }
+    workers.push_back({id, n.inventory.nic_bytes_per_s(), sum_rate(n)});
+  }
+
+  struct Candidate {
+    MachineCapacity cap;
+    double usefulness;
+  };
+  std::vector<Candidate> candidates;
+  for (const NodeSnapshot& n : nodes) {
+    if (worker_set.contains(n.node_id) || !n.alive || !n.inventory.offers_summation()) continue;
+    const double declared = n.inventory.nic_bytes_per_s();
+    const double free_nic = declared - n.committed_nic_bytes_per_s;
+    if (declared <= 0 || free_nic < kMinUsefulNicFraction * declared) continue;
+    MachineCapacity cap{n.node_id, free_nic, sum_rate(n)};
+    const double c = cap.sum_bytes_per_s > 0 ? cap.sum_bytes_per_s : free_nic;
+    candidates.push_back({cap, std::min(free_nic, c)});
+  }
+  // The most useful spares first; node id breaks ties so the plan is deterministic.
+  std::sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
+    return a.usefulness != b.usefulness ? a.usefulness > b.usefulness
+                                        : a.cap.node_id < b.cap.node_id;
+  });
+  if (spec.has_max_spare_nodes() && candidates.size() > spec.max_spare_nodes()) {
+    candidates.resize(spec.max_spare_nodes());
+  }
+  std::vector<MachineCapacity> spares;
+  for (const Candidate& c : candidates) spares.push_back(c.cap);
+
+  absl::StatusOr<SplitPlan> split = PlanSplit(workers, spares);
+  if (!split.ok()) {
+    return absl::Status(split.status().code(),
+                        absl::StrCat("job '", job_id, "': ", split.status().message()));
+  }
+
+  tributary::v1::JobPlan plan;
+  plan.set_job_id(job_id);
+  plan.set_version(version);
+  for (int r = 0; r < spec.worker_nodes_size(); ++r) {
+    auto* w = plan.add_workers();
+    w->set_node_id(spec.worker_nodes(r));
+    w->set_data_plane_address(by_id[spec.worker_nodes(r)]->inventory.data_plane_address());
+    w->set_rank(r);
+  }
+  std::map<std::string, MachineCapacity> caps;
+  for (const auto& m : workers) caps[m.node_id] = m;
+  for (const auto& m : spares) caps[m.node_id] = m;
+  for (const ServerShare& s : split->servers) {
+    auto* out = plan.add_servers();
+    out->set_node_id(s.node_id);
+    out->set_data_plane_address(by_id[s.node_id]->inventory.data_plane_address());
+    out->set_is_worker(s.is_worker);
+    out->set_share(s.fraction);
+    out->set_weight(s.weight);
+    out->set_nic_bytes_per_s(caps[s.node_id].nic_bytes_per_s);
+    out->set_sum_bytes_per_s(caps[s.node_id].sum_bytes_per_s);
+  }
+  plan.set_procs_per_node(spec.procs_per_node());
+  plan.set_partition_bytes(spec.partition_bytes());
+  plan.set_credit_bytes(spec.credit_bytes());
+  plan.set_op_timeout_ms(spec.op_timeout_ms());
+  plan.set_predicted_seconds_per_byte(split->seconds_per_byte);
+  plan.set_ring_seconds_per_byte(split->ring_seconds_per_byte);
+  plan.set_model_bytes(spec.model_bytes());
+  plan.set_predicted_seconds(split->seconds_per_byte * static_cast<double>(spec.model_bytes()));
+  plan.set_ring_seconds(split->ring_seconds_per_byte * static_cast<double>(spec.model_bytes()));
+  return plan;
+}
+
+double SpareNicUse(const tributary::v1::JobPlan& plan, const std::string& node_id) {
+  if (plan.predicted_seconds_per_byte() <= 0) return 0;
+  for (const auto& s : plan.servers()) {
+    if (s.node_id() == node_id && !s.is_worker()) {
+      return plan.workers_size() * s.share() / plan.predicted_seconds_per_byte();
+    }
+  }
+  return 0;
+}
+
+}  // namespace tributary::controller

@@ -1,0 +1,39 @@
+// Turns a cluster snapshot and a job spec into the job's plan. Pure: no I/O, no clock.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "tributary/v1/controller.pb.h"
+
+namespace tributary::controller {
+
+// What the planner knows of one node at planning time.
+struct NodeSnapshot {
+  std::string node_id;
+  tributary::v1::NodeInventory inventory;
+  bool alive = false;
+  // Fraction of the node's CPU busy with other work (from heartbeats), in [0, 1].
+  double cpu_busy_fraction = 0;
+  // NIC bandwidth already promised to other jobs' summation, bytes/s.
+  double committed_nic_bytes_per_s = 0;
+};
+
+// Fills in the defaults of a spec and checks its ranges. INVALID_ARGUMENT naming the field.
+absl::StatusOr<tributary::v1::JobSpec> NormalizeJobSpec(const tributary::v1::JobSpec& spec);
+
+// Plans `job_id` over `nodes`: the spec's worker nodes (all must be present) run the workers;
+// every other alive node that offers summation is a candidate spare server, with capacity
+// B = declared NIC bandwidth minus what other jobs use, C = summation rate scaled by idle CPU.
+// The spec must be normalized. The plan's version is `version`.
+absl::StatusOr<tributary::v1::JobPlan> PlanJob(const std::string& job_id,
+                                               const tributary::v1::JobSpec& spec,
+                                               const std::vector<NodeSnapshot>& nodes,
+                                               uint64_t version);
+
+// NIC bandwidth (bytes/s) a spare server of `plan` uses when the job runs at its predicted
+// speed: n * share / seconds_per_byte. 0 for workers and nodes outside the plan.
+double SpareNicUse(const tributary::v1::JobPlan& plan, const std::string& node_id);
+
+}  // namespace tributary::controller

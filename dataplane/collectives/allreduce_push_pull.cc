@@ -1,0 +1,649 @@
+#include "dataplane/collectives/allreduce_push_pull.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/hash.h"
+#include "common/logging.h"
+
+namespace tributary::dataplane {
+namespace {
+
+using common::DataType;
+using common::DataTypeSize;
+
+std::shared_ptr<spdlog::logger> Log() {
+  static auto logger = common::Logger("dataplane");
+  return logger;
+}
+
+void UpdatePeak(std::atomic<uint64_t>& peak, uint64_t value) {
+  uint64_t prev = peak.load();
+  while (value > prev && !peak.compare_exchange_weak(prev, value)) {
+  }
+}
+
+void AddGauge(std::atomic<uint64_t>& gauge, std::atomic<uint64_t>& peak, int64_t delta) {
+  const uint64_t now = gauge.fetch_add(static_cast<uint64_t>(delta)) + delta;
+  UpdatePeak(peak, now);
+}
+
+std::span<const std::byte> AsSpan(const std::string& s) {
+  return {reinterpret_cast<const std::byte*>(s.data()), s.size()};
+}
+
+// Descriptor fields that every contribution to one chunk must agree on.
+bool SameDescriptor(const WireHeader& a, const WireHeader& b) {
+  return a.dtype == b.dtype && a.reduce == b.reduce && a.tensor_count == b.tensor_count &&
+         a.num_chunks == b.num_chunks && a.root == b.root && a.plan_version == b.plan_version;
+}
+
+std::string DescribeShape(const WireHeader& h) {
+  return absl::StrCat(h.tensor_count, " x ",
+                      std::string(common::DataTypeName(static_cast<DataType>(h.dtype))),
+                      h.reduce == static_cast<uint8_t>(ReduceKind::kBroadcast)
+                          ? absl::StrCat(" broadcast from rank ", h.root)
+                          : " sum",
+                      " (plan v", h.plan_version, ")");
+}
+
+}  // namespace
+
+uint64_t JobView::job_hash() const { return common::StableHash64(job_id); }
+
+// ---------------------------------------------------------------------------------------------
+// PushPullServer
+
+PushPullServer::PushPullServer(Transport* transport, Reducer* reducer, const common::Clock* clock,
+                               PushPullStats* stats)
+    : transport_(transport), reducer_(reducer), clock_(clock), stats_(stats) {}
+
+void PushPullServer::SetJob(const JobView& view) {
+  std::lock_guard lock(mu_);
+  jobs_[view.job_hash()] = std::make_shared<const JobView>(view);
+}
+
+void PushPullServer::RemoveJob(uint64_t job_hash) {
+  std::lock_guard lock(mu_);
+  jobs_.erase(job_hash);
+  for (auto it = chunks_.begin(); it != chunks_.end();) {
+    if (it->first.key.job == job_hash) {
+      if (it->second.sum) AddHeld(-static_cast<int64_t>(it->second.sum->size()));
+      it = chunks_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void PushPullServer::AddHeld(int64_t delta) {
+  AddGauge(stats_->server_bytes_held, stats_->server_peak_bytes_held, delta);
+}
+
+void PushPullServer::HandlePush(const WireHeader& h, std::span<const std::byte> payload) {
+  stats_->pushes_received++;
+  std::vector<Outgoing> out;
+  {
+    std::lock_guard lock(mu_);
+    auto job_it = jobs_.find(h.job);
+    if (job_it == jobs_.end()) {
+      // Without the job's plan there is no address to answer; the worker's deadline reports it.
+      Log()->warn("push for unknown job {:016x} ({}) dropped", h.job, Describe(h));
+      return;
+    }
+    const JobView& job = *job_it->second;
+    const uint32_t n = static_cast<uint32_t>(job.worker_addresses.size());
+    if (h.sender >= n) {
+      Log()->warn("push from rank {} of job {} with {} workers dropped", h.sender, job.job_id, n);
+      stats_->malformed_messages++;
+      return;
+    }
+    const CollectiveKey key = KeyOf(h);
+    if (auto f = failures_.find(key); f != failures_.end()) {
+      // A late contribution to a collective that already failed: tell its sender again.
+      WireHeader e = h;
+      e.kind = static_cast<uint8_t>(MessageKind::kError);
+      e.error_code = static_cast<uint32_t>(f->second.status.code());
+      e.sender = WireHeader::kFromServer;
+      std::string msg(f->second.status.message());
+      out.push_back({job.worker_addresses[h.sender], e,
+                     std::make_shared<std::vector<std::byte>>(AsSpan(msg).begin(),
+                                                              AsSpan(msg).end())});
+    } else if (h.plan_version != job.plan_version) {
+      FailLocked(job, h,
+                 absl::FailedPreconditionError(absl::StrCat(
+                     "job ", job.job_id, ": worker rank ", h.sender, " pushed with plan v",
+                     h.plan_version, " but summation server ", job.my_server_index,
+                     " runs plan v", job.plan_version, "; retry once every agent has the plan")),
+                 out);
+    } else if (auto map = ChunkMap::Create(job.server_weights);
+               !map.ok() || job.my_server_index < 0 ||
+               map->ServerOf(h.tensor, h.num_chunks, h.chunk) !=
+                   static_cast<uint32_t>(job.my_server_index)) {
+      FailLocked(job, h,
+                 absl::FailedPreconditionError(absl::StrCat(
+                     "job ", job.job_id, ": ", Describe(h), " pushed by rank ", h.sender,
+                     " is not owned by summation server ", job.my_server_index)),
+                 out);
+    } else {
+      const ChunkKey ck{key, h.chunk};
+      auto [it, inserted] = chunks_.try_emplace(ck);
+      ChunkState& st = it->second;
+      if (inserted) {
+        st.descriptor = h;
+        st.received.assign(n, false);
+        st.started = clock_->Now();
+      }
+      const bool broadcast = h.reduce == static_cast<uint8_t>(ReduceKind::kBroadcast);
+      if (!SameDescriptor(st.descriptor, h)) {
+        FailLocked(job, h,
+                   absl::InvalidArgumentError(absl::StrCat(
+                       "job ", job.job_id, ": workers disagree on ", Describe(h), ": rank ",
+                       st.descriptor.sender, " submitted ", DescribeShape(st.descriptor),
+                       ", rank ", h.sender, " submitted ", DescribeShape(h),
+                       "; every worker must submit the same name with the same size and dtype")),
+                   out);
+      } else if (st.received[h.sender]) {
+        FailLocked(job, h,
+                   absl::InternalError(absl::StrCat("job ", job.job_id, ": rank ", h.sender,
+                                                    " pushed ", Describe(h), " twice")),
+                   out);
+      } else {
+        st.received[h.sender] = true;
+        st.num_received++;
+        if (!payload.empty()) {
+          if (!st.sum) {
+            st.sum = std::make_shared<std::vector<std::byte>>(payload.begin(), payload.end());
+            AddHeld(static_cast<int64_t>(payload.size()));
+          } else if (!broadcast) {
+            reducer_->Sum(static_cast<DataType>(h.dtype), st.sum->data(), payload.data(),
+                          h.chunk_count);
+          }
+          stats_->bytes_summed += payload.size();
+        }
+        if (st.num_received == n) {
+          WireHeader r = st.descriptor;
+          r.kind = static_cast<uint8_t>(MessageKind::kResult);
+          r.sender = WireHeader::kFromServer;
+          r.chunk_offset = h.chunk_offset;
+          r.chunk_count = h.chunk_count;
+          for (const std::string& addr : job.worker_addresses) out.push_back({addr, r, st.sum});
+          AddHeld(-static_cast<int64_t>(st.sum ? st.sum->size() : 0));
+          chunks_.erase(it);
+        }
+      }
+    }
+  }
+  SendAll(std::move(out));
+}
+
+void PushPullServer::FailLocked(const JobView& job, const WireHeader& h, absl::Status status,
+                                std::vector<Outgoing>& out) {
+  const CollectiveKey key = KeyOf(h);
+  Log()->warn("collective failed on summation server: {}", status.message());
+  stats_->collectives_failed_on_server++;
+  for (auto it = chunks_.lower_bound(ChunkKey{key, 0});
+       it != chunks_.end() && it->first.key == key;) {
+    if (it->second.sum) AddHeld(-static_cast<int64_t>(it->second.sum->size()));
+    it = chunks_.erase(it);
+  }
+  failures_[key] = Failure{status, clock_->Now() + 2 * job.op_timeout};
+  WireHeader e = h;
+  e.kind = static_cast<uint8_t>(MessageKind::kError);
+  e.error_code = static_cast<uint32_t>(status.code());
+  e.sender = WireHeader::kFromServer;
+  const std::string msg(status.message());
+  auto payload = std::make_shared<std::vector<std::byte>>(AsSpan(msg).begin(), AsSpan(msg).end());
+  for (const std::string& addr : job.worker_addresses) out.push_back({addr, e, payload});
+}
+
+void PushPullServer::SendAll(std::vector<Outgoing> out) {
+  for (Outgoing& o : out) {
+    if (o.header.kind == static_cast<uint8_t>(MessageKind::kResult)) stats_->results_sent++;
+    auto payload = o.payload;
+    std::span<const std::byte> bytes;
+    if (payload) bytes = *payload;
+    transport_->Send(o.address, AsBytes(o.header), bytes,
+                     [payload, addr = o.address, what = Describe(o.header)](absl::Status s) {
+                       if (!s.ok()) {
+                         Log()->warn("reply for {} to worker {} failed: {}", what, addr,
+                                     s.message());
+                       }
+                     });
+  }
+}
+
+void PushPullServer::ExpireStale() {
+  std::vector<Outgoing> out;
+  {
+    std::lock_guard lock(mu_);
+    const auto now = clock_->Now();
+    for (auto it = failures_.begin(); it != failures_.end();) {
+      it = it->second.expires <= now ? failures_.erase(it) : std::next(it);
+    }
+    std::vector<std::pair<std::shared_ptr<const JobView>, WireHeader>> stale;
+    std::vector<std::vector<bool>> stale_received;
+    for (auto& [ck, st] : chunks_) {
+      auto job = jobs_.find(ck.key.job);
+      if (job == jobs_.end()) continue;
+      if (now - st.started >= job->second->op_timeout) {
+        stale.emplace_back(job->second, st.descriptor);
+        stale_received.push_back(st.received);
+      }
+    }
+    for (size_t i = 0; i < stale.size(); ++i) {
+      const auto& [job, h] = stale[i];
+      if (failures_.contains(KeyOf(h))) continue;  // failed by an earlier chunk of this sweep
+      std::vector<uint32_t> missing;
+      for (uint32_t r = 0; r < stale_received[i].size(); ++r) {
+        if (!stale_received[i][r]) missing.push_back(r);
+      }
+      FailLocked(*job, h,
+                 absl::DeadlineExceededError(absl::StrCat(
+                     "job ", job->job_id, ": summation server ", job->my_server_index,
+                     " waited ", job->op_timeout.count(), " ms for ", Describe(h),
+                     " from worker ranks [", absl::StrJoin(missing, ","),
+                     "]; are they running and submitting the same tensors?")),
+                 out);
+    }
+  }
+  SendAll(std::move(out));
+}
+
+// ---------------------------------------------------------------------------------------------
+// PushPullWorker
+
+struct PushPullWorker::Operation {
+  LocalOperation op;
+  std::shared_ptr<const JobView> job;
+  uint64_t job_hash = 0;
+  uint64_t tensor_hash = 0;
+  uint64_t seq = 0;
+  uint32_t num_chunks = 0;
+  size_t element_size = 0;
+  ChunkMap map;
+  std::vector<uint8_t> chunk_state;  // 0 queued, 1 in flight, 2 done
+  uint32_t chunks_done = 0;
+  common::Clock::TimePoint deadline;
+  bool finished = false;
+
+  Operation(ChunkMap m) : map(std::move(m)) {}
+
+  bool is_broadcast() const { return op.kind == LocalOperation::Kind::kBroadcast; }
+  WireHeader Header(uint32_t chunk) const {
+    WireHeader h;
+    h.kind = static_cast<uint8_t>(MessageKind::kPush);
+    h.dtype = static_cast<uint8_t>(op.dtype);
+    h.reduce = static_cast<uint8_t>(is_broadcast() ? ReduceKind::kBroadcast : ReduceKind::kSum);
+    h.job = job_hash;
+    h.tensor = tensor_hash;
+    h.iteration = op.iteration;
+    h.plan_version = job->plan_version;
+    h.tensor_count = op.count;
+    h.num_chunks = num_chunks;
+    h.chunk = chunk;
+    const ChunkRange r = GetChunk(op.count, num_chunks, chunk);
+    h.chunk_offset = r.offset;
+    h.chunk_count = r.count;
+    h.sender = static_cast<uint32_t>(job->my_worker_rank);
+    h.root = is_broadcast() ? op.root_node : 0;
+    return h;
+  }
+  uint64_t ChunkBytes(uint32_t chunk) const {
+    return GetChunk(op.count, num_chunks, chunk).count * element_size;
+  }
+};
+
+PushPullWorker::PushPullWorker(Transport* transport, Reducer* reducer, const common::Clock* clock,
+                               PushPullStats* stats)
+    : transport_(transport), reducer_(reducer), clock_(clock), stats_(stats) {}
+
+PushPullWorker::~PushPullWorker() = default;
+
+void PushPullWorker::SetJob(const JobView& view) {
+  std::lock_guard lock(mu_);
+  jobs_[view.job_hash()] = std::make_shared<const JobView>(view);
+}
+
+void PushPullWorker::RemoveJob(uint64_t job_hash) {
+  std::vector<Completion> done;
+  {
+    std::lock_guard lock(mu_);
+    jobs_.erase(job_hash);
+    std::vector<CollectiveKey> keys;
+    for (auto& [key, op] : ops_) {
+      if (key.job == job_hash) keys.push_back(key);
+    }
+    for (const auto& key : keys) {
+      FailLocked(key, absl::CancelledError("the job was removed from this node's plan"), done);
+    }
+  }
+  Flush({}, std::move(done));
+}
+
+void PushPullWorker::AddInFlight(int64_t delta) {
+  AddGauge(stats_->worker_bytes_in_flight, stats_->worker_peak_bytes_in_flight, delta);
+}
+
+absl::Status PushPullWorker::Start(const std::string& job_id, LocalOperation op) {
+  const uint64_t job_hash = common::StableHash64(job_id);
+  std::vector<std::function<void()>> sends;
+  {
+    std::lock_guard lock(mu_);
+    auto job_it = jobs_.find(job_hash);
+    if (job_it == jobs_.end()) {
+      return absl::NotFoundError(absl::StrCat("job '", job_id, "' has no plan on this node"));
+    }
+    std::shared_ptr<const JobView> job = job_it->second;
+    if (job->my_worker_rank < 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("this node is not a worker of job '", job_id, "'"));
+    }
+    const std::string what = absl::StrCat("job '", job_id, "' tensor '", op.tensor_name, "'");
+    const size_t element_size = DataTypeSize(op.dtype);
+    if (element_size == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": unknown dtype"));
+    }
+    if (op.count == 0 || op.count > (uint64_t{1} << 40) / element_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": count ", op.count, " must be in [1, 2^40 bytes / element size]"));
+    }
+    if (op.buffers.size() != job->procs_per_node) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": ", op.buffers.size(),
+                                                     " local buffers for ", job->procs_per_node,
+                                                     " processes per node"));
+    }
+    if (std::find(op.buffers.begin(), op.buffers.end(), nullptr) != op.buffers.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": null buffer"));
+    }
+    if (op.kind == LocalOperation::Kind::kBroadcast &&
+        (op.root_node >= job->worker_addresses.size() || op.root_local >= op.buffers.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": broadcast root out of range"));
+    }
+    const uint64_t tensor_hash = common::StableHash64(op.tensor_name);
+    const CollectiveKey key{job_hash, tensor_hash, op.iteration};
+    if (ops_.contains(key)) {
+      return absl::AlreadyExistsError(
+          absl::StrCat(what, " iteration ", op.iteration, " is already running"));
+    }
+    auto map = ChunkMap::Create(job->server_weights);
+    if (!map.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job '", job_id, "' has an invalid plan: ", map.status().message()));
+    }
+    auto state = std::make_shared<Operation>(*std::move(map));
+    state->job = job;
+    state->job_hash = job_hash;
+    state->tensor_hash = tensor_hash;
+    state->seq = next_seq_++;
+    state->element_size = element_size;
+    state->num_chunks = NumChunks(op.count, element_size, job->partition_bytes);
+    state->chunk_state.assign(state->num_chunks, 0);
+    state->deadline = clock_->Now() + job->op_timeout;
+    for (uint32_t c = 0; c < state->num_chunks; ++c) {
+      queue_.insert(QueuedChunk{op.priority, state->seq, c, key});
+    }
+    state->op = std::move(op);
+    ops_[key] = std::move(state);
+    stats_->ops_started++;
+    PumpLocked(sends);
+  }
+  Flush(std::move(sends), {});
+  return absl::OkStatus();
+}
+
+void PushPullWorker::PumpLocked(std::vector<std::function<void()>>& sends) {
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    auto op_it = ops_.find(it->key);
+    if (op_it == ops_.end()) {
+      it = queue_.erase(it);
+      continue;
+    }
+    std::shared_ptr<Operation> op = op_it->second;
+    const uint64_t bytes = op->ChunkBytes(it->chunk);
+    uint64_t& in_flight = in_flight_bytes_[op->job_hash];
+    if (in_flight > 0 && in_flight + bytes > op->job->credit_bytes) {
+      ++it;  // another job's credit may still allow its chunks
+      continue;
+    }
+    in_flight += bytes;
+    AddInFlight(static_cast<int64_t>(bytes));
+    op->chunk_state[it->chunk] = 1;
+    sends.push_back([this, op, chunk = it->chunk] { SendChunk(op, chunk); });
+    it = queue_.erase(it);
+  }
+}
+
+void PushPullWorker::SendChunk(std::shared_ptr<Operation> op, uint32_t chunk) {
+  const WireHeader h = op->Header(chunk);
+  const uint64_t bytes = h.chunk_count * op->element_size;
+  const uint64_t offset = h.chunk_offset * op->element_size;
+  const std::string& server = op->job->server_addresses[op->map.ServerOf(h.tensor, h.num_chunks,
+                                                                           chunk)];
+  std::span<const std::byte> payload;
+  std::shared_ptr<std::vector<std::byte>> staging;
+  const auto& buffers = op->op.buffers;
+  if (op->is_broadcast()) {
+    if (h.sender == h.root) payload = {buffers[op->op.root_local] + offset, bytes};
+  } else if (buffers.size() == 1) {
+    payload = {buffers[0] + offset, bytes};
+  } else {
+    // Aggregate the local processes' chunks first: one push per node.
+    staging = std::shared_ptr<std::vector<std::byte>>(
+        new std::vector<std::byte>(bytes), [this](std::vector<std::byte>* v) {
+          AddGauge(stats_->worker_staging_bytes, stats_->worker_peak_staging_bytes,
+                   -static_cast<int64_t>(v->size()));
+          delete v;
+        });
+    AddGauge(stats_->worker_staging_bytes, stats_->worker_peak_staging_bytes,
+             static_cast<int64_t>(bytes));
+    reducer_->Sum2(op->op.dtype, staging->data(), buffers[0] + offset, buffers[1] + offset,
+                   h.chunk_count);
+    for (size_t b = 2; b < buffers.size(); ++b) {
+      reducer_->Sum(op->op.dtype, staging->data(), buffers[b] + offset, h.chunk_count);
+    }
+    payload = *staging;
+  }
+  stats_->chunks_pushed++;
+  stats_->bytes_pushed += payload.size();
+  Log()->debug("push of {} ({} bytes) of job {} to server {}", Describe(h), payload.size(),
+               op->job->job_id, server);
+  const CollectiveKey key{op->job_hash, op->tensor_hash, op->op.iteration};
+  transport_->Send(server, AsBytes(h), payload,
+                   [this, staging, key, server, what = Describe(h)](absl::Status s) {
+                     if (s.ok()) return;
+                     std::vector<Completion> done;
+                     {
+                       std::lock_guard lock(mu_);
+                       FailLocked(key,
+                                  absl::UnavailableError(absl::StrCat(
+                                      "push of ", what, " to summation server ", server,
+                                      " failed: ", s.message())),
+                                  done);
+                     }
+                     Flush({}, std::move(done));
+                   });
+}
+
+void PushPullWorker::HandleResult(const WireHeader& h, std::span<const std::byte> payload) {
+  std::shared_ptr<Operation> op;
+  {
+    std::lock_guard lock(mu_);
+    auto it = ops_.find(KeyOf(h));
+    if (it == ops_.end()) {
+      Log()->debug("result for {} of no running operation dropped", Describe(h));
+      return;
+    }
+    op = it->second;
+    if (h.num_chunks != op->num_chunks || h.tensor_count != op->op.count ||
+        h.dtype != static_cast<uint8_t>(op->op.dtype) || op->chunk_state[h.chunk] != 1) {
+      Log()->warn("result for {} does not match the running operation; dropped", Describe(h));
+      stats_->malformed_messages++;
+      return;
+    }
+  }
+  // Write the sum into every local buffer outside the lock. The buffers stay mapped: `op` holds
+  // the keepalive, and only this chunk's range is touched.
+  const uint64_t offset = h.chunk_offset * op->element_size;
+  const auto& buffers = op->op.buffers;
+  stats_->bytes_pulled += payload.size();
+  if (op->is_broadcast()) {
+    const bool root_node = static_cast<uint32_t>(op->job->my_worker_rank) == op->op.root_node;
+    for (size_t b = 0; b < buffers.size(); ++b) {
+      if (root_node && b == op->op.root_local) continue;
+      std::memcpy(buffers[b] + offset, payload.data(), payload.size());
+    }
+  } else {
+    std::memcpy(buffers[0] + offset, payload.data(), payload.size());
+    if (op->op.kind == LocalOperation::Kind::kAverage) {
+      reducer_->Divide(op->op.dtype, buffers[0] + offset, h.chunk_count, op->job->world_size());
+    }
+    for (size_t b = 1; b < buffers.size(); ++b) {
+      std::memcpy(buffers[b] + offset, buffers[0] + offset, payload.size());
+    }
+  }
+  std::vector<std::function<void()>> sends;
+  std::vector<Completion> done;
+  {
+    std::lock_guard lock(mu_);
+    if (op->finished || op->chunk_state[h.chunk] != 1) return;  // failed meanwhile
+    op->chunk_state[h.chunk] = 2;
+    const uint64_t bytes = op->ChunkBytes(h.chunk);
+    in_flight_bytes_[op->job_hash] -= bytes;
+    AddInFlight(-static_cast<int64_t>(bytes));
+    if (++op->chunks_done == op->num_chunks) {
+      op->finished = true;
+      ops_.erase(KeyOf(h));
+      stats_->ops_completed++;
+      done.emplace_back(std::move(op->op.done), absl::OkStatus());
+    }
+    PumpLocked(sends);
+  }
+  Flush(std::move(sends), std::move(done));
+}
+
+void PushPullWorker::HandleError(const WireHeader& h, std::string_view message) {
+  std::vector<Completion> done;
+  {
+    std::lock_guard lock(mu_);
+    FailLocked(KeyOf(h), absl::Status(static_cast<absl::StatusCode>(h.error_code), std::string(message)),
+               done);
+  }
+  Flush({}, std::move(done));
+}
+
+void PushPullWorker::FailLocked(const CollectiveKey& key, absl::Status status,
+                                std::vector<Completion>& done) {
+  auto it = ops_.find(key);
+  if (it == ops_.end()) return;
+  std::shared_ptr<Operation> op = it->second;
+  ops_.erase(it);
+  op->finished = true;
+  for (uint32_t c = 0; c < op->num_chunks; ++c) {
+    if (op->chunk_state[c] == 1) {
+      const uint64_t bytes = op->ChunkBytes(c);
+      in_flight_bytes_[op->job_hash] -= bytes;
+      AddInFlight(-static_cast<int64_t>(bytes));
+    }
+  }
+  stats_->ops_failed++;
+  Log()->warn("{} of tensor '{}' iteration {} failed: {}",
+              op->is_broadcast() ? "broadcast" : "all-reduce", op->op.tensor_name,
+              op->op.iteration, status.message());
+  done.emplace_back(std::move(op->op.done), std::move(status));
+}
+
+void PushPullWorker::ExpireStale() {
+  std::vector<std::function<void()>> sends;
+  std::vector<Completion> done;
+  {
+    std::lock_guard lock(mu_);
+    const auto now = clock_->Now();
+    std::vector<CollectiveKey> expired;
+    for (auto& [key, op] : ops_) {
+      if (op->deadline <= now) expired.push_back(key);
+    }
+    for (const auto& key : expired) {
+      auto op = ops_[key];
+      std::set<std::string> waiting;
+      for (uint32_t c = 0; c < op->num_chunks; ++c) {
+        if (op->chunk_state[c] != 2) {
+          waiting.insert(op->job->server_addresses[op->map.ServerOf(op->tensor_hash,
+                                                                    op->num_chunks, c)]);
+        }
+      }
+      FailLocked(key,
+                 absl::DeadlineExceededError(absl::StrCat(
+                     "job '", op->job->job_id, "' tensor '", op->op.tensor_name, "' iteration ",
+                     op->op.iteration, " timed out after ", op->job->op_timeout.count(),
+                     " ms with ", op->chunks_done, "/", op->num_chunks,
+                     " chunks done; waiting on summation servers [",
+                     absl::StrJoin(waiting, ", "), "]")),
+                 done);
+    }
+    if (!expired.empty()) PumpLocked(sends);
+  }
+  Flush(std::move(sends), std::move(done));
+}
+
+void PushPullWorker::Flush(std::vector<std::function<void()>> sends,
+                           std::vector<Completion> done) {
+  for (auto& send : sends) send();
+  for (auto& [fn, status] : done) {
+    if (fn) fn(status);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// PushPullNode
+
+PushPullNode::PushPullNode(Transport* transport, Reducer* reducer, const common::Clock* clock)
+    : transport_(transport),
+      server_(transport, reducer, clock, &stats_),
+      worker_(transport, reducer, clock, &stats_) {
+  transport_->SetReceiveHandler(
+      [this](std::span<const std::byte> header, std::span<const std::byte> payload) {
+        OnMessage(header, payload);
+      });
+}
+
+void PushPullNode::SetJob(const JobView& view) {
+  server_.SetJob(view);
+  worker_.SetJob(view);
+}
+
+void PushPullNode::RemoveJob(uint64_t job_hash) {
+  server_.RemoveJob(job_hash);
+  worker_.RemoveJob(job_hash);
+}
+
+void PushPullNode::ExpireStale() {
+  server_.ExpireStale();
+  worker_.ExpireStale();
+}
+
+void PushPullNode::OnMessage(std::span<const std::byte> header,
+                             std::span<const std::byte> payload) {
+  absl::StatusOr<WireHeader> h = ParseHeader(header, payload.size());
+  if (!h.ok()) {
+    stats_.malformed_messages++;
+    Log()->warn("malformed data-plane message dropped: {}", h.status().message());
+    return;
+  }
+  switch (static_cast<MessageKind>(h->kind)) {
+    case MessageKind::kPush:
+      server_.HandlePush(*h, payload);
+      break;
+    case MessageKind::kResult:
+      worker_.HandleResult(*h, payload);
+      break;
+    case MessageKind::kError:
+      worker_.HandleError(
+          *h, std::string_view(reinterpret_cast<const char*>(payload.data()), payload.size()));
+      break;
+  }
+}
+
+}  // namespace tributary::dataplane

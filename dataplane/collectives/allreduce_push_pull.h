@@ -1,0 +1,228 @@
+// Push/pull all-reduce (DESIGN.md §1.1): every worker node pushes each chunk of a tensor to the
+// summation server that owns it; the server adds the n contributions and sends the sum back to
+// every worker. Broadcast uses the same path with one contributing worker.
+//
+// PushPullServer is the summation-service (SS) role, PushPullWorker the communication-service
+// (CS) role; PushPullNode wires both to one Transport. All three are thread-safe.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/clock.h"
+#include "common/dtype.h"
+#include "dataplane/collectives/wire.h"
+#include "dataplane/reduce/reducer.h"
+#include "dataplane/schedule/chunk_map.h"
+#include "dataplane/transport/transport.h"
+
+namespace tributary::dataplane {
+
+// What one node knows about a job from the job's current plan.
+struct JobView {
+  std::string job_id;
+  uint64_t plan_version = 0;
+  std::vector<std::string> worker_addresses;  // data-plane address of each worker node, by rank
+  std::vector<std::string> server_addresses;  // summation servers, by server index
+  std::vector<uint64_t> server_weights;       // sum to exactly 2^32 (see ChunkMap)
+  uint32_t procs_per_node = 1;                // training processes on each worker node
+  uint64_t partition_bytes = 4 << 20;         // largest chunk, bytes
+  uint64_t credit_bytes = 16 << 20;           // bytes a worker node may have in flight
+  std::chrono::milliseconds op_timeout{30000};  // deadline of one collective
+  int my_worker_rank = -1;    // this node's worker rank, -1 if it is not a worker
+  int my_server_index = -1;   // this node's server index, -1 if it is not a server
+
+  uint64_t job_hash() const;
+  uint32_t world_size() const {
+    return static_cast<uint32_t>(worker_addresses.size()) * procs_per_node;
+  }
+};
+
+// Counters for tests and metrics. Monotonic unless noted.
+struct PushPullStats {
+  std::atomic<uint64_t> pushes_received{0};
+  std::atomic<uint64_t> bytes_summed{0};
+  std::atomic<uint64_t> results_sent{0};
+  std::atomic<uint64_t> collectives_failed_on_server{0};
+  std::atomic<uint64_t> malformed_messages{0};
+  std::atomic<uint64_t> chunks_pushed{0};
+  std::atomic<uint64_t> bytes_pushed{0};
+  std::atomic<uint64_t> bytes_pulled{0};
+  std::atomic<uint64_t> ops_started{0};
+  std::atomic<uint64_t> ops_completed{0};
+  std::atomic<uint64_t> ops_failed{0};
+  std::atomic<uint64_t> server_bytes_held{0};       // gauge: accumulators held now
+  std::atomic<uint64_t> server_peak_bytes_held{0};  // high-water mark of the above
+  std::atomic<uint64_t> worker_staging_bytes{0};    // gauge: staging held now
+  std::atomic<uint64_t> worker_peak_staging_bytes{0};
+  std::atomic<uint64_t> worker_bytes_in_flight{0};  // gauge
+  std::atomic<uint64_t> worker_peak_bytes_in_flight{0};
+};
+
+// The summation service of one node.
+//
+// Holds one accumulator per chunk in flight, created on the first push and freed once the sum
+// has been sent to every worker; workers' credit windows bound how many there are. Pushes whose
+// descriptors disagree (size, dtype, reduction, plan) fail the whole collective for every worker
+// with INVALID_ARGUMENT; chunks missing contributions past the job's timeout fail it with
+// DEADLINE_EXCEEDED naming the missing ranks.
+class PushPullServer {
+ public:
+  PushPullServer(Transport* transport, Reducer* reducer, const common::Clock* clock,
+                 PushPullStats* stats);
+
+  void SetJob(const JobView& view);
+  void RemoveJob(uint64_t job_hash);
+  // Called on the transport thread with a validated header.
+  void HandlePush(const WireHeader& h, std::span<const std::byte> payload);
+  // Fails collectives whose chunks are incomplete past the deadline; forgets old failures.
+  void ExpireStale();
+
+ private:
+  struct ChunkState {
+    WireHeader descriptor;  // of the first push
+    std::vector<bool> received;
+    uint32_t num_received = 0;
+    std::shared_ptr<std::vector<std::byte>> sum;
+    common::Clock::TimePoint started;
+  };
+  struct ChunkKey {
+    CollectiveKey key;
+    uint32_t chunk;
+    friend auto operator<=>(const ChunkKey&, const ChunkKey&) = default;
+  };
+  struct Failure {
+    absl::Status status;
+    common::Clock::TimePoint expires;
+  };
+  struct Outgoing {
+    std::string address;
+    WireHeader header;
+    std::shared_ptr<std::vector<std::byte>> payload;
+  };
+
+  // Sends the error to every worker of the job and drops the collective's state. mu_ held.
+  void FailLocked(const JobView& job, const WireHeader& h, absl::Status status,
+                  std::vector<Outgoing>& out);
+  void SendAll(std::vector<Outgoing> out);
+  void AddHeld(int64_t delta);
+
+  Transport* transport_;
+  Reducer* reducer_;
+  const common::Clock* clock_;
+  PushPullStats* stats_;
+  std::mutex mu_;
+  std::map<uint64_t, std::shared_ptr<const JobView>> jobs_;
+  std::map<ChunkKey, ChunkState> chunks_;
+  std::map<CollectiveKey, Failure> failures_;
+};
+
+// One collective as the local training processes submitted it: in place on their buffers.
+struct LocalOperation {
+  enum class Kind { kSum, kAverage, kBroadcast };
+  std::string tensor_name;
+  uint64_t iteration = 0;  // n-th submission of this name in the job, same on every node
+  common::DataType dtype = common::DataType::kFloat32;
+  uint64_t count = 0;  // elements per buffer
+  Kind kind = Kind::kSum;
+  uint32_t root_node = 0;   // broadcast: worker rank of the node holding the root process
+  uint32_t root_local = 0;  // broadcast on the root node: index in `buffers` of the root
+  // One buffer per local training process (procs_per_node of them), count elements each; the
+  // result is written into every one. Sum and average read all of them, broadcast the root's.
+  std::vector<std::byte*> buffers;
+  int32_t priority = 0;  // lower goes first
+  // Keeps `buffers` valid until `done` has run (e.g. shared-memory mappings).
+  std::shared_ptr<void> keepalive;
+  // Runs exactly once, on an internal thread, with the collective's result.
+  std::function<void(absl::Status)> done;
+};
+
+// The communication service of one worker node: cuts local operations into chunks, aggregates
+// the local buffers chunk by chunk into staging (at most the credit window), pushes, and writes
+// the pulled sums back. Chunks of all operations are sent in priority order (lower first, then
+// submission order) while the bytes in flight stay within the job's credit.
+class PushPullWorker {
+ public:
+  PushPullWorker(Transport* transport, Reducer* reducer, const common::Clock* clock,
+                 PushPullStats* stats);
+  ~PushPullWorker();
+
+  // Adds or replaces a job's view. Operations already running keep the view they started with.
+  void SetJob(const JobView& view);
+  // Forgets the job; its running operations fail with CANCELLED.
+  void RemoveJob(uint64_t job_hash);
+
+  // Starts `op`. Returns an error (and never calls op.done) when it cannot start: unknown job
+  // (NOT_FOUND), this node is not a worker (FAILED_PRECONDITION), bad sizes or buffers
+  // (INVALID_ARGUMENT), the same tensor and iteration already running (ALREADY_EXISTS).
+  absl::Status Start(const std::string& job_id, LocalOperation op);
+
+  void HandleResult(const WireHeader& h, std::span<const std::byte> payload);
+  void HandleError(const WireHeader& h, std::string_view message);
+  // Fails operations past their deadline with DEADLINE_EXCEEDED.
+  void ExpireStale();
+
+ private:
+  struct Operation;
+  struct QueuedChunk {
+    int32_t priority;
+    uint64_t seq;
+    uint32_t chunk;
+    CollectiveKey key;
+    friend auto operator<=>(const QueuedChunk&, const QueuedChunk&) = default;
+  };
+  using Completion = std::pair<std::function<void(absl::Status)>, absl::Status>;
+
+  // Moves ready chunks into flight while the credit allows; returns the sends to make.
+  void PumpLocked(std::vector<std::function<void()>>& sends);
+  void FailLocked(const CollectiveKey& key, absl::Status status, std::vector<Completion>& done);
+  void Flush(std::vector<std::function<void()>> sends, std::vector<Completion> done);
+  void SendChunk(std::shared_ptr<Operation> op, uint32_t chunk);
+  void AddInFlight(int64_t delta);
+
+  Transport* transport_;
+  Reducer* reducer_;
+  const common::Clock* clock_;
+  PushPullStats* stats_;
+  std::mutex mu_;
+  std::map<uint64_t, std::shared_ptr<const JobView>> jobs_;
+  std::map<CollectiveKey, std::shared_ptr<Operation>> ops_;
+  std::set<QueuedChunk> queue_;
+  std::map<uint64_t, uint64_t> in_flight_bytes_;  // per job
+  uint64_t next_seq_ = 0;
+};
+
+// Both roles of one node on one transport: routes incoming messages by kind and drops (and
+// counts) malformed ones.
+class PushPullNode {
+ public:
+  PushPullNode(Transport* transport, Reducer* reducer, const common::Clock* clock);
+
+  void SetJob(const JobView& view);
+  void RemoveJob(uint64_t job_hash);
+  void ExpireStale();
+
+  PushPullServer& server() { return server_; }
+  PushPullWorker& worker() { return worker_; }
+  const PushPullStats& stats() const { return stats_; }
+  Transport* transport() const { return transport_; }
+
+ private:
+  void OnMessage(std::span<const std::byte> header, std::span<const std::byte> payload);
+
+  Transport* transport_;
+  PushPullStats stats_;
+  PushPullServer server_;
+  PushPullWorker worker_;
+};
+
+}  // namespace tributary::dataplane

@@ -1,0 +1,59 @@
+#include "dataplane/schedule/chunk_map.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace tributary::dataplane {
+
+uint32_t NumChunks(uint64_t count, size_t element_size, uint64_t partition_bytes) {
+  const uint64_t per_chunk = std::max<uint64_t>(1, partition_bytes / element_size);
+  const uint64_t chunks = (count + per_chunk - 1) / per_chunk;
+  return static_cast<uint32_t>(std::clamp<uint64_t>(chunks, 1, UINT32_MAX));
+}
+
+ChunkRange GetChunk(uint64_t count, uint32_t num_chunks, uint32_t index) {
+  const unsigned __int128 c = count;
+  const uint64_t begin = static_cast<uint64_t>(c * index / num_chunks);
+  const uint64_t end = static_cast<uint64_t>(c * (index + 1) / num_chunks);
+  return ChunkRange{index, begin, end - begin};
+}
+
+absl::StatusOr<ChunkMap> ChunkMap::Create(std::span<const uint64_t> weights) {
+  if (weights.empty()) return absl::InvalidArgumentError("a chunk map needs at least one server");
+  std::vector<uint64_t> cumulative{0};
+  for (size_t i = 0; i < weights.size(); ++i) {
+    if (weights[i] == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("server ", i, " has weight 0"));
+    }
+    cumulative.push_back(cumulative.back() + weights[i]);
+    if (cumulative.back() > kWeightTotal) break;
+  }
+  if (cumulative.back() != kWeightTotal) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("server weights sum to ", cumulative.back(), ", not 2^32"));
+  }
+  return ChunkMap(std::move(cumulative));
+}
+
+uint32_t ChunkMap::ServerOf(uint64_t tensor_hash, uint32_t num_chunks, uint32_t index) const {
+  // Exact integer arithmetic on a circle of circumference c * 2^32: chunk i sits at
+  // h*c + i*2^32, server s owns [c*W_s, c*W_{s+1}).
+  const unsigned __int128 c = num_chunks;
+  const unsigned __int128 circle = c * kWeightTotal;
+  const unsigned __int128 h = tensor_hash & (kWeightTotal - 1);
+  const unsigned __int128 pos = (h * c + static_cast<unsigned __int128>(index) * kWeightTotal) % circle;
+  // First server whose arc end c*W_{s+1} is beyond pos.
+  size_t lo = 0, hi = cumulative_.size() - 1;  // answer in [lo, hi)
+  while (hi - lo > 1) {
+    const size_t mid = (lo + hi) / 2;
+    if (c * cumulative_[mid] <= pos) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return static_cast<uint32_t>(lo);
+}
+
+}  // namespace tributary::dataplane

@@ -1,0 +1,50 @@
+// Pure index math: how a tensor is cut into chunks and which summation server owns each chunk.
+// Every worker computes the same map from the same plan; nothing here does I/O.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace tributary::dataplane {
+
+struct ChunkRange {
+  uint32_t index = 0;
+  uint64_t offset = 0;  // first element
+  uint64_t count = 0;   // elements
+};
+
+// Number of chunks for `count` elements of `element_size` bytes, each at most `partition_bytes`
+// (but never fewer elements than 1 per chunk). count, element_size, partition_bytes > 0.
+uint32_t NumChunks(uint64_t count, size_t element_size, uint64_t partition_bytes);
+
+// Chunk `index` of `num_chunks` near-equal chunks over `count` elements: elements
+// [floor(index*count/num_chunks), floor((index+1)*count/num_chunks)).
+ChunkRange GetChunk(uint64_t count, uint32_t num_chunks, uint32_t index);
+
+// Maps chunks to summation servers by weight. Server s owns the arc [W_s, W_s + w_s) of a circle
+// of circumference 2^32 (W_s = sum of earlier weights); chunk i of c sits at position
+// h/2^32 + i/c (mod 1), where h is the tensor's hash. Positions are evenly spaced, so over c
+// chunks server s owns floor(c*w_s/2^32) or ceil(c*w_s/2^32) of them (within one chunk of its
+// share), and chunk 0 of a tensor lands on the same server whatever the tensor's size — the
+// server that sees every worker's descriptor first.
+class ChunkMap {
+ public:
+  static constexpr uint64_t kWeightTotal = uint64_t{1} << 32;
+
+  // `weights` must be positive and sum to exactly kWeightTotal.
+  static absl::StatusOr<ChunkMap> Create(std::span<const uint64_t> weights);
+
+  // Index of the server that owns chunk `index` of `num_chunks` of the tensor hashed `tensor_hash`.
+  uint32_t ServerOf(uint64_t tensor_hash, uint32_t num_chunks, uint32_t index) const;
+
+  size_t num_servers() const { return cumulative_.size() - 1; }
+
+ private:
+  explicit ChunkMap(std::vector<uint64_t> cumulative) : cumulative_(std::move(cumulative)) {}
+  std::vector<uint64_t> cumulative_;  // cumulative_[0] = 0, back() = kWeightTotal
+};
+
+}  // namespace tributary::dataplane

@@ -1,0 +1,552 @@
+#include "dataplane/collectives/allreduce_push_pull.h"
+
+#include <cmath>
+#include <cstring>
+#include <future>
+#include <memory>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "common/hash.h"
+#include "dataplane/reduce/cpu/cpu_reducer.h"
+#include "dataplane/transport/inprocess/inprocess_transport.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tributary::dataplane {
+namespace {
+
+using common::DataType;
+using ::testing::HasSubstr;
+
+constexpr auto kGuard = std::chrono::seconds(20);  // a test-only bound on waiting for futures
+
+// Writes small integers (exact in every dtype) and reads them back as double.
+void Put(DataType t, std::byte* base, uint64_t i, double v) {
+  switch (t) {
+    case DataType::kFloat32: {
+      float f = static_cast<float>(v);
+      std::memcpy(base + i * 4, &f, 4);
+      break;
+    }
+    case DataType::kFloat64:
+      std::memcpy(base + i * 8, &v, 8);
+      break;
+    case DataType::kInt32: {
+      int32_t x = static_cast<int32_t>(v);
+      std::memcpy(base + i * 4, &x, 4);
+      break;
+    }
+    case DataType::kInt64: {
+      int64_t x = static_cast<int64_t>(v);
+      std::memcpy(base + i * 8, &x, 8);
+      break;
+    }
+    case DataType::kFloat16: {
+      // Integers up to 2048 are exact in fp16: build the bits by hand.
+      float f = static_cast<float>(v);
+      uint16_t bits = 0;
+      if (f != 0) {
+        int e;
+        float m = std::frexp(f, &e);  // f = m * 2^e, m in [0.5, 1)
+        bits = static_cast<uint16_t>(((e - 1 + 15) << 10) |
+                                     (static_cast<uint32_t>((m * 2 - 1) * 1024) & 0x3ff));
+      }
+      std::memcpy(base + i * 2, &bits, 2);
+      break;
+    }
+    case DataType::kBFloat16: {
+      float f = static_cast<float>(v);
+      uint32_t u;
+      std::memcpy(&u, &f, 4);
+      uint16_t bits = static_cast<uint16_t>(u >> 16);
+      std::memcpy(base + i * 2, &bits, 2);
+      break;
+    }
+  }
+}
+
+double Get(DataType t, const std::byte* base, uint64_t i) {
+  switch (t) {
+    case DataType::kFloat32: {
+      float f;
+      std::memcpy(&f, base + i * 4, 4);
+      return f;
+    }
+    case DataType::kFloat64: {
+      double d;
+      std::memcpy(&d, base + i * 8, 8);
+      return d;
+    }
+    case DataType::kInt32: {
+      int32_t x;
+      std::memcpy(&x, base + i * 4, 4);
+      return x;
+    }
+    case DataType::kInt64: {
+      int64_t x;
+      std::memcpy(&x, base + i * 8, 8);
+      return static_cast<double>(x);
+    }
+    case DataType::kFloat16: {
+      uint16_t b;
+      std::memcpy(&b, base + i * 2, 2);
+      if ((b & 0x7fff) == 0) return 0;
+      const int e = (b >> 10) & 0x1f;
+      const double m = 1 + (b & 0x3ff) / 1024.0;
+      return std::ldexp(m, e - 15);
+    }
+    case DataType::kBFloat16: {
+      uint16_t b;
+      std::memcpy(&b, base + i * 2, 2);
+      uint32_t u = static_cast<uint32_t>(b) << 16;
+      float f;
+      std::memcpy(&f, &u, 4);
+      return f;
+    }
+  }
+  return NAN;
+}
+
+// n worker nodes and k server-only nodes on one in-process network.
+class Cluster {
+ public:
+  Cluster(int n, int k, uint32_t procs_per_node, uint64_t partition_bytes = 1024,
+          uint64_t credit_bytes = 4096)
+      : n_(n), reducer_(2, 4096) {
+    view_.job_id = "job-a";
+    view_.plan_version = 7;
+    view_.procs_per_node = procs_per_node;
+    view_.partition_bytes = partition_bytes;
+    view_.credit_bytes = credit_bytes;
+    view_.op_timeout = std::chrono::milliseconds(5000);
+    const int servers = (n + k);
+    for (int i = 0; i < n + k; ++i) {
+      const std::string addr = absl::StrCat("node-", i);
+      transports_.push_back(network_.CreateEndpoint(addr));
+      nodes_.push_back(std::make_unique<PushPullNode>(transports_.back().get(), &reducer_, &clock_));
+      if (i < n) view_.worker_addresses.push_back(addr);
+      view_.server_addresses.push_back(addr);
+    }
+    // Uneven weights on purpose: server s gets a weight proportional to s + 1.
+    uint64_t total = 0;
+    for (int s = 0; s < servers; ++s) total += s + 1;
+    uint64_t assigned = 0;
+    for (int s = 0; s < servers; ++s) {
+      uint64_t w = s + 1 == servers ? ChunkMap::kWeightTotal - assigned
+                                    : ChunkMap::kWeightTotal / total * (s + 1);
+      view_.server_weights.push_back(w);
+      assigned += w;
+    }
+    for (int i = 0; i < n + k; ++i) {
+      JobView v = view_;
+      v.my_worker_rank = i < n ? i : -1;
+      v.my_server_index = i;
+      nodes_[i]->SetJob(v);
+    }
+  }
+
+  ~Cluster() {
+    for (auto& t : transports_) t->Shutdown();
+  }
+
+  // Starts `op` on worker node `rank`; the future resolves with its result.
+  std::future<absl::Status> Start(int rank, LocalOperation op) {
+    auto promise = std::make_shared<std::promise<absl::Status>>();
+    auto future = promise->get_future();
+    op.done = [promise](absl::Status s) { promise->set_value(std::move(s)); };
+    absl::Status started = nodes_[rank]->worker().Start(view_.job_id, std::move(op));
+    if (!started.ok()) promise->set_value(started);
+    return future;
+  }
+
+  PushPullNode& node(int i) { return *nodes_[i]; }
+  InProcessNetwork& network() { return network_; }
+  common::FakeClock& clock() { return clock_; }
+  const JobView& view() const { return view_; }
+  int n() const { return n_; }
+
+ private:
+  int n_;
+  InProcessNetwork network_;
+  CpuReducer reducer_;
+  common::FakeClock clock_;
+  JobView view_;
+  std::vector<std::unique_ptr<InProcessTransport>> transports_;
+  std::vector<std::unique_ptr<PushPullNode>> nodes_;
+};
+
+absl::Status Await(std::future<absl::Status>& f) {
+  if (f.wait_for(kGuard) != std::future_status::ready) {
+    return absl::InternalError("test guard: the collective neither finished nor failed");
+  }
+  return f.get();
+}
+
+// Buffers of every process of every node: [node][proc] -> bytes.
+using Buffers = std::vector<std::vector<std::vector<std::byte>>>;
+
+Buffers MakeBuffers(int n, uint32_t r, DataType t, uint64_t count,
+                    const std::function<double(int global, uint64_t i)>& value) {
+  Buffers b(n);
+  for (int node = 0; node < n; ++node) {
+    for (uint32_t p = 0; p < r; ++p) {
+      b[node].emplace_back(count * common::DataTypeSize(t));
+      for (uint64_t i = 0; i < count; ++i) Put(t, b[node][p].data(), i, value(node * r + p, i));
+    }
+  }
+  return b;
+}
+
+LocalOperation MakeOp(const std::string& name, uint64_t iteration, DataType t, uint64_t count,
+                      LocalOperation::Kind kind, std::vector<std::vector<std::byte>>& bufs) {
+  LocalOperation op;
+  op.tensor_name = name;
+  op.iteration = iteration;
+  op.dtype = t;
+  op.count = count;
+  op.kind = kind;
+  for (auto& b : bufs) op.buffers.push_back(b.data());
+  return op;
+}
+
+// Counts elements that differ from `expected`; every element of every process is checked.
+int64_t CountWrong(DataType t, const Buffers& b, uint64_t count,
+                   const std::function<double(uint64_t)>& expected) {
+  int64_t wrong = 0;
+  for (const auto& node : b) {
+    for (const auto& proc : node) {
+      for (uint64_t i = 0; i < count; ++i) wrong += Get(t, proc.data(), i) != expected(i);
+    }
+  }
+  return wrong;
+}
+
+using Shape = std::tuple<int /*n*/, int /*k*/, uint32_t /*procs*/, uint64_t /*count*/, DataType>;
+
+class PushPullSweep : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(PushPullSweep, SumAverageAndBroadcastAreExact) {
+  const auto [n, k, r, count, dtype] = GetParam();
+  Cluster cluster(n, k, r);
+  const int world = n * static_cast<int>(r);
+  auto input = [](int g, uint64_t i) { return static_cast<double>((g + 1) * (i % 7 + 1)); };
+
+  // Sum. 16-bit floats hold integers exactly only up to 2048 (fp16) / 256 (bf16): keep their
+  // inputs small so that every partial sum is exact too.
+  const bool narrow = common::DataTypeSize(dtype) == 2;
+  auto sum_input = [&](int g, uint64_t i) {
+    return narrow ? static_cast<double>((g % 2 + 1) * (i % 3 + 1)) : input(g, i);
+  };
+  auto sum_expected = [&](uint64_t i) {
+    if (!narrow) return (i % 7 + 1) * world * (world + 1) / 2.0;
+    double s = 0;
+    for (int g = 0; g < world; ++g) s += sum_input(g, i);
+    return s;
+  };
+  Buffers b = MakeBuffers(n, r, dtype, count, sum_input);
+  std::vector<std::future<absl::Status>> f;
+  for (int node = 0; node < n; ++node) {
+    f.push_back(cluster.Start(node, MakeOp("grad", 0, dtype, count, LocalOperation::Kind::kSum,
+                                           b[node])));
+  }
+  for (auto& x : f) ASSERT_TRUE(Await(x).ok());
+  EXPECT_EQ(CountWrong(dtype, b, count, sum_expected), 0);
+
+  // Average of 2*(g+1)*(i%7+1): exactly (i%7+1)*(world+1); 16-bit: 4*(i%3+1) everywhere.
+  auto avg_input = [&](int g, uint64_t i) {
+    return narrow ? 4.0 * (i % 3 + 1) : 2.0 * (g + 1) * (i % 7 + 1);
+  };
+  b = MakeBuffers(n, r, dtype, count, avg_input);
+  f.clear();
+  for (int node = 0; node < n; ++node) {
+    f.push_back(cluster.Start(
+        node, MakeOp("grad", 1, dtype, count, LocalOperation::Kind::kAverage, b[node])));
+  }
+  for (auto& x : f) ASSERT_TRUE(Await(x).ok());
+  EXPECT_EQ(CountWrong(dtype, b, count,
+                       [&](uint64_t i) {
+                         return narrow ? 4.0 * (i % 3 + 1) : (i % 7 + 1) * (world + 1.0);
+                       }),
+            0);
+
+  // Broadcast from the last process of the last node.
+  const int root = world - 1;
+  b = MakeBuffers(n, r, dtype, count, input);
+  f.clear();
+  for (int node = 0; node < n; ++node) {
+    LocalOperation op = MakeOp("weights", 0, dtype, count, LocalOperation::Kind::kBroadcast, b[node]);
+    op.root_node = root / r;
+    op.root_local = root % r;
+    f.push_back(cluster.Start(node, std::move(op)));
+  }
+  for (auto& x : f) ASSERT_TRUE(Await(x).ok());
+  EXPECT_EQ(CountWrong(dtype, b, count, [&](uint64_t i) { return input(root, i); }), 0);
+}
+
+std::string ShapeName(const ::testing::TestParamInfo<Shape>& info) {
+  const auto [n, k, r, count, dtype] = info.param;
+  return absl::StrCat("n", n, "_k", k, "_r", r, "_count", count, "_",
+                      std::string(common::DataTypeName(dtype)));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Sizes, PushPullSweep,
+    ::testing::Combine(::testing::Values(1, 3), ::testing::Values(0, 2), ::testing::Values(1u, 2u),
+                       ::testing::Values(1u, 13u, 1021u, 4099u),
+                       ::testing::Values(DataType::kFloat32, DataType::kInt64)),
+    ShapeName);
+
+INSTANTIATE_TEST_SUITE_P(
+    Dtypes, PushPullSweep,
+    ::testing::Combine(::testing::Values(4), ::testing::Values(2), ::testing::Values(3u),
+                       ::testing::Values(2053u),
+                       ::testing::Values(DataType::kFloat32, DataType::kFloat64,
+                                         DataType::kFloat16, DataType::kBFloat16,
+                                         DataType::kInt32, DataType::kInt64)),
+    ShapeName);
+
+TEST(PushPull, MismatchedSizesFailEveryWorkerWithoutADeadline) {
+  Cluster cluster(3, 2, 1);
+  Buffers b = MakeBuffers(3, 1, DataType::kFloat32, 3000, [](int, uint64_t) { return 1; });
+  std::vector<std::future<absl::Status>> f;
+  for (int node = 0; node < 3; ++node) {
+    // Rank 2 believes the tensor is shorter: a different chunk layout.
+    const uint64_t count = node == 2 ? 1000 : 3000;
+    f.push_back(cluster.Start(
+        node, MakeOp("grad", 0, DataType::kFloat32, count, LocalOperation::Kind::kSum, b[node])));
+  }
+  for (auto& x : f) {
+    absl::Status s = Await(x);  // the fake clock never moves: no deadline can fire
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(s.message(), HasSubstr("disagree"));
+    EXPECT_THAT(s.message(), HasSubstr("job-a"));
+  }
+}
+
+TEST(PushPull, MismatchedDtypesFailEveryWorker) {
+  Cluster cluster(2, 1, 2);
+  Buffers b = MakeBuffers(2, 2, DataType::kFloat32, 500, [](int, uint64_t) { return 1; });
+  std::vector<std::future<absl::Status>> f;
+  for (int node = 0; node < 2; ++node) {
+    f.push_back(cluster.Start(node, MakeOp("grad", 0, node == 0 ? DataType::kFloat32 : DataType::kInt32,
+                                           500, LocalOperation::Kind::kSum, b[node])));
+  }
+  for (auto& x : f) EXPECT_EQ(Await(x).code(), absl::StatusCode::kInvalidArgument);
+  // The cluster keeps serving: the next iteration with agreeing inputs works.
+  f.clear();
+  for (int node = 0; node < 2; ++node) {
+    f.push_back(cluster.Start(
+        node, MakeOp("grad", 1, DataType::kFloat32, 500, LocalOperation::Kind::kSum, b[node])));
+  }
+  for (auto& x : f) EXPECT_TRUE(Await(x).ok());
+}
+
+TEST(PushPull, MissingWorkerTimesOutNamingIt) {
+  Cluster cluster(3, 1, 1);
+  Buffers b = MakeBuffers(3, 1, DataType::kFloat32, 100, [](int, uint64_t) { return 1; });
+  std::vector<std::future<absl::Status>> f;
+  for (int node = 0; node < 2; ++node) {  // rank 2 never submits
+    f.push_back(cluster.Start(
+        node, MakeOp("grad", 0, DataType::kFloat32, 100, LocalOperation::Kind::kSum, b[node])));
+  }
+  for (auto& x : f) EXPECT_EQ(x.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);
+  cluster.clock().Advance(std::chrono::seconds(6));
+  for (int i = 0; i < 4; ++i) cluster.node(i).server().ExpireStale();
+  for (auto& x : f) {
+    absl::Status s = Await(x);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+    EXPECT_THAT(s.message(), HasSubstr("[2]"));
+  }
+}
+
+TEST(PushPull, WorkerDeadlineFiresWhenServersAreSilent) {
+  Cluster cluster(2, 1, 1);
+  cluster.network().SetFrozen("node-2", true);
+  cluster.network().SetFrozen("node-1", true);
+  cluster.network().SetFrozen("node-0", true);
+  Buffers b = MakeBuffers(2, 1, DataType::kFloat32, 100, [](int, uint64_t) { return 1; });
+  auto f = cluster.Start(0, MakeOp("grad", 0, DataType::kFloat32, 100, LocalOperation::Kind::kSum, b[0]));
+  cluster.clock().Advance(std::chrono::seconds(6));
+  cluster.node(0).worker().ExpireStale();
+  absl::Status s = Await(f);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(s.message(), HasSubstr("waiting on summation servers"));
+}
+
+TEST(PushPull, MalformedMessagesAreDroppedAndServiceContinues) {
+  Cluster cluster(2, 1, 1);
+  WireHeader h;
+  h.kind = static_cast<uint8_t>(MessageKind::kPush);
+  h.dtype = static_cast<uint8_t>(DataType::kFloat32);
+  h.reduce = static_cast<uint8_t>(ReduceKind::kSum);
+  h.job = common::StableHash64("job-a");
+  h.tensor_count = 10;
+  h.num_chunks = 1;
+  h.chunk_count = 10;
+  std::vector<std::byte> short_payload(12);  // 3 floats instead of 10: truncated
+  std::vector<std::byte> garbage(17, std::byte{0x5a});
+  cluster.network().Inject("node-2", AsBytes(h), short_payload);
+  cluster.network().Inject("node-2", garbage, {});
+  cluster.network().Inject("node-2", std::span(AsBytes(h).data(), 20), {});
+  WireHeader bad_chunk = h;
+  bad_chunk.chunk = 5;
+  cluster.network().Inject("node-2", AsBytes(bad_chunk), {});
+
+  Buffers b = MakeBuffers(2, 1, DataType::kFloat32, 100, [](int g, uint64_t i) { return g + i % 3; });
+  std::vector<std::future<absl::Status>> f;
+  for (int node = 0; node < 2; ++node) {
+    f.push_back(cluster.Start(
+        node, MakeOp("grad", 0, DataType::kFloat32, 100, LocalOperation::Kind::kSum, b[node])));
+  }
+  for (auto& x : f) ASSERT_TRUE(Await(x).ok());
+  EXPECT_EQ(CountWrong(DataType::kFloat32, b, 100, [](uint64_t i) { return 1.0 + 2 * (i % 3); }), 0);
+  EXPECT_EQ(cluster.node(2).stats().malformed_messages.load(), 4u);
+}
+
+TEST(PushPull, RejectsBadOperations) {
+  Cluster cluster(2, 0, 2);
+  std::vector<std::vector<std::byte>> two(2, std::vector<std::byte>(64));
+  std::vector<std::vector<std::byte>> one(1, std::vector<std::byte>(64));
+  auto op = MakeOp("t", 0, DataType::kFloat32, 0, LocalOperation::Kind::kSum, two);
+  EXPECT_EQ(cluster.node(0).worker().Start("job-a", op).code(), absl::StatusCode::kInvalidArgument);
+  op = MakeOp("t", 0, DataType::kFloat32, uint64_t{1} << 62, LocalOperation::Kind::kSum, two);
+  EXPECT_EQ(cluster.node(0).worker().Start("job-a", op).code(), absl::StatusCode::kInvalidArgument);
+  op = MakeOp("t", 0, DataType::kFloat32, 4, LocalOperation::Kind::kSum, one);
+  EXPECT_EQ(cluster.node(0).worker().Start("job-a", op).code(), absl::StatusCode::kInvalidArgument);
+  op = MakeOp("t", 0, DataType::kFloat32, 4, LocalOperation::Kind::kSum, two);
+  EXPECT_EQ(cluster.node(0).worker().Start("nope", op).code(), absl::StatusCode::kNotFound);
+  op = MakeOp("t", 0, DataType::kFloat32, 4, LocalOperation::Kind::kBroadcast, two);
+  op.root_node = 9;
+  EXPECT_EQ(cluster.node(0).worker().Start("job-a", op).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(PushPull, MemoryStaysWithinCreditAndShares) {
+  const uint64_t partition = 1024, credit = 4096;
+  Cluster cluster(3, 2, 2, partition, credit);
+  const uint64_t count = 100000;  // 400 KB of float32: ~400 chunks
+  Buffers b = MakeBuffers(3, 2, DataType::kFloat32, count, [](int g, uint64_t) { return g; });
+  std::vector<std::future<absl::Status>> f;
+  for (int node = 0; node < 3; ++node) {
+    f.push_back(cluster.Start(node, MakeOp("big", 0, DataType::kFloat32, count,
+                                           LocalOperation::Kind::kSum, b[node])));
+  }
+  for (auto& x : f) ASSERT_TRUE(Await(x).ok());
+  EXPECT_EQ(CountWrong(DataType::kFloat32, b, count, [](uint64_t) { return 15.0; }), 0);
+  for (int i = 0; i < 5; ++i) {
+    const PushPullStats& s = cluster.node(i).stats();
+    // A worker never has more than its credit in flight (one chunk may exceed a full window).
+    EXPECT_LE(s.worker_peak_bytes_in_flight.load(), credit + partition);
+    EXPECT_LE(s.worker_peak_staging_bytes.load(), credit + partition);
+    // A server holds at most the chunks all workers may have in flight together.
+    EXPECT_LE(s.server_peak_bytes_held.load(), 3 * (credit + partition));
+    EXPECT_EQ(s.server_bytes_held.load(), 0u);
+    EXPECT_EQ(s.worker_bytes_in_flight.load(), 0u);
+  }
+}
+
+// Records the (tensor, chunk) of every push a node sends.
+class RecordingTransport final : public Transport {
+ public:
+  explicit RecordingTransport(Transport* inner) : inner_(inner) {}
+  std::string Address() const override { return inner_->Address(); }
+  void SetReceiveHandler(ReceiveHandler h) override { inner_->SetReceiveHandler(std::move(h)); }
+  void Send(const std::string& peer, std::span<const std::byte> header,
+            std::span<const std::byte> payload, SendCallback done) override {
+    WireHeader h;
+    std::memcpy(&h, header.data(), sizeof(h));
+    {
+      std::lock_guard lock(mu_);
+      if (h.kind == static_cast<uint8_t>(MessageKind::kPush)) sent_.emplace_back(h.tensor, h.chunk);
+    }
+    inner_->Send(peer, header, payload, std::move(done));
+  }
+  void Shutdown() override { inner_->Shutdown(); }
+  std::vector<std::pair<uint64_t, uint32_t>> sent() {
+    std::lock_guard lock(mu_);
+    return sent_;
+  }
+
+ private:
+  Transport* inner_;
+  std::mutex mu_;
+  std::vector<std::pair<uint64_t, uint32_t>> sent_;
+};
+
+TEST(PushPull, LowerPriorityNumbersGoFirst) {
+  InProcessNetwork network;
+  auto worker_ep = network.CreateEndpoint("w");
+  auto server_ep = network.CreateEndpoint("s");
+  RecordingTransport recorder(worker_ep.get());
+  CpuReducer reducer(1, 1 << 20);
+  common::FakeClock clock;
+  PushPullNode worker(&recorder, &reducer, &clock);
+  PushPullNode server(server_ep.get(), &reducer, &clock);
+  JobView v;
+  v.job_id = "j";
+  v.worker_addresses = {"w"};
+  v.server_addresses = {"s"};
+  v.server_weights = {ChunkMap::kWeightTotal};
+  v.partition_bytes = 400;  // 100 floats per chunk
+  v.credit_bytes = 400;     // one chunk in flight
+  v.my_worker_rank = 0;
+  worker.SetJob(v);
+  v.my_worker_rank = -1;
+  v.my_server_index = 0;
+  server.SetJob(v);
+
+  network.SetFrozen("s", true);
+  std::vector<std::vector<std::byte>> low(1, std::vector<std::byte>(4000));
+  std::vector<std::vector<std::byte>> high(1, std::vector<std::byte>(800));
+  std::promise<void> low_done, high_done;
+  auto op_low = MakeOp("low", 0, DataType::kFloat32, 1000, LocalOperation::Kind::kSum, low);
+  op_low.priority = 5;
+  op_low.done = [&](absl::Status s) { EXPECT_TRUE(s.ok()); low_done.set_value(); };
+  auto op_high = MakeOp("high", 0, DataType::kFloat32, 200, LocalOperation::Kind::kSum, high);
+  op_high.priority = -1;
+  op_high.done = [&](absl::Status s) { EXPECT_TRUE(s.ok()); high_done.set_value(); };
+  ASSERT_TRUE(worker.worker().Start("j", std::move(op_low)).ok());
+  ASSERT_TRUE(worker.worker().Start("j", std::move(op_high)).ok());
+  network.SetFrozen("s", false);
+  ASSERT_EQ(low_done.get_future().wait_for(kGuard), std::future_status::ready);
+  ASSERT_EQ(high_done.get_future().wait_for(kGuard), std::future_status::ready);
+  const uint64_t lo = common::StableHash64("low"), hi = common::StableHash64("high");
+  const std::vector<std::pair<uint64_t, uint32_t>> want = {
+      {lo, 0}, {hi, 0}, {hi, 1}, {lo, 1}, {lo, 2}, {lo, 3}, {lo, 4},
+      {lo, 5}, {lo, 6}, {lo, 7}, {lo, 8}, {lo, 9}};
+  EXPECT_EQ(recorder.sent(), want);
+  worker_ep->Shutdown();
+  server_ep->Shutdown();
+}
+
+TEST(PushPull, HundredIterationsOfSeveralTensorsWithPriorities) {
+  Cluster cluster(3, 2, 2, 512, 2048);
+  const std::vector<std::pair<std::string, uint64_t>> tensors = {
+      {"conv1.weight", 1}, {"fc.bias", 37}, {"layer4.weight", 3001}};
+  for (uint64_t it = 0; it < 100; ++it) {
+    std::vector<Buffers> bufs;
+    std::vector<std::future<absl::Status>> f;
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      bufs.push_back(MakeBuffers(3, 2, DataType::kFloat32, tensors[t].second,
+                                 [&](int g, uint64_t i) { return (g + 1) * ((i + it) % 5); }));
+    }
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      for (int node = 0; node < 3; ++node) {
+        auto op = MakeOp(tensors[t].first, it, DataType::kFloat32, tensors[t].second,
+                         LocalOperation::Kind::kSum, bufs[t][node]);
+        op.priority = static_cast<int32_t>(tensors.size() - t);
+        f.push_back(cluster.Start(node, std::move(op)));
+      }
+    }
+    for (auto& x : f) ASSERT_TRUE(Await(x).ok());
+    for (size_t t = 0; t < tensors.size(); ++t) {
+      ASSERT_EQ(CountWrong(DataType::kFloat32, bufs[t], tensors[t].second,
+                           [&](uint64_t i) { return 21.0 * ((i + it) % 5); }),
+                0)
+          << "tensor " << tensors[t].first << " iteration " << it;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tributary::dataplane

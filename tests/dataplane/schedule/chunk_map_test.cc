@@ -1,0 +1,106 @@
+#include "dataplane/schedule/chunk_map.h"
+
+#include <cmath>
+#include <random>
+
+#include "gtest/gtest.h"
+
+namespace tributary::dataplane {
+namespace {
+
+std::vector<uint64_t> WeightsFromFractions(const std::vector<double>& f) {
+  std::vector<uint64_t> w;
+  uint64_t sum = 0;
+  for (size_t i = 0; i + 1 < f.size(); ++i) {
+    w.push_back(static_cast<uint64_t>(f[i] * ChunkMap::kWeightTotal));
+    sum += w.back();
+  }
+  w.push_back(ChunkMap::kWeightTotal - sum);
+  return w;
+}
+
+TEST(ChunkMap, ChunksTileTheTensorExactly) {
+  for (uint64_t count : {1ull, 2ull, 7ull, 1000ull, 1000003ull}) {
+    for (uint32_t chunks : {1u, 2u, 3u, 7u, 64u}) {
+      if (chunks > count) continue;
+      uint64_t next = 0;
+      for (uint32_t i = 0; i < chunks; ++i) {
+        ChunkRange r = GetChunk(count, chunks, i);
+        EXPECT_EQ(r.offset, next);
+        EXPECT_GE(r.count, count / chunks);
+        EXPECT_LE(r.count, count / chunks + 1);
+        next += r.count;
+      }
+      EXPECT_EQ(next, count);
+    }
+  }
+}
+
+TEST(ChunkMap, NumChunksRespectsPartitionSize) {
+  EXPECT_EQ(NumChunks(1, 4, 4 << 20), 1u);
+  EXPECT_EQ(NumChunks(1 << 20, 4, 4 << 20), 1u);
+  EXPECT_EQ(NumChunks((1 << 20) + 1, 4, 4 << 20), 2u);
+  EXPECT_EQ(NumChunks(10, 8, 3), 10u);  // a partition below one element still moves one
+}
+
+TEST(ChunkMap, RejectsBadWeights) {
+  EXPECT_FALSE(ChunkMap::Create(std::vector<uint64_t>{}).ok());
+  EXPECT_FALSE(ChunkMap::Create(std::vector<uint64_t>{1, 2}).ok());
+  EXPECT_FALSE(ChunkMap::Create(std::vector<uint64_t>{ChunkMap::kWeightTotal, 0}).ok());
+  EXPECT_TRUE(ChunkMap::Create(std::vector<uint64_t>{ChunkMap::kWeightTotal}).ok());
+}
+
+TEST(ChunkMap, EveryServerGetsItsShareWithinOneChunk) {
+  std::mt19937_64 rng(42);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int servers = 1 + static_cast<int>(rng() % 12);
+    std::vector<double> f(servers);
+    double total = 0;
+    for (double& x : f) total += (x = 0.05 + std::uniform_real_distribution<>(0, 1)(rng));
+    for (double& x : f) x /= total;
+    const std::vector<uint64_t> w = WeightsFromFractions(f);
+    auto map = ChunkMap::Create(w);
+    ASSERT_TRUE(map.ok());
+    const uint32_t chunks = 1 + static_cast<uint32_t>(rng() % 2000);
+    const uint64_t tensor = rng();
+    std::vector<int64_t> owned(servers);
+    for (uint32_t i = 0; i < chunks; ++i) owned[map->ServerOf(tensor, chunks, i)]++;
+    for (int s = 0; s < servers; ++s) {
+      const double target = static_cast<double>(chunks) * w[s] / ChunkMap::kWeightTotal;
+      EXPECT_LT(std::abs(owned[s] - target), 1.0)
+          << "server " << s << " of " << servers << ", " << chunks << " chunks";
+    }
+  }
+}
+
+TEST(ChunkMap, DeterministicAndChunkZeroIndependentOfSize) {
+  const std::vector<uint64_t> w = WeightsFromFractions({0.1, 0.2, 0.3, 0.4});
+  auto a = ChunkMap::Create(w);
+  auto b = ChunkMap::Create(w);
+  ASSERT_TRUE(a.ok() && b.ok());
+  for (uint64_t tensor : {0ull, 1ull, 0xdeadbeefcafeull, ~0ull}) {
+    const uint32_t home = a->ServerOf(tensor, 1, 0);
+    for (uint32_t chunks : {1u, 2u, 5u, 999u}) {
+      EXPECT_EQ(a->ServerOf(tensor, chunks, 0), home);
+      for (uint32_t i = 0; i < chunks; ++i) {
+        EXPECT_EQ(a->ServerOf(tensor, chunks, i), b->ServerOf(tensor, chunks, i));
+      }
+    }
+  }
+}
+
+TEST(ChunkMap, SingleChunkTensorsSpreadByWeight) {
+  const std::vector<uint64_t> w = WeightsFromFractions({0.5, 0.25, 0.25});
+  auto map = ChunkMap::Create(w);
+  ASSERT_TRUE(map.ok());
+  std::vector<int> owned(3);
+  std::mt19937_64 rng(7);
+  const int tensors = 20000;
+  for (int t = 0; t < tensors; ++t) owned[map->ServerOf(rng(), 1, 0)]++;
+  EXPECT_NEAR(owned[0] / double(tensors), 0.5, 0.02);
+  EXPECT_NEAR(owned[1] / double(tensors), 0.25, 0.02);
+  EXPECT_NEAR(owned[2] / double(tensors), 0.25, 0.02);
+}
+
+}  // namespace
+}  // namespace tributary::dataplane
