@@ -41,8 +41,9 @@ absl::StatusOr<DataType> ParseDataType(std::string_view name) {
   for (DataType t : kAllDataTypes) {
     if (DataTypeName(t) == name) return t;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown data type '", std::string(name), "'; use float32, float64, float16, bfloat16, int32 or int64"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown data type '", std::string(name),
+                   "'; use float32, float64, float16, bfloat16, int32 or int64"));
 }
 
 bool IsValidDataType(uint32_t raw) { return raw >= 1 && raw <= 6; }

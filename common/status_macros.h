@@ -8,10 +8,10 @@
 #define TRIBUTARY_CONCAT(a, b) TRIBUTARY_CONCAT_INNER(a, b)
 
 // Returns from the current function if `expr` yields a non-OK absl::Status.
-#define RETURN_IF_ERROR(expr)                  \
-  do {                                         \
-    ::absl::Status _status = (expr);           \
-    if (!_status.ok()) return _status;         \
+#define RETURN_IF_ERROR(expr)          \
+  do {                                 \
+    ::absl::Status _status = (expr);   \
+    if (!_status.ok()) return _status; \
   } while (0)
 
 #define ASSIGN_OR_RETURN_IMPL(statusor, lhs, rexpr) \
@@ -24,9 +24,9 @@
   ASSIGN_OR_RETURN_IMPL(TRIBUTARY_CONCAT(_statusor_, __LINE__), lhs, rexpr)
 
 // Invariant check: logs and aborts. For programming errors only, never for input.
-#define TRIBUTARY_CHECK(cond)                                                      \
-  do {                                                                             \
-    if (!(cond)) ::tributary::common::CheckFailed(#cond, __FILE__, __LINE__);      \
+#define TRIBUTARY_CHECK(cond)                                                 \
+  do {                                                                        \
+    if (!(cond)) ::tributary::common::CheckFailed(#cond, __FILE__, __LINE__); \
   } while (0)
 
 namespace tributary::common {

@@ -42,8 +42,8 @@ uint64_t ClusterState::assignments_version() const {
 absl::Status ClusterState::RegisterNode(const tributary::v1::RegisterNodeRequest& req,
                                         tributary::v1::RegisterNodeResponse* resp) {
   if (!ValidId(req.node_id())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "node_id '", req.node_id(), "' must be 1-128 characters of [A-Za-z0-9._:-]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("node_id '", req.node_id(), "' must be 1-128 characters of [A-Za-z0-9._:-]"));
   }
   const auto& inv = req.inventory();
   if (inv.data_plane_address().empty()) {
@@ -117,8 +117,7 @@ void ClusterState::ListNodes(tributary::v1::ListNodesResponse* resp) {
     *out->mutable_inventory() = node.inventory;
     out->set_state(node.alive ? tributary::v1::NODE_STATE_ALIVE : tributary::v1::NODE_STATE_DEAD);
     *out->mutable_load() = node.load;
-    out->set_last_heartbeat_age_s(
-        std::chrono::duration<double>(now - node.last_heartbeat).count());
+    out->set_last_heartbeat_age_s(std::chrono::duration<double>(now - node.last_heartbeat).count());
     double committed = 0;
     for (const auto& [job_id, entry] : jobs_) {
       for (const auto& w : entry.job.plan().workers()) {
@@ -133,8 +132,9 @@ void ClusterState::ListNodes(tributary::v1::ListNodesResponse* resp) {
   }
 }
 
-absl::StatusOr<tributary::v1::JobPlan> ClusterState::PlanLocked(
-    const std::string& job_id, const tributary::v1::JobSpec& spec, uint64_t version) const {
+absl::StatusOr<tributary::v1::JobPlan> ClusterState::PlanLocked(const std::string& job_id,
+                                                                const tributary::v1::JobSpec& spec,
+                                                                uint64_t version) const {
   std::vector<NodeSnapshot> snapshot;
   for (const auto& [id, node] : nodes_) {
     NodeSnapshot s;
@@ -164,8 +164,8 @@ void ClusterState::UpdateJobStateLocked(tributary::v1::Job& job) const {
 absl::Status ClusterState::CreateJob(const tributary::v1::CreateJobRequest& req,
                                      tributary::v1::Job* job) {
   if (!ValidId(req.job_id())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "job_id '", req.job_id(), "' must be 1-128 characters of [A-Za-z0-9._:-]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("job_id '", req.job_id(), "' must be 1-128 characters of [A-Za-z0-9._:-]"));
   }
   absl::StatusOr<tributary::v1::JobSpec> spec = NormalizeJobSpec(req.spec());
   if (!spec.ok()) {
@@ -175,8 +175,8 @@ absl::Status ClusterState::CreateJob(const tributary::v1::CreateJobRequest& req,
   std::lock_guard lock(mu_);
   if (auto it = jobs_.find(req.job_id()); it != jobs_.end()) {
     if (!MessageDifferencer::Equals(it->second.job.spec(), *spec)) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "job '", req.job_id(), "' exists with a different spec; delete it first"));
+      return absl::AlreadyExistsError(
+          absl::StrCat("job '", req.job_id(), "' exists with a different spec; delete it first"));
     }
     *job = it->second.job;  // idempotent retry
     return absl::OkStatus();
@@ -203,11 +203,11 @@ absl::Status ClusterState::CreateJob(const tributary::v1::CreateJobRequest& req,
   if (req.dry_run()) return absl::OkStatus();
   jobs_[req.job_id()].job = std::move(created);
   assignments_version_++;
-  Log()->info("job {} created: {} workers, {} summation servers, predicted {:.3f} s vs ring "
-              "{:.3f} s for {} bytes",
-              req.job_id(), job->plan().workers_size(), job->plan().servers_size(),
-              job->plan().predicted_seconds(), job->plan().ring_seconds(),
-              job->plan().model_bytes());
+  Log()->info(
+      "job {} created: {} workers, {} summation servers, predicted {:.3f} s vs ring "
+      "{:.3f} s for {} bytes",
+      req.job_id(), job->plan().workers_size(), job->plan().servers_size(),
+      job->plan().predicted_seconds(), job->plan().ring_seconds(), job->plan().model_bytes());
   return absl::OkStatus();
 }
 

@@ -1,7 +1,7 @@
 // tributary-controller: node registry, jobs and plans over gRPC.
 #include <atomic>
-#include <csignal>
 #include <condition_variable>
+#include <csignal>
 #include <random>
 #include <thread>
 

@@ -38,8 +38,8 @@ absl::StatusOr<tributary::v1::JobSpec> NormalizeJobSpec(const tributary::v1::Job
   }
   if (spec.partition_bytes() == 0) spec.set_partition_bytes(kDefaultPartitionBytes);
   if (spec.partition_bytes() < 64 || spec.partition_bytes() > (uint64_t{1} << 30)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "partition_bytes ", spec.partition_bytes(), " is outside [64 B, 1 GiB]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("partition_bytes ", spec.partition_bytes(), " is outside [64 B, 1 GiB]"));
   }
   if (spec.credit_bytes() == 0) spec.set_credit_bytes(4 * spec.partition_bytes());
   if (spec.credit_bytes() < spec.partition_bytes() || spec.credit_bytes() > (uint64_t{1} << 34)) {
@@ -77,8 +77,8 @@ absl::StatusOr<tributary::v1::JobPlan> PlanJob(const std::string& job_id,
     }
     const NodeSnapshot& n = *it->second;
     if (n.inventory.nic_bytes_per_s() <= 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job '", job_id, "': worker node '", id, "' declares no NIC bandwidth"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("job '", job_id, "': worker node '", id, "' declares no NIC bandwidth"));
     }
     workers.push_back({id, n.inventory.nic_bytes_per_s(), sum_rate(n)});
   }

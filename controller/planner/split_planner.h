@@ -51,8 +51,8 @@ absl::StatusOr<SplitPlan> PlanSplit(const std::vector<MachineCapacity>& workers,
 // The uniform closed form of DESIGN.md §1.1 for n workers and k spare machines (k is clamped to
 // n), every NIC at `nic_bytes_per_s`, no CPU limit.
 struct UniformSplit {
-  double worker_fraction;  // x / M
-  double spare_fraction;   // y / M
+  double worker_fraction;   // x / M
+  double spare_fraction;    // y / M
   double seconds_per_byte;  // t_opt / M
 };
 UniformSplit UniformClosedForm(int n, int k, double nic_bytes_per_s);

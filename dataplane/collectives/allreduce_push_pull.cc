@@ -108,15 +108,15 @@ void PushPullServer::HandlePush(const WireHeader& h, std::span<const std::byte> 
       e.error_code = static_cast<uint32_t>(f->second.status.code());
       e.sender = WireHeader::kFromServer;
       std::string msg(f->second.status.message());
-      out.push_back({job.worker_addresses[h.sender], e,
-                     std::make_shared<std::vector<std::byte>>(AsSpan(msg).begin(),
-                                                              AsSpan(msg).end())});
+      out.push_back(
+          {job.worker_addresses[h.sender], e,
+           std::make_shared<std::vector<std::byte>>(AsSpan(msg).begin(), AsSpan(msg).end())});
     } else if (h.plan_version != job.plan_version) {
       FailLocked(job, h,
                  absl::FailedPreconditionError(absl::StrCat(
                      "job ", job.job_id, ": worker rank ", h.sender, " pushed with plan v",
-                     h.plan_version, " but summation server ", job.my_server_index,
-                     " runs plan v", job.plan_version, "; retry once every agent has the plan")),
+                     h.plan_version, " but summation server ", job.my_server_index, " runs plan v",
+                     job.plan_version, "; retry once every agent has the plan")),
                  out);
     } else if (auto map = ChunkMap::Create(job.server_weights);
                !map.ok() || job.my_server_index < 0 ||
@@ -141,8 +141,8 @@ void PushPullServer::HandlePush(const WireHeader& h, std::span<const std::byte> 
         FailLocked(job, h,
                    absl::InvalidArgumentError(absl::StrCat(
                        "job ", job.job_id, ": workers disagree on ", Describe(h), ": rank ",
-                       st.descriptor.sender, " submitted ", DescribeShape(st.descriptor),
-                       ", rank ", h.sender, " submitted ", DescribeShape(h),
+                       st.descriptor.sender, " submitted ", DescribeShape(st.descriptor), ", rank ",
+                       h.sender, " submitted ", DescribeShape(h),
                        "; every worker must submit the same name with the same size and dtype")),
                    out);
       } else if (st.received[h.sender]) {
@@ -215,6 +215,23 @@ void PushPullServer::SendAll(std::vector<Outgoing> out) {
   }
 }
 
+void PushPullServer::HandleAbort(const WireHeader& h, std::string_view message) {
+  std::vector<Outgoing> out;
+  {
+    std::lock_guard lock(mu_);
+    auto job_it = jobs_.find(h.job);
+    if (job_it == jobs_.end() || failures_.contains(KeyOf(h))) return;
+    const JobView& job = *job_it->second;
+    FailLocked(
+        job, h,
+        absl::Status(static_cast<absl::StatusCode>(h.error_code),
+                     absl::StrCat("job ", job.job_id, ": worker rank ", h.sender,
+                                  " aborted tensor ", Describe(h), ": ", std::string(message))),
+        out);
+  }
+  SendAll(std::move(out));
+}
+
 void PushPullServer::ExpireStale() {
   std::vector<Outgoing> out;
   {
@@ -240,13 +257,13 @@ void PushPullServer::ExpireStale() {
       for (uint32_t r = 0; r < stale_received[i].size(); ++r) {
         if (!stale_received[i][r]) missing.push_back(r);
       }
-      FailLocked(*job, h,
-                 absl::DeadlineExceededError(absl::StrCat(
-                     "job ", job->job_id, ": summation server ", job->my_server_index,
-                     " waited ", job->op_timeout.count(), " ms for ", Describe(h),
-                     " from worker ranks [", absl::StrJoin(missing, ","),
-                     "]; are they running and submitting the same tensors?")),
-                 out);
+      FailLocked(
+          *job, h,
+          absl::DeadlineExceededError(absl::StrCat(
+              "job ", job->job_id, ": summation server ", job->my_server_index, " waited ",
+              job->op_timeout.count(), " ms for ", Describe(h), " from worker ranks [",
+              absl::StrJoin(missing, ","), "]; are they running and submitting the same tensors?")),
+          out);
     }
   }
   SendAll(std::move(out));
@@ -420,8 +437,8 @@ void PushPullWorker::SendChunk(std::shared_ptr<Operation> op, uint32_t chunk) {
   const WireHeader h = op->Header(chunk);
   const uint64_t bytes = h.chunk_count * op->element_size;
   const uint64_t offset = h.chunk_offset * op->element_size;
-  const std::string& server = op->job->server_addresses[op->map.ServerOf(h.tensor, h.num_chunks,
-                                                                           chunk)];
+  const std::string& server =
+      op->job->server_addresses[op->map.ServerOf(h.tensor, h.num_chunks, chunk)];
   std::span<const std::byte> payload;
   std::shared_ptr<std::vector<std::byte>> staging;
   const auto& buffers = op->op.buffers;
@@ -451,20 +468,48 @@ void PushPullWorker::SendChunk(std::shared_ptr<Operation> op, uint32_t chunk) {
   Log()->debug("push of {} ({} bytes) of job {} to server {}", Describe(h), payload.size(),
                op->job->job_id, server);
   const CollectiveKey key{op->job_hash, op->tensor_hash, op->op.iteration};
-  transport_->Send(server, AsBytes(h), payload,
-                   [this, staging, key, server, what = Describe(h)](absl::Status s) {
-                     if (s.ok()) return;
-                     std::vector<Completion> done;
-                     {
-                       std::lock_guard lock(mu_);
-                       FailLocked(key,
-                                  absl::UnavailableError(absl::StrCat(
-                                      "push of ", what, " to summation server ", server,
-                                      " failed: ", s.message())),
-                                  done);
-                     }
-                     Flush({}, std::move(done));
-                   });
+  transport_->Send(
+      server, AsBytes(h), payload,
+      [this, staging, key, server, what = Describe(h)](absl::Status s) {
+        if (s.ok()) return;
+        std::vector<Completion> done;
+        {
+          std::lock_guard lock(mu_);
+          FailLocked(key,
+                     absl::UnavailableError(absl::StrCat("push of ", what, " to summation server ",
+                                                         server, " failed: ", s.message())),
+                     done);
+        }
+        Flush({}, std::move(done));
+      });
+}
+
+void PushPullWorker::Abort(const std::string& job_id, const std::string& tensor_name,
+                           uint64_t iteration, const absl::Status& reason) {
+  std::shared_ptr<const JobView> job;
+  {
+    std::lock_guard lock(mu_);
+    auto it = jobs_.find(common::StableHash64(job_id));
+    if (it == jobs_.end() || it->second->my_worker_rank < 0) return;
+    job = it->second;
+  }
+  auto map = ChunkMap::Create(job->server_weights);
+  if (!map.ok()) return;
+  WireHeader h;
+  h.kind = static_cast<uint8_t>(MessageKind::kError);
+  h.job = job->job_hash();
+  h.tensor = common::StableHash64(tensor_name);
+  h.iteration = iteration;
+  h.plan_version = job->plan_version;
+  h.sender = static_cast<uint32_t>(job->my_worker_rank);
+  h.error_code = static_cast<uint32_t>(reason.code());
+  auto msg = std::make_shared<std::string>(reason.message());
+  // Chunk 0 of any size lands on the same server: that server has seen (or will see) every
+  // worker of this collective.
+  const std::string& home = job->server_addresses[map->ServerOf(h.tensor, 1, 0)];
+  transport_->Send(home, AsBytes(h), AsSpan(*msg), [msg, home](absl::Status s) {
+    if (!s.ok()) Log()->warn("abort to summation server {} failed: {}", home, s.message());
+  });
 }
 
 void PushPullWorker::HandleResult(const WireHeader& h, std::span<const std::byte> payload) {
@@ -528,7 +573,8 @@ void PushPullWorker::HandleError(const WireHeader& h, std::string_view message) 
   std::vector<Completion> done;
   {
     std::lock_guard lock(mu_);
-    FailLocked(KeyOf(h), absl::Status(static_cast<absl::StatusCode>(h.error_code), std::string(message)),
+    FailLocked(KeyOf(h),
+               absl::Status(static_cast<absl::StatusCode>(h.error_code), std::string(message)),
                done);
   }
   Flush({}, std::move(done));
@@ -550,8 +596,8 @@ void PushPullWorker::FailLocked(const CollectiveKey& key, absl::Status status,
   }
   stats_->ops_failed++;
   Log()->warn("{} of tensor '{}' iteration {} failed: {}",
-              op->is_broadcast() ? "broadcast" : "all-reduce", op->op.tensor_name,
-              op->op.iteration, status.message());
+              op->is_broadcast() ? "broadcast" : "all-reduce", op->op.tensor_name, op->op.iteration,
+              status.message());
   done.emplace_back(std::move(op->op.done), std::move(status));
 }
 
@@ -570,26 +616,25 @@ void PushPullWorker::ExpireStale() {
       std::set<std::string> waiting;
       for (uint32_t c = 0; c < op->num_chunks; ++c) {
         if (op->chunk_state[c] != 2) {
-          waiting.insert(op->job->server_addresses[op->map.ServerOf(op->tensor_hash,
-                                                                    op->num_chunks, c)]);
+          waiting.insert(
+              op->job->server_addresses[op->map.ServerOf(op->tensor_hash, op->num_chunks, c)]);
         }
       }
-      FailLocked(key,
-                 absl::DeadlineExceededError(absl::StrCat(
-                     "job '", op->job->job_id, "' tensor '", op->op.tensor_name, "' iteration ",
-                     op->op.iteration, " timed out after ", op->job->op_timeout.count(),
-                     " ms with ", op->chunks_done, "/", op->num_chunks,
-                     " chunks done; waiting on summation servers [",
-                     absl::StrJoin(waiting, ", "), "]")),
-                 done);
+      FailLocked(
+          key,
+          absl::DeadlineExceededError(absl::StrCat(
+              "job '", op->job->job_id, "' tensor '", op->op.tensor_name, "' iteration ",
+              op->op.iteration, " timed out after ", op->job->op_timeout.count(), " ms with ",
+              op->chunks_done, "/", op->num_chunks, " chunks done; waiting on summation servers [",
+              absl::StrJoin(waiting, ", "), "]")),
+          done);
     }
     if (!expired.empty()) PumpLocked(sends);
   }
   Flush(std::move(sends), std::move(done));
 }
 
-void PushPullWorker::Flush(std::vector<std::function<void()>> sends,
-                           std::vector<Completion> done) {
+void PushPullWorker::Flush(std::vector<std::function<void()>> sends, std::vector<Completion> done) {
   for (auto& send : sends) send();
   for (auto& [fn, status] : done) {
     if (fn) fn(status);
@@ -639,10 +684,15 @@ void PushPullNode::OnMessage(std::span<const std::byte> header,
     case MessageKind::kResult:
       worker_.HandleResult(*h, payload);
       break;
-    case MessageKind::kError:
-      worker_.HandleError(
-          *h, std::string_view(reinterpret_cast<const char*>(payload.data()), payload.size()));
+    case MessageKind::kError: {
+      const std::string_view message(reinterpret_cast<const char*>(payload.data()), payload.size());
+      if (h->sender == WireHeader::kFromServer) {
+        worker_.HandleError(*h, message);
+      } else {
+        server_.HandleAbort(*h, message);
+      }
       break;
+    }
   }
 }
 

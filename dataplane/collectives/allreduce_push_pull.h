@@ -31,15 +31,15 @@ namespace tributary::dataplane {
 struct JobView {
   std::string job_id;
   uint64_t plan_version = 0;
-  std::vector<std::string> worker_addresses;  // data-plane address of each worker node, by rank
-  std::vector<std::string> server_addresses;  // summation servers, by server index
-  std::vector<uint64_t> server_weights;       // sum to exactly 2^32 (see ChunkMap)
-  uint32_t procs_per_node = 1;                // training processes on each worker node
-  uint64_t partition_bytes = 4 << 20;         // largest chunk, bytes
-  uint64_t credit_bytes = 16 << 20;           // bytes a worker node may have in flight
+  std::vector<std::string> worker_addresses;    // data-plane address of each worker node, by rank
+  std::vector<std::string> server_addresses;    // summation servers, by server index
+  std::vector<uint64_t> server_weights;         // sum to exactly 2^32 (see ChunkMap)
+  uint32_t procs_per_node = 1;                  // training processes on each worker node
+  uint64_t partition_bytes = 4 << 20;           // largest chunk, bytes
+  uint64_t credit_bytes = 16 << 20;             // bytes a worker node may have in flight
   std::chrono::milliseconds op_timeout{30000};  // deadline of one collective
-  int my_worker_rank = -1;    // this node's worker rank, -1 if it is not a worker
-  int my_server_index = -1;   // this node's server index, -1 if it is not a server
+  int my_worker_rank = -1;                      // this node's worker rank, -1 if it is not a worker
+  int my_server_index = -1;  // this node's server index, -1 if it is not a server
 
   uint64_t job_hash() const;
   uint32_t world_size() const {
@@ -84,6 +84,9 @@ class PushPullServer {
   void RemoveJob(uint64_t job_hash);
   // Called on the transport thread with a validated header.
   void HandlePush(const WireHeader& h, std::span<const std::byte> payload);
+  // A worker gave up on a collective before pushing (e.g. a local process died): fail it for
+  // every worker now instead of at the deadline.
+  void HandleAbort(const WireHeader& h, std::string_view message);
   // Fails collectives whose chunks are incomplete past the deadline; forgets old failures.
   void ExpireStale();
 
@@ -165,6 +168,11 @@ class PushPullWorker {
   // (NOT_FOUND), this node is not a worker (FAILED_PRECONDITION), bad sizes or buffers
   // (INVALID_ARGUMENT), the same tensor and iteration already running (ALREADY_EXISTS).
   absl::Status Start(const std::string& job_id, LocalOperation op);
+
+  // Tells the collective's home server (the owner of chunk 0, whatever the tensor's size) that
+  // this node cannot take part in (tensor, iteration), so every worker fails at once.
+  void Abort(const std::string& job_id, const std::string& tensor_name, uint64_t iteration,
+             const absl::Status& reason);
 
   void HandleResult(const WireHeader& h, std::span<const std::byte> payload);
   void HandleError(const WireHeader& h, std::string_view message);

@@ -10,8 +10,8 @@ namespace tributary::dataplane {
 
 absl::StatusOr<WireHeader> ParseHeader(std::span<const std::byte> header, size_t payload_bytes) {
   if (header.size() != sizeof(WireHeader)) {
-    return absl::InvalidArgumentError(absl::StrCat("header of ", header.size(),
-                                                   " bytes, expected ", sizeof(WireHeader)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("header of ", header.size(), " bytes, expected ", sizeof(WireHeader)));
   }
   WireHeader h;
   std::memcpy(&h, header.data(), sizeof(h));
@@ -47,7 +47,8 @@ absl::StatusOr<WireHeader> ParseHeader(std::span<const std::byte> header, size_t
                                                    ", +", h.chunk_count, "), expected [",
                                                    expected.offset, ", +", expected.count, ")"));
   }
-  const uint64_t bytes = h.chunk_count * common::DataTypeSize(static_cast<common::DataType>(h.dtype));
+  const uint64_t bytes =
+      h.chunk_count * common::DataTypeSize(static_cast<common::DataType>(h.dtype));
   const bool empty_broadcast_push = h.kind == static_cast<uint8_t>(MessageKind::kPush) &&
                                     h.reduce == static_cast<uint8_t>(ReduceKind::kBroadcast) &&
                                     h.sender != h.root;

@@ -30,9 +30,9 @@ struct WireHeader {
 
   uint32_t magic = kMagic;
   uint8_t version = kVersion;
-  uint8_t kind = 0;   // MessageKind
-  uint8_t dtype = 0;  // common::DataType
-  uint8_t reduce = 0;  // ReduceKind
+  uint8_t kind = 0;        // MessageKind
+  uint8_t dtype = 0;       // common::DataType
+  uint8_t reduce = 0;      // ReduceKind
   uint64_t job = 0;        // StableHash64(job id)
   uint64_t tensor = 0;     // StableHash64(tensor name)
   uint64_t iteration = 0;  // n-th submission of this tensor name in the job
@@ -66,8 +66,7 @@ inline std::span<const std::byte> AsBytes(const WireHeader& h) {
 
 // Parses and validates a header against the payload that came with it: magic, version, kinds,
 // dtype, chunk index and range, payload length. INVALID_ARGUMENT naming the field otherwise.
-absl::StatusOr<WireHeader> ParseHeader(std::span<const std::byte> header,
-                                       size_t payload_bytes);
+absl::StatusOr<WireHeader> ParseHeader(std::span<const std::byte> header, size_t payload_bytes);
 
 // "tensor 0x.. iteration 3 chunk 2/5" for messages.
 std::string Describe(const WireHeader& h);

@@ -42,7 +42,8 @@ uint32_t ChunkMap::ServerOf(uint64_t tensor_hash, uint32_t num_chunks, uint32_t 
   const unsigned __int128 c = num_chunks;
   const unsigned __int128 circle = c * kWeightTotal;
   const unsigned __int128 h = tensor_hash & (kWeightTotal - 1);
-  const unsigned __int128 pos = (h * c + static_cast<unsigned __int128>(index) * kWeightTotal) % circle;
+  const unsigned __int128 pos =
+      (h * c + static_cast<unsigned __int128>(index) * kWeightTotal) % circle;
   // First server whose arc end c*W_{s+1} is beyond pos.
   size_t lo = 0, hi = cumulative_.size() - 1;  // answer in [lo, hi)
   while (hi - lo > 1) {

@@ -98,9 +98,9 @@ void InProcessTransport::Send(const std::string& peer_address, std::span<const s
       delivered = true;
     }
   }
-  absl::Status status =
-      delivered ? absl::OkStatus()
-                : absl::UnavailableError(absl::StrCat("no endpoint at ", peer_address));
+  absl::Status status = delivered
+                            ? absl::OkStatus()
+                            : absl::UnavailableError(absl::StrCat("no endpoint at ", peer_address));
   Post([done = std::move(done), status] { done(status); });
 }
 

@@ -124,7 +124,8 @@ class Cluster {
     for (int i = 0; i < n + k; ++i) {
       const std::string addr = absl::StrCat("node-", i);
       transports_.push_back(network_.CreateEndpoint(addr));
-      nodes_.push_back(std::make_unique<PushPullNode>(transports_.back().get(), &reducer_, &clock_));
+      nodes_.push_back(
+          std::make_unique<PushPullNode>(transports_.back().get(), &reducer_, &clock_));
       if (i < n) view_.worker_addresses.push_back(addr);
       view_.server_addresses.push_back(addr);
     }
@@ -247,8 +248,8 @@ TEST_P(PushPullSweep, SumAverageAndBroadcastAreExact) {
   Buffers b = MakeBuffers(n, r, dtype, count, sum_input);
   std::vector<std::future<absl::Status>> f;
   for (int node = 0; node < n; ++node) {
-    f.push_back(cluster.Start(node, MakeOp("grad", 0, dtype, count, LocalOperation::Kind::kSum,
-                                           b[node])));
+    f.push_back(
+        cluster.Start(node, MakeOp("grad", 0, dtype, count, LocalOperation::Kind::kSum, b[node])));
   }
   for (auto& x : f) ASSERT_TRUE(Await(x).ok());
   EXPECT_EQ(CountWrong(dtype, b, count, sum_expected), 0);
@@ -275,7 +276,8 @@ TEST_P(PushPullSweep, SumAverageAndBroadcastAreExact) {
   b = MakeBuffers(n, r, dtype, count, input);
   f.clear();
   for (int node = 0; node < n; ++node) {
-    LocalOperation op = MakeOp("weights", 0, dtype, count, LocalOperation::Kind::kBroadcast, b[node]);
+    LocalOperation op =
+        MakeOp("weights", 0, dtype, count, LocalOperation::Kind::kBroadcast, b[node]);
     op.root_node = root / r;
     op.root_local = root % r;
     f.push_back(cluster.Start(node, std::move(op)));
@@ -301,9 +303,8 @@ INSTANTIATE_TEST_SUITE_P(
     Dtypes, PushPullSweep,
     ::testing::Combine(::testing::Values(4), ::testing::Values(2), ::testing::Values(3u),
                        ::testing::Values(2053u),
-                       ::testing::Values(DataType::kFloat32, DataType::kFloat64,
-                                         DataType::kFloat16, DataType::kBFloat16,
-                                         DataType::kInt32, DataType::kInt64)),
+                       ::testing::Values(DataType::kFloat32, DataType::kFloat64, DataType::kFloat16,
+                                         DataType::kBFloat16, DataType::kInt32, DataType::kInt64)),
     ShapeName);
 
 TEST(PushPull, MismatchedSizesFailEveryWorkerWithoutADeadline) {
@@ -329,8 +330,9 @@ TEST(PushPull, MismatchedDtypesFailEveryWorker) {
   Buffers b = MakeBuffers(2, 2, DataType::kFloat32, 500, [](int, uint64_t) { return 1; });
   std::vector<std::future<absl::Status>> f;
   for (int node = 0; node < 2; ++node) {
-    f.push_back(cluster.Start(node, MakeOp("grad", 0, node == 0 ? DataType::kFloat32 : DataType::kInt32,
-                                           500, LocalOperation::Kind::kSum, b[node])));
+    f.push_back(
+        cluster.Start(node, MakeOp("grad", 0, node == 0 ? DataType::kFloat32 : DataType::kInt32,
+                                   500, LocalOperation::Kind::kSum, b[node])));
   }
   for (auto& x : f) EXPECT_EQ(Await(x).code(), absl::StatusCode::kInvalidArgument);
   // The cluster keeps serving: the next iteration with agreeing inputs works.
@@ -350,7 +352,8 @@ TEST(PushPull, MissingWorkerTimesOutNamingIt) {
     f.push_back(cluster.Start(
         node, MakeOp("grad", 0, DataType::kFloat32, 100, LocalOperation::Kind::kSum, b[node])));
   }
-  for (auto& x : f) EXPECT_EQ(x.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);
+  for (auto& x : f)
+    EXPECT_EQ(x.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);
   cluster.clock().Advance(std::chrono::seconds(6));
   for (int i = 0; i < 4; ++i) cluster.node(i).server().ExpireStale();
   for (auto& x : f) {
@@ -360,13 +363,31 @@ TEST(PushPull, MissingWorkerTimesOutNamingIt) {
   }
 }
 
+TEST(PushPull, AbortFromOneWorkerFailsEveryWorkerAtOnce) {
+  Cluster cluster(3, 2, 1);
+  Buffers b = MakeBuffers(3, 1, DataType::kFloat32, 5000, [](int, uint64_t) { return 1; });
+  std::vector<std::future<absl::Status>> f;
+  for (int node = 0; node < 2; ++node) {
+    f.push_back(cluster.Start(
+        node, MakeOp("grad", 4, DataType::kFloat32, 5000, LocalOperation::Kind::kSum, b[node])));
+  }
+  cluster.node(2).worker().Abort("job-a", "grad", 4,
+                                 absl::AbortedError("local rank 1 disconnected"));
+  for (auto& x : f) {
+    absl::Status s = Await(x);  // no clock movement: this is not a deadline
+    EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
+    EXPECT_THAT(s.message(), HasSubstr("local rank 1 disconnected"));
+  }
+}
+
 TEST(PushPull, WorkerDeadlineFiresWhenServersAreSilent) {
   Cluster cluster(2, 1, 1);
   cluster.network().SetFrozen("node-2", true);
   cluster.network().SetFrozen("node-1", true);
   cluster.network().SetFrozen("node-0", true);
   Buffers b = MakeBuffers(2, 1, DataType::kFloat32, 100, [](int, uint64_t) { return 1; });
-  auto f = cluster.Start(0, MakeOp("grad", 0, DataType::kFloat32, 100, LocalOperation::Kind::kSum, b[0]));
+  auto f = cluster.Start(
+      0, MakeOp("grad", 0, DataType::kFloat32, 100, LocalOperation::Kind::kSum, b[0]));
   cluster.clock().Advance(std::chrono::seconds(6));
   cluster.node(0).worker().ExpireStale();
   absl::Status s = Await(f);
@@ -393,14 +414,16 @@ TEST(PushPull, MalformedMessagesAreDroppedAndServiceContinues) {
   bad_chunk.chunk = 5;
   cluster.network().Inject("node-2", AsBytes(bad_chunk), {});
 
-  Buffers b = MakeBuffers(2, 1, DataType::kFloat32, 100, [](int g, uint64_t i) { return g + i % 3; });
+  Buffers b =
+      MakeBuffers(2, 1, DataType::kFloat32, 100, [](int g, uint64_t i) { return g + i % 3; });
   std::vector<std::future<absl::Status>> f;
   for (int node = 0; node < 2; ++node) {
     f.push_back(cluster.Start(
         node, MakeOp("grad", 0, DataType::kFloat32, 100, LocalOperation::Kind::kSum, b[node])));
   }
   for (auto& x : f) ASSERT_TRUE(Await(x).ok());
-  EXPECT_EQ(CountWrong(DataType::kFloat32, b, 100, [](uint64_t i) { return 1.0 + 2 * (i % 3); }), 0);
+  EXPECT_EQ(CountWrong(DataType::kFloat32, b, 100, [](uint64_t i) { return 1.0 + 2 * (i % 3); }),
+            0);
   EXPECT_EQ(cluster.node(2).stats().malformed_messages.load(), 4u);
 }
 
@@ -428,8 +451,8 @@ TEST(PushPull, MemoryStaysWithinCreditAndShares) {
   Buffers b = MakeBuffers(3, 2, DataType::kFloat32, count, [](int g, uint64_t) { return g; });
   std::vector<std::future<absl::Status>> f;
   for (int node = 0; node < 3; ++node) {
-    f.push_back(cluster.Start(node, MakeOp("big", 0, DataType::kFloat32, count,
-                                           LocalOperation::Kind::kSum, b[node])));
+    f.push_back(cluster.Start(
+        node, MakeOp("big", 0, DataType::kFloat32, count, LocalOperation::Kind::kSum, b[node])));
   }
   for (auto& x : f) ASSERT_TRUE(Await(x).ok());
   EXPECT_EQ(CountWrong(DataType::kFloat32, b, count, [](uint64_t) { return 15.0; }), 0);
@@ -501,19 +524,25 @@ TEST(PushPull, LowerPriorityNumbersGoFirst) {
   std::promise<void> low_done, high_done;
   auto op_low = MakeOp("low", 0, DataType::kFloat32, 1000, LocalOperation::Kind::kSum, low);
   op_low.priority = 5;
-  op_low.done = [&](absl::Status s) { EXPECT_TRUE(s.ok()); low_done.set_value(); };
+  op_low.done = [&](absl::Status s) {
+    EXPECT_TRUE(s.ok());
+    low_done.set_value();
+  };
   auto op_high = MakeOp("high", 0, DataType::kFloat32, 200, LocalOperation::Kind::kSum, high);
   op_high.priority = -1;
-  op_high.done = [&](absl::Status s) { EXPECT_TRUE(s.ok()); high_done.set_value(); };
+  op_high.done = [&](absl::Status s) {
+    EXPECT_TRUE(s.ok());
+    high_done.set_value();
+  };
   ASSERT_TRUE(worker.worker().Start("j", std::move(op_low)).ok());
   ASSERT_TRUE(worker.worker().Start("j", std::move(op_high)).ok());
   network.SetFrozen("s", false);
   ASSERT_EQ(low_done.get_future().wait_for(kGuard), std::future_status::ready);
   ASSERT_EQ(high_done.get_future().wait_for(kGuard), std::future_status::ready);
   const uint64_t lo = common::StableHash64("low"), hi = common::StableHash64("high");
-  const std::vector<std::pair<uint64_t, uint32_t>> want = {
-      {lo, 0}, {hi, 0}, {hi, 1}, {lo, 1}, {lo, 2}, {lo, 3}, {lo, 4},
-      {lo, 5}, {lo, 6}, {lo, 7}, {lo, 8}, {lo, 9}};
+  const std::vector<std::pair<uint64_t, uint32_t>> want = {{lo, 0}, {hi, 0}, {hi, 1}, {lo, 1},
+                                                           {lo, 2}, {lo, 3}, {lo, 4}, {lo, 5},
+                                                           {lo, 6}, {lo, 7}, {lo, 8}, {lo, 9}};
   EXPECT_EQ(recorder.sent(), want);
   worker_ep->Shutdown();
   server_ep->Shutdown();

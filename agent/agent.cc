@@ -1,0 +1,169 @@
+#include "agent/agent.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "agent/plan_view.h"
+#include "common/hash.h"
+#include "common/logging.h"
+#include "common/rpc/grpc_status.h"
+#include "dataplane/transport/ucx/ucx_transport.h"
+
+namespace tributary::agent {
+namespace {
+
+std::shared_ptr<spdlog::logger> Log() {
+  static auto logger = common::Logger("agent");
+  return logger;
+}
+
+}  // namespace
+
+double MeasureSumRate(dataplane::Reducer& reducer) {
+  constexpr size_t kCount = 1 << 20;  // 4 MiB of float32
+  std::vector<float> a(kCount, 1.0f), b(kCount, 2.0f);
+  reducer.Sum(common::DataType::kFloat32, a.data(), b.data(), kCount);  // warm up
+  const auto start = std::chrono::steady_clock::now();
+  int rounds = 0;
+  std::chrono::duration<double> elapsed{};
+  do {
+    reducer.Sum(common::DataType::kFloat32, a.data(), b.data(), kCount);
+    ++rounds;
+    elapsed = std::chrono::steady_clock::now() - start;
+  } while (elapsed.count() < 0.03);
+  return rounds * kCount * sizeof(float) / elapsed.count();
+}
+
+absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& in) {
+  std::unique_ptr<Agent> agent(new Agent(in));
+  AgentOptions& options = agent->options_;
+  agent->inventory_ = DiscoverNode();
+  if (options.node_id.empty()) options.node_id = agent->inventory_.hostname();
+  agent->reducer_ = std::make_unique<dataplane::CpuReducer>(options.reducer_threads);
+
+  dataplane::UcxTransportOptions ucx;
+  ucx.listen_host = options.data_plane_host;
+  ucx.port = options.data_plane_port;
+  absl::StatusOr<std::unique_ptr<dataplane::UcxTransport>> transport =
+      dataplane::UcxTransport::Create(ucx);
+  if (!transport.ok()) {
+    return absl::Status(transport.status().code(),
+                        absl::StrCat("starting the UCX data plane on ", options.data_plane_host,
+                                     ": ", transport.status().message()));
+  }
+  agent->transport_ = *std::move(transport);
+  agent->node_ = std::make_unique<dataplane::PushPullNode>(
+      agent->transport_.get(), agent->reducer_.get(), common::SystemClock::Get());
+
+  tributary::v1::NodeInventory& inv = agent->inventory_;
+  inv.set_data_plane_address(agent->transport_->Address());
+  if (options.nic_bytes_per_s > 0) inv.set_nic_bytes_per_s(options.nic_bytes_per_s);
+  if (inv.nic_bytes_per_s() <= 0) {
+    Log()->warn("no NIC speed found in sysfs; declaring 10 Gbit/s (set --nic-gbps)");
+    inv.set_nic_bytes_per_s(10e9 / 8);
+  }
+  inv.set_sum_bytes_per_s(options.sum_bytes_per_s > 0 ? options.sum_bytes_per_s
+                                                      : MeasureSumRate(*agent->reducer_));
+  inv.set_offers_summation(options.offers_summation);
+
+  agent->local_ =
+      std::make_unique<LocalService>(&agent->node_->worker(), common::SystemClock::Get());
+  common::EnableHealthAndReflection();
+  grpc::ServerBuilder builder;
+  int port = -1;
+  if (options.local_address.rfind("unix:", 0) == 0) {
+    std::error_code ec;
+    std::filesystem::remove(options.local_address.substr(5), ec);  // a stale socket file
+  }
+  builder.AddListeningPort(options.local_address, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(agent->local_.get());
+  agent->server_ = builder.BuildAndStart();
+  if (!agent->server_) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve local processes on ", options.local_address));
+  }
+  common::SetServing(agent->server_.get(), "tributary.v1.Agent");
+
+  Agent* self = agent.get();
+  ControllerClient::Options copts;
+  copts.controller_address = options.controller_address;
+  copts.node_id = options.node_id;
+  copts.inventory = inv;
+  agent->controller_ = std::make_unique<ControllerClient>(
+      copts, [self](const std::vector<tributary::v1::JobPlan>& plans) { self->ApplyPlans(plans); },
+      [self](double elapsed) { return self->load_.Sample(elapsed); });
+  agent->controller_->Start();
+  agent->tick_thread_ = std::thread([self] { self->TickLoop(); });
+  Log()->info("agent {} up: data plane {}, local service {}, nic {:.0f} MB/s, sum {:.0f} MB/s",
+              options.node_id, inv.data_plane_address(), options.local_address,
+              inv.nic_bytes_per_s() / 1e6, inv.sum_bytes_per_s() / 1e6);
+  return agent;
+}
+
+Agent::~Agent() { Stop(); }
+
+void Agent::Stop() {
+  {
+    std::lock_guard lock(tick_mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  tick_cv_.notify_all();
+  if (tick_thread_.joinable()) tick_thread_.join();
+  if (controller_) controller_->Stop();
+  if (local_) local_->Shutdown();
+  if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  if (transport_) transport_->Shutdown();
+  Log()->info("agent {} stopped", options_.node_id);
+}
+
+void Agent::ApplyPlans(const std::vector<tributary::v1::JobPlan>& plans) {
+  std::lock_guard lock(plans_mu_);
+  std::vector<LocalJob> local_jobs;
+  std::map<std::string, uint64_t> now;
+  for (const auto& plan : plans) {
+    absl::StatusOr<dataplane::JobView> view = ToJobView(plan, options_.node_id);
+    if (!view.ok()) {
+      Log()->error("ignoring plan: {}", view.status().message());
+      continue;
+    }
+    now[plan.job_id()] = plan.version();
+    if (applied_[plan.job_id()] != plan.version()) {
+      node_->SetJob(*view);
+      Log()->info("job {} plan v{}: worker rank {}, server index {} of {}", plan.job_id(),
+                  plan.version(), view->my_worker_rank, view->my_server_index,
+                  view->server_addresses.size());
+    }
+    if (view->my_worker_rank >= 0) {
+      local_jobs.push_back(LocalJob{plan.job_id(), plan.version(),
+                                    static_cast<uint32_t>(view->my_worker_rank),
+                                    static_cast<uint32_t>(view->worker_addresses.size()),
+                                    view->procs_per_node, view->op_timeout});
+    }
+  }
+  for (const auto& [job_id, version] : applied_) {
+    if (!now.contains(job_id)) {
+      node_->RemoveJob(common::StableHash64(job_id));
+      Log()->info("job {} no longer involves this node", job_id);
+    }
+  }
+  applied_ = std::move(now);
+  local_->SetJobs(local_jobs);
+}
+
+void Agent::TickLoop() {
+  std::unique_lock lock(tick_mu_);
+  while (!stopping_) {
+    tick_cv_.wait_for(lock, options_.tick, [this] { return stopping_; });
+    if (stopping_) break;
+    lock.unlock();
+    node_->ExpireStale();
+    local_->Tick();
+    lock.lock();
+  }
+}
+
+}  // namespace tributary::agent

@@ -1,0 +1,73 @@
+// One node's agent: discovers the node, registers with the controller, follows its plans, runs
+// the summation service and the communication service, and serves local training processes.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "agent/controller_client.h"
+#include "agent/local_service.h"
+#include "agent/node_discovery.h"
+#include "dataplane/collectives/allreduce_push_pull.h"
+#include "dataplane/reduce/cpu/cpu_reducer.h"
+#include "dataplane/transport/transport.h"
+#include "grpcpp/grpcpp.h"
+
+namespace tributary::agent {
+
+struct AgentOptions {
+  std::string node_id;  // default: the hostname
+  std::string controller_address = "127.0.0.1:7070";
+  std::string data_plane_host = "127.0.0.1";  // UCX listener; peers dial this address
+  uint16_t data_plane_port = 0;               // 0 = ephemeral
+  std::string local_address = "unix:/tmp/tributary-agent.sock";  // for training processes
+  double nic_bytes_per_s = 0;          // declared NIC bandwidth; 0 = discover from sysfs
+  double sum_bytes_per_s = 0;          // declared summation rate; 0 = measure at start-up
+  bool offers_summation = true;        // serve jobs this node is not a worker of
+  int reducer_threads = 0;             // 0 = all cores
+  std::chrono::milliseconds tick{50};  // deadline sweep period
+};
+
+// Threading: a controller-client thread applies plans; a tick thread sweeps deadlines; the
+// transport's progress thread runs the data plane; gRPC threads serve local processes.
+class Agent {
+ public:
+  static absl::StatusOr<std::unique_ptr<Agent>> Start(const AgentOptions& options);
+  ~Agent();
+
+  void Stop();
+  const std::string& node_id() const { return options_.node_id; }
+  std::string data_plane_address() const { return transport_->Address(); }
+  const tributary::v1::NodeInventory& inventory() const { return inventory_; }
+
+ private:
+  explicit Agent(AgentOptions options) : options_(std::move(options)) {}
+  void ApplyPlans(const std::vector<tributary::v1::JobPlan>& plans);
+  void TickLoop();
+
+  AgentOptions options_;
+  tributary::v1::NodeInventory inventory_;
+  std::unique_ptr<dataplane::CpuReducer> reducer_;
+  std::unique_ptr<dataplane::Transport> transport_;
+  std::unique_ptr<dataplane::PushPullNode> node_;
+  std::unique_ptr<LocalService> local_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<ControllerClient> controller_;
+  LoadMonitor load_;
+  std::mutex plans_mu_;
+  std::map<std::string, uint64_t> applied_;  // job id -> plan version
+  std::mutex tick_mu_;
+  std::condition_variable tick_cv_;
+  bool stopping_ = false;
+  std::thread tick_thread_;
+};
+
+// Measures this CPU's fp32 summation rate (bytes of input added per second).
+double MeasureSumRate(dataplane::Reducer& reducer);
+
+}  // namespace tributary::agent

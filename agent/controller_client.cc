@@ -1,0 +1,125 @@
+#include "agent/controller_client.h"
+
+#include "common/logging.h"
+#include "grpcpp/grpcpp.h"
+
+namespace tributary::agent {
+namespace {
+
+std::shared_ptr<spdlog::logger> Log() {
+  static auto logger = common::Logger("agent");
+  return logger;
+}
+
+}  // namespace
+
+ControllerClient::ControllerClient(Options options, PlansCallback on_plans, LoadFn load)
+    : options_(std::move(options)), on_plans_(std::move(on_plans)), load_(std::move(load)) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  channel_ = grpc::CreateCustomChannel(options_.controller_address,
+                                       grpc::InsecureChannelCredentials(), args);
+  stub_ = tributary::v1::Controller::NewStub(channel_);
+}
+
+ControllerClient::~ControllerClient() { Stop(); }
+
+void ControllerClient::Start() {
+  thread_ = std::thread([this] { Run(); });
+}
+
+void ControllerClient::Stop() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+bool ControllerClient::WaitFor(std::chrono::milliseconds d) {
+  std::unique_lock lock(mu_);
+  cv_.wait_for(lock, d, [this] { return stop_; });
+  return !stop_;
+}
+
+std::unique_ptr<grpc::ClientContext> ControllerClient::Context() const {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(std::chrono::system_clock::now() + options_.rpc_timeout);
+  return ctx;
+}
+
+void ControllerClient::Run() {
+  uint64_t incarnation = 0;
+  uint64_t fetched_version = 0;
+  auto interval = std::chrono::milliseconds(500);
+  auto backoff = std::chrono::milliseconds(100);
+  auto last_sample = std::chrono::steady_clock::now();
+  bool warned = false;
+  while (true) {
+    if (!registered_) {
+      tributary::v1::RegisterNodeRequest req;
+      req.set_node_id(options_.node_id);
+      *req.mutable_inventory() = options_.inventory;
+      tributary::v1::RegisterNodeResponse resp;
+      grpc::Status s = stub_->RegisterNode(Context().get(), req, &resp);
+      if (!s.ok()) {
+        if (!warned) {
+          Log()->warn("registering node {} with controller {} failed: {}; retrying",
+                      options_.node_id, options_.controller_address, s.error_message());
+          warned = true;
+        }
+        if (!WaitFor(backoff)) return;
+        backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
+        continue;
+      }
+      warned = false;
+      backoff = std::chrono::milliseconds(100);
+      incarnation = resp.incarnation();
+      interval = std::chrono::milliseconds(std::max<uint32_t>(50, resp.heartbeat_interval_ms()));
+      fetched_version = 0;
+      registered_ = true;
+      Log()->info("node {} registered with controller {} (incarnation {})", options_.node_id,
+                  options_.controller_address, incarnation);
+    }
+
+    tributary::v1::HeartbeatRequest hb;
+    hb.set_node_id(options_.node_id);
+    hb.set_incarnation(incarnation);
+    const auto now = std::chrono::steady_clock::now();
+    *hb.mutable_load() = load_(std::chrono::duration<double>(now - last_sample).count());
+    last_sample = now;
+    tributary::v1::HeartbeatResponse hb_resp;
+    grpc::Status s = stub_->Heartbeat(Context().get(), hb, &hb_resp);
+    heartbeats_sent_++;
+    if (!s.ok()) {
+      heartbeats_failed_++;
+      if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
+        Log()->warn("controller does not know node {}: registering again", options_.node_id);
+        registered_ = false;
+        continue;
+      }
+      Log()->warn("heartbeat to controller failed: {}", s.error_message());
+      // A restarted controller forgets us; re-register once it answers again.
+      if (s.error_code() == grpc::StatusCode::UNAVAILABLE) registered_ = false;
+      if (!WaitFor(interval)) return;
+      continue;
+    }
+    if (hb_resp.assignments_version() != fetched_version) {
+      tributary::v1::GetAssignmentsRequest req;
+      req.set_node_id(options_.node_id);
+      tributary::v1::GetAssignmentsResponse resp;
+      grpc::Status as = stub_->GetAssignments(Context().get(), req, &resp);
+      if (as.ok()) {
+        fetched_version = resp.assignments_version();
+        on_plans_(std::vector<tributary::v1::JobPlan>(resp.plans().begin(), resp.plans().end()));
+        continue;  // heartbeat again at once: another change may have raced this fetch
+      }
+      Log()->warn("fetching assignments failed: {}", as.error_message());
+    }
+    if (!WaitFor(interval)) return;
+  }
+}
+
+}  // namespace tributary::agent

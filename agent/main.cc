@@ -1,0 +1,56 @@
+// tributary-agent: one per node. Runs the summation and communication services and serves the
+// node's training processes.
+#include <csignal>
+#include <cstdlib>
+#include <thread>
+
+#include "CLI/CLI.hpp"
+#include "agent/agent.h"
+#include "common/logging.h"
+
+namespace {
+volatile std::sig_atomic_t g_stop = 0;
+void OnSignal(int) { g_stop = 1; }
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Tributary agent: summation and communication services of one node"};
+  tributary::agent::AgentOptions options;
+  double nic_gbps = 0, sum_gbps = 0;
+  bool no_summation = false;
+  std::string log_level;
+  app.add_option("--node-id", options.node_id, "Node identity (default: hostname)");
+  app.add_option("--controller", options.controller_address, "Controller address host:port");
+  app.add_option("--data-plane-host", options.data_plane_host,
+                 "IP address of this node's UCX listener (peers dial it)");
+  app.add_option("--data-plane-port", options.data_plane_port, "UCX listener port (0 = any)");
+  app.add_option("--listen", options.local_address,
+                 "Address for local training processes (unix:PATH or host:port)");
+  app.add_option("--nic-gbps", nic_gbps,
+                 "Declared NIC bandwidth, Gbit/s per direction "
+                 "(default: from sysfs)");
+  app.add_option("--sum-gbps", sum_gbps, "Declared summation rate, GByte/s (default: measured)");
+  app.add_flag("--no-summation", no_summation,
+               "Do not serve as a summation server for jobs this node is not a worker of");
+  app.add_option("--reducer-threads", options.reducer_threads, "Summation threads (0 = all)");
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error (or TRIBUTARY_LOG_LEVEL)");
+  CLI11_PARSE(app, argc, argv);
+  tributary::common::InitLogging(log_level);
+  options.nic_bytes_per_s = nic_gbps * 1e9 / 8;
+  options.sum_bytes_per_s = sum_gbps * 1e9;
+  options.offers_summation = !no_summation;
+  // UCX must never wander onto the machine's real NICs unless told to.
+  setenv("UCX_NET_DEVICES", "lo", 0);
+  setenv("UCX_TLS", "tcp", 0);
+
+  auto agent = tributary::agent::Agent::Start(options);
+  if (!agent.ok()) {
+    tributary::common::Logger("agent")->critical("{}", agent.status().message());
+    return 1;
+  }
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+  while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  (*agent)->Stop();
+  return 0;
+}

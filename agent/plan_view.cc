@@ -1,0 +1,37 @@
+#include "agent/plan_view.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace tributary::agent {
+
+absl::StatusOr<dataplane::JobView> ToJobView(const tributary::v1::JobPlan& plan,
+                                             const std::string& node_id) {
+  dataplane::JobView v;
+  v.job_id = plan.job_id();
+  v.plan_version = plan.version();
+  for (const auto& w : plan.workers()) {
+    if (w.node_id() == node_id) v.my_worker_rank = static_cast<int>(v.worker_addresses.size());
+    v.worker_addresses.push_back(w.data_plane_address());
+  }
+  uint64_t total = 0;
+  for (const auto& s : plan.servers()) {
+    if (s.node_id() == node_id) v.my_server_index = static_cast<int>(v.server_addresses.size());
+    v.server_addresses.push_back(s.data_plane_address());
+    v.server_weights.push_back(s.weight());
+    total += s.weight();
+  }
+  if (v.worker_addresses.empty() || v.server_addresses.empty() ||
+      total != dataplane::ChunkMap::kWeightTotal) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan v", plan.version(), " of job ", plan.job_id(),
+                     " is unusable: ", v.worker_addresses.size(), " workers, ",
+                     v.server_addresses.size(), " servers, weights summing to ", total));
+  }
+  v.procs_per_node = std::max<uint32_t>(1, plan.procs_per_node());
+  v.partition_bytes = plan.partition_bytes();
+  v.credit_bytes = std::max(plan.credit_bytes(), plan.partition_bytes());
+  v.op_timeout = std::chrono::milliseconds(plan.op_timeout_ms());
+  return v;
+}
+
+}  // namespace tributary::agent

@@ -1,0 +1,18 @@
+// Reads a job plan from the controller as the data plane's JobView for one node.
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "dataplane/collectives/allreduce_push_pull.h"
+#include "tributary/v1/controller.pb.h"
+
+namespace tributary::agent {
+
+// The view of `plan` from node `node_id`: its worker rank and server index (-1 when it has
+// none). INVALID_ARGUMENT when the plan is unusable (no workers or servers, weights not
+// summing to 2^32).
+absl::StatusOr<dataplane::JobView> ToJobView(const tributary::v1::JobPlan& plan,
+                                             const std::string& node_id);
+
+}  // namespace tributary::agent
