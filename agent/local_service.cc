@@ -268,6 +268,7 @@ absl::Status LocalService::DoJoin(const tributary::v1::JoinJobRequest& req,
   session->local_rank = req.local_rank();
   session->local_size = req.local_size();
   sessions_[session->id] = session;
+  departed_[req.job_id()].erase(req.local_rank());
   resp->set_session_id(session->id);
   resp->set_global_rank(job.node_rank * job.procs_per_node + req.local_rank());
   resp->set_world_size(job.num_nodes * job.procs_per_node);
@@ -308,6 +309,7 @@ void LocalService::EndSessionLocked(const std::string& session_id, const std::st
   if (it == sessions_.end()) return;
   std::shared_ptr<Session> session = it->second;
   sessions_.erase(it);
+  departed_[session->job_id][session->local_rank] = why;
   Log()->info("session {} (job {}, local rank {}) ended: {}", session_id, session->job_id,
               session->local_rank, why);
   // Gathers that still wait for this rank can never complete.
@@ -495,7 +497,21 @@ absl::Status LocalService::DoSubmit(const tributary::v1::SubmitRequest& req,
       gather->created = clock_->Now();
     }
     gather->slots[sub.local_rank] = std::move(sub);
-    if (++gather->filled < job.procs_per_node) return absl::OkStatus();
+    if (++gather->filled < job.procs_per_node) {
+      // A rank whose process already left will never submit: fail now, not at the deadline.
+      for (const auto& [rank, why] : departed_[key.job_id]) {
+        if (rank < gather->slots.size() && !gather->slots[rank]) {
+          FailGatherLocked(
+              key, *gather,
+              absl::AbortedError(absl::StrCat(what, " iteration ", key.iteration, ": local rank ",
+                                              rank, " ended (", why, ") and cannot submit it")),
+              after);
+          gathers_.erase(key);
+          break;
+        }
+      }
+      return absl::OkStatus();
+    }
 
     // Every local process has submitted: check they agree, then start the node's operation.
     std::unique_ptr<Gather> full = std::move(gather);

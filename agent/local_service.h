@@ -98,6 +98,9 @@ class LocalService final : public tributary::v1::Agent::CallbackService {
   std::map<std::string, LocalJob> jobs_;
   std::map<std::string, std::shared_ptr<Session>> sessions_;
   std::map<GatherKey, std::unique_ptr<Gather>> gathers_;
+  // Local ranks whose session ended, per job, with why: a gather missing one of them can never
+  // complete. A new session for the rank clears it.
+  std::map<std::string, std::map<uint32_t, std::string>> departed_;
   std::vector<KeepAliveReactor*> keepalives_;
   bool shut_down_ = false;
 };

@@ -23,8 +23,8 @@ class Transport {
   // Called for every incoming message. `header` and `payload` are valid only during the call.
   // `from` is the transport-level identity of the sender when known (may be empty); protocol
   // layers must identify peers from their own header fields, not from this.
-  using ReceiveHandler = std::function<void(std::span<const std::byte> header,
-                                            std::span<const std::byte> payload)>;
+  using ReceiveHandler =
+      std::function<void(std::span<const std::byte> header, std::span<const std::byte> payload)>;
   // Runs exactly once per Send, with OK once the payload may be reused, or with UNAVAILABLE /
   // CANCELLED / INVALID_ARGUMENT naming the peer and the reason.
   using SendCallback = std::function<void(absl::Status)>;

@@ -1,0 +1,23 @@
+#include "client/agent_session.h"
+
+#include <utility>
+
+namespace tributary::client::internal {
+
+AgentSession::AgentSession(std::shared_ptr<grpc::Channel> channel,
+                           std::unique_ptr<v1::Agent::Stub> stub, std::string agent_address,
+                           std::string session_id, std::chrono::milliseconds rpc_timeout)
+    : channel_(std::move(channel)),
+      stub_(std::move(stub)),
+      agent_address_(std::move(agent_address)),
+      session_id_(std::move(session_id)),
+      rpc_timeout_(rpc_timeout) {}
+
+std::unique_ptr<grpc::ClientContext> AgentSession::NewContext(
+    std::chrono::milliseconds timeout) const {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(std::chrono::system_clock::now() + timeout);
+  return context;
+}
+
+}  // namespace tributary::client::internal

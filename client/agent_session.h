@@ -1,0 +1,50 @@
+// The connection to the local agent that a Client, its SharedBuffers and its Handles share.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "grpcpp/grpcpp.h"
+#include "tributary/v1/agent.grpc.pb.h"
+
+namespace tributary::client::internal {
+
+// One joined session with the local agent: the channel, the stub and the session id.
+//
+// Ownership: shared (std::shared_ptr) by the Client and by every SharedBuffer and Handle it
+// hands out, so that those may outlive the Client; after the Client leaves, they see
+// active() == false and skip or fail their RPCs instead of using a dead session.
+// Threading: every method is thread-safe (the stub is, the rest is immutable or atomic).
+class AgentSession {
+ public:
+  // `rpc_timeout` is the deadline of every unary RPC that is not a Wait.
+  AgentSession(std::shared_ptr<grpc::Channel> channel, std::unique_ptr<v1::Agent::Stub> stub,
+               std::string agent_address, std::string session_id,
+               std::chrono::milliseconds rpc_timeout);
+
+  v1::Agent::Stub& stub() const { return *stub_; }
+  const std::string& agent_address() const { return agent_address_; }
+  const std::string& session_id() const { return session_id_; }
+  std::chrono::milliseconds rpc_timeout() const { return rpc_timeout_; }
+
+  // A fresh context whose deadline is `timeout` from now.
+  std::unique_ptr<grpc::ClientContext> NewContext(std::chrono::milliseconds timeout) const;
+  // A fresh context with the default deadline (rpc_timeout).
+  std::unique_ptr<grpc::ClientContext> NewContext() const { return NewContext(rpc_timeout_); }
+
+  // False once the Client has left the job (or is leaving it).
+  bool active() const { return active_.load(std::memory_order_acquire); }
+  void MarkInactive() { active_.store(false, std::memory_order_release); }
+
+ private:
+  const std::shared_ptr<grpc::Channel> channel_;
+  const std::unique_ptr<v1::Agent::Stub> stub_;
+  const std::string agent_address_;
+  const std::string session_id_;
+  const std::chrono::milliseconds rpc_timeout_;
+  std::atomic<bool> active_{true};
+};
+
+}  // namespace tributary::client::internal

@@ -1,0 +1,108 @@
+#include "client/cli/cli_common.h"
+
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/rpc/grpc_status.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace tributary::client::cli {
+
+void AddGlobalOptions(CLI::App& app, GlobalOptions& global) {
+  app.add_option("--controller", global.controller, "controller address host:port")
+      ->capture_default_str();
+  app.add_option("--rpc-timeout-ms", global.rpc_timeout_ms, "deadline of every RPC, ms")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--log-level", global.log_level,
+                 "trace, debug, info, warn, error, off (default: $TRIBUTARY_LOG_LEVEL or info)");
+}
+
+void SetAction(CLI::App* command, GlobalOptions& global, std::function<absl::Status()> run) {
+  command->callback([&global, run = std::move(run)] {
+    common::InitLogging(global.log_level);
+    global.status = run();
+  });
+}
+
+ControllerClient::ControllerClient(const GlobalOptions& global)
+    : global_(global),
+      stub_(v1::Controller::NewStub(
+          grpc::CreateChannel(global.controller, grpc::InsecureChannelCredentials()))) {}
+
+std::unique_ptr<grpc::ClientContext> ControllerClient::NewContext() const {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(std::chrono::system_clock::now() +
+                        std::chrono::milliseconds(global_.rpc_timeout_ms));
+  return context;
+}
+
+absl::Status ControllerClient::Convert(const grpc::Status& status) const {
+  absl::Status s = common::FromGrpcStatus(status);
+  if (s.code() == absl::StatusCode::kUnavailable ||
+      (s.code() == absl::StatusCode::kDeadlineExceeded && s.message() == "Deadline Exceeded")) {
+    return absl::Status(s.code(),
+                        absl::StrCat("controller ", global_.controller, ": ", s.message()));
+  }
+  return s;
+}
+
+absl::StatusOr<v1::ListNodesResponse> ControllerClient::ListNodes() {
+  v1::ListNodesResponse response;
+  auto context = NewContext();
+  grpc::Status status = stub_->ListNodes(context.get(), v1::ListNodesRequest(), &response);
+  if (!status.ok()) return Convert(status);
+  return response;
+}
+
+absl::StatusOr<v1::ListJobsResponse> ControllerClient::ListJobs() {
+  v1::ListJobsResponse response;
+  auto context = NewContext();
+  grpc::Status status = stub_->ListJobs(context.get(), v1::ListJobsRequest(), &response);
+  if (!status.ok()) return Convert(status);
+  return response;
+}
+
+absl::StatusOr<v1::Job> ControllerClient::GetJob(const std::string& job_id) {
+  v1::GetJobRequest request;
+  request.set_job_id(job_id);
+  v1::Job response;
+  auto context = NewContext();
+  grpc::Status status = stub_->GetJob(context.get(), request, &response);
+  if (!status.ok()) return Convert(status);
+  return response;
+}
+
+absl::StatusOr<v1::Job> ControllerClient::CreateJob(const v1::CreateJobRequest& request) {
+  v1::Job response;
+  auto context = NewContext();
+  grpc::Status status = stub_->CreateJob(context.get(), request, &response);
+  if (!status.ok()) return Convert(status);
+  return response;
+}
+
+absl::Status ControllerClient::DeleteJob(const std::string& job_id) {
+  v1::DeleteJobRequest request;
+  request.set_job_id(job_id);
+  v1::DeleteJobResponse response;
+  auto context = NewContext();
+  return Convert(stub_->DeleteJob(context.get(), request, &response));
+}
+
+absl::StatusOr<std::string> MessageToJson(const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  std::string out;
+  auto status = google::protobuf::util::MessageToJsonString(message, &out, options);
+  if (!status.ok()) {
+    return absl::InternalError(
+        absl::StrCat("converting to JSON failed: ", std::string(status.message())));
+  }
+  return out;
+}
+
+}  // namespace tributary::client::cli

@@ -1,0 +1,58 @@
+// What every subcommand of the `tributary` CLI shares: global options, the controller
+// connection, and how a command reports its result.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "grpcpp/grpcpp.h"
+#include "tributary/v1/controller.grpc.pb.h"
+
+namespace tributary::client::cli {
+
+struct GlobalOptions {
+  // gRPC target of the controller.
+  std::string controller = "127.0.0.1:7070";
+  // Deadline of every RPC the CLI makes, milliseconds.
+  int rpc_timeout_ms = 10000;
+  // spdlog level; empty: TRIBUTARY_LOG_LEVEL, else info.
+  std::string log_level;
+  // Result of the subcommand that ran; main prints "error: <message>" and exits 1 if not OK.
+  absl::Status status;
+};
+
+// Adds --controller, --rpc-timeout-ms and --log-level to `app`.
+void AddGlobalOptions(CLI::App& app, GlobalOptions& global);
+
+// Makes `run` the action of `command`: it runs after parsing, its result lands in
+// global.status. Logging is initialised first.
+void SetAction(CLI::App* command, GlobalOptions& global, std::function<absl::Status()> run);
+
+// The controller calls the CLI makes, each with the global deadline; errors keep their code,
+// and unreachable-controller errors name the address.
+class ControllerClient {
+ public:
+  explicit ControllerClient(const GlobalOptions& global);
+
+  absl::StatusOr<v1::ListNodesResponse> ListNodes();
+  absl::StatusOr<v1::ListJobsResponse> ListJobs();
+  absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
+  absl::StatusOr<v1::Job> CreateJob(const v1::CreateJobRequest& request);
+  absl::Status DeleteJob(const std::string& job_id);
+
+ private:
+  std::unique_ptr<grpc::ClientContext> NewContext() const;
+  absl::Status Convert(const grpc::Status& status) const;
+
+  const GlobalOptions& global_;
+  std::unique_ptr<v1::Controller::Stub> stub_;
+};
+
+// A protobuf message as indented JSON with every field (proto field names).
+absl::StatusOr<std::string> MessageToJson(const google::protobuf::Message& message);
+
+}  // namespace tributary::client::cli

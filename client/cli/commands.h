@@ -1,0 +1,24 @@
+// The subcommands of the `tributary` CLI. Each Add*Command registers one subcommand (its
+// options and its action) on the app; main.cc calls them all. A new subcommand goes in its own
+// commands_<name>.cc with its Add function declared here.
+#pragma once
+
+#include "CLI/CLI.hpp"
+#include "client/cli/cli_common.h"
+
+namespace tributary::client::cli {
+
+// `tributary nodes [--json]`: the controller's node registry.
+void AddNodesCommand(CLI::App& app, GlobalOptions& global);
+// `tributary jobs [--json]`: every job with its plan summary.
+void AddJobsCommand(CLI::App& app, GlobalOptions& global);
+// `tributary plan JOB | --workers a,b,...`: a plan's split and predicted time.
+void AddPlanCommand(CLI::App& app, GlobalOptions& global);
+// `tributary create-job JOB --workers a,b --procs-per-node R ...`.
+void AddCreateJobCommand(CLI::App& app, GlobalOptions& global);
+// `tributary delete-job JOB`.
+void AddDeleteJobCommand(CLI::App& app, GlobalOptions& global);
+// `tributary bench-rank --agent ... --job J ...`: one process of a collective sweep.
+void AddBenchRankCommand(CLI::App& app, GlobalOptions& global);
+
+}  // namespace tributary::client::cli

@@ -1,0 +1,204 @@
+// `tributary bench-rank`: one training process of an nccl-tests-style sweep through the local
+// agent. Start one per process of the job (every rank with the same sizes, dtype, op); global
+// rank 0 prints the table.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/cli/bench_data.h"
+#include "client/cli/commands.h"
+#include "client/cli/sizes.h"
+#include "client/client.h"
+#include "common/dtype.h"
+#include "common/status_macros.h"
+
+namespace tributary::client::cli {
+namespace {
+
+struct BenchFlags {
+  std::string agent = ClientOptions().agent_address;
+  std::string job;
+  uint32_t local_rank = 0;
+  uint32_t local_size = 1;
+  std::string sizes = "4K:64M";
+  std::string dtype = "float32";
+  int iters = 20;
+  int warmup = 5;
+  std::string op = "sum";
+  uint32_t root = 0;
+  bool check = true;
+  bool csv = false;
+  int join_timeout_ms = 30000;
+  int op_timeout_ms = 120000;
+};
+
+double BusBandwidthFactor(BenchOp op, uint32_t world_size) {
+  if (op == BenchOp::kBroadcast || world_size == 0) return 1.0;  // As nccl-tests.
+  return 2.0 * (world_size - 1) / world_size;
+}
+
+absl::Status RunOnce(Client& client, const BenchFlags& flags, BenchOp op, const std::string& name,
+                     const SharedBuffer& buffer, size_t count, common::DataType dtype) {
+  if (op == BenchOp::kBroadcast) {
+    return client.Broadcast(name, buffer, 0, count, dtype, flags.root);
+  }
+  return client.AllReduce(name, buffer, 0, count, dtype,
+                          op == BenchOp::kAverage ? ReduceOp::kAverage : ReduceOp::kSum);
+}
+
+absl::Status RunBenchRank(const BenchFlags& flags) {
+  ASSIGN_OR_RETURN(std::vector<uint64_t> sizes, ParseSizeList(flags.sizes));
+  ASSIGN_OR_RETURN(common::DataType dtype, common::ParseDataType(flags.dtype));
+  ASSIGN_OR_RETURN(BenchOp op, ParseBenchOp(flags.op));
+  const size_t element = common::DataTypeSize(dtype);
+  uint64_t largest = 0;
+  for (uint64_t size : sizes) largest = std::max(largest, size / element * element);
+  if (largest == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("every size is smaller than one ", flags.dtype, " element"));
+  }
+
+  ClientOptions options;
+  options.agent_address = flags.agent;
+  options.join_timeout = std::chrono::milliseconds(flags.join_timeout_ms);
+  options.op_timeout = std::chrono::milliseconds(flags.op_timeout_ms);
+  ASSIGN_OR_RETURN(std::unique_ptr<Client> client,
+                   Client::Connect(options, flags.job, flags.local_rank, flags.local_size));
+  const uint32_t rank = client->global_rank();
+  const uint32_t world = client->world_size();
+  if (op == BenchOp::kBroadcast && flags.root >= world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--root ", flags.root, " is not below the world size ", world));
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<SharedBuffer> buffer, client->AllocateBuffer(largest));
+
+  const bool leader = rank == 0;
+  const std::string op_name(BenchOpName(op));
+  const std::string type_name(common::DataTypeName(dtype));
+  if (leader) {
+    std::printf(
+        "# tributary bench-rank: job %s, world size %u, dtype %s, op %s, iters %d, "
+        "warmup %d, check %s\n#\n",
+        flags.job.c_str(), world, type_name.c_str(), op_name.c_str(), flags.iters, flags.warmup,
+        flags.check ? "on" : "off");
+    std::printf("# %12s %14s %9s %6s %12s %10s %10s %8s\n", "size", "count", "type", "redop",
+                "time", "algbw", "busbw", "#wrong");
+    std::printf("# %12s %14s %9s %6s %12s %10s %10s %8s\n", "(B)", "(elements)", "", "", "(us)",
+                "(GB/s)", "(GB/s)", "");
+    std::fflush(stdout);
+  }
+
+  size_t total_wrong = 0;
+  double busbw_sum = 0;
+  int rows = 0;
+  for (uint64_t size : sizes) {
+    const size_t count = size / element;
+    if (count == 0) continue;
+    const size_t bytes = count * element;
+    const std::string name = absl::StrCat("bench.", bytes);
+    for (int i = 0; i < flags.warmup; ++i) {
+      FillInput(dtype, rank, buffer->data(), count);
+      absl::Status status = RunOnce(*client, flags, op, name, *buffer, count, dtype);
+      if (!status.ok()) {
+        return absl::Status(status.code(), absl::StrCat(name, " warm-up iteration ", i, " on rank ",
+                                                        rank, ": ", status.message()));
+      }
+    }
+    double total_seconds = 0;
+    size_t wrong = 0;
+    for (int i = 0; i < flags.iters; ++i) {
+      FillInput(dtype, rank, buffer->data(), count);
+      const auto start = std::chrono::steady_clock::now();
+      absl::Status status = RunOnce(*client, flags, op, name, *buffer, count, dtype);
+      total_seconds +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (!status.ok()) {
+        return absl::Status(status.code(), absl::StrCat(name, " iteration ", i, " on rank ", rank,
+                                                        ": ", status.message()));
+      }
+      if (flags.check) {
+        wrong += CountWrong(dtype, op, world, flags.root, buffer->data(), count);
+      }
+    }
+    total_wrong += wrong;
+    if (wrong > 0) {
+      std::fprintf(stderr, "rank %u: %zu wrong elements at size %zu B\n", rank, wrong, bytes);
+    }
+    if (leader && flags.iters > 0) {
+      const double seconds = total_seconds / flags.iters;
+      const double algbw = static_cast<double>(bytes) / seconds / 1e9;
+      const double busbw = algbw * BusBandwidthFactor(op, world);
+      busbw_sum += busbw;
+      ++rows;
+      std::printf("  %12zu %14zu %9s %6s %12.1f %10.3f %10.3f %8zu\n", bytes, count,
+                  type_name.c_str(), op_name.c_str(), seconds * 1e6, algbw, busbw, wrong);
+      if (flags.csv) {
+        std::printf("CSV,%zu,%zu,%s,%s,%.3f,%.6f,%.6f,%zu\n", bytes, count, type_name.c_str(),
+                    op_name.c_str(), seconds * 1e6, algbw, busbw, wrong);
+      }
+      std::fflush(stdout);
+    }
+  }
+  if (leader) {
+    std::printf("# Out of bounds values : %zu %s\n", total_wrong,
+                total_wrong == 0 ? "OK" : "FAILED");
+    std::printf("# Avg bus bandwidth    : %.3f\n#\n", rows > 0 ? busbw_sum / rows : 0.0);
+    std::fflush(stdout);
+  }
+  if (total_wrong > 0) {
+    return absl::DataLossError(
+        absl::StrCat("rank ", rank, ": ", total_wrong, " wrong elements in the results"));
+  }
+  return client->Leave();
+}
+
+}  // namespace
+
+void AddBenchRankCommand(CLI::App& app, GlobalOptions& global) {
+  CLI::App* command = app.add_subcommand(
+      "bench-rank",
+      "one process of a collective benchmark sweep through the local agent (start one per rank; "
+      "global rank 0 prints the table; with --csv also lines "
+      "CSV,size,count,type,op,time_us,algbw,busbw,wrong)");
+  auto flags = std::make_shared<BenchFlags>();
+  command->add_option("--agent", flags->agent, "agent address, unix:PATH")->capture_default_str();
+  command->add_option("--job", flags->job, "job id")->required();
+  command->add_option("--local-rank", flags->local_rank, "this process's rank on the node")
+      ->capture_default_str();
+  command->add_option("--local-size", flags->local_size, "processes of the job on this node")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  command
+      ->add_option("--sizes", flags->sizes,
+                   "MIN:MAX (powers of 2 from MIN to MAX) or a list like 1K,3,1M")
+      ->capture_default_str();
+  command
+      ->add_option("--dtype", flags->dtype, "float32, float64, float16, bfloat16, int32 or int64")
+      ->capture_default_str();
+  command->add_option("--iters", flags->iters, "timed iterations per size")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  command->add_option("--warmup", flags->warmup, "untimed iterations per size first")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  command->add_option("--op", flags->op, "sum, avg or bcast")->capture_default_str();
+  command->add_option("--root", flags->root, "broadcast root (global rank)")->capture_default_str();
+  command->add_flag("--check,!--no-check", flags->check,
+                    "check every element after every timed iteration (default on)");
+  command->add_flag("--csv", flags->csv, "also print CSV lines");
+  command
+      ->add_option("--join-timeout-ms", flags->join_timeout_ms,
+                   "how long to retry joining the job, ms")
+      ->capture_default_str();
+  command
+      ->add_option("--op-timeout-ms", flags->op_timeout_ms,
+                   "how long to wait for one collective, ms")
+      ->capture_default_str();
+  SetAction(command, global, [flags] { return RunBenchRank(*flags); });
+}
+
+}  // namespace tributary::client::cli

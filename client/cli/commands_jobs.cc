@@ -1,0 +1,224 @@
+// `tributary jobs`, `plan`, `create-job` and `delete-job`.
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/cli/commands.h"
+#include "client/cli/plan_view.h"
+#include "client/cli/sizes.h"
+#include "client/cli/table.h"
+#include "common/status_macros.h"
+
+namespace tributary::client::cli {
+namespace {
+
+std::string StateName(v1::JobState state) {
+  switch (state) {
+    case v1::JOB_STATE_RUNNING:
+      return "running";
+    case v1::JOB_STATE_DEGRADED:
+      return "degraded";
+    default:
+      return "unknown";
+  }
+}
+
+// A size flag kept as text ("64M") until the command runs; empty means "not given".
+absl::StatusOr<std::optional<uint64_t>> OptionalSize(const std::string& text,
+                                                     const std::string& flag) {
+  if (text.empty()) return std::optional<uint64_t>();
+  auto size = ParseSize(text);
+  if (!size.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, ": ", size.status().message()));
+  }
+  return std::optional<uint64_t>(*size);
+}
+
+// Options of the commands that describe a job spec (create-job, plan --workers).
+struct SpecFlags {
+  std::vector<std::string> workers;
+  uint32_t procs_per_node = 1;
+  int spares = -1;  // -1: as many as help.
+  std::string partition_bytes;
+  std::string credit_bytes;
+  uint32_t timeout_ms = 0;
+  std::string model_bytes;
+
+  void Add(CLI::App* command, bool with_run_options) {
+    command->add_option("--workers", workers, "worker nodes in rank order, comma-separated")
+        ->delimiter(',');
+    command->add_option("--procs-per-node", procs_per_node, "training processes per worker node")
+        ->check(CLI::PositiveNumber);
+    command->add_option("--spares", spares, "most spare nodes to use as summation servers")
+        ->check(CLI::NonNegativeNumber);
+    command->add_option("--partition-bytes", partition_bytes,
+                        "largest chunk pushed to one server, e.g. 4M (default 4 MiB)");
+    command->add_option("--model-bytes", model_bytes,
+                        "gradient size the predicted times are for, e.g. 64M (default 64 MiB)");
+    if (with_run_options) {
+      command->add_option("--credit-bytes", credit_bytes,
+                          "bytes a worker node may have in flight (default 4 partitions)");
+      command->add_option("--timeout-ms", timeout_ms,
+                          "deadline of one collective, ms (default 30000)");
+    }
+  }
+
+  absl::StatusOr<v1::JobSpec> ToSpec() const {
+    v1::JobSpec spec;
+    if (workers.empty()) return absl::InvalidArgumentError("--workers must name at least one node");
+    for (const auto& worker : workers) spec.add_worker_nodes(worker);
+    spec.set_procs_per_node(procs_per_node);
+    if (spares >= 0) spec.set_max_spare_nodes(static_cast<uint32_t>(spares));
+    ASSIGN_OR_RETURN(auto partition, OptionalSize(partition_bytes, "--partition-bytes"));
+    if (partition) spec.set_partition_bytes(*partition);
+    ASSIGN_OR_RETURN(auto credit, OptionalSize(credit_bytes, "--credit-bytes"));
+    if (credit) spec.set_credit_bytes(*credit);
+    ASSIGN_OR_RETURN(auto model, OptionalSize(model_bytes, "--model-bytes"));
+    if (model) spec.set_model_bytes(*model);
+    spec.set_op_timeout_ms(timeout_ms);
+    return spec;
+  }
+};
+
+absl::Status PrintPlan(const v1::Job& job, std::optional<uint64_t> model_bytes, bool json) {
+  const uint64_t bytes = PlanModelBytes(job, model_bytes);
+  if (json) {
+    std::cout << PlanToJson(job, bytes).dump(2) << std::endl;
+  } else {
+    std::cout << RenderPlan(job, bytes);
+  }
+  return absl::OkStatus();
+}
+
+// --- jobs ------------------------------------------------------------------------------------
+
+absl::Status RunJobs(GlobalOptions& global, bool json) {
+  ControllerClient controller(global);
+  ASSIGN_OR_RETURN(v1::ListJobsResponse response, controller.ListJobs());
+  if (json) {
+    ASSIGN_OR_RETURN(std::string text, MessageToJson(response));
+    std::cout << text << std::endl;
+    return absl::OkStatus();
+  }
+  Table table(
+      {"JOB", "STATE", "WORKERS", "PROCS/NODE", "SERVERS", "PLAN", "PREDICTED", "RING", "MESSAGE"});
+  for (size_t c : {3, 5, 6, 7}) table.SetAlign(c, Table::Align::kRight);
+  for (const v1::Job& job : response.jobs()) {
+    const v1::JobPlan& plan = job.plan();
+    std::vector<std::string> workers(job.spec().worker_nodes().begin(),
+                                     job.spec().worker_nodes().end());
+    int spares = 0;
+    for (const auto& server : plan.servers()) spares += server.is_worker() ? 0 : 1;
+    const uint64_t model_bytes = PlanModelBytes(job, std::nullopt);
+    table.AddRow({job.job_id(), StateName(job.state()), JoinOrDash(workers),
+                  std::to_string(job.spec().procs_per_node()),
+                  absl::StrCat(plan.servers_size(), " (", spares, " spare)"),
+                  std::to_string(plan.version()),
+                  FormatSeconds(PredictedSeconds(plan, model_bytes)),
+                  FormatSeconds(RingSeconds(plan, model_bytes)), job.message()});
+  }
+  std::cout << table.Render();
+  if (table.num_rows() == 0) std::cout << "(no jobs)" << std::endl;
+  return absl::OkStatus();
+}
+
+// --- plan ------------------------------------------------------------------------------------
+
+struct PlanFlags {
+  std::string job_id;
+  SpecFlags spec;
+  bool json = false;
+};
+
+absl::Status RunPlan(GlobalOptions& global, const PlanFlags& flags) {
+  if (flags.job_id.empty() == flags.spec.workers.empty()) {
+    return absl::InvalidArgumentError(
+        "give either an existing JOB or --workers a,b,... to preview a plan");
+  }
+  ASSIGN_OR_RETURN(std::optional<uint64_t> model_bytes,
+                   OptionalSize(flags.spec.model_bytes, "--model-bytes"));
+  ControllerClient controller(global);
+  v1::Job job;
+  if (!flags.job_id.empty()) {
+    ASSIGN_OR_RETURN(job, controller.GetJob(flags.job_id));
+  } else {
+    v1::CreateJobRequest request;
+    request.set_job_id("preview");
+    request.set_dry_run(true);
+    ASSIGN_OR_RETURN(*request.mutable_spec(), flags.spec.ToSpec());
+    ASSIGN_OR_RETURN(job, controller.CreateJob(request));
+  }
+  return PrintPlan(job, model_bytes, flags.json);
+}
+
+// --- create-job / delete-job -----------------------------------------------------------------
+
+struct CreateFlags {
+  std::string job_id;
+  SpecFlags spec;
+  bool json = false;
+};
+
+absl::Status RunCreateJob(GlobalOptions& global, const CreateFlags& flags) {
+  v1::CreateJobRequest request;
+  request.set_job_id(flags.job_id);
+  ASSIGN_OR_RETURN(*request.mutable_spec(), flags.spec.ToSpec());
+  ControllerClient controller(global);
+  ASSIGN_OR_RETURN(v1::Job job, controller.CreateJob(request));
+  if (flags.json) {
+    ASSIGN_OR_RETURN(std::string text, MessageToJson(job));
+    std::cout << text << std::endl;
+    return absl::OkStatus();
+  }
+  std::cout << "created job " << job.job_id() << " (" << StateName(job.state()) << ")\n";
+  return PrintPlan(job, std::nullopt, /*json=*/false);
+}
+
+absl::Status RunDeleteJob(GlobalOptions& global, const std::string& job_id) {
+  ControllerClient controller(global);
+  RETURN_IF_ERROR(controller.DeleteJob(job_id));
+  std::cout << "deleted job " << job_id << std::endl;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void AddJobsCommand(CLI::App& app, GlobalOptions& global) {
+  CLI::App* command = app.add_subcommand("jobs", "list jobs with their plans");
+  auto json = std::make_shared<bool>(false);
+  command->add_flag("--json", *json, "print the ListJobs response as JSON");
+  SetAction(command, global, [&global, json] { return RunJobs(global, *json); });
+}
+
+void AddPlanCommand(CLI::App& app, GlobalOptions& global) {
+  CLI::App* command = app.add_subcommand(
+      "plan", "show a job's split over summation servers, or preview one with --workers");
+  auto flags = std::make_shared<PlanFlags>();
+  command->add_option("job", flags->job_id, "an existing job");
+  flags->spec.Add(command, /*with_run_options=*/false);
+  command->add_flag("--json", flags->json, "print JSON");
+  SetAction(command, global, [&global, flags] { return RunPlan(global, *flags); });
+}
+
+void AddCreateJobCommand(CLI::App& app, GlobalOptions& global) {
+  CLI::App* command = app.add_subcommand("create-job", "create (and plan) a job");
+  auto flags = std::make_shared<CreateFlags>();
+  command->add_option("job", flags->job_id, "job id")->required();
+  flags->spec.Add(command, /*with_run_options=*/true);
+  command->get_option("--workers")->required();
+  command->get_option("--procs-per-node")->required();
+  command->add_flag("--json", flags->json, "print the created job as JSON");
+  SetAction(command, global, [&global, flags] { return RunCreateJob(global, *flags); });
+}
+
+void AddDeleteJobCommand(CLI::App& app, GlobalOptions& global) {
+  CLI::App* command = app.add_subcommand("delete-job", "delete a job (succeeds if it is gone)");
+  auto job_id = std::make_shared<std::string>();
+  command->add_option("job", *job_id, "job id")->required();
+  SetAction(command, global, [&global, job_id] { return RunDeleteJob(global, *job_id); });
+}
+
+}  // namespace tributary::client::cli

@@ -1,0 +1,113 @@
+#include "client/cli/plan_view.h"
+
+#include <cstdio>
+#include <vector>
+
+#include "client/cli/table.h"
+
+namespace tributary::client::cli {
+namespace {
+
+std::string Seconds(double seconds) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.4g", seconds);
+  return buf;
+}
+
+std::string Speedup(double predicted, double ring) {
+  if (predicted <= 0 || ring <= 0) return "-";
+  return FormatFixed(ring / predicted, 2);
+}
+
+std::string GBps(double bytes_per_s) {
+  return bytes_per_s > 0 ? FormatFixed(bytes_per_s / 1e9, 2) : "-";
+}
+
+}  // namespace
+
+uint64_t PlanModelBytes(const v1::Job& job, std::optional<uint64_t> override_bytes) {
+  if (override_bytes.has_value()) return *override_bytes;
+  if (job.plan().model_bytes() > 0) return job.plan().model_bytes();
+  return job.spec().model_bytes();
+}
+
+uint64_t ServerBytes(const v1::SummationServer& server, uint64_t model_bytes) {
+  if (server.weight() > 0) {
+    return static_cast<uint64_t>((static_cast<unsigned __int128>(model_bytes) * server.weight()) >>
+                                 32);
+  }
+  return static_cast<uint64_t>(server.share() * static_cast<double>(model_bytes));
+}
+
+double PredictedSeconds(const v1::JobPlan& plan, uint64_t model_bytes) {
+  if (plan.predicted_seconds_per_byte() > 0) {
+    return plan.predicted_seconds_per_byte() * static_cast<double>(model_bytes);
+  }
+  return model_bytes == plan.model_bytes() ? plan.predicted_seconds() : 0;
+}
+
+double RingSeconds(const v1::JobPlan& plan, uint64_t model_bytes) {
+  if (plan.ring_seconds_per_byte() > 0) {
+    return plan.ring_seconds_per_byte() * static_cast<double>(model_bytes);
+  }
+  return model_bytes == plan.model_bytes() ? plan.ring_seconds() : 0;
+}
+
+std::string RenderPlan(const v1::Job& job, uint64_t model_bytes) {
+  const v1::JobPlan& plan = job.plan();
+  std::vector<std::string> workers;
+  for (const auto& worker : plan.workers()) workers.push_back(worker.node_id());
+  std::string out =
+      "job " + job.job_id() + ": plan version " + std::to_string(plan.version()) + ", workers " +
+      JoinOrDash(workers) + " x " + std::to_string(plan.procs_per_node()) + " procs, partition " +
+      FormatBytes(plan.partition_bytes()) + ", credit " + FormatBytes(plan.credit_bytes()) + "\n";
+  if (!job.message().empty()) out += job.message() + "\n";
+  out += "split of a " + FormatBytes(model_bytes) + " model over " +
+         std::to_string(plan.servers_size()) + " summation servers:\n";
+  Table table({"SERVER", "ROLE", "SHARE", "BYTES", "NIC GB/s", "SUM GB/s", "DATA PLANE"});
+  for (size_t c : {2, 3, 4, 5}) table.SetAlign(c, Table::Align::kRight);
+  for (const auto& server : plan.servers()) {
+    table.AddRow({server.node_id(), server.is_worker() ? "worker" : "spare",
+                  FormatFixed(server.share() * 100, 1) + "%",
+                  std::to_string(ServerBytes(server, model_bytes)), GBps(server.nic_bytes_per_s()),
+                  GBps(server.sum_bytes_per_s()), server.data_plane_address()});
+  }
+  out += table.Render();
+  const double predicted = PredictedSeconds(plan, model_bytes);
+  const double ring = RingSeconds(plan, model_bytes);
+  out += "predicted " + Seconds(predicted) + " s vs ring all-reduce " + Seconds(ring) +
+         " s (speed-up " + Speedup(predicted, ring) + " x)\n";
+  return out;
+}
+
+nlohmann::json PlanToJson(const v1::Job& job, uint64_t model_bytes) {
+  const v1::JobPlan& plan = job.plan();
+  nlohmann::json out;
+  out["job_id"] = job.job_id();
+  out["plan_version"] = plan.version();
+  out["model_bytes"] = model_bytes;
+  out["procs_per_node"] = plan.procs_per_node();
+  out["partition_bytes"] = plan.partition_bytes();
+  out["credit_bytes"] = plan.credit_bytes();
+  out["workers"] = nlohmann::json::array();
+  for (const auto& worker : plan.workers()) out["workers"].push_back(worker.node_id());
+  out["servers"] = nlohmann::json::array();
+  for (const auto& server : plan.servers()) {
+    out["servers"].push_back({{"node_id", server.node_id()},
+                              {"role", server.is_worker() ? "worker" : "spare"},
+                              {"share", server.share()},
+                              {"bytes", ServerBytes(server, model_bytes)},
+                              {"nic_bytes_per_s", server.nic_bytes_per_s()},
+                              {"sum_bytes_per_s", server.sum_bytes_per_s()},
+                              {"data_plane_address", server.data_plane_address()}});
+  }
+  const double predicted = PredictedSeconds(plan, model_bytes);
+  const double ring = RingSeconds(plan, model_bytes);
+  out["predicted_seconds"] = predicted;
+  out["ring_seconds"] = ring;
+  out["speedup"] = predicted > 0 && ring > 0 ? ring / predicted : 0.0;
+  if (!job.message().empty()) out["message"] = job.message();
+  return out;
+}
+
+}  // namespace tributary::client::cli

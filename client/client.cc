@@ -1,0 +1,389 @@
+#include "client/client.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "client/agent_session.h"
+#include "common/logging.h"
+#include "common/rpc/grpc_status.h"
+#include "common/status_macros.h"
+
+namespace tributary::client {
+namespace internal {
+
+// Holds the KeepAlive server stream open for the session's life (callback API: no thread of
+// ours blocks on it). The agent ends the session when the stream ends; we end it by cancelling.
+class KeepAliveReactor : public grpc::ClientReadReactor<v1::KeepAliveEvent> {
+ public:
+  KeepAliveReactor(std::shared_ptr<AgentSession> session) : session_(std::move(session)) {
+    request_.set_session_id(session_->session_id());
+    // No deadline: the stream lives as long as the session.
+    session_->stub().async()->KeepAlive(&context_, &request_, this);
+    StartRead(&event_);
+    StartCall();
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // OnDone follows.
+    common::Logger("client")->info("agent on session {}: {}", session_->session_id(),
+                                   event_.message());
+    StartRead(&event_);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    std::lock_guard lock(mu_);
+    if (!cancelled_) {
+      common::Logger("client")->warn(
+          "keepalive stream of session {} with agent {} ended: {}; the session is over",
+          session_->session_id(), session_->agent_address(), common::FromGrpcStatus(status));
+    }
+    done_ = true;
+    cv_.notify_all();
+  }
+
+  // Cancels the stream and waits until gRPC is done with this object.
+  void CancelAndWait() {
+    {
+      std::lock_guard lock(mu_);
+      cancelled_ = true;
+    }
+    context_.TryCancel();
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [this] { return done_; });
+  }
+
+ private:
+  const std::shared_ptr<AgentSession> session_;
+  grpc::ClientContext context_;
+  v1::KeepAliveRequest request_;
+  v1::KeepAliveEvent event_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool cancelled_ = false;  // Guarded by mu_.
+  bool done_ = false;       // Guarded by mu_.
+};
+
+}  // namespace internal
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr milliseconds kInitialJoinBackoff{50};
+constexpr milliseconds kMaxJoinBackoff{500};
+// Longest single Wait RPC; longer waits loop, so a lost agent is noticed within this bound.
+constexpr milliseconds kMaxWaitSlice{5000};
+
+bool RetryableJoinError(absl::StatusCode code) {
+  return code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kFailedPrecondition;
+}
+
+absl::Status Annotate(const absl::Status& status, const std::string& prefix) {
+  return absl::Status(status.code(), absl::StrCat(prefix, status.message()));
+}
+
+absl::Status LeftError(const std::string& job_id) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("the client has left job '", job_id, "'; connect again"));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Handle
+
+struct Handle::State {
+  uint64_t id = 0;
+  std::string name;
+  std::mutex mu;
+  bool done = false;    // Guarded by mu.
+  absl::Status result;  // Guarded by mu; meaningful when done.
+};
+
+uint64_t Handle::id() const { return state_ == nullptr ? 0 : state_->id; }
+
+const std::string& Handle::name() const {
+  static const std::string kEmpty;
+  return state_ == nullptr ? kEmpty : state_->name;
+}
+
+absl::Status Handle::WaitOnce(uint32_t timeout_ms, bool* done) const {
+  v1::WaitRequest request;
+  request.set_session_id(session_->session_id());
+  request.set_handle(state_->id);
+  request.set_timeout_ms(timeout_ms);
+  v1::WaitResponse response;
+  // The agent answers after at most timeout_ms; leave room for the round trip and a busy agent.
+  auto context = session_->NewContext(milliseconds(timeout_ms) + session_->rpc_timeout());
+  grpc::Status status = session_->stub().Wait(context.get(), request, &response);
+  *done = !status.ok() || response.done();
+  if (*done) {
+    std::lock_guard lock(state_->mu);
+    state_->done = true;
+    state_->result = common::FromGrpcStatus(status);
+  }
+  return common::FromGrpcStatus(status);
+}
+
+absl::Status Handle::Wait(milliseconds timeout) const {
+  if (state_ == nullptr) return absl::FailedPreconditionError("waiting on an invalid handle");
+  {
+    std::lock_guard lock(state_->mu);
+    if (state_->done) return state_->result;
+  }
+  const auto start = Clock::now();
+  const auto deadline = start + std::max(timeout, milliseconds(0));
+  while (true) {
+    const auto remaining = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+    const milliseconds slice = std::clamp(remaining, milliseconds(0), kMaxWaitSlice);
+    bool done = false;
+    absl::Status status = WaitOnce(static_cast<uint32_t>(slice.count()), &done);
+    if (done) return status;
+    if (Clock::now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "operation ", state_->name, " not done after ",
+          std::chrono::duration_cast<milliseconds>(Clock::now() - start).count(), " ms"));
+    }
+  }
+}
+
+absl::StatusOr<bool> Handle::Test() const {
+  if (state_ == nullptr) return absl::FailedPreconditionError("testing an invalid handle");
+  {
+    std::lock_guard lock(state_->mu);
+    if (state_->done) {
+      if (!state_->result.ok()) return state_->result;
+      return true;
+    }
+  }
+  bool done = false;
+  RETURN_IF_ERROR(WaitOnce(0, &done));
+  return done;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Client
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& options,
+                                                        const std::string& job_id,
+                                                        uint32_t local_rank, uint32_t local_size) {
+  if (job_id.empty()) return absl::InvalidArgumentError("job id must not be empty");
+  if (local_size == 0 || local_rank >= local_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("local rank ", local_rank, " is not in [0, local size ", local_size, ")"));
+  }
+  if (options.rpc_timeout <= milliseconds(0)) {
+    return absl::InvalidArgumentError("rpc_timeout must be positive");
+  }
+
+  grpc::ChannelArguments args;
+  // Reconnect quickly once the agent comes up, instead of gRPC's default of up to 2 minutes.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(options.agent_address, grpc::InsecureChannelCredentials(), args);
+  std::unique_ptr<v1::Agent::Stub> stub = v1::Agent::NewStub(channel);
+
+  v1::JoinJobRequest request;
+  request.set_job_id(job_id);
+  request.set_local_rank(local_rank);
+  request.set_local_size(local_size);
+  v1::JoinJobResponse response;
+
+  const std::string prefix =
+      absl::StrCat("joining job '", job_id, "' through agent ", options.agent_address, ": ");
+  const auto start = Clock::now();
+  const auto deadline = start + options.join_timeout;
+  milliseconds backoff = kInitialJoinBackoff;
+  int attempts = 0;
+  absl::Status last_retryable;
+  auto timed_out = [&] {
+    const auto waited = std::chrono::duration_cast<milliseconds>(Clock::now() - start).count();
+    return Annotate(last_retryable, absl::StrCat(prefix, "still failing after ", waited, " ms and ",
+                                                 attempts, " attempts: "));
+  };
+  while (true) {
+    const auto remaining = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+    if (attempts > 0 && remaining <= milliseconds(0)) return timed_out();
+    // The last attempt only gets what is left of join_timeout.
+    const bool truncated = remaining < options.rpc_timeout;
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::clamp(remaining, milliseconds(1), options.rpc_timeout));
+    grpc::Status status = stub->JoinJob(&context, request, &response);
+    ++attempts;
+    if (status.ok()) break;
+    absl::Status error = common::FromGrpcStatus(status);
+    if (error.code() == absl::StatusCode::kDeadlineExceeded && truncated && attempts > 1) {
+      return timed_out();
+    }
+    if (!RetryableJoinError(error.code())) return Annotate(error, prefix);
+    last_retryable = std::move(error);
+    common::Logger("client")->debug("{}{}; retrying in {} ms", prefix, last_retryable,
+                                    backoff.count());
+    const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+    std::this_thread::sleep_for(std::min(backoff, left));
+    backoff = std::min(backoff * 2, kMaxJoinBackoff);
+  }
+
+  auto session = std::make_shared<internal::AgentSession>(
+      std::move(channel), std::move(stub), options.agent_address, response.session_id(),
+      options.rpc_timeout);
+  std::unique_ptr<Client> client(new Client(options, job_id, local_rank, local_size,
+                                            response.global_rank(), response.world_size(),
+                                            response.plan_version(), std::move(session)));
+  common::Logger("client")->info(
+      "joined job {} as global rank {} of {} (local {} of {}), session {}", job_id,
+      client->global_rank_, client->world_size_, local_rank, local_size,
+      client->session_->session_id());
+  return client;
+}
+
+Client::Client(ClientOptions options, std::string job_id, uint32_t local_rank, uint32_t local_size,
+               uint32_t global_rank, uint32_t world_size, uint64_t plan_version,
+               std::shared_ptr<internal::AgentSession> session)
+    : options_(std::move(options)),
+      job_id_(std::move(job_id)),
+      local_rank_(local_rank),
+      local_size_(local_size),
+      global_rank_(global_rank),
+      world_size_(world_size),
+      plan_version_(plan_version),
+      session_(std::move(session)),
+      keepalive_(std::make_unique<internal::KeepAliveReactor>(session_)) {}
+
+Client::~Client() {
+  absl::Status status = Leave();
+  if (!status.ok()) {
+    common::Logger("client")->warn("leaving job {} failed: {}", job_id_, status);
+  }
+}
+
+const std::string& Client::session_id() const { return session_->session_id(); }
+
+absl::Status Client::Leave() {
+  std::lock_guard lock(leave_mu_);
+  if (left_) return leave_status_;
+  left_ = true;
+  session_->MarkInactive();
+  v1::LeaveJobRequest request;
+  request.set_session_id(session_->session_id());
+  v1::LeaveJobResponse response;
+  auto context = session_->NewContext();
+  leave_status_ =
+      common::FromGrpcStatus(session_->stub().LeaveJob(context.get(), request, &response));
+  if (keepalive_ != nullptr) {
+    keepalive_->CancelAndWait();
+    keepalive_.reset();
+  }
+  return leave_status_;
+}
+
+absl::StatusOr<std::shared_ptr<SharedBuffer>> Client::AllocateBuffer(size_t bytes) {
+  if (!session_->active()) return LeftError(job_id_);
+  ASSIGN_OR_RETURN(std::unique_ptr<SharedBuffer> buffer, SharedBuffer::Create(bytes));
+  v1::RegisterBufferRequest request;
+  request.set_session_id(session_->session_id());
+  request.set_shm_name(buffer->name());
+  request.set_size_bytes(buffer->size());
+  v1::RegisterBufferResponse response;
+  auto context = session_->NewContext();
+  RETURN_IF_ERROR(
+      common::FromGrpcStatus(session_->stub().RegisterBuffer(context.get(), request, &response)));
+  buffer->SetRegistration(session_, response.buffer_id());
+  return std::shared_ptr<SharedBuffer>(std::move(buffer));
+}
+
+absl::StatusOr<Handle> Client::Submit(std::string_view name, const SharedBuffer& buffer,
+                                      size_t offset_bytes, size_t count, common::DataType dtype,
+                                      int op, uint32_t root_rank, int32_t priority) {
+  if (!session_->active()) return LeftError(job_id_);
+  const std::string tensor(name);
+  if (tensor.empty()) return absl::InvalidArgumentError("tensor name must not be empty");
+  if (buffer.session_ != session_ || buffer.id() == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor ", tensor, ": buffer ", buffer.name(),
+                     " was not allocated by this client (use Client::AllocateBuffer)"));
+  }
+  const size_t element = common::DataTypeSize(dtype);
+  if (element == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor ", tensor, ": unknown data type ", static_cast<int>(dtype)));
+  }
+  if (offset_bytes % element != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", tensor, ": offset ", offset_bytes,
+                                                   " is not a multiple of the element size ",
+                                                   element));
+  }
+  if (offset_bytes > buffer.size() || count > (buffer.size() - offset_bytes) / element) {
+    return absl::OutOfRangeError(absl::StrCat("tensor ", tensor, ": ", count, " elements of ",
+                                              std::string(common::DataTypeName(dtype)),
+                                              " at offset ", offset_bytes, " do not fit in buffer ",
+                                              buffer.name(), " of ", buffer.size(), " bytes"));
+  }
+  if (op == v1::COLLECTIVE_OP_BROADCAST && root_rank >= world_size_) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", tensor, ": root rank ", root_rank,
+                                                   " is not below the world size ", world_size_));
+  }
+
+  v1::SubmitRequest request;
+  request.set_session_id(session_->session_id());
+  request.set_tensor_name(tensor);
+  request.set_buffer_id(buffer.id());
+  request.set_offset_bytes(offset_bytes);
+  request.set_count(count);
+  request.set_dtype(static_cast<v1::DataType>(static_cast<int>(dtype)));
+  request.set_op(static_cast<v1::CollectiveOp>(op));
+  request.set_root_rank(root_rank);
+  request.set_priority(priority);
+  v1::SubmitResponse response;
+  auto context = session_->NewContext();
+  RETURN_IF_ERROR(
+      common::FromGrpcStatus(session_->stub().Submit(context.get(), request, &response)));
+
+  Handle handle;
+  handle.session_ = session_;
+  handle.state_ = std::make_shared<Handle::State>();
+  handle.state_->id = response.handle();
+  handle.state_->name = tensor;
+  return handle;
+}
+
+absl::StatusOr<Handle> Client::AllReduceAsync(std::string_view name, const SharedBuffer& buffer,
+                                              size_t offset_bytes, size_t count,
+                                              common::DataType dtype, ReduceOp op,
+                                              int32_t priority) {
+  const int wire_op = op == ReduceOp::kAverage ? v1::COLLECTIVE_OP_AVERAGE : v1::COLLECTIVE_OP_SUM;
+  return Submit(name, buffer, offset_bytes, count, dtype, wire_op, /*root_rank=*/0, priority);
+}
+
+absl::StatusOr<Handle> Client::BroadcastAsync(std::string_view name, const SharedBuffer& buffer,
+                                              size_t offset_bytes, size_t count,
+                                              common::DataType dtype, uint32_t root_rank,
+                                              int32_t priority) {
+  return Submit(name, buffer, offset_bytes, count, dtype, v1::COLLECTIVE_OP_BROADCAST, root_rank,
+                priority);
+}
+
+absl::Status Client::AllReduce(std::string_view name, const SharedBuffer& buffer,
+                               size_t offset_bytes, size_t count, common::DataType dtype,
+                               ReduceOp op, int32_t priority) {
+  ASSIGN_OR_RETURN(Handle handle,
+                   AllReduceAsync(name, buffer, offset_bytes, count, dtype, op, priority));
+  return handle.Wait(options_.op_timeout);
+}
+
+absl::Status Client::Broadcast(std::string_view name, const SharedBuffer& buffer,
+                               size_t offset_bytes, size_t count, common::DataType dtype,
+                               uint32_t root_rank, int32_t priority) {
+  ASSIGN_OR_RETURN(Handle handle,
+                   BroadcastAsync(name, buffer, offset_bytes, count, dtype, root_rank, priority));
+  return handle.Wait(options_.op_timeout);
+}
+
+}  // namespace tributary::client

@@ -1,0 +1,161 @@
+// The C++ client library of Tributary: what a training process links to run collectives
+// through the agent on its node.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "client/shm_buffer.h"
+#include "common/dtype.h"
+
+namespace tributary::client {
+
+namespace internal {
+class AgentSession;
+class KeepAliveReactor;
+}  // namespace internal
+
+struct ClientOptions {
+  // gRPC target of the local agent, usually a unix socket ("unix:/path").
+  std::string agent_address = "unix:/tmp/tributary-agent.sock";
+  // Deadline of every control RPC (join, register, submit, leave...).
+  std::chrono::milliseconds rpc_timeout{10000};
+  // How long Connect retries JoinJob while the agent is unreachable or has no plan yet.
+  std::chrono::milliseconds join_timeout{30000};
+  // How long the blocking AllReduce/Broadcast wait for the operation. Keep it above the job's
+  // op_timeout_ms (default 30 s) so that the agent's own error, which says what went wrong,
+  // arrives before this client-side deadline.
+  std::chrono::milliseconds op_timeout{120000};
+};
+
+enum class ReduceOp { kSum, kAverage };
+
+// A submitted collective. Cheap to copy; copies share the result. Valid after the Client is
+// gone, but then Wait fails (the session has ended).
+// Threading: thread-safe.
+class Handle {
+ public:
+  Handle() = default;  // Not valid; Wait/Test fail with FAILED_PRECONDITION.
+
+  // Waits up to `timeout` for the operation. OK when it completed successfully; its error
+  // (same code and message as the agent reported) when it failed; DEADLINE_EXCEEDED
+  // "operation <name> not done after N ms" when `timeout` passed first (the operation goes on;
+  // Wait again). Once done, the result is remembered and later calls return it at once.
+  absl::Status Wait(std::chrono::milliseconds timeout) const;
+  // Polls once: true when done (successfully), false when still running, the error if the
+  // operation failed.
+  absl::StatusOr<bool> Test() const;
+
+  bool valid() const { return state_ != nullptr; }
+  // The agent's handle number.
+  uint64_t id() const;
+  // The tensor name it was submitted with.
+  const std::string& name() const;
+
+ private:
+  friend class Client;
+  struct State;
+
+  // One Wait RPC with `timeout_ms`; sets *done.
+  absl::Status WaitOnce(uint32_t timeout_ms, bool* done) const;
+
+  std::shared_ptr<internal::AgentSession> session_;
+  std::shared_ptr<State> state_;
+};
+
+// A training process's session with its local agent in one job.
+//
+// Connect joins the job as local worker `local_rank` of `local_size` and holds a KeepAlive
+// stream open, so the agent ends the session (and fails its pending operations) when the
+// process dies. Collectives run on regions of SharedBuffers that this client allocated.
+// Every process of the job must submit the same tensor names, in any order, with the same
+// count, dtype and op; each submission of a name is that tensor's next iteration.
+//
+// Threading: every method may be called from several threads at once, Leave() included (calls
+// racing with it may fail with FAILED_PRECONDITION or the agent's error). Only the destructor
+// must not race with other calls on the same Client.
+class Client {
+ public:
+  // Joins `job_id` through the agent at options.agent_address. Retries JoinJob with a backoff
+  // (50 ms doubling to 500 ms) while it fails with UNAVAILABLE (no agent yet) or
+  // FAILED_PRECONDITION (the agent has no plan for the job yet), for up to
+  // options.join_timeout; then returns the last error, naming the job. Other errors
+  // (NOT_FOUND: this node does not work for the job, INVALID_ARGUMENT...) return at once.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const ClientOptions& options,
+                                                         const std::string& job_id,
+                                                         uint32_t local_rank, uint32_t local_size);
+
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+  // Leaves the job (best effort) and closes the KeepAlive stream.
+  ~Client();
+
+  const std::string& job_id() const { return job_id_; }
+  const std::string& session_id() const;
+  // Rank among all processes of the job (node_rank * procs_per_node + local_rank).
+  uint32_t global_rank() const { return global_rank_; }
+  // Number of processes in the job.
+  uint32_t world_size() const { return world_size_; }
+  uint32_t local_rank() const { return local_rank_; }
+  uint32_t local_size() const { return local_size_; }
+  // Version of the job's plan when the session joined.
+  uint64_t plan_version() const { return plan_version_; }
+
+  // Creates a shared-memory buffer of `bytes` bytes and registers it with the agent.
+  absl::StatusOr<std::shared_ptr<SharedBuffer>> AllocateBuffer(size_t bytes);
+
+  // Starts an all-reduce of `count` elements of `dtype` at byte `offset_bytes` of `buffer`
+  // (in place: the result replaces the input) under the tensor name `name`. Lower `priority`
+  // goes first. Returns as soon as the agent accepted it.
+  absl::StatusOr<Handle> AllReduceAsync(std::string_view name, const SharedBuffer& buffer,
+                                        size_t offset_bytes, size_t count, common::DataType dtype,
+                                        ReduceOp op, int32_t priority = 0);
+  // Starts a broadcast of the region from the process with global rank `root_rank` to all.
+  absl::StatusOr<Handle> BroadcastAsync(std::string_view name, const SharedBuffer& buffer,
+                                        size_t offset_bytes, size_t count, common::DataType dtype,
+                                        uint32_t root_rank, int32_t priority = 0);
+
+  // Blocking forms: submit, then wait up to options.op_timeout.
+  absl::Status AllReduce(std::string_view name, const SharedBuffer& buffer, size_t offset_bytes,
+                         size_t count, common::DataType dtype, ReduceOp op, int32_t priority = 0);
+  absl::Status Broadcast(std::string_view name, const SharedBuffer& buffer, size_t offset_bytes,
+                         size_t count, common::DataType dtype, uint32_t root_rank,
+                         int32_t priority = 0);
+
+  // Leaves the job: LeaveJob (its error is returned, but the session is closed locally
+  // regardless), then closes the KeepAlive stream. Idempotent; later calls on this client fail
+  // with FAILED_PRECONDITION.
+  absl::Status Leave();
+
+ private:
+  Client(ClientOptions options, std::string job_id, uint32_t local_rank, uint32_t local_size,
+         uint32_t global_rank, uint32_t world_size, uint64_t plan_version,
+         std::shared_ptr<internal::AgentSession> session);
+
+  absl::StatusOr<Handle> Submit(std::string_view name, const SharedBuffer& buffer,
+                                size_t offset_bytes, size_t count, common::DataType dtype, int op,
+                                uint32_t root_rank, int32_t priority);
+
+  const ClientOptions options_;
+  const std::string job_id_;
+  const uint32_t local_rank_;
+  const uint32_t local_size_;
+  const uint32_t global_rank_;
+  const uint32_t world_size_;
+  const uint64_t plan_version_;
+  const std::shared_ptr<internal::AgentSession> session_;
+
+  std::mutex leave_mu_;
+  bool left_ = false;          // Guarded by leave_mu_.
+  absl::Status leave_status_;  // Guarded by leave_mu_.
+  std::unique_ptr<internal::KeepAliveReactor> keepalive_;
+};
+
+}  // namespace tributary::client

@@ -1,0 +1,202 @@
+#include "client/cluster/local_cluster.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/grpcpp.h"
+
+namespace tributary::client {
+namespace {
+
+namespace fs = std::filesystem;
+
+}  // namespace
+
+absl::StatusOr<pid_t> SpawnProcess(const std::vector<std::string>& argv,
+                                   const std::string& log_path) {
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(127);  // the parent died before prctl
+    const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) {
+      dup2(fd, STDOUT_FILENO);
+      dup2(fd, STDERR_FILENO);
+      close(fd);
+    }
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+int WaitProcess(pid_t pid, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  int status = 0;
+  while (true) {
+    const pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid) break;
+    if (r < 0) return -1;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // polling a child's exit
+  }
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return -1;
+}
+
+absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClusterOptions& in) {
+  std::unique_ptr<LocalCluster> c(new LocalCluster(in));
+  LocalClusterOptions& o = c->options_;
+  if (o.workers < 1 || o.spares < 0 || o.workers + o.spares > 64) {
+    return absl::InvalidArgumentError("a local cluster needs 1 to 64 nodes, at least 1 worker");
+  }
+  if (o.nic_gbps.size() != 1 && o.nic_gbps.size() != static_cast<size_t>(o.workers + o.spares)) {
+    return absl::InvalidArgumentError("give one NIC speed, or one per node");
+  }
+  if (o.run_dir.empty()) {
+    char tmpl[] = "/tmp/tributary-cluster-XXXXXX";
+    if (mkdtemp(tmpl) == nullptr) return absl::InternalError("mkdtemp failed");
+    o.run_dir = tmpl;
+    c->own_run_dir_ = true;
+  }
+  fs::create_directories(o.run_dir);
+  setenv("UCX_NET_DEVICES", "lo", 0);
+  setenv("UCX_TLS", "tcp", 0);
+  setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
+
+  const std::string port_file = o.run_dir + "/controller.port";
+  fs::remove(port_file);
+  auto pid = SpawnProcess(
+      {o.bin_dir + "/tributary-controller", "--listen", "127.0.0.1:0", "--port-file", port_file,
+       "--log-level", o.log_level, "--heartbeat-ms", std::to_string(o.heartbeat.count()),
+       "--heartbeat-timeout-ms", std::to_string(o.heartbeat_timeout.count())},
+      o.run_dir + "/controller.log");
+  if (!pid.ok()) return pid.status();
+  c->controller_pid_ = *pid;
+  const auto deadline = std::chrono::steady_clock::now() + o.start_timeout;
+  int port = 0;
+  while (port == 0) {
+    std::ifstream f(port_file);
+    if (!(f >> port)) port = 0;
+    if (port == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("controller did not start; see ", o.run_dir, "/controller.log"));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  c->controller_address_ = absl::StrCat("127.0.0.1:", port);
+  c->stub_ = tributary::v1::Controller::NewStub(
+      grpc::CreateChannel(c->controller_address_, grpc::InsecureChannelCredentials()));
+
+  for (int i = 0; i < c->num_nodes(); ++i) {
+    const double gbps = o.nic_gbps.size() == 1 ? o.nic_gbps[0] : o.nic_gbps[i];
+    std::vector<std::string> argv = {o.bin_dir + "/tributary-agent",
+                                     "--node-id",
+                                     c->node_id(i),
+                                     "--controller",
+                                     c->controller_address_,
+                                     "--listen",
+                                     c->agent_address(i),
+                                     "--nic-gbps",
+                                     absl::StrCat(gbps),
+                                     "--reducer-threads",
+                                     std::to_string(o.reducer_threads),
+                                     "--log-level",
+                                     o.log_level};
+    if (o.sum_gbps > 0) {
+      argv.push_back("--sum-gbps");
+      argv.push_back(absl::StrCat(o.sum_gbps));
+    }
+    auto apid = SpawnProcess(argv, absl::StrCat(o.run_dir, "/", c->node_id(i), ".log"));
+    if (!apid.ok()) return apid.status();
+    c->agent_pids_.push_back(*apid);
+  }
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      deadline - std::chrono::steady_clock::now());
+  if (absl::Status s = c->WaitForAliveNodes(c->num_nodes(), left); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(s.message(), "; logs in ", o.run_dir));
+  }
+  return c;
+}
+
+absl::Status LocalCluster::WaitForAliveNodes(int alive, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  int seen = 0;
+  while (std::chrono::steady_clock::now() < deadline) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    tributary::v1::ListNodesResponse resp;
+    if (stub_->ListNodes(&ctx, {}, &resp).ok()) {
+      seen = 0;
+      for (const auto& n : resp.nodes()) seen += n.state() == tributary::v1::NODE_STATE_ALIVE;
+      if (seen == alive) return absl::OkStatus();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat("only ", seen, " of ", alive, " agents alive after ", timeout.count(), " ms"));
+}
+
+LocalCluster::~LocalCluster() { Stop(); }
+
+void LocalCluster::Stop() {
+  for (pid_t pid : agent_pids_) {
+    kill(pid, SIGCONT);
+    kill(pid, SIGTERM);
+  }
+  for (pid_t pid : agent_pids_) WaitProcess(pid, std::chrono::seconds(5));
+  agent_pids_.clear();
+  if (controller_pid_ > 0) {
+    kill(controller_pid_, SIGTERM);
+    WaitProcess(controller_pid_, std::chrono::seconds(5));
+    controller_pid_ = -1;
+  }
+  if (own_run_dir_ && std::getenv("TRIBUTARY_KEEP_RUN_DIR") == nullptr) {
+    std::error_code ec;
+    fs::remove_all(options_.run_dir, ec);
+    own_run_dir_ = false;
+  }
+}
+
+std::string LocalCluster::agent_address(int i) const {
+  return absl::StrCat("unix:", options_.run_dir, "/", node_id(i), ".sock");
+}
+
+std::string LocalCluster::node_id(int i) const {
+  return i < options_.workers ? absl::StrCat("worker-", i)
+                              : absl::StrCat("spare-", i - options_.workers);
+}
+
+std::vector<std::string> LocalCluster::worker_node_ids() const {
+  std::vector<std::string> ids;
+  for (int i = 0; i < options_.workers; ++i) ids.push_back(node_id(i));
+  return ids;
+}
+
+void LocalCluster::FreezeNode(int i) { kill(agent_pids_.at(i), SIGSTOP); }
+void LocalCluster::ThawNode(int i) { kill(agent_pids_.at(i), SIGCONT); }
+void LocalCluster::KillNode(int i) { kill(agent_pids_.at(i), SIGKILL); }
+
+}  // namespace tributary::client

@@ -1,0 +1,84 @@
+// A controller and agents as real processes on this machine, on loopback: for demos, benchmarks
+// and integration tests.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "tributary/v1/controller.grpc.pb.h"
+
+namespace tributary::client {
+
+struct LocalClusterOptions {
+  // Folder holding tributary-controller and tributary-agent.
+  std::string bin_dir;
+  // Folder for sockets and logs; empty = a new folder under /tmp, removed on Stop.
+  std::string run_dir;
+  int workers = 4;
+  int spares = 0;
+  // Declared NIC bandwidth of every node, Gbit/s (one value for all, or one per node: workers
+  // first, then spares).
+  std::vector<double> nic_gbps = {10};
+  // Declared summation rate, GB/s (0 = each agent measures its own).
+  double sum_gbps = 0;
+  int reducer_threads = 1;
+  std::string log_level = "warn";
+  std::chrono::milliseconds start_timeout{20000};
+  std::chrono::milliseconds heartbeat{200};
+  // A node silent for this long is dead (and its jobs re-planned).
+  std::chrono::milliseconds heartbeat_timeout{1200};
+};
+
+// Owns the processes: Stop (or the destructor) ends them, SIGTERM first, SIGKILL after a
+// deadline. Children also die with this process (PR_SET_PDEATHSIG).
+class LocalCluster {
+ public:
+  // Starts the controller, then the agents, and waits (bounded by start_timeout) until every
+  // agent has registered.
+  static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(const LocalClusterOptions& options);
+  ~LocalCluster();
+
+  void Stop();
+
+  std::string controller_address() const { return controller_address_; }
+  // The local-service address of node `i` (workers first, then spares).
+  std::string agent_address(int i) const;
+  std::string node_id(int i) const;
+  std::vector<std::string> worker_node_ids() const;
+  int num_nodes() const { return options_.workers + options_.spares; }
+  const std::string& run_dir() const { return options_.run_dir; }
+  tributary::v1::Controller::Stub& controller() { return *stub_; }
+
+  // Failure injection for tests: SIGSTOP / SIGCONT / SIGKILL of node i's agent.
+  void FreezeNode(int i);
+  void ThawNode(int i);
+  void KillNode(int i);
+
+  // Waits until the controller sees `alive` nodes alive (bounded by `timeout`).
+  absl::Status WaitForAliveNodes(int alive, std::chrono::milliseconds timeout);
+
+ private:
+  explicit LocalCluster(LocalClusterOptions options) : options_(std::move(options)) {}
+
+  LocalClusterOptions options_;
+  bool own_run_dir_ = false;
+  pid_t controller_pid_ = -1;
+  std::vector<pid_t> agent_pids_;
+  std::string controller_address_;
+  std::unique_ptr<tributary::v1::Controller::Stub> stub_;
+};
+
+// Starts `argv` with stdout and stderr appended to `log_path`; the child gets SIGTERM when this
+// process dies. Returns the pid.
+absl::StatusOr<pid_t> SpawnProcess(const std::vector<std::string>& argv,
+                                   const std::string& log_path);
+// Waits for `pid` to exit up to `timeout`; then SIGKILLs it. Returns its exit status
+// (128 + signal for a signalled process).
+int WaitProcess(pid_t pid, std::chrono::milliseconds timeout);
+
+}  // namespace tributary::client

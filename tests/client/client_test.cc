@@ -1,0 +1,470 @@
+// Client against a fake agent on a unix socket: join retries, buffers, submit/wait, errors,
+// keepalive and leave. (The real agent is exercised by the integration tests.)
+#include "client/client.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "tributary/v1/agent.grpc.pb.h"
+
+namespace tributary::client {
+namespace {
+
+using ::testing::HasSubstr;
+using namespace std::chrono_literals;
+
+constexpr uint32_t kWorldSize = 4;
+
+// Emulates an agent whose job has kWorldSize identical ranks: an all-reduce sum multiplies
+// every float32 element by kWorldSize. Tensor names steer failures: "bad" is rejected at
+// submit, "fail" fails in Wait, "slow" never completes.
+class FakeAgent final : public v1::Agent::Service {
+ public:
+  std::atomic<int> join_failures_left{0};
+  std::atomic<int> joins{0};
+
+  grpc::Status JoinJob(grpc::ServerContext*, const v1::JoinJobRequest* request,
+                       v1::JoinJobResponse* response) override {
+    ++joins;
+    if (request->job_id() == "unknown") {
+      return grpc::Status(grpc::StatusCode::NOT_FOUND, "this node does not work for job unknown");
+    }
+    if (join_failures_left.fetch_sub(1) > 0) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "no plan for the job yet");
+    }
+    response->set_session_id("session-1");
+    response->set_global_rank(2 + request->local_rank());
+    response->set_world_size(kWorldSize);
+    response->set_plan_version(7);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status KeepAlive(grpc::ServerContext* context, const v1::KeepAliveRequest* request,
+                         grpc::ServerWriter<v1::KeepAliveEvent>* writer) override {
+    {
+      std::lock_guard lock(mu_);
+      keepalive_session_ = request->session_id();
+      keepalive_open_ = true;
+    }
+    cv_.notify_all();
+    v1::KeepAliveEvent event;
+    event.set_message("session started");
+    writer->Write(event);
+    while (!context->IsCancelled()) std::this_thread::sleep_for(5ms);
+    {
+      std::lock_guard lock(mu_);
+      keepalive_open_ = false;
+      keepalive_ended_ = true;
+    }
+    cv_.notify_all();
+    return grpc::Status::OK;
+  }
+
+  grpc::Status LeaveJob(grpc::ServerContext*, const v1::LeaveJobRequest* request,
+                        v1::LeaveJobResponse*) override {
+    std::lock_guard lock(mu_);
+    ++leaves_;
+    return grpc::Status::OK;
+  }
+
+  grpc::Status RegisterBuffer(grpc::ServerContext*, const v1::RegisterBufferRequest* request,
+                              v1::RegisterBufferResponse* response) override {
+    int fd = shm_open(request->shm_name().c_str(), O_RDWR, 0);
+    if (fd < 0) return grpc::Status(grpc::StatusCode::NOT_FOUND, "no such shm object");
+    struct stat st;
+    fstat(fd, &st);
+    if (static_cast<uint64_t>(st.st_size) != request->size_bytes()) {
+      close(fd);
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "size mismatch");
+    }
+    void* data = mmap(nullptr, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    std::lock_guard lock(mu_);
+    const uint64_t id = next_buffer_id_++;
+    buffers_[id] = {data, static_cast<size_t>(st.st_size)};
+    response->set_buffer_id(id);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status UnregisterBuffer(grpc::ServerContext*, const v1::UnregisterBufferRequest* request,
+                                v1::UnregisterBufferResponse*) override {
+    std::lock_guard lock(mu_);
+    auto it = buffers_.find(request->buffer_id());
+    if (it == buffers_.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, "no such buffer");
+    munmap(it->second.data, it->second.size);
+    buffers_.erase(it);
+    ++unregistered_;
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Submit(grpc::ServerContext*, const v1::SubmitRequest* request,
+                      v1::SubmitResponse* response) override {
+    std::lock_guard lock(mu_);
+    submits_.push_back(*request);
+    if (request->tensor_name() == "bad") {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "tensor bad: count 3 differs from rank 0's 4");
+    }
+    auto it = buffers_.find(request->buffer_id());
+    if (it == buffers_.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, "no such buffer");
+    if (request->op() == v1::COLLECTIVE_OP_SUM && request->dtype() == v1::DATA_TYPE_FLOAT32) {
+      float* data =
+          reinterpret_cast<float*>(static_cast<char*>(it->second.data) + request->offset_bytes());
+      for (uint64_t i = 0; i < request->count(); ++i) data[i] *= kWorldSize;
+    }
+    const uint64_t handle = next_handle_++;
+    names_[handle] = request->tensor_name();
+    response->set_handle(handle);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Wait(grpc::ServerContext*, const v1::WaitRequest* request,
+                    v1::WaitResponse* response) override {
+    std::string name;
+    {
+      std::lock_guard lock(mu_);
+      ++waits_;
+      max_wait_timeout_ms_ = std::max(max_wait_timeout_ms_, request->timeout_ms());
+      auto it = names_.find(request->handle());
+      if (it == names_.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, "no such handle");
+      name = it->second;
+    }
+    if (name == "fail") {
+      return grpc::Status(grpc::StatusCode::ABORTED, "fail: node w1 died during the push");
+    }
+    if (name == "slow") {
+      std::this_thread::sleep_for(std::chrono::milliseconds(request->timeout_ms()));
+      response->set_done(false);
+      return grpc::Status::OK;
+    }
+    response->set_done(true);
+    return grpc::Status::OK;
+  }
+
+  bool WaitKeepAlive(bool open) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, 5s, [&] { return open ? keepalive_open_ : keepalive_ended_; });
+  }
+  std::string keepalive_session() {
+    std::lock_guard lock(mu_);
+    return keepalive_session_;
+  }
+  int leaves() {
+    std::lock_guard lock(mu_);
+    return leaves_;
+  }
+  int unregistered() {
+    std::lock_guard lock(mu_);
+    return unregistered_;
+  }
+  int waits() {
+    std::lock_guard lock(mu_);
+    return waits_;
+  }
+  uint32_t max_wait_timeout_ms() {
+    std::lock_guard lock(mu_);
+    return max_wait_timeout_ms_;
+  }
+  std::vector<v1::SubmitRequest> submits() {
+    std::lock_guard lock(mu_);
+    return submits_;
+  }
+  size_t registered() {
+    std::lock_guard lock(mu_);
+    return buffers_.size();
+  }
+
+ private:
+  struct Mapping {
+    void* data;
+    size_t size;
+  };
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool keepalive_open_ = false;
+  bool keepalive_ended_ = false;
+  std::string keepalive_session_;
+  int leaves_ = 0;
+  int unregistered_ = 0;
+  int waits_ = 0;
+  uint32_t max_wait_timeout_ms_ = 0;
+  uint64_t next_buffer_id_ = 1;
+  uint64_t next_handle_ = 100;
+  std::map<uint64_t, Mapping> buffers_;
+  std::map<uint64_t, std::string> names_;
+  std::vector<v1::SubmitRequest> submits_;
+};
+
+class ClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    socket_path_ = "/tmp/tributary-client-test-" + std::to_string(getpid()) + ".sock";
+    unlink(socket_path_.c_str());
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("unix:" + socket_path_, grpc::InsecureServerCredentials());
+    builder.RegisterService(&agent_);
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    options_.agent_address = "unix:" + socket_path_;
+    options_.rpc_timeout = 2000ms;
+    options_.join_timeout = 5000ms;
+  }
+  void TearDown() override {
+    server_->Shutdown(std::chrono::system_clock::now() + 1s);
+    unlink(socket_path_.c_str());
+  }
+
+  std::unique_ptr<Client> Join() {
+    auto client = Client::Connect(options_, "job", 1, 2);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? std::move(*client) : nullptr;
+  }
+
+  std::string socket_path_;
+  FakeAgent agent_;
+  std::unique_ptr<grpc::Server> server_;
+  ClientOptions options_;
+};
+
+TEST_F(ClientTest, ConnectRetriesWhileTheAgentHasNoPlan) {
+  agent_.join_failures_left = 2;
+  std::unique_ptr<Client> client = Join();
+  ASSERT_NE(client, nullptr);
+  EXPECT_EQ(agent_.joins.load(), 3);
+  EXPECT_EQ(client->session_id(), "session-1");
+  EXPECT_EQ(client->global_rank(), 3u);
+  EXPECT_EQ(client->world_size(), kWorldSize);
+  EXPECT_EQ(client->plan_version(), 7u);
+  EXPECT_EQ(client->local_rank(), 1u);
+  EXPECT_EQ(client->local_size(), 2u);
+  ASSERT_TRUE(agent_.WaitKeepAlive(/*open=*/true));
+  EXPECT_EQ(agent_.keepalive_session(), "session-1");
+}
+
+TEST_F(ClientTest, ConnectGivesUpAfterJoinTimeoutWithTheLastError) {
+  agent_.join_failures_left = 1000;
+  options_.join_timeout = 300ms;
+  const auto start = std::chrono::steady_clock::now();
+  auto client = Client::Connect(options_, "job", 0, 1);
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(client.status().message(), HasSubstr("job 'job'"));
+  EXPECT_THAT(client.status().message(), HasSubstr("no plan for the job yet"));
+  EXPECT_GE(elapsed, 250ms);
+  EXPECT_LT(elapsed, 1500ms);
+  EXPECT_GE(agent_.joins.load(), 3);
+}
+
+TEST_F(ClientTest, ConnectFailsAtOnceForAJobThisNodeDoesNotServe) {
+  const auto start = std::chrono::steady_clock::now();
+  auto client = Client::Connect(options_, "unknown", 0, 1);
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(client.status().message(), HasSubstr("this node does not work for job unknown"));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 1s);
+  EXPECT_EQ(agent_.joins.load(), 1);
+}
+
+TEST_F(ClientTest, ConnectValidatesRanks) {
+  EXPECT_EQ(Client::Connect(options_, "job", 2, 2).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Client::Connect(options_, "", 0, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(ClientTest, AllReduceRunsOnTheRegisteredBuffer) {
+  std::unique_ptr<Client> client = Join();
+  ASSERT_NE(client, nullptr);
+  auto buffer = client->AllocateBuffer(64 * sizeof(float));
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  EXPECT_NE((*buffer)->id(), 0u);
+  EXPECT_EQ(agent_.registered(), 1u);
+  auto values = (*buffer)->as<float>();
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i);
+
+  // Elements 8..23 only.
+  ASSERT_TRUE(client
+                  ->AllReduce("grad.0", **buffer, 8 * sizeof(float), 16, common::DataType::kFloat32,
+                              ReduceOp::kSum, /*priority=*/-3)
+                  .ok());
+  for (size_t i = 0; i < values.size(); ++i) {
+    const float expected = (i >= 8 && i < 24) ? i * kWorldSize : i;
+    ASSERT_EQ(values[i], expected) << i;
+  }
+  const auto submits = agent_.submits();
+  ASSERT_EQ(submits.size(), 1u);
+  EXPECT_EQ(submits[0].session_id(), "session-1");
+  EXPECT_EQ(submits[0].tensor_name(), "grad.0");
+  EXPECT_EQ(submits[0].buffer_id(), (*buffer)->id());
+  EXPECT_EQ(submits[0].offset_bytes(), 32u);
+  EXPECT_EQ(submits[0].count(), 16u);
+  EXPECT_EQ(submits[0].dtype(), v1::DATA_TYPE_FLOAT32);
+  EXPECT_EQ(submits[0].op(), v1::COLLECTIVE_OP_SUM);
+  EXPECT_EQ(submits[0].priority(), -3);
+
+  auto handle = client->BroadcastAsync("emb", **buffer, 0, 4, common::DataType::kBFloat16, 3);
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  EXPECT_EQ(handle->name(), "emb");
+  EXPECT_TRUE(handle->Wait(1s).ok());
+  EXPECT_EQ(agent_.submits()[1].op(), v1::COLLECTIVE_OP_BROADCAST);
+  EXPECT_EQ(agent_.submits()[1].root_rank(), 3u);
+  EXPECT_EQ(agent_.submits()[1].dtype(), v1::DATA_TYPE_BFLOAT16);
+  auto avg =
+      client->AllReduceAsync("x", **buffer, 0, 1, common::DataType::kFloat64, ReduceOp::kAverage);
+  ASSERT_TRUE(avg.ok());
+  EXPECT_EQ(agent_.submits()[2].op(), v1::COLLECTIVE_OP_AVERAGE);
+  // A completed handle remembers its result: no further RPC.
+  const int waits = agent_.waits();
+  EXPECT_TRUE(handle->Wait(1s).ok());
+  EXPECT_EQ(*handle->Test(), true);
+  EXPECT_EQ(agent_.waits(), waits);
+}
+
+TEST_F(ClientTest, AgentErrorsKeepTheirCodeAndMessage) {
+  std::unique_ptr<Client> client = Join();
+  ASSERT_NE(client, nullptr);
+  auto buffer = client->AllocateBuffer(4096);
+  ASSERT_TRUE(buffer.ok());
+  absl::Status bad =
+      client->AllReduce("bad", **buffer, 0, 3, common::DataType::kFloat32, ReduceOp::kSum);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad.message(), "tensor bad: count 3 differs from rank 0's 4");
+
+  auto handle =
+      client->AllReduceAsync("fail", **buffer, 0, 3, common::DataType::kFloat32, ReduceOp::kSum);
+  ASSERT_TRUE(handle.ok());
+  absl::Status failed = handle->Wait(1s);
+  EXPECT_EQ(failed.code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(failed.message(), "fail: node w1 died during the push");
+  EXPECT_EQ(handle->Test().status().code(), absl::StatusCode::kAborted);
+}
+
+TEST_F(ClientTest, SubmitChecksTheRegionBeforeCallingTheAgent) {
+  std::unique_ptr<Client> client = Join();
+  ASSERT_NE(client, nullptr);
+  auto buffer = client->AllocateBuffer(1024);
+  ASSERT_TRUE(buffer.ok());
+  EXPECT_EQ(
+      client->AllReduce("t", **buffer, 0, 257, common::DataType::kFloat32, ReduceOp::kSum).code(),
+      absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(
+      client->AllReduce("t", **buffer, 2, 1, common::DataType::kFloat32, ReduceOp::kSum).code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(client->Broadcast("t", **buffer, 0, 1, common::DataType::kFloat32, kWorldSize).code(),
+            absl::StatusCode::kInvalidArgument);
+  auto foreign = SharedBuffer::Create(1024);
+  ASSERT_TRUE(foreign.ok());
+  EXPECT_EQ(
+      client->AllReduce("t", **foreign, 0, 1, common::DataType::kFloat32, ReduceOp::kSum).code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(agent_.submits().empty());
+}
+
+TEST_F(ClientTest, WaitTimesOutWhileTheOperationGoesOn) {
+  std::unique_ptr<Client> client = Join();
+  ASSERT_NE(client, nullptr);
+  auto buffer = client->AllocateBuffer(1024);
+  ASSERT_TRUE(buffer.ok());
+  auto handle =
+      client->AllReduceAsync("slow", **buffer, 0, 4, common::DataType::kFloat32, ReduceOp::kSum);
+  ASSERT_TRUE(handle.ok());
+  EXPECT_EQ(*handle->Test(), false);
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status status = handle->Wait(300ms);
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(status.message(), HasSubstr("operation slow not done after"));
+  EXPECT_GE(elapsed, 290ms);
+  EXPECT_LT(elapsed, 2s);
+  EXPECT_LE(agent_.max_wait_timeout_ms(), 300u);
+}
+
+TEST_F(ClientTest, LeaveEndsTheSessionAndBuffersCleanUp) {
+  std::unique_ptr<Client> client = Join();
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(agent_.WaitKeepAlive(/*open=*/true));
+  auto kept = client->AllocateBuffer(1024);
+  ASSERT_TRUE(kept.ok());
+  {
+    auto dropped = client->AllocateBuffer(1024);
+    ASSERT_TRUE(dropped.ok());
+  }
+  EXPECT_EQ(agent_.unregistered(), 1);
+  EXPECT_EQ(agent_.registered(), 1u);
+
+  client.reset();  // Leaves the job and cancels the keepalive stream.
+  EXPECT_EQ(agent_.leaves(), 1);
+  EXPECT_TRUE(agent_.WaitKeepAlive(/*open=*/false));
+  // The buffer outlives the client: it still unmaps and unlinks, without RPCs.
+  const std::string name = (*kept)->name();
+  kept->reset();
+  EXPECT_EQ(agent_.unregistered(), 1);
+  EXPECT_LT(shm_open(name.c_str(), O_RDONLY, 0), 0);
+}
+
+TEST_F(ClientTest, CallsAfterLeaveFail) {
+  std::unique_ptr<Client> client = Join();
+  ASSERT_NE(client, nullptr);
+  auto buffer = client->AllocateBuffer(1024);
+  ASSERT_TRUE(buffer.ok());
+  EXPECT_TRUE(client->Leave().ok());
+  EXPECT_TRUE(client->Leave().ok());  // Idempotent.
+  EXPECT_EQ(agent_.leaves(), 1);
+  EXPECT_EQ(client->AllocateBuffer(16).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(
+      client->AllReduce("t", **buffer, 0, 1, common::DataType::kFloat32, ReduceOp::kSum).code(),
+      absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(ClientTest, ConcurrentCallsFromManyThreads) {
+  std::unique_ptr<Client> client = Join();
+  ASSERT_NE(client, nullptr);
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      auto buffer = client->AllocateBuffer(256 * sizeof(float));
+      if (!buffer.ok()) {
+        ++failures;
+        return;
+      }
+      auto values = (*buffer)->as<float>();
+      for (int iter = 0; iter < 10; ++iter) {
+        for (float& v : values) v = static_cast<float>(t + 1);
+        absl::Status s = client->AllReduce("t" + std::to_string(t), **buffer, 0, values.size(),
+                                           common::DataType::kFloat32, ReduceOp::kSum);
+        if (!s.ok() || values[255] != (t + 1) * kWorldSize) ++failures;
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(failures.load(), 0);
+}
+
+TEST(ClientConnectTest, NoAgentFailsWithUnavailableWithinTheJoinTimeout) {
+  ClientOptions options;
+  options.agent_address = "unix:/tmp/tributary-no-such-agent-" + std::to_string(getpid());
+  options.join_timeout = 400ms;
+  options.rpc_timeout = 1000ms;
+  const auto start = std::chrono::steady_clock::now();
+  auto client = Client::Connect(options, "job-x", 0, 1);
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kUnavailable) << client.status();
+  EXPECT_THAT(client.status().message(), HasSubstr("job-x"));
+  EXPECT_LT(elapsed, 1500ms);
+}
+
+}  // namespace
+}  // namespace tributary::client

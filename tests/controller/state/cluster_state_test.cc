@@ -1,0 +1,175 @@
+#include "controller/cluster_state.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tributary::controller {
+namespace {
+
+using ::testing::HasSubstr;
+
+class ClusterStateTest : public ::testing::Test {
+ protected:
+  ClusterStateTest()
+      : state_(&clock_, {std::chrono::milliseconds(100), std::chrono::seconds(1)}, 1) {}
+
+  uint64_t Register(const std::string& id, double nic_gbps = 10, bool offers = true) {
+    tributary::v1::RegisterNodeRequest req;
+    req.set_node_id(id);
+    req.mutable_inventory()->set_data_plane_address("127.0.0.1:" + std::to_string(1000 + n_++));
+    req.mutable_inventory()->set_nic_bytes_per_s(nic_gbps * 1e9 / 8);
+    req.mutable_inventory()->set_sum_bytes_per_s(100e9);
+    req.mutable_inventory()->set_offers_summation(offers);
+    tributary::v1::RegisterNodeResponse resp;
+    EXPECT_TRUE(state_.RegisterNode(req, &resp).ok());
+    incarnations_[id] = resp.incarnation();
+    return resp.incarnation();
+  }
+  absl::Status Heartbeat(const std::string& id) {
+    tributary::v1::HeartbeatRequest req;
+    req.set_node_id(id);
+    req.set_incarnation(incarnations_[id]);
+    tributary::v1::HeartbeatResponse resp;
+    return state_.Heartbeat(req, &resp);
+  }
+  absl::StatusOr<tributary::v1::Job> Create(const std::string& id, std::vector<std::string> workers,
+                                            std::optional<uint32_t> max_spares = {}) {
+    tributary::v1::CreateJobRequest req;
+    req.set_job_id(id);
+    for (auto& w : workers) req.mutable_spec()->add_worker_nodes(w);
+    if (max_spares) req.mutable_spec()->set_max_spare_nodes(*max_spares);
+    tributary::v1::Job job;
+    absl::Status s = state_.CreateJob(req, &job);
+    if (!s.ok()) return s;
+    return job;
+  }
+
+  common::FakeClock clock_;
+  ClusterState state_;
+  int n_ = 0;
+  std::map<std::string, uint64_t> incarnations_;
+};
+
+TEST_F(ClusterStateTest, PlansWithSpareNodesAndPredictsTheSpeedUp) {
+  for (int i = 0; i < 4; ++i) Register("w" + std::to_string(i));
+  for (int i = 0; i < 4; ++i) Register("s" + std::to_string(i));
+  auto job = Create("j", {"w0", "w1", "w2", "w3"});
+  ASSERT_TRUE(job.ok()) << job.status();
+  // n = k: the workers' own summation services get no share (x = (n-k)M/D = 0).
+  EXPECT_EQ(job->plan().servers_size(), 4);
+  for (const auto& s : job->plan().servers()) EXPECT_FALSE(s.is_worker());
+  EXPECT_NEAR(job->plan().ring_seconds() / job->plan().predicted_seconds(), 1.5, 1e-9);
+  auto ring = Create("j0", {"w0", "w1", "w2", "w3"}, 0);
+  ASSERT_TRUE(ring.ok());
+  EXPECT_EQ(ring->plan().servers_size(), 4);
+  EXPECT_NEAR(ring->plan().ring_seconds() / ring->plan().predicted_seconds(), 1.0, 1e-9);
+}
+
+TEST_F(ClusterStateTest, OtherJobsUseOfASpareNicIsSubtracted) {
+  // Workers that do not offer summation to other jobs: "spare" is the only spare machine.
+  for (int i = 0; i < 3; ++i) Register("a" + std::to_string(i), 10, false);
+  for (int i = 0; i < 3; ++i) Register("b" + std::to_string(i), 10, false);
+  Register("spare");
+  auto first = Create("first", {"a0", "a1", "a2"});
+  ASSERT_TRUE(first.ok());
+  auto second = Create("second", {"b0", "b1", "b2"});
+  ASSERT_TRUE(second.ok());
+  double first_nic = 0, second_nic = 0;
+  for (const auto& s : first->plan().servers()) {
+    if (s.node_id() == "spare") first_nic = s.nic_bytes_per_s();
+  }
+  for (const auto& s : second->plan().servers()) {
+    if (s.node_id() == "spare") second_nic = s.nic_bytes_per_s();
+  }
+  EXPECT_GT(first_nic, 0);
+  EXPECT_LT(second_nic, first_nic);  // what "first" uses is no longer spare
+}
+
+TEST_F(ClusterStateTest, CreateJobValidatesAndIsIdempotent) {
+  Register("w0");
+  Register("w1");
+  EXPECT_EQ(Create("bad id!", {"w0"}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Create("j", {}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Create("j", {"w0", "w0"}).status().code(), absl::StatusCode::kInvalidArgument);
+  auto missing = Create("j", {"w0", "ghost"});
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(missing.status().message(), HasSubstr("ghost"));
+  auto a = Create("j", {"w0", "w1"});
+  ASSERT_TRUE(a.ok());
+  auto again = Create("j", {"w0", "w1"});
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->plan().version(), a->plan().version());
+  EXPECT_EQ(Create("j", {"w1", "w0"}).status().code(), absl::StatusCode::kAlreadyExists);
+  tributary::v1::Job got;
+  EXPECT_EQ(state_.GetJob("nope", &got).code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(state_.DeleteJob("j").ok());
+  EXPECT_TRUE(state_.DeleteJob("j").ok());  // idempotent
+}
+
+TEST_F(ClusterStateTest, DeadSpareIsReplannedAwayAndComesBack) {
+  for (int i = 0; i < 3; ++i) Register("w" + std::to_string(i));
+  Register("s0");
+  auto job = Create("j", {"w0", "w1", "w2"});
+  ASSERT_TRUE(job.ok());
+  ASSERT_EQ(job->plan().servers_size(), 4);
+  const uint64_t v0 = state_.assignments_version();
+
+  clock_.Advance(std::chrono::milliseconds(800));
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(Heartbeat("w" + std::to_string(i)).ok());
+  clock_.Advance(std::chrono::milliseconds(800));  // s0 silent for 1.6 s, workers for 0.8 s
+  state_.CheckLiveness();
+  tributary::v1::Job now;
+  ASSERT_TRUE(state_.GetJob("j", &now).ok());
+  EXPECT_EQ(now.plan().servers_size(), 3);
+  EXPECT_EQ(now.plan().version(), job->plan().version() + 1);
+  EXPECT_GT(state_.assignments_version(), v0);
+  EXPECT_EQ(now.state(), tributary::v1::JOB_STATE_RUNNING);
+
+  // A heartbeat from the dead node brings it back.
+  ASSERT_TRUE(Heartbeat("s0").ok());
+  ASSERT_TRUE(state_.GetJob("j", &now).ok());
+  EXPECT_EQ(now.plan().servers_size(), 4);
+}
+
+TEST_F(ClusterStateTest, DeadWorkerDegradesTheJob) {
+  Register("w0");
+  Register("w1");
+  ASSERT_TRUE(Create("j", {"w0", "w1"}).ok());
+  clock_.Advance(std::chrono::milliseconds(600));
+  ASSERT_TRUE(Heartbeat("w0").ok());
+  clock_.Advance(std::chrono::milliseconds(600));
+  state_.CheckLiveness();
+  tributary::v1::Job job;
+  ASSERT_TRUE(state_.GetJob("j", &job).ok());
+  EXPECT_EQ(job.state(), tributary::v1::JOB_STATE_DEGRADED);
+  EXPECT_THAT(job.message(), HasSubstr("w1"));
+}
+
+TEST_F(ClusterStateTest, UnknownNodesAreToldToRegister) {
+  EXPECT_EQ(Heartbeat("ghost").code(), absl::StatusCode::kNotFound);
+  Register("w0");
+  incarnations_["w0"] += 1;  // a stale incarnation, e.g. after a controller restart
+  EXPECT_EQ(Heartbeat("w0").code(), absl::StatusCode::kNotFound);
+  tributary::v1::GetAssignmentsRequest req;
+  req.set_node_id("ghost");
+  tributary::v1::GetAssignmentsResponse resp;
+  EXPECT_EQ(state_.GetAssignments(req, &resp).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(ClusterStateTest, AssignmentsListOnlyJobsInvolvingTheNode) {
+  for (int i = 0; i < 3; ++i) Register("w" + std::to_string(i));
+  Register("s0");
+  Register("loner", 10, /*offers=*/false);
+  ASSERT_TRUE(Create("j", {"w0", "w1", "w2"}).ok());
+  for (const auto& [node, count] :
+       std::vector<std::pair<std::string, int>>{{"w0", 1}, {"s0", 1}, {"loner", 0}}) {
+    tributary::v1::GetAssignmentsRequest req;
+    req.set_node_id(node);
+    tributary::v1::GetAssignmentsResponse resp;
+    ASSERT_TRUE(state_.GetAssignments(req, &resp).ok());
+    EXPECT_EQ(resp.plans_size(), count) << node;
+  }
+}
+
+}  // namespace
+}  // namespace tributary::controller

@@ -1,0 +1,217 @@
+// End to end: a controller, 3 worker agents with 2 training processes each and 2 spare
+// summation agents, all real processes talking real gRPC and real UCX over loopback.
+#include "client/cluster/local_cluster.h"
+
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "dataplane/collectives/wire.h"
+#include "dataplane/transport/ucx/ucx_transport.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+
+namespace tributary {
+namespace {
+
+constexpr int kWorkers = 3;
+constexpr int kSpares = 2;
+constexpr uint32_t kProcsPerNode = 2;
+
+struct WorkerResult {
+  int exit_code;
+  std::string output;
+};
+
+class LocalClusterTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    client::LocalClusterOptions o;
+    o.bin_dir = TRIBUTARY_BIN_DIR;
+    o.workers = kWorkers;
+    o.spares = kSpares;
+    o.nic_gbps = {10};
+    o.sum_gbps = 4;  // declared, so that plans do not depend on a start-up measurement
+    // Long enough that no node is declared dead (and no job re-planned) while a test runs on a
+    // loaded machine; node death is covered by the controller's unit tests.
+    o.heartbeat_timeout = std::chrono::seconds(30);
+    auto c = client::LocalCluster::Start(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    cluster_ = c->release();
+  }
+  static void TearDownTestSuite() {
+    delete cluster_;
+    cluster_ = nullptr;
+  }
+
+  // Jobs hold spare capacity while they exist: each test deletes its own.
+  void TearDown() override {
+    if (job_id_.empty()) return;
+    tributary::v1::DeleteJobRequest req;
+    req.set_job_id(job_id_);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    tributary::v1::DeleteJobResponse resp;
+    EXPECT_TRUE(cluster_->controller().DeleteJob(&ctx, req, &resp).ok());
+  }
+
+  void CreateJob(const std::string& id, uint32_t timeout_ms = 30000) {
+    job_id_ = id;
+    tributary::v1::CreateJobRequest req;
+    req.set_job_id(id);
+    for (const auto& w : cluster_->worker_node_ids()) req.mutable_spec()->add_worker_nodes(w);
+    req.mutable_spec()->set_procs_per_node(kProcsPerNode);
+    req.mutable_spec()->set_partition_bytes(64 << 10);  // many chunks per tensor
+    req.mutable_spec()->set_credit_bytes(256 << 10);
+    req.mutable_spec()->set_op_timeout_ms(timeout_ms);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    tributary::v1::Job job;
+    grpc::Status s = cluster_->controller().CreateJob(&ctx, req, &job);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    ASSERT_EQ(job.plan().workers_size(), kWorkers);
+    ASSERT_EQ(job.plan().servers_size(), kWorkers + kSpares);  // the spares own shares too
+  }
+
+  // Runs one test worker per (node, local rank) and collects their exit codes and output.
+  std::vector<WorkerResult> RunWorkers(const std::string& job, const std::string& scenario,
+                                       std::vector<std::string> extra = {}) {
+    std::vector<std::pair<pid_t, std::string>> procs;
+    for (int node = 0; node < kWorkers; ++node) {
+      for (uint32_t r = 0; r < kProcsPerNode; ++r) {
+        std::vector<std::string> argv = {std::string(TRIBUTARY_BIN_DIR) + "/tributary_test_worker",
+                                         "--agent",
+                                         cluster_->agent_address(node),
+                                         "--job",
+                                         job,
+                                         "--local-rank",
+                                         std::to_string(r),
+                                         "--local-size",
+                                         std::to_string(kProcsPerNode),
+                                         "--scenario",
+                                         scenario};
+        argv.insert(argv.end(), extra.begin(), extra.end());
+        const std::string log =
+            absl::StrCat(cluster_->run_dir(), "/", job, "-", node, "-", r, ".log");
+        auto pid = client::SpawnProcess(argv, log);
+        EXPECT_TRUE(pid.ok());
+        if (pid.ok()) procs.emplace_back(*pid, log);
+      }
+    }
+    std::vector<WorkerResult> results;
+    for (auto& [pid, log] : procs) {
+      const int code = client::WaitProcess(pid, std::chrono::seconds(120));
+      std::ifstream f(log);
+      std::stringstream ss;
+      ss << f.rdbuf();
+      results.push_back({code, ss.str()});
+    }
+    return results;
+  }
+
+  static void ExpectAllPassed(const std::vector<WorkerResult>& results) {
+    for (size_t i = 0; i < results.size(); ++i) {
+      EXPECT_EQ(results[i].exit_code, 0) << "process " << i << ":\n" << results[i].output;
+    }
+  }
+
+  static client::LocalCluster* cluster_;
+  std::string job_id_;
+};
+
+client::LocalCluster* LocalClusterTest::cluster_ = nullptr;
+
+TEST_F(LocalClusterTest, ExactSumsAveragesAndBroadcastsForEveryDtype) {
+  ASSERT_NO_FATAL_FAILURE(CreateJob("exact"));
+  ExpectAllPassed(RunWorkers("exact", "exact"));
+}
+
+TEST_F(LocalClusterTest, HundredIterationsOfSeveralTensorsAgreeOnEveryRank) {
+  ASSERT_NO_FATAL_FAILURE(CreateJob("iterations"));
+  auto results = RunWorkers("iterations", "iterations", {"--iterations", "100"});
+  ExpectAllPassed(results);
+  std::set<std::string> digests;
+  const std::regex re("digest=([0-9a-f]+)");
+  for (const auto& r : results) {
+    std::smatch m;
+    if (std::regex_search(r.output, m, re)) digests.insert(m[1]);
+  }
+  EXPECT_EQ(digests.size(), 1u) << "ranks ended with different results";
+}
+
+TEST_F(LocalClusterTest, MismatchedSizesAndDtypesFailEveryParticipant) {
+  ASSERT_NO_FATAL_FAILURE(
+      CreateJob("mismatch", /*timeout_ms=*/120000));  // any error must come long before this
+  ExpectAllPassed(RunWorkers("mismatch", "mismatch"));
+}
+
+TEST_F(LocalClusterTest, BadInputGetsClearErrorsAndLosesNothing) {
+  ASSERT_NO_FATAL_FAILURE(CreateJob("bad-input"));
+  ExpectAllPassed(RunWorkers("bad-input", "bad-input"));
+  // A job this node does not know.
+  auto pid =
+      client::SpawnProcess({std::string(TRIBUTARY_BIN_DIR) + "/tributary_test_worker", "--agent",
+                            cluster_->agent_address(0), "--job", "x", "--local-rank", "0",
+                            "--local-size", "2", "--scenario", "unknown-job"},
+                           cluster_->run_dir() + "/unknown-job.log");
+  ASSERT_TRUE(pid.ok());
+  EXPECT_EQ(client::WaitProcess(*pid, std::chrono::seconds(30)), 0);
+}
+
+TEST_F(LocalClusterTest, MalformedDataPlaneMessagesAreDroppedAndServiceContinues) {
+  ASSERT_NO_FATAL_FAILURE(CreateJob("malformed"));
+  tributary::v1::ListNodesResponse nodes;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    ASSERT_TRUE(cluster_->controller().ListNodes(&ctx, {}, &nodes).ok());
+  }
+  auto transport = dataplane::UcxTransport::Create({});
+  ASSERT_TRUE(transport.ok()) << transport.status();
+  dataplane::WireHeader h;
+  h.kind = static_cast<uint8_t>(dataplane::MessageKind::kPush);
+  h.dtype = 1;
+  h.reduce = 1;
+  h.job = 12345;
+  h.tensor_count = 1000;
+  h.num_chunks = 1;
+  h.chunk_count = 1000;
+  const std::vector<std::byte> garbage(40, std::byte{0x7f});
+  const std::vector<std::byte> truncated(100);  // 1000 floats announced, 25 sent
+  std::atomic<int> sent{0};
+  for (const auto& n : nodes.nodes()) {
+    const std::string addr = n.inventory().data_plane_address();
+    (*transport)->Send(addr, garbage, {}, [&](absl::Status) { sent++; });
+    (*transport)->Send(addr, dataplane::AsBytes(h), truncated, [&](absl::Status) { sent++; });
+    (*transport)->Send(addr, std::span(dataplane::AsBytes(h).data(), 10), {}, [&](absl::Status) {
+      sent++;
+    });
+  }
+  ExpectAllPassed(RunWorkers("malformed", "iterations", {"--iterations", "3"}));
+  (*transport)->Shutdown();
+  EXPECT_TRUE(cluster_->WaitForAliveNodes(kWorkers + kSpares, std::chrono::seconds(5)).ok());
+}
+
+TEST_F(LocalClusterTest, ProcessThatDisconnectsFailsItsPeersPromptly) {
+  ASSERT_NO_FATAL_FAILURE(CreateJob("disconnect", /*timeout_ms=*/120000));
+  auto results = RunWorkers("disconnect", "disconnect");
+  for (size_t i = 0; i < results.size(); ++i) {
+    EXPECT_EQ(results[i].exit_code, i == 1 ? 3 : 0) << "process " << i << ":\n"
+                                                    << results[i].output;
+  }
+}
+
+TEST_F(LocalClusterTest, FrozenSummationServerBecomesADeadlineError) {
+  ASSERT_NO_FATAL_FAILURE(CreateJob("frozen", /*timeout_ms=*/3000));
+  cluster_->FreezeNode(kWorkers);  // spare-0
+  auto results = RunWorkers("frozen", "timeout");
+  cluster_->ThawNode(kWorkers);
+  ExpectAllPassed(results);
+}
+
+}  // namespace
+}  // namespace tributary

@@ -1,0 +1,390 @@
+// One training process for the integration tests: joins a job through its node's agent, runs a
+// scenario, checks every element, and exits non-zero on any wrong element or unexpected error.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "client/cli/half.h"
+#include "client/client.h"
+#include "common/hash.h"
+#include "common/rpc/grpc_status.h"
+#include "grpcpp/grpcpp.h"
+#include "tributary/v1/agent.grpc.pb.h"
+
+namespace {
+
+using tributary::client::Client;
+using tributary::client::ReduceOp;
+using tributary::client::SharedBuffer;
+using tributary::common::DataType;
+
+int g_failures = 0;
+
+void Fail(const std::string& what) {
+  std::fprintf(stderr, "FAIL: %s\n", what.c_str());
+  g_failures++;
+}
+
+void Expect(bool ok, const std::string& what) {
+  if (!ok) Fail(what);
+}
+
+void Put(DataType t, void* base, size_t i, double v) {
+  auto* b = static_cast<std::byte*>(base);
+  switch (t) {
+    case DataType::kFloat32: {
+      float f = static_cast<float>(v);
+      std::memcpy(b + 4 * i, &f, 4);
+      break;
+    }
+    case DataType::kFloat64:
+      std::memcpy(b + 8 * i, &v, 8);
+      break;
+    case DataType::kInt32: {
+      int32_t x = static_cast<int32_t>(v);
+      std::memcpy(b + 4 * i, &x, 4);
+      break;
+    }
+    case DataType::kInt64: {
+      int64_t x = static_cast<int64_t>(v);
+      std::memcpy(b + 8 * i, &x, 8);
+      break;
+    }
+    case DataType::kFloat16: {
+      uint16_t h = tributary::client::cli::FloatToHalf(static_cast<float>(v));
+      std::memcpy(b + 2 * i, &h, 2);
+      break;
+    }
+    case DataType::kBFloat16: {
+      uint16_t h = tributary::client::cli::FloatToBFloat16(static_cast<float>(v));
+      std::memcpy(b + 2 * i, &h, 2);
+      break;
+    }
+  }
+}
+
+double Get(DataType t, const void* base, size_t i) {
+  const auto* b = static_cast<const std::byte*>(base);
+  switch (t) {
+    case DataType::kFloat32: {
+      float f;
+      std::memcpy(&f, b + 4 * i, 4);
+      return f;
+    }
+    case DataType::kFloat64: {
+      double d;
+      std::memcpy(&d, b + 8 * i, 8);
+      return d;
+    }
+    case DataType::kInt32: {
+      int32_t x;
+      std::memcpy(&x, b + 4 * i, 4);
+      return x;
+    }
+    case DataType::kInt64: {
+      int64_t x;
+      std::memcpy(&x, b + 8 * i, 8);
+      return static_cast<double>(x);
+    }
+    case DataType::kFloat16: {
+      uint16_t h;
+      std::memcpy(&h, b + 2 * i, 2);
+      return tributary::client::cli::HalfToFloat(h);
+    }
+    case DataType::kBFloat16: {
+      uint16_t h;
+      std::memcpy(&h, b + 2 * i, 2);
+      return tributary::client::cli::BFloat16ToFloat(h);
+    }
+  }
+  return NAN;
+}
+
+// Inputs whose sums are exact in every dtype, partial sums included.
+double Input(DataType t, uint32_t rank, size_t i) {
+  if (tributary::common::DataTypeSize(t) == 2) return (rank % 2 + 1) * (i % 3 + 1);
+  return (rank + 1.0) * (i % 7 + 1);
+}
+
+double SumOf(DataType t, uint32_t world, size_t i) {
+  double s = 0;
+  for (uint32_t r = 0; r < world; ++r) s += Input(t, r, i);
+  return s;
+}
+
+int64_t CountWrong(DataType t, const SharedBuffer& b, size_t count,
+                   const std::function<double(size_t)>& want) {
+  int64_t wrong = 0;
+  for (size_t i = 0; i < count; ++i) wrong += Get(t, b.data(), i) != want(i);
+  return wrong;
+}
+
+void Exact(Client& c) {
+  const uint32_t world = c.world_size(), rank = c.global_rank();
+  const size_t max_count = 70001;
+  auto buf = c.AllocateBuffer(max_count * 8);
+  if (!buf.ok()) return Fail(std::string(buf.status().message()));
+  for (DataType t : tributary::common::kAllDataTypes) {
+    for (size_t count : {size_t{1}, size_t{1021}, max_count}) {
+      const std::string tag =
+          absl::StrCat(std::string(tributary::common::DataTypeName(t)), "/", count);
+      // Sum.
+      for (size_t i = 0; i < count; ++i) Put(t, (*buf)->data(), i, Input(t, rank, i));
+      absl::Status s = c.AllReduce("exact.sum", **buf, 0, count, t, ReduceOp::kSum);
+      Expect(s.ok(), absl::StrCat("sum ", tag, ": ", s.ToString()));
+      int64_t wrong = CountWrong(t, **buf, count, [&](size_t i) { return SumOf(t, world, i); });
+      Expect(wrong == 0, absl::StrCat("sum ", tag, ": ", wrong, " wrong"));
+      // Average of the same value on every rank (times world): exact.
+      for (size_t i = 0; i < count; ++i) Put(t, (*buf)->data(), i, 2.0 * (i % 3 + 1));
+      s = c.AllReduce("exact.avg", **buf, 0, count, t, ReduceOp::kAverage);
+      Expect(s.ok(), absl::StrCat("average ", tag, ": ", s.ToString()));
+      wrong = CountWrong(t, **buf, count, [&](size_t i) { return 2.0 * (i % 3 + 1); });
+      Expect(wrong == 0, absl::StrCat("average ", tag, ": ", wrong, " wrong"));
+      // Broadcast from the last rank and from rank 1.
+      for (uint32_t root : {world - 1, 1u}) {
+        for (size_t i = 0; i < count; ++i) Put(t, (*buf)->data(), i, Input(t, rank, i));
+        s = c.Broadcast("exact.bcast", **buf, 0, count, t, root);
+        Expect(s.ok(), absl::StrCat("broadcast ", tag, ": ", s.ToString()));
+        wrong = CountWrong(t, **buf, count, [&](size_t i) { return Input(t, root, i); });
+        Expect(wrong == 0, absl::StrCat("broadcast ", tag, " root ", root, ": ", wrong, " wrong"));
+      }
+    }
+  }
+}
+
+void Iterations(Client& c, int iterations) {
+  const uint32_t world = c.world_size(), rank = c.global_rank();
+  const std::vector<size_t> counts = {1, 4099, 100003};
+  std::vector<std::shared_ptr<SharedBuffer>> bufs;
+  for (size_t n : counts) {
+    auto b = c.AllocateBuffer(n * 4);
+    if (!b.ok()) return Fail(std::string(b.status().message()));
+    bufs.push_back(*b);
+  }
+  uint64_t digest = 0;
+  for (int it = 0; it < iterations; ++it) {
+    std::vector<tributary::client::Handle> handles;
+    for (size_t t = 0; t < counts.size(); ++t) {
+      float* f = static_cast<float*>(bufs[t]->data());
+      for (size_t i = 0; i < counts[t]; ++i) f[i] = (rank + 1.0f) * ((i + it) % 5);
+      // Mixed priorities: the big tensor first (0), the small ones later.
+      auto h = c.AllReduceAsync(absl::StrCat("layer", t, ".grad"), *bufs[t], 0, counts[t],
+                                DataType::kFloat32, ReduceOp::kSum,
+                                static_cast<int32_t>(counts.size() - 1 - t));
+      if (!h.ok()) return Fail(absl::StrCat("submit: ", h.status().ToString()));
+      handles.push_back(*h);
+    }
+    for (size_t t = 0; t < counts.size(); ++t) {
+      absl::Status s = handles[t].Wait(std::chrono::seconds(60));
+      if (!s.ok()) return Fail(absl::StrCat("iteration ", it, " tensor ", t, ": ", s.ToString()));
+      const float* f = static_cast<const float*>(bufs[t]->data());
+      int64_t wrong = 0;
+      for (size_t i = 0; i < counts[t]; ++i) {
+        wrong += f[i] != world * (world + 1) / 2.0f * ((i + it) % 5);
+      }
+      Expect(wrong == 0, absl::StrCat("iteration ", it, " tensor ", t, ": ", wrong, " wrong"));
+      digest ^= tributary::common::StableHash64(
+                    std::string_view(reinterpret_cast<const char*>(f), counts[t] * 4)) +
+                it;
+    }
+  }
+  std::printf("digest=%016llx\n", static_cast<unsigned long long>(digest));
+}
+
+void ExpectCode(const absl::Status& s, absl::StatusCode code, const std::string& what,
+                const std::string& must_mention = "") {
+  Expect(s.code() == code,
+         absl::StrCat(what, ": expected ", absl::StatusCodeToString(code), ", got ", s.ToString()));
+  if (!must_mention.empty()) {
+    Expect(s.message().find(must_mention) != absl::string_view::npos,
+           absl::StrCat(what, ": message '", std::string(s.message()), "' does not name '",
+                        must_mention, "'"));
+  }
+}
+
+void Mismatch(Client& c, uint32_t procs_per_node) {
+  const uint32_t rank = c.global_rank();
+  const uint32_t node = rank / procs_per_node;
+  auto buf = c.AllocateBuffer(4000 * 4);
+  if (!buf.ok()) return Fail(std::string(buf.status().message()));
+  const auto start = std::chrono::steady_clock::now();
+  // Global rank 0 (local rank 0 of node 0) disagrees on the size: caught on its node.
+  absl::Status s =
+      c.AllReduce("m.size", **buf, 0, rank == 0 ? 1000 : 2000, DataType::kFloat32, ReduceOp::kSum);
+  ExpectCode(s, absl::StatusCode::kInvalidArgument, "size mismatch", "m.size");
+  // Every process of node 1 disagrees on the dtype: caught by a summation server.
+  s = c.AllReduce("m.dtype", **buf, 0, 3000, node == 1 ? DataType::kInt32 : DataType::kFloat32,
+                  ReduceOp::kSum);
+  ExpectCode(s, absl::StatusCode::kInvalidArgument, "dtype mismatch", "disagree");
+  // Node 2 believes the tensor is larger than everyone else: a different chunk layout.
+  s = c.AllReduce("m.layout", **buf, 0, node == 2 ? 4000 : 100, DataType::kFloat32, ReduceOp::kSum);
+  ExpectCode(s, absl::StatusCode::kInvalidArgument, "layout mismatch", "disagree");
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  Expect(seconds < 20, absl::StrCat("mismatches took ", seconds, " s: waited for a deadline?"));
+  // The service goes on: the next collective with agreeing inputs is exact.
+  for (size_t i = 0; i < 2000; ++i) Put(DataType::kFloat32, (*buf)->data(), i, 1);
+  s = c.AllReduce("m.after", **buf, 0, 2000, DataType::kFloat32, ReduceOp::kSum);
+  Expect(s.ok(), absl::StrCat("after mismatches: ", s.ToString()));
+  Expect(CountWrong(DataType::kFloat32, **buf, 2000, [&](size_t) { return c.world_size(); }) == 0,
+         "after mismatches: wrong sums");
+}
+
+void BadInput(Client& c, const std::string& agent) {
+  auto buf = c.AllocateBuffer(1024);
+  if (!buf.ok()) return Fail(std::string(buf.status().message()));
+  auto stub =
+      tributary::v1::Agent::NewStub(grpc::CreateChannel(agent, grpc::InsecureChannelCredentials()));
+  auto submit = [&](auto mutate) {
+    tributary::v1::SubmitRequest req;
+    req.set_session_id(c.session_id());
+    req.set_tensor_name("bad.tensor");
+    req.set_buffer_id((*buf)->id());
+    req.set_count(16);
+    req.set_dtype(tributary::v1::DATA_TYPE_FLOAT32);
+    req.set_op(tributary::v1::COLLECTIVE_OP_SUM);
+    mutate(req);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    tributary::v1::SubmitResponse resp;
+    grpc::Status g = stub->Submit(&ctx, req, &resp);
+    return absl::Status(static_cast<absl::StatusCode>(g.error_code()), g.error_message());
+  };
+  using R = tributary::v1::SubmitRequest;
+  ExpectCode(submit([](R& r) { r.set_session_id("no-such-session"); }), absl::StatusCode::kNotFound,
+             "unknown session");
+  ExpectCode(submit([](R& r) { r.set_buffer_id(999); }), absl::StatusCode::kInvalidArgument,
+             "unregistered buffer", "bad.tensor");
+  ExpectCode(submit([](R& r) { r.set_count(257); }), absl::StatusCode::kInvalidArgument,
+             "too-small buffer", "bad.tensor");
+  ExpectCode(submit([](R& r) { r.set_offset_bytes(1020); }), absl::StatusCode::kInvalidArgument,
+             "region past the end", "bad.tensor");
+  ExpectCode(submit([](R& r) { r.set_count(uint64_t{1} << 62); }),
+             absl::StatusCode::kInvalidArgument, "absurd count", "bad.tensor");
+  ExpectCode(submit([](R& r) { r.set_count(static_cast<uint64_t>(-5)); }),
+             absl::StatusCode::kInvalidArgument, "negative count", "bad.tensor");
+  ExpectCode(submit([](R& r) { r.set_count(0); }), absl::StatusCode::kInvalidArgument,
+             "zero count");
+  ExpectCode(submit([](R& r) { r.set_dtype(tributary::v1::DATA_TYPE_UNSPECIFIED); }),
+             absl::StatusCode::kInvalidArgument, "no dtype");
+  ExpectCode(submit([](R& r) { r.set_tensor_name(""); }), absl::StatusCode::kInvalidArgument,
+             "empty name");
+  ExpectCode(submit([](R& r) {
+               r.set_op(tributary::v1::COLLECTIVE_OP_BROADCAST);
+               r.set_root_rank(1000);
+             }),
+             absl::StatusCode::kInvalidArgument, "broadcast root out of range");
+  {
+    tributary::v1::RegisterBufferRequest req;
+    req.set_session_id(c.session_id());
+    req.set_shm_name("/tributary-does-not-exist");
+    req.set_size_bytes(64);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    tributary::v1::RegisterBufferResponse resp;
+    ExpectCode(tributary::common::FromGrpcStatus(stub->RegisterBuffer(&ctx, req, &resp)),
+               absl::StatusCode::kNotFound, "missing shm object");
+  }
+  {
+    tributary::v1::RegisterBufferRequest req;
+    req.set_session_id(c.session_id());
+    req.set_shm_name((*buf)->name());
+    req.set_size_bytes(1 << 20);  // larger than the object
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    tributary::v1::RegisterBufferResponse resp;
+    ExpectCode(tributary::common::FromGrpcStatus(stub->RegisterBuffer(&ctx, req, &resp)),
+               absl::StatusCode::kInvalidArgument, "buffer larger than its object");
+  }
+  // Nothing was lost: rejected submissions used no iteration, the next one is exact.
+  for (size_t i = 0; i < 256; ++i) Put(DataType::kFloat32, (*buf)->data(), i, 3);
+  absl::Status s = c.AllReduce("bad.tensor", **buf, 0, 256, DataType::kFloat32, ReduceOp::kSum);
+  Expect(s.ok(), absl::StrCat("after bad input: ", s.ToString()));
+  Expect(
+      CountWrong(DataType::kFloat32, **buf, 256, [&](size_t) { return 3.0 * c.world_size(); }) == 0,
+      "after bad input: wrong sums");
+}
+
+void Disconnect(Client& c, uint32_t procs_per_node) {
+  auto buf = c.AllocateBuffer(4096);
+  if (!buf.ok()) return Fail(std::string(buf.status().message()));
+  // One warm-up collective so every process is connected before the victim leaves.
+  absl::Status s = c.AllReduce("d.warm", **buf, 0, 8, DataType::kFloat32, ReduceOp::kSum);
+  Expect(s.ok(), absl::StrCat("warm-up: ", s.ToString()));
+  if (c.global_rank() == 1) {
+    std::fflush(stdout);
+    _exit(3);  // dies without leaving the job or submitting "d.lost"
+  }
+  const auto start = std::chrono::steady_clock::now();
+  s = c.AllReduce("d.lost", **buf, 0, 1000, DataType::kFloat32, ReduceOp::kSum);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ExpectCode(s, absl::StatusCode::kAborted, "peer disconnected", "local rank 1");
+  Expect(seconds < 20, absl::StrCat("disconnect noticed after ", seconds, " s"));
+  (void)procs_per_node;
+}
+
+void Timeout(Client& c) {
+  auto buf = c.AllocateBuffer(1 << 20);
+  if (!buf.ok()) return Fail(std::string(buf.status().message()));
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status s = c.AllReduce("t.frozen", **buf, 0, 200000, DataType::kFloat32, ReduceOp::kSum);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ExpectCode(s, absl::StatusCode::kDeadlineExceeded, "frozen summation server", "t.frozen");
+  Expect(seconds < 15, absl::StrCat("deadline noticed after ", seconds, " s"));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Tributary integration-test worker"};
+  std::string agent, job, scenario;
+  uint32_t local_rank = 0, local_size = 1;
+  int iterations = 100;
+  app.add_option("--agent", agent)->required();
+  app.add_option("--job", job)->required();
+  app.add_option("--local-rank", local_rank)->required();
+  app.add_option("--local-size", local_size)->required();
+  app.add_option("--scenario", scenario)->required();
+  app.add_option("--iterations", iterations);
+  CLI11_PARSE(app, argc, argv);
+
+  tributary::client::ClientOptions options;
+  options.agent_address = agent;
+  options.join_timeout = std::chrono::seconds(20);
+  if (scenario == "unknown-job") {
+    options.join_timeout = std::chrono::milliseconds(300);
+    auto c = Client::Connect(options, "no-such-job", local_rank, local_size);
+    ExpectCode(c.status(), absl::StatusCode::kFailedPrecondition, "unknown job", "no-such-job");
+    return g_failures == 0 ? 0 : 1;
+  }
+  auto c = Client::Connect(options, job, local_rank, local_size);
+  if (!c.ok()) {
+    std::fprintf(stderr, "FAIL: connect: %s\n", c.status().ToString().c_str());
+    return 1;
+  }
+  if (scenario == "exact") {
+    Exact(**c);
+  } else if (scenario == "iterations") {
+    Iterations(**c, iterations);
+  } else if (scenario == "mismatch") {
+    Mismatch(**c, local_size);
+  } else if (scenario == "bad-input") {
+    BadInput(**c, agent);
+  } else if (scenario == "disconnect") {
+    Disconnect(**c, local_size);
+  } else if (scenario == "timeout") {
+    Timeout(**c);
+  } else {
+    Fail("unknown scenario " + scenario);
+  }
+  std::printf("rank=%u failures=%d\n", (*c)->global_rank(), g_failures);
+  return g_failures == 0 ? 0 : 1;
+}
