@@ -10,6 +10,7 @@
 #include "common/hash.h"
 #include "common/logging.h"
 #include "common/rpc/grpc_status.h"
+#include "dataplane/transport/paced/paced_transport.h"
 #include "dataplane/transport/ucx/ucx_transport.h"
 
 namespace tributary::agent {
@@ -54,7 +55,15 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& in) {
                         absl::StrCat("starting the UCX data plane on ", options.data_plane_host,
                                      ": ", transport.status().message()));
   }
-  agent->transport_ = *std::move(transport);
+  if (options.emulate_nic) {
+    if (options.nic_bytes_per_s <= 0) {
+      return absl::InvalidArgumentError("emulating a NIC needs its speed (--nic-gbps)");
+    }
+    agent->transport_ =
+        std::make_unique<dataplane::PacedTransport>(*std::move(transport), options.nic_bytes_per_s);
+  } else {
+    agent->transport_ = *std::move(transport);
+  }
   agent->node_ = std::make_unique<dataplane::PushPullNode>(
       agent->transport_.get(), agent->reducer_.get(), common::SystemClock::Get());
 
@@ -95,6 +104,7 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& in) {
   agent->controller_ = std::make_unique<ControllerClient>(
       copts, [self](const std::vector<tributary::v1::JobPlan>& plans) { self->ApplyPlans(plans); },
       [self](double elapsed) { return self->load_.Sample(elapsed); });
+  agent->node_->server().SetPlanMissingCallback([self] { self->controller_->RequestRefresh(); });
   agent->controller_->Start();
   agent->tick_thread_ = std::thread([self] { self->TickLoop(); });
   Log()->info("agent {} up: data plane {}, local service {}, nic {:.0f} MB/s, sum {:.0f} MB/s",

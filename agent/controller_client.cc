@@ -38,9 +38,18 @@ void ControllerClient::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+void ControllerClient::RequestRefresh() {
+  {
+    std::lock_guard lock(mu_);
+    refresh_ = true;
+  }
+  cv_.notify_all();
+}
+
 bool ControllerClient::WaitFor(std::chrono::milliseconds d) {
   std::unique_lock lock(mu_);
-  cv_.wait_for(lock, d, [this] { return stop_; });
+  cv_.wait_for(lock, d, [this] { return stop_ || refresh_; });
+  refresh_ = false;
   return !stop_;
 }
 

@@ -36,6 +36,8 @@ class ControllerClient {
 
   void Start();
   void Stop();
+  // Heartbeats (and so fetches changed plans) now instead of at the next interval.
+  void RequestRefresh();
   bool registered() const { return registered_.load(); }
   uint64_t heartbeats_sent() const { return heartbeats_sent_.load(); }
   uint64_t heartbeats_failed() const { return heartbeats_failed_.load(); }
@@ -53,6 +55,7 @@ class ControllerClient {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
+  bool refresh_ = false;
   std::atomic<bool> registered_{false};
   std::atomic<uint64_t> heartbeats_sent_{0}, heartbeats_failed_{0};
   std::thread thread_;

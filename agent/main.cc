@@ -32,6 +32,8 @@ int main(int argc, char** argv) {
   app.add_option("--sum-gbps", sum_gbps, "Declared summation rate, GByte/s (default: measured)");
   app.add_flag("--no-summation", no_summation,
                "Do not serve as a summation server for jobs this node is not a worker of");
+  app.add_flag("--emulate-nic", options.emulate_nic,
+               "Pace data-plane egress to --nic-gbps (local clusters on loopback)");
   app.add_option("--reducer-threads", options.reducer_threads, "Summation threads (0 = all)");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error (or TRIBUTARY_LOG_LEVEL)");
   CLI11_PARSE(app, argc, argv);

@@ -21,4 +21,9 @@ void AddDeleteJobCommand(CLI::App& app, GlobalOptions& global);
 // `tributary bench-rank --agent ... --job J ...`: one process of a collective sweep.
 void AddBenchRankCommand(CLI::App& app, GlobalOptions& global);
 
+// `tributary local-cluster`: a controller and agents on loopback until Ctrl-C.
+void AddLocalClusterCommand(CLI::App& app, GlobalOptions& global);
+// `tributary bench`: a local cluster and an all-reduce sweep for several numbers of spares.
+void AddBenchCommand(CLI::App& app, GlobalOptions& global);
+
 }  // namespace tributary::client::cli

@@ -18,6 +18,8 @@ int main(int argc, char** argv) {
   cli::AddCreateJobCommand(app, global);
   cli::AddDeleteJobCommand(app, global);
   cli::AddBenchRankCommand(app, global);
+  cli::AddLocalClusterCommand(app, global);
+  cli::AddBenchCommand(app, global);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

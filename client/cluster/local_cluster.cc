@@ -125,6 +125,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
                                      std::to_string(o.reducer_threads),
                                      "--log-level",
                                      o.log_level};
+    if (o.emulate_nic) argv.push_back("--emulate-nic");
     if (o.sum_gbps > 0) {
       argv.push_back("--sum-gbps");
       argv.push_back(absl::StrCat(o.sum_gbps));

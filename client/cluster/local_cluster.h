@@ -26,6 +26,8 @@ struct LocalClusterOptions {
   std::vector<double> nic_gbps = {10};
   // Declared summation rate, GB/s (0 = each agent measures its own).
   double sum_gbps = 0;
+  // Agents pace their data-plane egress to their NIC speed (see PacedTransport).
+  bool emulate_nic = false;
   int reducer_threads = 1;
   std::string log_level = "warn";
   std::chrono::milliseconds start_timeout{20000};

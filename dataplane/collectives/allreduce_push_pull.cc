@@ -61,8 +61,21 @@ PushPullServer::PushPullServer(Transport* transport, Reducer* reducer, const com
     : transport_(transport), reducer_(reducer), clock_(clock), stats_(stats) {}
 
 void PushPullServer::SetJob(const JobView& view) {
-  std::lock_guard lock(mu_);
-  jobs_[view.job_hash()] = std::make_shared<const JobView>(view);
+  std::vector<Parked> replay;
+  {
+    std::lock_guard lock(mu_);
+    jobs_[view.job_hash()] = std::make_shared<const JobView>(view);
+    for (auto it = parked_.begin(); it != parked_.end();) {
+      if (it->header.job == view.job_hash() && it->header.plan_version <= view.plan_version) {
+        parked_bytes_ -= it->payload.size();
+        replay.push_back(std::move(*it));
+        it = parked_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (const Parked& p : replay) HandlePush(p.header, p.payload);
 }
 
 void PushPullServer::RemoveJob(uint64_t job_hash) {
@@ -85,15 +98,36 @@ void PushPullServer::AddHeld(int64_t delta) {
 void PushPullServer::HandlePush(const WireHeader& h, std::span<const std::byte> payload) {
   stats_->pushes_received++;
   std::vector<Outgoing> out;
+  bool parked = false;
   {
     std::lock_guard lock(mu_);
     auto job_it = jobs_.find(h.job);
-    if (job_it == jobs_.end()) {
-      // Without the job's plan there is no address to answer; the worker's deadline reports it.
-      Log()->warn("push for unknown job {:016x} ({}) dropped", h.job, Describe(h));
-      return;
+    if (job_it == jobs_.end() || h.plan_version > job_it->second->plan_version) {
+      // The worker is ahead of us: park the push until our plan arrives.
+      if (parked_bytes_ + payload.size() > kMaxParkedBytes) {
+        Log()->warn(
+            "push of {} for job {:016x} plan v{} dropped: no plan here and {} bytes "
+            "already parked",
+            Describe(h), h.job, h.plan_version, parked_bytes_);
+        return;
+      }
+      parked_.push_back(Parked{h, {payload.begin(), payload.end()}, clock_->Now()});
+      parked_bytes_ += payload.size();
+      parked = true;
+      Log()->debug("push of {} for job {:016x} plan v{} parked until the plan arrives", Describe(h),
+                   h.job, h.plan_version);
+    } else {
+      HandlePushLocked(*job_it->second, h, payload, out);
     }
-    const JobView& job = *job_it->second;
+  }
+  if (parked && on_plan_missing_) on_plan_missing_();
+  SendAll(std::move(out));
+}
+
+void PushPullServer::HandlePushLocked(const JobView& job, const WireHeader& h,
+                                      std::span<const std::byte> payload,
+                                      std::vector<Outgoing>& out) {
+  {
     const uint32_t n = static_cast<uint32_t>(job.worker_addresses.size());
     if (h.sender >= n) {
       Log()->warn("push from rank {} of job {} with {} workers dropped", h.sender, job.job_id, n);
@@ -176,7 +210,6 @@ void PushPullServer::HandlePush(const WireHeader& h, std::span<const std::byte> 
       }
     }
   }
-  SendAll(std::move(out));
 }
 
 void PushPullServer::FailLocked(const JobView& job, const WireHeader& h, absl::Status status,
@@ -239,6 +272,13 @@ void PushPullServer::ExpireStale() {
     const auto now = clock_->Now();
     for (auto it = failures_.begin(); it != failures_.end();) {
       it = it->second.expires <= now ? failures_.erase(it) : std::next(it);
+    }
+    while (!parked_.empty() && now - parked_.front().arrived >= kMaxParkedAge) {
+      Log()->warn("parked push of {} for job {:016x} plan v{} dropped: no such plan arrived",
+                  Describe(parked_.front().header), parked_.front().header.job,
+                  parked_.front().header.plan_version);
+      parked_bytes_ -= parked_.front().payload.size();
+      parked_.pop_front();
     }
     std::vector<std::pair<std::shared_ptr<const JobView>, WireHeader>> stale;
     std::vector<std::vector<bool>> stale_received;

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -80,6 +81,15 @@ class PushPullServer {
   PushPullServer(Transport* transport, Reducer* reducer, const common::Clock* clock,
                  PushPullStats* stats);
 
+  // Pushes for a job (or plan version) this server does not have yet are parked, up to this many
+  // bytes, and replayed by SetJob: a worker may learn of a plan before a server does.
+  static constexpr uint64_t kMaxParkedBytes = uint64_t{256} << 20;
+  static constexpr std::chrono::seconds kMaxParkedAge{10};
+
+  // Called (on the transport thread, without locks held) when a push is parked, so that the
+  // owner can fetch plans at once instead of at its next poll.
+  void SetPlanMissingCallback(std::function<void()> cb) { on_plan_missing_ = std::move(cb); }
+
   void SetJob(const JobView& view);
   void RemoveJob(uint64_t job_hash);
   // Called on the transport thread with a validated header.
@@ -112,7 +122,14 @@ class PushPullServer {
     WireHeader header;
     std::shared_ptr<std::vector<std::byte>> payload;
   };
+  struct Parked {
+    WireHeader header;
+    std::vector<std::byte> payload;
+    common::Clock::TimePoint arrived;
+  };
 
+  void HandlePushLocked(const JobView& job, const WireHeader& h, std::span<const std::byte> payload,
+                        std::vector<Outgoing>& out);
   // Sends the error to every worker of the job and drops the collective's state. mu_ held.
   void FailLocked(const JobView& job, const WireHeader& h, absl::Status status,
                   std::vector<Outgoing>& out);
@@ -127,6 +144,9 @@ class PushPullServer {
   std::map<uint64_t, std::shared_ptr<const JobView>> jobs_;
   std::map<ChunkKey, ChunkState> chunks_;
   std::map<CollectiveKey, Failure> failures_;
+  std::deque<Parked> parked_;
+  uint64_t parked_bytes_ = 0;
+  std::function<void()> on_plan_missing_;
 };
 
 // One collective as the local training processes submitted it: in place on their buffers.

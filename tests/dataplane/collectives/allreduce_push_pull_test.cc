@@ -548,6 +548,49 @@ TEST(PushPull, LowerPriorityNumbersGoFirst) {
   server_ep->Shutdown();
 }
 
+TEST(PushPull, PushesAheadOfTheServersPlanAreParkedAndReplayed) {
+  InProcessNetwork network;
+  auto worker_ep = network.CreateEndpoint("w");
+  auto server_ep = network.CreateEndpoint("s");
+  CpuReducer reducer(1, 1 << 20);
+  common::FakeClock clock;
+  PushPullNode worker(worker_ep.get(), &reducer, &clock);
+  PushPullNode server(server_ep.get(), &reducer, &clock);
+  std::atomic<int> missing{0};
+  server.server().SetPlanMissingCallback([&] { missing++; });
+  JobView v;
+  v.job_id = "j";
+  v.plan_version = 3;
+  v.worker_addresses = {"w"};
+  v.server_addresses = {"s"};
+  v.server_weights = {ChunkMap::kWeightTotal};
+  v.partition_bytes = 64;
+  v.my_worker_rank = 0;
+  worker.SetJob(v);
+  std::vector<std::vector<std::byte>> bufs(1, std::vector<std::byte>(400));
+  for (int i = 0; i < 100; ++i) Put(DataType::kFloat32, bufs[0].data(), i, i);
+  std::promise<absl::Status> done;
+  auto op = MakeOp("t", 0, DataType::kFloat32, 100, LocalOperation::Kind::kSum, bufs);
+  op.done = [&](absl::Status s) { done.set_value(s); };
+  ASSERT_TRUE(worker.worker().Start("j", std::move(op)).ok());
+  auto f = done.get_future();
+  EXPECT_EQ(f.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);
+  // The server learns of an older plan first: still parked. Then the worker's plan.
+  v.my_worker_rank = -1;
+  v.my_server_index = 0;
+  v.plan_version = 2;
+  server.SetJob(v);
+  EXPECT_EQ(f.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);
+  v.plan_version = 3;
+  server.SetJob(v);
+  ASSERT_EQ(f.wait_for(kGuard), std::future_status::ready);
+  EXPECT_TRUE(f.get().ok());
+  EXPECT_GT(missing.load(), 0);
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(Get(DataType::kFloat32, bufs[0].data(), i), i);
+  worker_ep->Shutdown();
+  server_ep->Shutdown();
+}
+
 TEST(PushPull, HundredIterationsOfSeveralTensorsWithPriorities) {
   Cluster cluster(3, 2, 2, 512, 2048);
   const std::vector<std::pair<std::string, uint64_t>> tensors = {

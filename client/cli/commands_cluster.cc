@@ -1,0 +1,329 @@
+// `tributary local-cluster` and `tributary bench`: a controller and agents as local processes,
+// and an all-reduce sweep over them comparing plans with and without spare summation servers.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "client/cli/commands.h"
+#include "client/cli/sizes.h"
+#include "client/cli/table.h"
+#include "client/cluster/local_cluster.h"
+#include "common/status_macros.h"
+
+namespace tributary::client::cli {
+namespace {
+
+volatile std::sig_atomic_t g_interrupted = 0;
+void OnInterrupt(int) { g_interrupted = 1; }
+
+// The folder of the running executable: the controller and agent binaries sit next to it.
+std::string BinDir() {
+  std::error_code ec;
+  auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string(".") : exe.parent_path().string();
+}
+
+struct ClusterFlags {
+  int workers = 4;
+  int spares = 2;
+  double nic_gbps = 1;
+  double sum_gbps = 0;
+  bool emulate_nic = true;
+  std::string log_level = "warn";
+  std::string run_dir;
+};
+
+void AddClusterFlags(CLI::App* cmd, ClusterFlags* f) {
+  cmd->add_option("--workers", f->workers, "worker nodes (agents that serve training processes)")
+      ->capture_default_str();
+  cmd->add_option("--spares", f->spares, "spare CPU nodes (summation servers only)")
+      ->capture_default_str();
+  cmd->add_option("--nic-gbps", f->nic_gbps, "declared NIC speed of every node, Gbit/s")
+      ->capture_default_str();
+  cmd->add_option("--sum-gbps", f->sum_gbps, "declared summation rate, GB/s (0 = measured)")
+      ->capture_default_str();
+  cmd->add_flag("--emulate-nic,!--no-emulate-nic", f->emulate_nic,
+                "pace each agent's data-plane egress to its NIC speed (loopback is otherwise "
+                "CPU-bound)")
+      ->capture_default_str();
+  cmd->add_option("--agent-log-level", f->log_level, "log level of the controller and agents")
+      ->capture_default_str();
+  cmd->add_option("--run-dir", f->run_dir, "folder for sockets and logs (default: a temp dir)");
+}
+
+absl::StatusOr<std::unique_ptr<LocalCluster>> StartCluster(const ClusterFlags& f) {
+  LocalClusterOptions o;
+  o.bin_dir = BinDir();
+  o.run_dir = f.run_dir;
+  o.workers = f.workers;
+  o.spares = f.spares;
+  o.nic_gbps = {f.nic_gbps};
+  o.sum_gbps = f.sum_gbps;
+  o.emulate_nic = f.emulate_nic;
+  o.log_level = f.log_level;
+  return LocalCluster::Start(o);
+}
+
+absl::Status RunLocalCluster(const ClusterFlags& f, double run_for_s) {
+  ASSIGN_OR_RETURN(auto cluster, StartCluster(f));
+  std::printf("local cluster up: controller %s, logs in %s\n",
+              cluster->controller_address().c_str(), cluster->run_dir().c_str());
+  Table t({"node", "role", "agent socket"});
+  for (int i = 0; i < cluster->num_nodes(); ++i) {
+    t.AddRow({cluster->node_id(i), i < f.workers ? "worker" : "spare", cluster->agent_address(i)});
+  }
+  std::printf("%s", t.Render().c_str());
+  std::printf("try: tributary --controller %s nodes\nCtrl-C stops the cluster.\n",
+              cluster->controller_address().c_str());
+  std::fflush(stdout);
+  std::signal(SIGINT, OnInterrupt);
+  std::signal(SIGTERM, OnInterrupt);
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(run_for_s);
+  while (!g_interrupted && (run_for_s <= 0 || std::chrono::steady_clock::now() < end)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  cluster->Stop();
+  std::printf("local cluster stopped\n");
+  return absl::OkStatus();
+}
+
+struct BenchFlags {
+  ClusterFlags cluster;
+  std::string ks = "0,2";
+  int procs_per_node = 1;
+  std::string sizes = "1M:16M";
+  std::string dtype = "float32";
+  int iters = 5;
+  int warmup = 2;
+  uint64_t partition_bytes = 1 << 20;
+  std::string csv_path;
+};
+
+struct Row {
+  uint64_t bytes = 0;
+  uint64_t count = 0;
+  double time_us = 0;
+  double algbw = 0;
+  double busbw = 0;
+  uint64_t wrong = 0;
+};
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+// Runs one sweep over a job with at most `k` spare servers; returns rank 0's rows by size.
+absl::StatusOr<std::map<uint64_t, Row>> RunSweep(LocalCluster& cluster, const BenchFlags& f,
+                                                 const GlobalOptions& global, int k,
+                                                 uint64_t max_bytes, v1::JobPlan* plan_out) {
+  GlobalOptions g = global;
+  g.controller = cluster.controller_address();
+  ControllerClient controller(g);
+  const std::string job = absl::StrCat("bench-k", k);
+  v1::CreateJobRequest req;
+  req.set_job_id(job);
+  for (const auto& w : cluster.worker_node_ids()) req.mutable_spec()->add_worker_nodes(w);
+  req.mutable_spec()->set_procs_per_node(f.procs_per_node);
+  req.mutable_spec()->set_max_spare_nodes(k);
+  req.mutable_spec()->set_partition_bytes(f.partition_bytes);
+  req.mutable_spec()->set_credit_bytes(4 * f.partition_bytes);
+  req.mutable_spec()->set_model_bytes(max_bytes);
+  req.mutable_spec()->set_op_timeout_ms(120000);
+  ASSIGN_OR_RETURN(v1::Job created, controller.CreateJob(req));
+  *plan_out = created.plan();
+  int spares_used = 0;
+  for (const auto& s : created.plan().servers()) spares_used += !s.is_worker();
+  std::printf("\n## k = %d: %d summation servers (%d spare), predicted %s vs ring %s for %s\n", k,
+              created.plan().servers_size(), spares_used,
+              FormatFixed(created.plan().predicted_seconds(), 3).c_str(),
+              FormatFixed(created.plan().ring_seconds(), 3).c_str(),
+              FormatBytes(max_bytes).c_str());
+  std::fflush(stdout);
+
+  std::vector<std::pair<pid_t, std::string>> procs;
+  for (int node = 0; node < static_cast<int>(cluster.worker_node_ids().size()); ++node) {
+    for (int r = 0; r < f.procs_per_node; ++r) {
+      const std::string log = absl::StrCat(cluster.run_dir(), "/", job, "-", node, "-", r, ".out");
+      std::filesystem::remove(log);
+      ASSIGN_OR_RETURN(pid_t pid, SpawnProcess({BinDir() + "/tributary",
+                                                "bench-rank",
+                                                "--agent",
+                                                cluster.agent_address(node),
+                                                "--job",
+                                                job,
+                                                "--local-rank",
+                                                std::to_string(r),
+                                                "--local-size",
+                                                std::to_string(f.procs_per_node),
+                                                "--sizes",
+                                                f.sizes,
+                                                "--dtype",
+                                                f.dtype,
+                                                "--iters",
+                                                std::to_string(f.iters),
+                                                "--warmup",
+                                                std::to_string(f.warmup),
+                                                "--csv",
+                                                "--log-level",
+                                                "warn"},
+                                               log));
+      procs.emplace_back(pid, log);
+    }
+  }
+  absl::Status status;
+  for (size_t i = 0; i < procs.size(); ++i) {
+    const int code = WaitProcess(procs[i].first, std::chrono::minutes(10));
+    if (code != 0) {
+      std::fprintf(stderr, "bench process %zu exited with %d:\n%s\n", i, code,
+                   ReadFile(procs[i].second).c_str());
+      status = absl::InternalError(
+          absl::StrCat("bench process ", i, " of k = ", k, " failed with exit code ", code));
+    }
+  }
+  (void)controller.DeleteJob(job);
+  std::map<uint64_t, Row> rows;
+  for (const auto& line : absl::StrSplit(ReadFile(procs[0].second), '\n')) {
+    if (!absl::StartsWith(line, "CSV,")) {
+      if (!line.empty()) std::printf("%s\n", std::string(line).c_str());
+      continue;
+    }
+    std::vector<std::string> c = absl::StrSplit(line, ',');
+    if (c.size() != 9 || c[1] == "size") continue;
+    Row r;
+    (void)absl::SimpleAtoi(c[1], &r.bytes);
+    (void)absl::SimpleAtoi(c[2], &r.count);
+    (void)absl::SimpleAtod(c[5], &r.time_us);
+    (void)absl::SimpleAtod(c[6], &r.algbw);
+    (void)absl::SimpleAtod(c[7], &r.busbw);
+    (void)absl::SimpleAtoi(c[8], &r.wrong);
+    rows[r.bytes] = r;
+  }
+  std::fflush(stdout);
+  if (!status.ok()) return status;
+  return rows;
+}
+
+absl::Status RunBench(const BenchFlags& f, const GlobalOptions& global) {
+  std::vector<int> ks;
+  for (absl::string_view k : absl::StrSplit(f.ks, ',')) {
+    int v;
+    if (!absl::SimpleAtoi(k, &v) || v < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--k: '", std::string(k), "' is not a count of spare nodes"));
+    }
+    ks.push_back(v);
+  }
+  ASSIGN_OR_RETURN(std::vector<uint64_t> sizes, ParseSizeList(f.sizes));
+  if (sizes.empty()) return absl::InvalidArgumentError("--sizes is empty");
+  const uint64_t max_bytes = *std::max_element(sizes.begin(), sizes.end());
+  ASSIGN_OR_RETURN(auto cluster, StartCluster(f.cluster));
+  std::printf(
+      "# tributary bench: %d worker nodes x %d processes, %d spare nodes, NIC %.3g Gbit/s"
+      " (%s), partition %s, %s, %d iterations after %d warm-ups\n",
+      f.cluster.workers, f.procs_per_node, f.cluster.spares, f.cluster.nic_gbps,
+      f.cluster.emulate_nic ? "emulated by pacing" : "not enforced",
+      FormatBytes(f.partition_bytes).c_str(), f.dtype.c_str(), f.iters, f.warmup);
+
+  std::map<int, std::map<uint64_t, Row>> results;
+  std::map<int, v1::JobPlan> plans;
+  absl::Status status;
+  for (int k : ks) {
+    auto rows = RunSweep(*cluster, f, global, k, max_bytes, &plans[k]);
+    if (!rows.ok()) {
+      status = rows.status();
+      continue;
+    }
+    results[k] = *std::move(rows);
+  }
+  cluster->Stop();
+
+  // Side by side: measured against the plan's prediction and against k = ks[0].
+  const int base = ks[0];
+  Table t({"size", "k", "time(us)", "algbw(GB/s)", "predicted(us)", "measured/predicted",
+           "speed-up vs k=" + std::to_string(base), "predicted speed-up", "#wrong"});
+  std::ofstream csv;
+  if (!f.csv_path.empty()) {
+    csv.open(f.csv_path);
+    csv << "size,k,time_us,algbw,predicted_us,speedup,predicted_speedup,wrong\n";
+  }
+  uint64_t wrong = 0;
+  for (uint64_t size : sizes) {
+    for (int k : ks) {
+      auto it = results[k].find(size);
+      if (it == results[k].end()) continue;
+      const Row& r = it->second;
+      const double predicted_us = plans[k].predicted_seconds_per_byte() * size * 1e6;
+      const double base_us =
+          results[base].contains(size) ? results[base][size].time_us : std::nan("");
+      const double predicted_base = plans[base].predicted_seconds_per_byte();
+      const double predicted_speedup = plans[k].predicted_seconds_per_byte() > 0
+                                           ? predicted_base / plans[k].predicted_seconds_per_byte()
+                                           : std::nan("");
+      t.AddRow({FormatBytes(size), std::to_string(k), FormatFixed(r.time_us, 1),
+                FormatFixed(r.algbw, 3), FormatFixed(predicted_us, 1),
+                FormatFixed(r.time_us / predicted_us, 2), FormatFixed(base_us / r.time_us, 2),
+                FormatFixed(predicted_speedup, 2), std::to_string(r.wrong)});
+      if (csv) {
+        csv << size << "," << k << "," << r.time_us << "," << r.algbw << "," << predicted_us << ","
+            << base_us / r.time_us << "," << predicted_speedup << "," << r.wrong << "\n";
+      }
+      wrong += r.wrong;
+    }
+  }
+  std::printf(
+      "\n# Summary (predicted = the plan's bandwidth model, DESIGN.md 1.1; no latency "
+      "term)\n%s",
+      t.Render().c_str());
+  std::printf("# #wrong total: %llu\n", static_cast<unsigned long long>(wrong));
+  if (!status.ok()) return status;
+  if (wrong > 0) return absl::DataLossError(absl::StrCat(wrong, " wrong elements"));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void AddLocalClusterCommand(CLI::App& app, GlobalOptions& global) {
+  auto* cmd = app.add_subcommand("local-cluster",
+                                 "start a controller and agents on loopback; Ctrl-C stops them");
+  auto flags = std::make_shared<ClusterFlags>();
+  auto run_for = std::make_shared<double>(0);
+  AddClusterFlags(cmd, flags.get());
+  cmd->add_option("--run-for", *run_for, "stop after this many seconds (0 = until Ctrl-C)");
+  SetAction(cmd, global, [flags, run_for] { return RunLocalCluster(*flags, *run_for); });
+}
+
+void AddBenchCommand(CLI::App& app, GlobalOptions& global) {
+  auto* cmd = app.add_subcommand(
+      "bench",
+      "start a local cluster and run an all-reduce sweep for each number of spare servers");
+  auto f = std::make_shared<BenchFlags>();
+  AddClusterFlags(cmd, &f->cluster);
+  cmd->add_option("--k", f->ks, "comma-separated numbers of spare summation nodes to try")
+      ->capture_default_str();
+  cmd->add_option("--procs-per-node", f->procs_per_node, "training processes per worker node")
+      ->capture_default_str();
+  cmd->add_option("--sizes", f->sizes, "sizes, MIN:MAX (powers of 2) or a comma list")
+      ->capture_default_str();
+  cmd->add_option("--dtype", f->dtype, "element type")->capture_default_str();
+  cmd->add_option("--iters", f->iters, "timed iterations per size")->capture_default_str();
+  cmd->add_option("--warmup", f->warmup, "untimed iterations per size")->capture_default_str();
+  cmd->add_option("--partition-bytes", f->partition_bytes, "chunk size")->capture_default_str();
+  cmd->add_option("--csv", f->csv_path, "also write the summary as CSV to this file");
+  SetAction(cmd, global, [f, &global] { return RunBench(*f, global); });
+}
+
+}  // namespace tributary::client::cli
