@@ -456,8 +456,18 @@ TEST(PushPull, MemoryStaysWithinCreditAndShares) {
   }
   for (auto& x : f) ASSERT_TRUE(Await(x).ok());
   EXPECT_EQ(CountWrong(DataType::kFloat32, b, count, [](uint64_t) { return 15.0; }), 0);
+  // Bytes of this tensor each server owns, from the same chunk map the workers use.
+  auto map = ChunkMap::Create(cluster.view().server_weights);
+  ASSERT_TRUE(map.ok());
+  const uint32_t chunks = NumChunks(count, 4, partition);
+  std::vector<uint64_t> owned(5);
+  for (uint32_t c = 0; c < chunks; ++c) {
+    owned[map->ServerOf(common::StableHash64("big"), chunks, c)] += GetChunk(count, chunks, c).count * 4;
+  }
   for (int i = 0; i < 5; ++i) {
     const PushPullStats& s = cluster.node(i).stats();
+    // DESIGN: a summation server holds at most twice the bytes it owns.
+    EXPECT_LE(s.server_peak_bytes_held.load(), 2 * owned[i]) << "server " << i;
     // A worker never has more than its credit in flight (one chunk may exceed a full window).
     EXPECT_LE(s.worker_peak_bytes_in_flight.load(), credit + partition);
     EXPECT_LE(s.worker_peak_staging_bytes.load(), credit + partition);
