@@ -107,6 +107,7 @@ struct BenchFlags {
   int iters = 5;
   int warmup = 2;
   uint64_t partition_bytes = 1 << 20;
+  uint64_t credit_bytes = 16 << 20;
   std::string csv_path;
 };
 
@@ -140,7 +141,8 @@ absl::StatusOr<std::map<uint64_t, Row>> RunSweep(LocalCluster& cluster, const Be
   req.mutable_spec()->set_procs_per_node(f.procs_per_node);
   req.mutable_spec()->set_max_spare_nodes(k);
   req.mutable_spec()->set_partition_bytes(f.partition_bytes);
-  req.mutable_spec()->set_credit_bytes(4 * f.partition_bytes);
+  req.mutable_spec()->set_credit_bytes(f.credit_bytes > 0 ? f.credit_bytes
+                                                          : 4 * f.partition_bytes);
   req.mutable_spec()->set_model_bytes(max_bytes);
   req.mutable_spec()->set_op_timeout_ms(120000);
   ASSIGN_OR_RETURN(v1::Job created, controller.CreateJob(req));
@@ -322,6 +324,9 @@ void AddBenchCommand(CLI::App& app, GlobalOptions& global) {
   cmd->add_option("--iters", f->iters, "timed iterations per size")->capture_default_str();
   cmd->add_option("--warmup", f->warmup, "untimed iterations per size")->capture_default_str();
   cmd->add_option("--partition-bytes", f->partition_bytes, "chunk size")->capture_default_str();
+  cmd->add_option("--credit-bytes", f->credit_bytes,
+                  "bytes a worker node may have in flight")
+      ->capture_default_str();
   cmd->add_option("--csv", f->csv_path, "also write the summary as CSV to this file");
   SetAction(cmd, global, [f, &global] { return RunBench(*f, global); });
 }

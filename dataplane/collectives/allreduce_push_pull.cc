@@ -439,8 +439,9 @@ absl::Status PushPullWorker::Start(const std::string& job_id, LocalOperation op)
     state->num_chunks = NumChunks(op.count, element_size, job->partition_bytes);
     state->chunk_state.assign(state->num_chunks, 0);
     state->deadline = clock_->Now() + job->op_timeout;
-    for (uint32_t c = 0; c < state->num_chunks; ++c) {
-      queue_.insert(QueuedChunk{op.priority, state->seq, c, key});
+    const std::vector<uint32_t> order = state->map.SendOrder(tensor_hash, state->num_chunks);
+    for (uint32_t p = 0; p < order.size(); ++p) {
+      queue_.insert(QueuedChunk{op.priority, state->seq, p, order[p], key});
     }
     state->op = std::move(op);
     ops_[key] = std::move(state);

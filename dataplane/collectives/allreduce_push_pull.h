@@ -204,6 +204,7 @@ class PushPullWorker {
   struct QueuedChunk {
     int32_t priority;
     uint64_t seq;
+    uint32_t position;  // place in the operation's send order (see SendOrder)
     uint32_t chunk;
     CollectiveKey key;
     friend auto operator<=>(const QueuedChunk&, const QueuedChunk&) = default;

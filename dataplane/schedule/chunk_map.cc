@@ -58,3 +58,34 @@ uint32_t ChunkMap::ServerOf(uint64_t tensor_hash, uint32_t num_chunks, uint32_t 
 }
 
 }  // namespace tributary::dataplane
+
+namespace tributary::dataplane {
+
+std::vector<uint32_t> ChunkMap::SendOrder(uint64_t tensor_hash, uint32_t num_chunks) const {
+  std::vector<std::vector<uint32_t>> by_server(num_servers());
+  for (uint32_t i = 0; i < num_chunks; ++i) {
+    by_server[ServerOf(tensor_hash, num_chunks, i)].push_back(i);
+  }
+  struct Key {
+    double position;
+    uint32_t server;
+    uint32_t chunk;
+  };
+  std::vector<Key> keys;
+  keys.reserve(num_chunks);
+  for (uint32_t s = 0; s < by_server.size(); ++s) {
+    const double n = static_cast<double>(by_server[s].size());
+    for (uint32_t j = 0; j < by_server[s].size(); ++j) {
+      keys.push_back({(j + 0.5) / n, s, by_server[s][j]});
+    }
+  }
+  std::sort(keys.begin(), keys.end(), [](const Key& a, const Key& b) {
+    return a.position != b.position ? a.position < b.position : a.server < b.server;
+  });
+  std::vector<uint32_t> order;
+  order.reserve(num_chunks);
+  for (const Key& k : keys) order.push_back(k.chunk);
+  return order;
+}
+
+}  // namespace tributary::dataplane

@@ -42,6 +42,12 @@ class ChunkMap {
 
   size_t num_servers() const { return cumulative_.size() - 1; }
 
+  // The order in which to push a tensor's chunks: each server's chunks spread evenly over the
+  // whole sequence (chunk j of the c_s owned by server s sits at (j + 1/2) / c_s), so that every
+  // server receives work from the start instead of the last server's chunks all coming last.
+  // Deterministic: every worker sends in the same order. Returns chunk indices.
+  std::vector<uint32_t> SendOrder(uint64_t tensor_hash, uint32_t num_chunks) const;
+
  private:
   explicit ChunkMap(std::vector<uint64_t> cumulative) : cumulative_(std::move(cumulative)) {}
   std::vector<uint64_t> cumulative_;  // cumulative_[0] = 0, back() = kWeightTotal

@@ -1,7 +1,9 @@
 #include "dataplane/schedule/chunk_map.h"
 
 #include <cmath>
+#include <algorithm>
 #include <random>
+#include <set>
 
 #include "gtest/gtest.h"
 
@@ -86,6 +88,23 @@ TEST(ChunkMap, DeterministicAndChunkZeroIndependentOfSize) {
         EXPECT_EQ(a->ServerOf(tensor, chunks, i), b->ServerOf(tensor, chunks, i));
       }
     }
+  }
+}
+
+TEST(ChunkMap, SendOrderIsAPermutationThatInterleavesServers) {
+  const std::vector<uint64_t> w = WeightsFromFractions({0.25, 0.25, 0.25, 0.25});
+  auto map = ChunkMap::Create(w);
+  ASSERT_TRUE(map.ok());
+  const uint32_t chunks = 16;
+  const std::vector<uint32_t> order = map->SendOrder(99, chunks);
+  std::vector<uint32_t> sorted = order;
+  std::sort(sorted.begin(), sorted.end());
+  for (uint32_t i = 0; i < chunks; ++i) EXPECT_EQ(sorted[i], i);
+  // Every window of 4 consecutive sends reaches 4 different servers.
+  for (uint32_t start = 0; start + 4 <= chunks; start += 4) {
+    std::set<uint32_t> servers;
+    for (uint32_t i = start; i < start + 4; ++i) servers.insert(map->ServerOf(99, chunks, order[i]));
+    EXPECT_EQ(servers.size(), 4u);
   }
 }
 
