@@ -21,6 +21,10 @@ void AddDeleteJobCommand(CLI::App& app, GlobalOptions& global);
 // `tributary bench-rank --agent ... --job J ...`: one process of a collective sweep.
 void AddBenchRankCommand(CLI::App& app, GlobalOptions& global);
 
+// `tributary topo [--topology F] [--gpus 0,1,2,5] [--links nvlink|all] [--json]`: a node's
+// topology (a file or this machine), its intra-node strategy, tree packings and ring.
+void AddTopoCommand(CLI::App& app, GlobalOptions& global);
+
 // `tributary local-cluster`: a controller and agents on loopback until Ctrl-C.
 void AddLocalClusterCommand(CLI::App& app, GlobalOptions& global);
 // `tributary bench`: a local cluster and an all-reduce sweep for several numbers of spares.

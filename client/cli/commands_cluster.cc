@@ -141,8 +141,7 @@ absl::StatusOr<std::map<uint64_t, Row>> RunSweep(LocalCluster& cluster, const Be
   req.mutable_spec()->set_procs_per_node(f.procs_per_node);
   req.mutable_spec()->set_max_spare_nodes(k);
   req.mutable_spec()->set_partition_bytes(f.partition_bytes);
-  req.mutable_spec()->set_credit_bytes(f.credit_bytes > 0 ? f.credit_bytes
-                                                          : 4 * f.partition_bytes);
+  req.mutable_spec()->set_credit_bytes(f.credit_bytes > 0 ? f.credit_bytes : 4 * f.partition_bytes);
   req.mutable_spec()->set_model_bytes(max_bytes);
   req.mutable_spec()->set_op_timeout_ms(120000);
   ASSIGN_OR_RETURN(v1::Job created, controller.CreateJob(req));
@@ -324,8 +323,7 @@ void AddBenchCommand(CLI::App& app, GlobalOptions& global) {
   cmd->add_option("--iters", f->iters, "timed iterations per size")->capture_default_str();
   cmd->add_option("--warmup", f->warmup, "untimed iterations per size")->capture_default_str();
   cmd->add_option("--partition-bytes", f->partition_bytes, "chunk size")->capture_default_str();
-  cmd->add_option("--credit-bytes", f->credit_bytes,
-                  "bytes a worker node may have in flight")
+  cmd->add_option("--credit-bytes", f->credit_bytes, "bytes a worker node may have in flight")
       ->capture_default_str();
   cmd->add_option("--csv", f->csv_path, "also write the summary as CSV to this file");
   SetAction(cmd, global, [f, &global] { return RunBench(*f, global); });

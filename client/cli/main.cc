@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   cli::AddBenchRankCommand(app, global);
   cli::AddLocalClusterCommand(app, global);
   cli::AddBenchCommand(app, global);
+  cli::AddTopoCommand(app, global);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

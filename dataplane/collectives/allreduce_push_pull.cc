@@ -65,6 +65,14 @@ void PushPullServer::SetJob(const JobView& view) {
   {
     std::lock_guard lock(mu_);
     jobs_[view.job_hash()] = std::make_shared<const JobView>(view);
+    absl::StatusOr<ChunkMap> map = ChunkMap::Create(view.server_weights);
+    if (map.ok()) {
+      maps_.insert_or_assign(view.job_hash(), *std::move(map));
+    } else {
+      maps_.erase(view.job_hash());
+      Log()->error("job {} plan v{} has unusable weights: {}", view.job_id, view.plan_version,
+                   map.status());
+    }
     for (auto it = parked_.begin(); it != parked_.end();) {
       if (it->header.job == view.job_hash() && it->header.plan_version <= view.plan_version) {
         parked_bytes_ -= it->payload.size();
@@ -81,6 +89,7 @@ void PushPullServer::SetJob(const JobView& view) {
 void PushPullServer::RemoveJob(uint64_t job_hash) {
   std::lock_guard lock(mu_);
   jobs_.erase(job_hash);
+  maps_.erase(job_hash);
   for (auto it = chunks_.begin(); it != chunks_.end();) {
     if (it->first.key.job == job_hash) {
       if (it->second.sum) AddHeld(-static_cast<int64_t>(it->second.sum->size()));
@@ -152,9 +161,9 @@ void PushPullServer::HandlePushLocked(const JobView& job, const WireHeader& h,
                      h.plan_version, " but summation server ", job.my_server_index, " runs plan v",
                      job.plan_version, "; retry once every agent has the plan")),
                  out);
-    } else if (auto map = ChunkMap::Create(job.server_weights);
-               !map.ok() || job.my_server_index < 0 ||
-               map->ServerOf(h.tensor, h.num_chunks, h.chunk) !=
+    } else if (auto map = maps_.find(h.job);
+               map == maps_.end() || job.my_server_index < 0 ||
+               map->second.ServerOf(h.tensor, h.num_chunks, h.chunk) !=
                    static_cast<uint32_t>(job.my_server_index)) {
       FailLocked(job, h,
                  absl::FailedPreconditionError(absl::StrCat(

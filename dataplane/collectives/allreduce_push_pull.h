@@ -142,6 +142,7 @@ class PushPullServer {
   PushPullStats* stats_;
   std::mutex mu_;
   std::map<uint64_t, std::shared_ptr<const JobView>> jobs_;
+  std::map<uint64_t, ChunkMap> maps_;  // per job, from its weights
   std::map<ChunkKey, ChunkState> chunks_;
   std::map<CollectiveKey, Failure> failures_;
   std::deque<Parked> parked_;

@@ -462,7 +462,8 @@ TEST(PushPull, MemoryStaysWithinCreditAndShares) {
   const uint32_t chunks = NumChunks(count, 4, partition);
   std::vector<uint64_t> owned(5);
   for (uint32_t c = 0; c < chunks; ++c) {
-    owned[map->ServerOf(common::StableHash64("big"), chunks, c)] += GetChunk(count, chunks, c).count * 4;
+    owned[map->ServerOf(common::StableHash64("big"), chunks, c)] +=
+        GetChunk(count, chunks, c).count * 4;
   }
   for (int i = 0; i < 5; ++i) {
     const PushPullStats& s = cluster.node(i).stats();

@@ -1,7 +1,7 @@
 #include "dataplane/schedule/chunk_map.h"
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <random>
 #include <set>
 
@@ -103,7 +103,8 @@ TEST(ChunkMap, SendOrderIsAPermutationThatInterleavesServers) {
   // Every window of 4 consecutive sends reaches 4 different servers.
   for (uint32_t start = 0; start + 4 <= chunks; start += 4) {
     std::set<uint32_t> servers;
-    for (uint32_t i = start; i < start + 4; ++i) servers.insert(map->ServerOf(99, chunks, order[i]));
+    for (uint32_t i = start; i < start + 4; ++i)
+      servers.insert(map->ServerOf(99, chunks, order[i]));
     EXPECT_EQ(servers.size(), 4u);
   }
 }

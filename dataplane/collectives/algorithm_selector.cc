@@ -1,0 +1,111 @@
+#include "dataplane/collectives/algorithm_selector.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace tributary::dataplane {
+namespace {
+
+int FloorLog2(int n) {
+  int l = 0;
+  while ((2 << l) <= n) ++l;
+  return l;
+}
+
+// The model as a + b·M.
+struct Linear {
+  double a = 0;
+  double b = 0;
+};
+
+Linear Model(Algorithm algorithm, int n, int k, const CostModel& m) {
+  if (n <= 1) return {};
+  const double nd = n;
+  switch (algorithm) {
+    case Algorithm::kRing:
+      return {2 * (nd - 1) * m.alpha_seconds, 2 * (nd - 1) / nd * m.beta_seconds_per_byte};
+    case Algorithm::kHalvingDoubling: {
+      const int l = FloorLog2(n);
+      const double p = static_cast<double>(1 << l);
+      Linear c{2 * l * m.alpha_seconds,
+               2 * (p - 1) / p * m.beta_seconds_per_byte + (p - 1) / p * m.gamma_seconds_per_byte};
+      if (p != nd) {
+        c.a += 2 * m.alpha_seconds;
+        c.b += 2 * m.beta_seconds_per_byte + m.gamma_seconds_per_byte;
+      }
+      return c;
+    }
+    case Algorithm::kPushPull: {
+      const double kd = std::max(k, 0);
+      const double d = nd * nd + kd * nd - 2 * kd;
+      return {2 * (nd + kd - 1) * m.alpha_seconds, 2 * nd * (nd - 1) / d * m.beta_seconds_per_byte};
+    }
+  }
+  return {};
+}
+
+// Smallest M >= 0 (in bytes) from which `late` is not slower than `early`, or UINT64_MAX.
+uint64_t Crossover(const Linear& early, const Linear& late) {
+  if (late.a <= early.a && late.b <= early.b) return 0;
+  if (late.b >= early.b) return UINT64_MAX;
+  const double m = (late.a - early.a) / (early.b - late.b);
+  if (m >= static_cast<double>(std::numeric_limits<uint64_t>::max() / 2)) return UINT64_MAX;
+  return static_cast<uint64_t>(std::ceil(m));
+}
+
+}  // namespace
+
+std::string_view AlgorithmName(Algorithm a) {
+  switch (a) {
+    case Algorithm::kRing:
+      return "ring";
+    case Algorithm::kHalvingDoubling:
+      return "halving_doubling";
+    case Algorithm::kPushPull:
+      return "push_pull";
+  }
+  return "unknown";
+}
+
+bool IsValidAlgorithm(uint32_t raw) { return raw >= 1 && raw <= 3; }
+
+double PredictSeconds(Algorithm algorithm, uint64_t bytes, int n, int extra_servers,
+                      const CostModel& model) {
+  const Linear c = Model(algorithm, n, extra_servers, model);
+  return c.a + c.b * static_cast<double>(bytes);
+}
+
+SelectorThresholds ModelThresholds(int n, int extra_servers, const CostModel& model) {
+  SelectorThresholds t;
+  const Linear ring = Model(Algorithm::kRing, n, extra_servers, model);
+  const Linear hd = Model(Algorithm::kHalvingDoubling, n, extra_servers, model);
+  t.halving_doubling_below = n <= 1 ? 0 : Crossover(hd, ring);
+  t.push_pull_from = UINT64_MAX;
+  if (n > 1 && extra_servers > 0) {
+    t.push_pull_from = Crossover(ring, Model(Algorithm::kPushPull, n, extra_servers, model));
+  }
+  return t;
+}
+
+Algorithm Select(uint64_t size_bytes, int n, const SelectorThresholds& thresholds) {
+  if (n <= 1) return Algorithm::kRing;
+  if (size_bytes >= thresholds.push_pull_from) return Algorithm::kPushPull;
+  if (size_bytes < thresholds.halving_doubling_below) return Algorithm::kHalvingDoubling;
+  return Algorithm::kRing;
+}
+
+absl::StatusOr<Algorithm> SelectServable(uint64_t size_bytes, int n,
+                                         const SelectorThresholds& thresholds,
+                                         absl::FunctionRef<absl::Status(Algorithm)> can_serve) {
+  const Algorithm order[] = {Select(size_bytes, n, thresholds), Algorithm::kRing,
+                             Algorithm::kHalvingDoubling, Algorithm::kPushPull};
+  absl::Status last = absl::UnimplementedError("no algorithm");
+  for (Algorithm a : order) {
+    last = can_serve(a);
+    if (last.ok()) return a;
+  }
+  return last;
+}
+
+}  // namespace tributary::dataplane

@@ -1,0 +1,67 @@
+// Picks the all-reduce algorithm for a tensor by its size, from an alpha-beta cost model
+// (DESIGN.md §1.4). Pure functions: no I/O, no state.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace tributary::dataplane {
+
+// The all-reduce algorithms of the data plane. Values travel on the wire (CollectiveHeader).
+enum class Algorithm : uint8_t {
+  kRing = 1,             // allreduce_ring.h: reduce-scatter + all-gather around a ring
+  kHalvingDoubling = 2,  // allreduce_halving_doubling.h: Rabenseifner
+  kPushPull = 3,         // allreduce_push_pull.h: summation servers (DESIGN §1.1)
+};
+
+// "ring", "halving_doubling", "push_pull".
+std::string_view AlgorithmName(Algorithm a);
+bool IsValidAlgorithm(uint32_t raw);
+
+// Costs of the network and the CPU, per node. The defaults are a model of a 100 Gb/s NIC with a
+// few microseconds of software overhead per message and a CPU that sums ~10 GB/s; they are NOT
+// measurements: bench/collectives_bench calibrates them per cluster.
+struct CostModel {
+  double alpha_seconds = 5e-6;                // fixed cost of one message (latency + overhead)
+  double beta_seconds_per_byte = 1 / 12.5e9;  // NIC time per byte, each direction
+  double gamma_seconds_per_byte = 1 / 10e9;   // CPU summation time per byte
+};
+
+// Predicted time of one all-reduce of `bytes` over `n` worker nodes; `extra_servers` (k of
+// DESIGN §1.1) matters only for push/pull. The model:
+//   ring:  2(n-1)·α + 2(n-1)/n·M·β            (summation pipelined under the transfers)
+//   halving-doubling, p = 2^floor(log2 n):
+//          2·log2(p)·α + 2(p-1)/p·M·β + (p-1)/p·M·γ   (steps are not pipelined: summation
+//          is exposed)  + for n != p the fold: 2α + 2M·β + M·γ
+//   push/pull: 2(n+k-1)·α + 2n(n-1)/D·M·β with D = n² + kn - 2k (a message to and from every
+//          server; summation pipelined on the servers)
+// n == 1 costs 0 for every algorithm.
+double PredictSeconds(Algorithm algorithm, uint64_t bytes, int n, int extra_servers,
+                      const CostModel& model);
+
+// Size ranges: [0, halving_doubling_below) -> halving-doubling, [.., push_pull_from) -> ring,
+// [push_pull_from, inf) -> push/pull. Configuration: ModelThresholds gives model-based defaults,
+// to be replaced by benchmark-calibrated values.
+struct SelectorThresholds {
+  uint64_t halving_doubling_below = 256 << 10;
+  uint64_t push_pull_from = UINT64_MAX;  // never, unless summation servers are available
+};
+
+// The crossover sizes of PredictSeconds for this cluster shape (push/pull only when
+// extra_servers > 0: with k = 0 it has no bandwidth advantage over ring in the model).
+SelectorThresholds ModelThresholds(int n, int extra_servers, const CostModel& model = {});
+
+// The algorithm for a tensor of `size_bytes` over `n` worker nodes. n <= 1 -> ring (trivial).
+Algorithm Select(uint64_t size_bytes, int n, const SelectorThresholds& thresholds);
+
+// Like Select, but asks `can_serve` and falls back, in the order: the selected one, ring,
+// halving-doubling, push/pull, until one accepts. Returns the last refusal if none does.
+absl::StatusOr<Algorithm> SelectServable(uint64_t size_bytes, int n,
+                                         const SelectorThresholds& thresholds,
+                                         absl::FunctionRef<absl::Status(Algorithm)> can_serve);
+
+}  // namespace tributary::dataplane

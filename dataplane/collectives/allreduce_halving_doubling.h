@@ -1,0 +1,24 @@
+// Halving-doubling all-reduce (Rabenseifner: recursive-halving reduce-scatter, then
+// recursive-doubling all-gather) as a schedule for CollectiveEngine. Pure index math.
+//
+// With p = 2^floor(log2 n) and e = n - p extra ranks, ranks 0..2e-1 pair up (2i, 2i+1): in step
+// 0 (the fold) rank 2i sends its whole buffer to 2i+1, which adds it, and rank 2i sits out until
+// the last step, in which 2i+1 sends it the result. The p remaining ranks ("new rank" i for 2i+1,
+// r - e for r >= 2e) run log2(p) reduce-scatter steps over p near-equal blocks (distance p/2
+// first: exchange halves of the current range, keep the lower half when the distance bit is
+// clear), ending with block "new rank", then log2(p) all-gather steps in the reverse order.
+// 2·log2(p) + 2 steps in all (the fold steps are empty when n is a power of two). A step's
+// sends wait for every earlier receive, and its receives are applied only after every earlier
+// receive, so the order of additions is fixed.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "dataplane/collectives/collective_engine.h"
+
+namespace tributary::dataplane {
+
+std::vector<ScheduleStep> HalvingDoublingSchedule(uint64_t count, int n, int rank);
+
+}  // namespace tributary::dataplane

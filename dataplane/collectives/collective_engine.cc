@@ -1,0 +1,615 @@
+#include "dataplane/collectives/collective_engine.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/hash.h"
+#include "common/logging.h"
+#include "dataplane/collectives/allreduce_halving_doubling.h"
+#include "dataplane/collectives/allreduce_ring.h"
+
+namespace tributary::dataplane {
+namespace {
+
+using common::DataType;
+using common::DataTypeSize;
+
+std::shared_ptr<spdlog::logger> Log() {
+  static auto logger = common::Logger("collectives");
+  return logger;
+}
+
+uint64_t NumChunks(uint64_t count, uint64_t chunk_elems) {
+  return count == 0 ? 1 : (count + chunk_elems - 1) / chunk_elems;
+}
+
+std::string KindName(CollectiveKind k) {
+  switch (k) {
+    case CollectiveKind::kSum:
+      return "sum";
+    case CollectiveKind::kAverage:
+      return "average";
+    case CollectiveKind::kBroadcast:
+      return "broadcast";
+  }
+  return "unknown";
+}
+
+// "42 x float32 average by ring over 4 ranks (plan v7)".
+std::string DescribeShape(const CollectiveHeader& h) {
+  return absl::StrCat(
+      h.tensor_count, " x ", std::string(common::DataTypeName(static_cast<DataType>(h.dtype))), " ",
+      KindName(static_cast<CollectiveKind>(h.op)),
+      h.op == static_cast<uint8_t>(CollectiveKind::kBroadcast) ? absl::StrCat(" from rank ", h.root)
+                                                               : "",
+      " by ", std::string(AlgorithmName(static_cast<Algorithm>(h.algorithm))), " over ",
+      h.world_size, " ranks (plan v", h.plan_version, ")");
+}
+
+bool SameDescriptor(const CollectiveHeader& a, const CollectiveHeader& b) {
+  return a.dtype == b.dtype && a.algorithm == b.algorithm && a.op == b.op &&
+         a.plan_version == b.plan_version && a.tensor_count == b.tensor_count &&
+         a.world_size == b.world_size && a.root == b.root;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Wire format
+
+bool IsCollectiveMessage(std::span<const std::byte> header) {
+  if (header.size() < 6) return false;
+  uint32_t magic;
+  std::memcpy(&magic, header.data(), sizeof(magic));
+  return magic == WireHeader::kMagic && static_cast<uint8_t>(header[5]) >= kFirstCollectiveKind;
+}
+
+absl::StatusOr<CollectiveHeader> ParseCollectiveHeader(std::span<const std::byte> header,
+                                                       size_t payload_bytes) {
+  if (header.size() != sizeof(CollectiveHeader)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("header of ", header.size(), " bytes, expected ", sizeof(CollectiveHeader)));
+  }
+  CollectiveHeader h;
+  std::memcpy(&h, header.data(), sizeof(h));
+  if (h.magic != WireHeader::kMagic) return absl::InvalidArgumentError("bad magic");
+  if (h.version != CollectiveHeader::kVersion) {
+    return absl::InvalidArgumentError(absl::StrCat("unsupported version ", h.version));
+  }
+  if (h.world_size == 0 || h.sender >= h.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sender ", h.sender, " of a world of ", h.world_size));
+  }
+  if (h.kind == static_cast<uint8_t>(CollectiveMessageKind::kError)) {
+    if (h.error_code == 0 || h.error_code > 16) {
+      return absl::InvalidArgumentError(absl::StrCat("bad error code ", h.error_code));
+    }
+    return h;
+  }
+  if (h.kind != static_cast<uint8_t>(CollectiveMessageKind::kData)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown message kind ", h.kind));
+  }
+  if (!common::IsValidDataType(h.dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown dtype ", h.dtype));
+  }
+  if (h.algorithm != static_cast<uint8_t>(Algorithm::kRing) &&
+      h.algorithm != static_cast<uint8_t>(Algorithm::kHalvingDoubling)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown algorithm ", h.algorithm));
+  }
+  if (h.op < 1 || h.op > 3) return absl::InvalidArgumentError(absl::StrCat("unknown op ", h.op));
+  if (h.root >= h.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("root ", h.root, " of ", h.world_size));
+  }
+  if (h.tensor_count == 0 || h.num_chunks == 0 || h.chunk >= h.num_chunks ||
+      h.offset > h.tensor_count || h.count > h.tensor_count - h.offset) {
+    return absl::InvalidArgumentError(absl::StrCat("sub-chunk ", h.chunk, "/", h.num_chunks, " [",
+                                                   h.offset, ", +", h.count, ") of a tensor of ",
+                                                   h.tensor_count, " elements is out of range"));
+  }
+  const uint64_t want = h.count * DataTypeSize(static_cast<DataType>(h.dtype));
+  if (payload_bytes != want) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("payload of ", payload_bytes, " bytes, expected ", want, " (truncated?)"));
+  }
+  return h;
+}
+
+BlockRange GetBlock(uint64_t count, uint64_t num_blocks, uint64_t index) {
+  const uint64_t q = count / num_blocks;
+  const uint64_t rem = count % num_blocks;
+  return {index * q + std::min(index, rem), q + (index < rem ? 1 : 0)};
+}
+
+uint64_t RankView::job_hash() const { return common::StableHash64(job_id); }
+
+// ---------------------------------------------------------------------------------------------
+// Engine state
+
+struct CollectiveEngine::Outgoing {
+  std::string address;
+  CollectiveHeader header;
+  std::span<const std::byte> payload;
+  std::shared_ptr<OpState> op;  // data: completion goes to it
+  int peer = -1;
+  std::shared_ptr<const std::string> message;  // error: the payload's owner
+};
+
+struct CollectiveEngine::OpState {
+  CollectiveKey key;
+  std::shared_ptr<const RankView> view;
+  CollectiveOperation op;
+  Algorithm algorithm = Algorithm::kRing;
+  CollectiveHeader descriptor;  // data header of this rank, without step/chunk fields
+  std::vector<ScheduleStep> steps;
+  size_t elem_size = 0;
+  uint64_t chunk_elems = 1;
+  std::vector<std::vector<bool>> received;  // [step][chunk]
+  std::vector<uint64_t> recv_left;          // [step]
+  size_t recv_step = 0;                     // first step whose receives are incomplete
+  size_t send_step = 0;                     // first step whose sends are not all posted
+  uint64_t send_cursor = 0;                 // next sub-chunk of send_step to post (posted in order)
+  uint64_t sends_outstanding = 0;
+  std::vector<Early> deferred;  // received before their step may be applied (copies)
+  common::Clock::TimePoint started;
+  bool finished = false;
+
+  std::string Name() const {
+    return absl::StrCat(std::string(AlgorithmName(algorithm)), " ", KindName(op.kind),
+                        " of tensor '", op.tensor_name, "' iteration ", op.iteration, " (job ",
+                        view->job_id, ")");
+  }
+  uint64_t SendChunks(size_t s) const { return NumChunks(steps[s].send_count, chunk_elems); }
+  uint64_t RecvChunks(size_t s) const { return NumChunks(steps[s].recv_count, chunk_elems); }
+};
+
+CollectiveEngine::CollectiveEngine(Transport* transport, Reducer* reducer,
+                                   const common::Clock* clock)
+    : transport_(transport), reducer_(reducer), clock_(clock) {}
+
+CollectiveEngine::~CollectiveEngine() = default;
+
+void CollectiveEngine::SetJob(const RankView& view) {
+  std::lock_guard lock(mu_);
+  jobs_[view.job_hash()] = std::make_shared<const RankView>(view);
+}
+
+void CollectiveEngine::RemoveJob(const std::string& job_id) {
+  const uint64_t job = common::StableHash64(job_id);
+  std::vector<Outgoing> out;
+  std::vector<Completion> done;
+  {
+    std::lock_guard lock(mu_);
+    jobs_.erase(job);
+    std::vector<std::shared_ptr<OpState>> victims;
+    for (auto& [key, op] : ops_) {
+      if (key.job == job) victims.push_back(op);
+    }
+    for (auto& op : victims) {
+      FailLocked(op, absl::CancelledError(absl::StrCat(op->Name(), ": job removed")), false, out,
+                 done);
+    }
+    for (auto it = early_.begin(); it != early_.end();) {
+      if (it->first.job == job) {
+        for (const Early& e : it->second)
+          early_bytes_ -= e.payload.size() + sizeof(CollectiveHeader);
+        it = early_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  Flush(std::move(out), std::move(done));
+}
+
+size_t CollectiveEngine::active_operations() const {
+  std::lock_guard lock(mu_);
+  return ops_.size();
+}
+
+absl::Status CollectiveEngine::CanServe(Algorithm algorithm, const CollectiveOperation& op,
+                                        int world_size) {
+  switch (algorithm) {
+    case Algorithm::kRing:
+      return absl::OkStatus();
+    case Algorithm::kHalvingDoubling:
+      if (op.kind == CollectiveKind::kBroadcast) {
+        return absl::UnimplementedError("halving-doubling does not implement broadcast");
+      }
+      return absl::OkStatus();
+    case Algorithm::kPushPull:
+      return absl::FailedPreconditionError(
+          "push/pull runs on summation servers (PushPullWorker), not on the peer-to-peer engine");
+  }
+  (void)world_size;
+  return absl::InvalidArgumentError("unknown algorithm");
+}
+
+absl::Status CollectiveEngine::Start(const std::string& job_id, Algorithm algorithm,
+                                     CollectiveOperation op) {
+  if (op.count == 0) return absl::InvalidArgumentError("an operation needs at least one element");
+  if (op.buffer == nullptr) return absl::InvalidArgumentError("no buffer");
+  if (!common::IsValidDataType(static_cast<uint32_t>(op.dtype))) {
+    return absl::InvalidArgumentError("unknown dtype");
+  }
+  if (!op.done) return absl::InvalidArgumentError("no done callback");
+  const uint64_t job = common::StableHash64(job_id);
+  std::vector<Outgoing> out;
+  std::vector<Completion> done;
+  {
+    std::lock_guard lock(mu_);
+    auto job_it = jobs_.find(job);
+    if (job_it == jobs_.end()) {
+      return absl::NotFoundError(absl::StrCat("job ", job_id, " is not known here"));
+    }
+    const std::shared_ptr<const RankView> view = job_it->second;
+    const int n = view->world_size();
+    if (view->my_rank < 0 || view->my_rank >= n) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("this node has no rank in job ", job_id, " (rank ", view->my_rank, ")"));
+    }
+    if (op.kind == CollectiveKind::kBroadcast && op.root >= static_cast<uint32_t>(n)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("broadcast root ", op.root, " of a world of ", n));
+    }
+    if (absl::Status s = CanServe(algorithm, op, n); !s.ok()) {
+      if (!CanServe(Algorithm::kRing, op, n).ok()) return s;
+      Log()->debug("{} of tensor '{}' falls back to ring: {}", AlgorithmName(algorithm),
+                   op.tensor_name, s.message());
+      stats_.fallbacks++;
+      algorithm = Algorithm::kRing;
+    }
+    const CollectiveKey key{job, common::StableHash64(op.tensor_name), op.iteration};
+    if (ops_.contains(key)) {
+      return absl::AlreadyExistsError(absl::StrCat("tensor '", op.tensor_name, "' iteration ",
+                                                   op.iteration, " is already running"));
+    }
+    auto state = std::make_shared<OpState>();
+    state->key = key;
+    state->view = view;
+    state->algorithm = algorithm;
+    state->elem_size = DataTypeSize(op.dtype);
+    state->chunk_elems = std::max<uint64_t>(1, view->partition_bytes / state->elem_size);
+    const int rank = view->my_rank;
+    if (op.kind == CollectiveKind::kBroadcast) {
+      state->steps = RingBroadcastSchedule(op.count, n, rank, static_cast<int>(op.root));
+    } else if (algorithm == Algorithm::kHalvingDoubling) {
+      state->steps = HalvingDoublingSchedule(op.count, n, rank);
+    } else {
+      state->steps = RingAllReduceSchedule(op.count, n, rank);
+    }
+    CollectiveHeader& d = state->descriptor;
+    d.kind = static_cast<uint8_t>(CollectiveMessageKind::kData);
+    d.dtype = static_cast<uint8_t>(op.dtype);
+    d.algorithm = static_cast<uint8_t>(algorithm);
+    d.op = static_cast<uint8_t>(op.kind);
+    d.job = key.job;
+    d.tensor = key.tensor;
+    d.iteration = key.iteration;
+    d.plan_version = view->plan_version;
+    d.tensor_count = op.count;
+    d.world_size = static_cast<uint32_t>(n);
+    d.sender = static_cast<uint32_t>(rank);
+    d.root = op.kind == CollectiveKind::kBroadcast ? op.root : 0;
+    for (size_t s = 0; s < state->steps.size(); ++s) {
+      const uint64_t chunks = state->steps[s].recv_peer >= 0 ? state->RecvChunks(s) : 0;
+      state->received.emplace_back(chunks, false);
+      state->recv_left.push_back(chunks);
+    }
+    while (state->recv_step < state->steps.size() && state->recv_left[state->recv_step] == 0) {
+      ++state->recv_step;
+    }
+    state->op = std::move(op);
+    state->started = clock_->Now();
+    stats_.ops_started++;
+
+    if (auto t = tombstones_.find(key); t != tombstones_.end() && !t->second.status.ok()) {
+      // Another rank already failed this collective.
+      state->finished = true;
+      stats_.ops_failed++;
+      done.emplace_back(std::move(state->op.done), t->second.status);
+    } else {
+      ops_[key] = state;
+      AdvanceLocked(state, out, done);
+      if (auto e = early_.find(key); e != early_.end()) {
+        std::deque<Early> early = std::move(e->second);
+        early_.erase(e);
+        for (const Early& m : early) early_bytes_ -= m.payload.size() + sizeof(CollectiveHeader);
+        for (const Early& m : early) {
+          if (state->finished) break;
+          DeliverLocked(state, m.header, m.payload, out, done);
+        }
+      }
+    }
+  }
+  Flush(std::move(out), std::move(done));
+  return absl::OkStatus();
+}
+
+void CollectiveEngine::HandleMessage(std::span<const std::byte> header,
+                                     std::span<const std::byte> payload) {
+  absl::StatusOr<CollectiveHeader> parsed = ParseCollectiveHeader(header, payload.size());
+  if (!parsed.ok()) {
+    stats_.malformed_messages++;
+    Log()->warn("malformed collective message dropped: {}", parsed.status().message());
+    return;
+  }
+  const CollectiveHeader& h = *parsed;
+  stats_.messages_received++;
+  stats_.bytes_received += payload.size();
+  const CollectiveKey key = {h.job, h.tensor, h.iteration};
+  std::vector<Outgoing> out;
+  std::vector<Completion> done;
+  {
+    std::lock_guard lock(mu_);
+    auto op_it = ops_.find(key);
+    // A copy: completing or failing the operation erases the map's reference.
+    const std::shared_ptr<OpState> op = op_it == ops_.end() ? nullptr : op_it->second;
+    if (h.kind == static_cast<uint8_t>(CollectiveMessageKind::kError)) {
+      const std::string reason(reinterpret_cast<const char*>(payload.data()), payload.size());
+      absl::Status status(static_cast<absl::StatusCode>(h.error_code),
+                          absl::StrCat("rank ", h.sender, " reported: ", reason));
+      if (op) {
+        FailLocked(op, status, false, out, done);
+      } else if (!tombstones_.contains(key)) {
+        tombstones_[key] = {status, clock_->Now() + kTombstoneTtl};
+      }
+    } else if (op) {
+      DeliverLocked(op, h, payload, out, done);
+    } else if (tombstones_.contains(key)) {
+      stats_.late_messages++;
+    } else if (early_bytes_ + payload.size() + sizeof(CollectiveHeader) > kMaxEarlyBytes) {
+      stats_.early_dropped++;
+      Log()->warn("early message for tensor {:016x} iteration {} dropped: {} bytes already held",
+                  h.tensor, h.iteration, early_bytes_);
+    } else {
+      stats_.early_messages++;
+      early_bytes_ += payload.size() + sizeof(CollectiveHeader);
+      early_[key].push_back(Early{h, {payload.begin(), payload.end()}, clock_->Now()});
+    }
+  }
+  Flush(std::move(out), std::move(done));
+}
+
+void CollectiveEngine::DeliverLocked(const std::shared_ptr<OpState>& op, const CollectiveHeader& h,
+                                     std::span<const std::byte> payload, std::vector<Outgoing>& out,
+                                     std::vector<Completion>& done) {
+  if (op->finished) return;
+  if (!SameDescriptor(h, op->descriptor)) {
+    FailLocked(op,
+               absl::InvalidArgumentError(absl::StrCat(
+                   op->Name(), ": ranks disagree: rank ", h.sender, " has ", DescribeShape(h),
+                   ", rank ", op->descriptor.sender, " has ", DescribeShape(op->descriptor))),
+               true, out, done);
+    return;
+  }
+  const auto malformed = [&](std::string_view why) {
+    stats_.malformed_messages++;
+    Log()->warn("message of {} from rank {} (step {} chunk {}/{}) dropped: {}", op->Name(),
+                h.sender, h.step, h.chunk, h.num_chunks, why);
+  };
+  if (h.step >= op->steps.size()) return malformed("no such step");
+  const ScheduleStep& step = op->steps[h.step];
+  if (step.recv_peer != static_cast<int>(h.sender)) return malformed("unexpected sender");
+  const uint64_t chunks = op->RecvChunks(h.step);
+  const uint64_t begin = std::min(step.recv_count, uint64_t{h.chunk} * op->chunk_elems);
+  if (h.num_chunks != chunks || h.offset != step.recv_offset + begin ||
+      h.count != std::min(op->chunk_elems, step.recv_count - begin)) {
+    return malformed("sub-chunk does not match the schedule");
+  }
+  if (op->received[h.step][h.chunk]) return malformed("duplicate");
+  if (!step.apply_early && h.step > op->recv_step) {
+    op->deferred.push_back(Early{h, {payload.begin(), payload.end()}, clock_->Now()});
+    return;
+  }
+  ApplyLocked(*op, h, payload);
+  // Receives of later steps that waited for this one.
+  bool progressed = true;
+  while (progressed && !op->deferred.empty()) {
+    progressed = false;
+    for (auto it = op->deferred.begin(); it != op->deferred.end(); ++it) {
+      if (it->header.step <= op->recv_step) {
+        Early e = std::move(*it);
+        op->deferred.erase(it);
+        ApplyLocked(*op, e.header, e.payload);
+        progressed = true;
+        break;
+      }
+    }
+  }
+  AdvanceLocked(op, out, done);
+}
+
+void CollectiveEngine::ApplyLocked(OpState& op, const CollectiveHeader& h,
+                                   std::span<const std::byte> payload) {
+  const ScheduleStep& step = op.steps[h.step];
+  std::byte* dst = op.op.buffer + h.offset * op.elem_size;
+  if (h.count > 0) {
+    if (step.action == ScheduleStep::Action::kReduce) {
+      reducer_->Sum(op.op.dtype, dst, payload.data(), h.count);
+    } else {
+      std::memcpy(dst, payload.data(), payload.size());
+    }
+  }
+  op.received[h.step][h.chunk] = true;
+  op.recv_left[h.step]--;
+  while (op.recv_step < op.steps.size() && op.recv_left[op.recv_step] == 0) ++op.recv_step;
+}
+
+void CollectiveEngine::AdvanceLocked(const std::shared_ptr<OpState>& op, std::vector<Outgoing>& out,
+                                     std::vector<Completion>& done) {
+  if (op->finished) return;
+  const RankView& view = *op->view;
+  while (op->send_step < op->steps.size()) {
+    const size_t s = op->send_step;
+    const ScheduleStep& step = op->steps[s];
+    if (step.send_peer >= 0) {
+      const uint64_t chunks = op->SendChunks(s);
+      while (op->send_cursor < chunks) {
+        const uint64_t c = op->send_cursor;
+        bool ready = false;
+        switch (step.send_after) {
+          case ScheduleStep::SendAfter::kStart:
+            ready = true;
+            break;
+          case ScheduleStep::SendAfter::kPrevStepSameChunk:
+            ready = s == 0 || op->steps[s - 1].recv_peer < 0 ||
+                    (c < op->received[s - 1].size() && op->received[s - 1][c]);
+            break;
+          case ScheduleStep::SendAfter::kAllPreviousSteps:
+            ready = op->recv_step >= s;
+            break;
+          case ScheduleStep::SendAfter::kThisStepSameChunk:
+            ready = step.recv_peer < 0 || (c < op->received[s].size() && op->received[s][c]);
+            break;
+        }
+        if (!ready) return;
+        const uint64_t begin = std::min(step.send_count, c * op->chunk_elems);
+        const uint64_t count = std::min(op->chunk_elems, step.send_count - begin);
+        Outgoing o;
+        o.address = view.rank_addresses[step.send_peer];
+        o.header = op->descriptor;
+        o.header.step = static_cast<uint32_t>(s);
+        o.header.chunk = static_cast<uint32_t>(c);
+        o.header.num_chunks = static_cast<uint32_t>(chunks);
+        o.header.offset = step.send_offset + begin;
+        o.header.count = count;
+        o.payload = {op->op.buffer + o.header.offset * op->elem_size, count * op->elem_size};
+        o.op = op;
+        o.peer = step.send_peer;
+        op->sends_outstanding++;
+        out.push_back(std::move(o));
+        op->send_cursor++;
+      }
+    }
+    op->send_step++;
+    op->send_cursor = 0;
+  }
+  if (op->recv_step < op->steps.size() || op->sends_outstanding > 0) return;
+  // Done: every receive applied, every send completed.
+  if (op->op.kind == CollectiveKind::kAverage && view.world_size() > 1) {
+    reducer_->Divide(op->op.dtype, op->op.buffer, op->op.count,
+                     static_cast<uint64_t>(view.world_size()));
+  }
+  op->finished = true;
+  ops_.erase(op->key);
+  tombstones_[op->key] = {absl::OkStatus(), clock_->Now() + kTombstoneTtl};
+  stats_.ops_completed++;
+  done.emplace_back(std::move(op->op.done), absl::OkStatus());
+}
+
+void CollectiveEngine::FailLocked(const std::shared_ptr<OpState>& op, absl::Status status,
+                                  bool tell_peers, std::vector<Outgoing>& out,
+                                  std::vector<Completion>& done) {
+  if (op->finished) return;
+  op->finished = true;
+  op->deferred.clear();
+  ops_.erase(op->key);
+  tombstones_[op->key] = {status, clock_->Now() + kTombstoneTtl};
+  stats_.ops_failed++;
+  Log()->warn("{}", status.message());
+  if (tell_peers) {
+    auto message = std::make_shared<const std::string>(std::string(status.message()));
+    for (int r = 0; r < op->view->world_size(); ++r) {
+      if (r == op->view->my_rank) continue;
+      Outgoing o;
+      o.address = op->view->rank_addresses[r];
+      o.header = op->descriptor;
+      o.header.kind = static_cast<uint8_t>(CollectiveMessageKind::kError);
+      o.header.error_code = static_cast<uint32_t>(status.code());
+      o.payload = {reinterpret_cast<const std::byte*>(message->data()), message->size()};
+      o.message = message;
+      out.push_back(std::move(o));
+    }
+  }
+  done.emplace_back(std::move(op->op.done), std::move(status));
+}
+
+void CollectiveEngine::OnSendDone(const std::shared_ptr<OpState>& op, int peer,
+                                  absl::Status status) {
+  std::vector<Outgoing> out;
+  std::vector<Completion> done;
+  {
+    std::lock_guard lock(mu_);
+    op->sends_outstanding--;
+    if (!status.ok()) {
+      FailLocked(op,
+                 absl::UnavailableError(absl::StrCat(op->Name(), ": send to rank ", peer, " (",
+                                                     op->view->rank_addresses[peer],
+                                                     ") failed: ", status.message())),
+                 true, out, done);
+    } else {
+      AdvanceLocked(op, out, done);
+    }
+  }
+  Flush(std::move(out), std::move(done));
+}
+
+void CollectiveEngine::Flush(std::vector<Outgoing> out, std::vector<Completion> done) {
+  for (Outgoing& o : out) {
+    if (o.op) {
+      stats_.messages_sent++;
+      stats_.bytes_sent += o.payload.size();
+      transport_->Send(o.address, AsBytes(o.header), o.payload,
+                       [this, op = std::move(o.op), peer = o.peer](absl::Status s) {
+                         OnSendDone(op, peer, std::move(s));
+                       });
+    } else {
+      transport_->Send(o.address, AsBytes(o.header), o.payload,
+                       [message = std::move(o.message)](absl::Status) {});
+    }
+  }
+  for (auto& [fn, status] : done) {
+    if (fn) fn(std::move(status));
+  }
+}
+
+void CollectiveEngine::ExpireStale() {
+  std::vector<Outgoing> out;
+  std::vector<Completion> done;
+  {
+    std::lock_guard lock(mu_);
+    const common::Clock::TimePoint now = clock_->Now();
+    std::vector<std::shared_ptr<OpState>> late;
+    for (auto& [key, op] : ops_) {
+      if (now - op->started > op->view->op_timeout) late.push_back(op);
+    }
+    for (auto& op : late) {
+      std::string waiting;
+      if (op->recv_step < op->steps.size()) {
+        const ScheduleStep& step = op->steps[op->recv_step];
+        uint64_t missing = 0;
+        while (missing < op->received[op->recv_step].size() &&
+               op->received[op->recv_step][missing]) {
+          ++missing;
+        }
+        waiting = absl::StrCat("waiting for rank ", step.recv_peer, " (",
+                               op->view->rank_addresses[step.recv_peer], ") to send sub-chunk ",
+                               missing, "/", op->RecvChunks(op->recv_step));
+      } else {
+        waiting = absl::StrCat(op->sends_outstanding, " sends not completed by the transport");
+      }
+      FailLocked(op,
+                 absl::DeadlineExceededError(
+                     absl::StrCat(op->Name(), " timed out after ", op->view->op_timeout.count(),
+                                  " ms at step ", std::min(op->recv_step, op->steps.size() - 1) + 1,
+                                  "/", op->steps.size(), ", ", waiting)),
+                 true, out, done);
+    }
+    for (auto it = early_.begin(); it != early_.end();) {
+      auto& q = it->second;
+      while (!q.empty() && now - q.front().arrived > kTombstoneTtl) {
+        early_bytes_ -= q.front().payload.size() + sizeof(CollectiveHeader);
+        stats_.early_dropped++;
+        q.pop_front();
+      }
+      it = q.empty() ? early_.erase(it) : std::next(it);
+    }
+    std::erase_if(tombstones_, [now](const auto& kv) { return kv.second.expires <= now; });
+  }
+  Flush(std::move(out), std::move(done));
+}
+
+}  // namespace tributary::dataplane
