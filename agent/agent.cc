@@ -10,6 +10,8 @@
 #include "common/hash.h"
 #include "common/logging.h"
 #include "common/rpc/grpc_status.h"
+#include "controller/planner/topology/topology_discovery.h"
+#include "controller/planner/topology/topology_parsers.h"
 #include "dataplane/transport/paced/paced_transport.h"
 #include "dataplane/transport/ucx/ucx_transport.h"
 
@@ -42,6 +44,19 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& in) {
   std::unique_ptr<Agent> agent(new Agent(in));
   AgentOptions& options = agent->options_;
   agent->inventory_ = DiscoverNode();
+  {
+    absl::StatusOr<tributary::v1::Topology> topology =
+        options.topology_file.empty()
+            ? controller::topology::DiscoverLocalTopology()
+            : controller::topology::LoadTopologyFile(options.topology_file);
+    if (!topology.ok()) {
+      if (!options.topology_file.empty()) return topology.status();  // the user asked for it
+      Log()->warn("topology discovery failed, reporting none: {}", topology.status());
+    } else {
+      *agent->inventory_.mutable_topology() = *std::move(topology);
+      agent->inventory_.set_gpu_count(agent->inventory_.topology().gpus_size());
+    }
+  }
   if (options.node_id.empty()) options.node_id = agent->inventory_.hostname();
   agent->reducer_ = std::make_unique<dataplane::CpuReducer>(options.reducer_threads);
 

@@ -26,8 +26,10 @@ struct AgentOptions {
   std::string data_plane_host = "127.0.0.1";  // UCX listener; peers dial this address
   uint16_t data_plane_port = 0;               // 0 = ephemeral
   std::string local_address = "unix:/tmp/tributary-agent.sock";  // for training processes
-  double nic_bytes_per_s = 0;    // declared NIC bandwidth; 0 = discover from sysfs
-  double sum_bytes_per_s = 0;    // declared summation rate; 0 = measure at start-up
+  double nic_bytes_per_s = 0;  // declared NIC bandwidth; 0 = discover from sysfs
+  double sum_bytes_per_s = 0;  // declared summation rate; 0 = measure at start-up
+  // Report this topology file (NCCL XML, nvidia-smi topo -m, JSON, YAML) instead of discovering.
+  std::string topology_file;
   bool offers_summation = true;  // serve jobs this node is not a worker of
   // Pace data-plane egress to nic_bytes_per_s (a local cluster on loopback emulating NICs).
   bool emulate_nic = false;

@@ -30,6 +30,9 @@ int main(int argc, char** argv) {
                  "Declared NIC bandwidth, Gbit/s per direction "
                  "(default: from sysfs)");
   app.add_option("--sum-gbps", sum_gbps, "Declared summation rate, GByte/s (default: measured)");
+  app.add_option("--topology-file", options.topology_file,
+                 "Report this topology (NCCL XML, nvidia-smi topo -m, JSON, YAML) instead of "
+                 "discovering one");
   app.add_flag("--no-summation", no_summation,
                "Do not serve as a summation server for jobs this node is not a worker of");
   app.add_flag("--emulate-nic", options.emulate_nic,

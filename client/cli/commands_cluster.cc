@@ -42,6 +42,7 @@ struct ClusterFlags {
   bool emulate_nic = true;
   std::string log_level = "warn";
   std::string run_dir;
+  std::string topology_file;
 };
 
 void AddClusterFlags(CLI::App* cmd, ClusterFlags* f) {
@@ -60,6 +61,8 @@ void AddClusterFlags(CLI::App* cmd, ClusterFlags* f) {
   cmd->add_option("--agent-log-level", f->log_level, "log level of the controller and agents")
       ->capture_default_str();
   cmd->add_option("--run-dir", f->run_dir, "folder for sockets and logs (default: a temp dir)");
+  cmd->add_option("--topology-file", f->topology_file,
+                  "worker agents report this node topology (NCCL XML, nvidia-smi, JSON, YAML)");
 }
 
 absl::StatusOr<std::unique_ptr<LocalCluster>> StartCluster(const ClusterFlags& f) {
@@ -71,6 +74,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> StartCluster(const ClusterFlags& f
   o.nic_gbps = {f.nic_gbps};
   o.sum_gbps = f.sum_gbps;
   o.emulate_nic = f.emulate_nic;
+  o.worker_topology_file = f.topology_file;
   o.log_level = f.log_level;
   return LocalCluster::Start(o);
 }

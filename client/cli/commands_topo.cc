@@ -14,6 +14,7 @@
 #include "client/cli/commands.h"
 #include "common/status_macros.h"
 #include "controller/planner/topology/bounds.h"
+#include "controller/planner/topology/intra_node_planner.h"
 #include "controller/planner/topology/strategy.h"
 #include "controller/planner/topology/topology_discovery.h"
 #include "controller/planner/topology/topology_graph.h"
@@ -29,7 +30,7 @@ using json = nlohmann::ordered_json;
 struct TopoOptions {
   std::string topology_file;
   std::string gpus;
-  std::string links = "nvlink";
+  std::string links = "all";
   bool json = false;
 };
 
@@ -137,8 +138,9 @@ absl::Status RunTopo(const TopoOptions& options) {
         absl::StrCat("--links: \"", options.links, "\" is neither nvlink nor all"));
   }
   ASSIGN_OR_RETURN(std::vector<int> gpus, ParseGpuList(options.gpus));
-  ASSIGN_OR_RETURN(topo::IntraNodeStrategy strategy, topo::ChooseStrategy(topology, gpus));
-  ASSIGN_OR_RETURN(topo::GpuGraph graph, topo::BuildGpuGraph(topology, gpus, mode));
+  ASSIGN_OR_RETURN(topo::IntraNodeResult plan, topo::PlanIntraNode(topology, gpus, mode));
+  const topo::IntraNodeStrategy& strategy = plan.strategy;
+  const topo::GpuGraph& graph = plan.graph;
 
   json out;
   out["strategy"] = {{"kind", topo::StrategyKindName(strategy.kind)},
@@ -165,32 +167,24 @@ absl::Status RunTopo(const TopoOptions& options) {
   const double unit = graph.nvlink_bytes_per_s > 0 ? graph.nvlink_bytes_per_s : 1;
 
   // Broadcast/reduce from the strategy's root when it has one, else from the best root.
-  int root = 0;
-  bool from_strategy = false;
-  for (size_t i = 0; i < graph.gpus.size(); ++i) {
-    if (graph.gpus[i] == strategy.root_gpu) {
-      root = static_cast<int>(i);
-      from_strategy = true;
-    }
-  }
-  topo::RootedBound best = topo::BestBroadcastBound(graph);
-  if (!from_strategy) root = best.root;
-  absl::StatusOr<topo::TreePlan> bcast = topo::PlanBroadcast(graph, root);
-  absl::StatusOr<topo::TreePlan> allreduce = topo::PlanAllReduce(graph);
-  topo::RingResult ring = topo::BestRing(graph);
+  const int root = plan.root;
+  const topo::RootedBound& best = plan.best_root;
+  const absl::StatusOr<topo::TreePlan>& bcast = *plan.broadcast;
+  const absl::StatusOr<topo::TreePlan>& allreduce = *plan.allreduce;
+  const topo::RingResult& ring = plan.ring;
 
-  auto plan_json = [&](const absl::StatusOr<topo::TreePlan>& plan, double bound) {
+  auto plan_json = [&](const absl::StatusOr<topo::TreePlan>& p, double bound) {
     json j = {{"bound_bytes_per_s", bound},
               {"bound_links", bound / unit},
-              {"achieved_bytes_per_s", plan.ok() ? plan->reduced.rate : 0.0},
-              {"fraction", plan.ok() && bound > 0 ? plan->reduced.rate / bound : 0.0},
-              {"weighted_bytes_per_s", plan.ok() ? plan->weighted.rate : 0.0},
-              {"trees", plan.ok() ? TreesJson(graph, plan->reduced) : json::array()}};
-    if (!plan.ok()) j["error"] = std::string(plan.status().message());
+              {"achieved_bytes_per_s", p.ok() ? p->reduced.rate : 0.0},
+              {"fraction", p.ok() && bound > 0 ? p->reduced.rate / bound : 0.0},
+              {"weighted_bytes_per_s", p.ok() ? p->weighted.rate : 0.0},
+              {"trees", p.ok() ? TreesJson(graph, p->reduced) : json::array()}};
+    if (!p.ok()) j["error"] = std::string(p.status().message());
     return j;
   };
-  const double bcast_bound = topo::BroadcastBound(graph, root);
-  const double ar_bound = topo::AllReduceBound(graph);
+  const double bcast_bound = plan.broadcast_bound;
+  const double ar_bound = plan.allreduce_bound;
   out["broadcast"] = plan_json(bcast, bcast_bound);
   out["broadcast"]["root"] = graph.gpus[root];
   out["broadcast"]["best_root"] = graph.gpus[best.root];
@@ -208,17 +202,17 @@ absl::Status RunTopo(const TopoOptions& options) {
     std::cout << out.dump(2) << std::endl;
     return absl::OkStatus();
   }
-  auto print_plan = [&](const std::string& name, const absl::StatusOr<topo::TreePlan>& plan,
+  auto print_plan = [&](const std::string& name, const absl::StatusOr<topo::TreePlan>& p,
                         double bound) {
     std::cout << absl::StrFormat("%s: bound %s (%.2f links)", name, Gbs(bound), bound / unit);
-    if (!plan.ok()) {
-      std::cout << "; no packing: " << plan.status().message() << "\n";
+    if (!p.ok()) {
+      std::cout << "; no packing: " << p.status().message() << "\n";
       return;
     }
     std::cout << absl::StrFormat("; achieved %s with %d tree(s) (%.1f%% of the bound)\n",
-                                 Gbs(plan->reduced.rate), plan->reduced.trees.size(),
-                                 bound > 0 ? 100 * plan->reduced.rate / bound : 0.0);
-    PrintTrees(graph, plan->reduced);
+                                 Gbs(p->reduced.rate), p->reduced.trees.size(),
+                                 bound > 0 ? 100 * p->reduced.rate / bound : 0.0);
+    PrintTrees(graph, p->reduced);
   };
   print_plan(absl::StrCat("broadcast/reduce from GPU ", graph.gpus[root]), bcast, bcast_bound);
   if (graph.gpus[best.root] != graph.gpus[root]) {
@@ -250,7 +244,9 @@ void AddTopoCommand(CLI::App& app, GlobalOptions& global) {
                       "topology file (NCCL XML, nvidia-smi topo -m, JSON, YAML); default: this "
                       "machine");
   command->add_option("--gpus", options->gpus, "device indices, e.g. 0,1,2,5 (default: all)");
-  command->add_option("--links", options->links, "nvlink (default) or all (adds PCIe paths)");
+  command->add_option("--links", options->links,
+                      "all (default: NVLink plus PCIe/host paths) or nvlink (NVLink only, what "
+                      "Blink's TreeGen packs)");
   command->add_flag("--json", options->json, "print one JSON object");
   SetAction(command, global, [options] { return RunTopo(*options); });
 }

@@ -77,6 +77,29 @@ std::string RenderPlan(const v1::Job& job, uint64_t model_bytes) {
   const double ring = RingSeconds(plan, model_bytes);
   out += "predicted " + Seconds(predicted) + " s vs ring all-reduce " + Seconds(ring) +
          " s (speed-up " + Speedup(predicted, ring) + " x)\n";
+  if (plan.intra_node_size() > 0) {
+    out += "intra-node aggregation per worker node:\n";
+    Table intra({"NODE", "GPUS", "STRATEGY", "ROOT", "BCAST GB/s (BOUND)", "ALLREDUCE GB/s (BOUND)",
+                 "TREES", "RING GB/s"});
+    for (const auto& n : plan.intra_node()) {
+      std::string gpus;
+      for (int g : n.gpus()) gpus += (gpus.empty() ? "" : ",") + std::to_string(g);
+      intra.AddRow({n.node_id(), gpus.empty() ? "-" : gpus,
+                    n.error().empty() ? n.strategy() : "error: " + n.error(),
+                    n.root_gpu() >= 0 ? std::to_string(n.root_gpu()) : "-",
+                    GBps(n.broadcast_achieved_bytes_per_s()) + " (" +
+                        GBps(n.broadcast_bound_bytes_per_s()) + ")",
+                    GBps(n.allreduce_achieved_bytes_per_s()) + " (" +
+                        GBps(n.allreduce_bound_bytes_per_s()) + ")",
+                    std::to_string(n.broadcast_trees_size()) + "/" +
+                        std::to_string(n.allreduce_trees_size()),
+                    n.ring_exists() ? GBps(n.ring_bytes_per_s()) : "none"});
+    }
+    out += intra.Render();
+    for (const auto& n : plan.intra_node()) {
+      if (!n.reason().empty()) out += "  " + n.node_id() + ": " + n.reason() + "\n";
+    }
+  }
   return out;
 }
 
@@ -106,6 +129,34 @@ nlohmann::json PlanToJson(const v1::Job& job, uint64_t model_bytes) {
   out["predicted_seconds"] = predicted;
   out["ring_seconds"] = ring;
   out["speedup"] = predicted > 0 && ring > 0 ? ring / predicted : 0.0;
+  out["intra_node"] = nlohmann::json::array();
+  for (const auto& n : plan.intra_node()) {
+    auto trees = [](const auto& list) {
+      nlohmann::json a = nlohmann::json::array();
+      for (const auto& t : list) {
+        nlohmann::json edges = nlohmann::json::array();
+        for (const auto& e : t.edges()) edges.push_back({e.parent(), e.child()});
+        a.push_back({{"root", t.root()}, {"weight", t.weight_bytes_per_s()}, {"edges", edges}});
+      }
+      return a;
+    };
+    out["intra_node"].push_back(
+        {{"node_id", n.node_id()},
+         {"gpus", std::vector<int>(n.gpus().begin(), n.gpus().end())},
+         {"strategy", n.strategy()},
+         {"reason", n.reason()},
+         {"root_gpu", n.root_gpu()},
+         {"broadcast",
+          {{"bound_bytes_per_s", n.broadcast_bound_bytes_per_s()},
+           {"achieved_bytes_per_s", n.broadcast_achieved_bytes_per_s()},
+           {"trees", trees(n.broadcast_trees())}}},
+         {"allreduce",
+          {{"bound_bytes_per_s", n.allreduce_bound_bytes_per_s()},
+           {"achieved_bytes_per_s", n.allreduce_achieved_bytes_per_s()},
+           {"trees", trees(n.allreduce_trees())}}},
+         {"ring", {{"exists", n.ring_exists()}, {"bytes_per_s", n.ring_bytes_per_s()}}},
+         {"error", n.error()}});
+  }
   if (!job.message().empty()) out["message"] = job.message();
   return out;
 }

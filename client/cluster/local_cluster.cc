@@ -126,6 +126,10 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
                                      "--log-level",
                                      o.log_level};
     if (o.emulate_nic) argv.push_back("--emulate-nic");
+    if (i < o.workers && !o.worker_topology_file.empty()) {
+      argv.push_back("--topology-file");
+      argv.push_back(o.worker_topology_file);
+    }
     if (o.sum_gbps > 0) {
       argv.push_back("--sum-gbps");
       argv.push_back(absl::StrCat(o.sum_gbps));

@@ -28,6 +28,8 @@ struct LocalClusterOptions {
   double sum_gbps = 0;
   // Agents pace their data-plane egress to their NIC speed (see PacedTransport).
   bool emulate_nic = false;
+  // Worker agents report this topology file instead of discovering this machine's.
+  std::string worker_topology_file;
   int reducer_threads = 1;
   std::string log_level = "warn";
   std::chrono::milliseconds start_timeout{20000};

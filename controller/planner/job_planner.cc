@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "controller/planner/split_planner.h"
+#include "controller/planner/topology/intra_node_planner.h"
 
 namespace tributary::controller {
 namespace {
@@ -135,6 +136,38 @@ absl::StatusOr<tributary::v1::JobPlan> PlanJob(const std::string& job_id,
     out->set_weight(s.weight);
     out->set_nic_bytes_per_s(caps[s.node_id].nic_bytes_per_s);
     out->set_sum_bytes_per_s(caps[s.node_id].sum_bytes_per_s);
+  }
+  // Intra-node aggregation per worker node; nodes with the same topology are planned once.
+  std::map<std::string, tributary::v1::IntraNodePlan> by_topology;
+  for (const std::string& id : spec.worker_nodes()) {
+    const tributary::v1::Topology& topo = by_id[id]->inventory.topology();
+    std::vector<int> gpus(spec.gpus().begin(), spec.gpus().end());
+    if (gpus.empty()) {
+      for (const auto& g : topo.gpus()) {
+        if (gpus.size() < spec.procs_per_node()) gpus.push_back(g.index());
+      }
+      std::sort(gpus.begin(), gpus.end());
+    }
+    std::string key = topo.SerializeAsString();
+    for (int g : gpus) key += "," + std::to_string(g);
+    auto cached = by_topology.find(key);
+    if (cached == by_topology.end()) {
+      tributary::v1::IntraNodePlan intra;
+      absl::StatusOr<topology::IntraNodeResult> result =
+          topology::PlanIntraNode(topo, gpus, topology::LinkMode::kAll);
+      if (result.ok()) {
+        intra = topology::ToProto(*result);
+      } else if (!spec.gpus().empty()) {
+        return absl::InvalidArgumentError(absl::StrCat("job '", job_id, "': worker node '", id,
+                                                       "': ", result.status().message()));
+      } else {
+        intra.set_error(std::string(result.status().message()));
+      }
+      cached = by_topology.emplace(key, std::move(intra)).first;
+    }
+    tributary::v1::IntraNodePlan* intra = plan.add_intra_node();
+    *intra = cached->second;
+    intra->set_node_id(id);
   }
   plan.set_procs_per_node(spec.procs_per_node());
   plan.set_partition_bytes(spec.partition_bytes());
