@@ -81,6 +81,10 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& in) {
   }
   agent->node_ = std::make_unique<dataplane::PushPullNode>(
       agent->transport_.get(), agent->reducer_.get(), common::SystemClock::Get());
+  agent->engine_ = std::make_unique<dataplane::CollectiveEngine>(
+      agent->transport_.get(), agent->reducer_.get(), common::SystemClock::Get());
+  agent->collectives_ = std::make_unique<dataplane::NodeCollectives>(
+      agent->node_.get(), agent->engine_.get(), agent->reducer_.get());
 
   tributary::v1::NodeInventory& inv = agent->inventory_;
   inv.set_data_plane_address(agent->transport_->Address());
@@ -94,7 +98,7 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& in) {
   inv.set_offers_summation(options.offers_summation);
 
   agent->local_ =
-      std::make_unique<LocalService>(&agent->node_->worker(), common::SystemClock::Get());
+      std::make_unique<LocalService>(agent->collectives_.get(), common::SystemClock::Get());
   common::EnableHealthAndReflection();
   grpc::ServerBuilder builder;
   int port = -1;
@@ -157,7 +161,7 @@ void Agent::ApplyPlans(const std::vector<tributary::v1::JobPlan>& plans) {
     }
     now[plan.job_id()] = plan.version();
     if (applied_[plan.job_id()] != plan.version()) {
-      node_->SetJob(*view);
+      collectives_->SetJob(*view, static_cast<dataplane::AlgorithmChoice>(plan.algorithm()));
       Log()->info("job {} plan v{}: worker rank {}, server index {} of {}", plan.job_id(),
                   plan.version(), view->my_worker_rank, view->my_server_index,
                   view->server_addresses.size());
@@ -171,7 +175,7 @@ void Agent::ApplyPlans(const std::vector<tributary::v1::JobPlan>& plans) {
   }
   for (const auto& [job_id, version] : applied_) {
     if (!now.contains(job_id)) {
-      node_->RemoveJob(common::StableHash64(job_id));
+      collectives_->RemoveJob(job_id);
       Log()->info("job {} no longer involves this node", job_id);
     }
   }
@@ -186,6 +190,7 @@ void Agent::TickLoop() {
     if (stopping_) break;
     lock.unlock();
     node_->ExpireStale();
+    engine_->ExpireStale();
     local_->Tick();
     lock.lock();
   }

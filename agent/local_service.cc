@@ -208,8 +208,8 @@ struct LocalService::Gather {
   common::Clock::TimePoint created;
 };
 
-LocalService::LocalService(dataplane::PushPullWorker* worker, const common::Clock* clock)
-    : worker_(worker), clock_(clock) {}
+LocalService::LocalService(dataplane::NodeCollectives* collectives, const common::Clock* clock)
+    : collectives_(collectives), clock_(clock) {}
 
 LocalService::~LocalService() { Shutdown(); }
 
@@ -342,7 +342,7 @@ void LocalService::FailGatherLocked(const GatherKey& key, Gather& gather,
     if (slot) after.push_back([h = slot->handle, status] { h->Complete(status); });
   }
   after.push_back(
-      [this, key, status] { worker_->Abort(key.job_id, key.tensor, key.iteration, status); });
+      [this, key, status] { collectives_->Abort(key.job_id, key.tensor, key.iteration, status); });
 }
 
 grpc::ServerUnaryReactor* LocalService::LeaveJob(grpc::CallbackServerContext* ctx,
@@ -555,10 +555,10 @@ absl::Status LocalService::DoSubmit(const tributary::v1::SubmitRequest& req,
     after.push_back([this, job_id = key.job_id, op = std::move(op), handles]() mutable {
       const std::string tensor = op.tensor_name;
       const uint64_t iteration = op.iteration;
-      absl::Status started = worker_->Start(job_id, std::move(op));
+      absl::Status started = collectives_->Start(job_id, std::move(op));
       if (!started.ok()) {
         for (const auto& h : handles) h->Complete(started);
-        worker_->Abort(job_id, tensor, iteration, started);
+        collectives_->Abort(job_id, tensor, iteration, started);
       }
     });
     return absl::OkStatus();

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "common/clock.h"
-#include "dataplane/collectives/allreduce_push_pull.h"
+#include "dataplane/collectives/node_collectives.h"
 #include "tributary/v1/agent.grpc.pb.h"
 
 namespace tributary::agent {
@@ -31,7 +31,7 @@ struct LocalJob {
 // data plane is called outside it.
 class LocalService final : public tributary::v1::Agent::CallbackService {
  public:
-  LocalService(dataplane::PushPullWorker* worker, const common::Clock* clock);
+  LocalService(dataplane::NodeCollectives* collectives, const common::Clock* clock);
   ~LocalService() override;
 
   // Replaces the set of jobs this node works for.
@@ -92,7 +92,7 @@ class LocalService final : public tributary::v1::Agent::CallbackService {
                         std::vector<std::function<void()>>& after);
   absl::StatusOr<std::shared_ptr<Session>> FindSessionLocked(const std::string& id);
 
-  dataplane::PushPullWorker* worker_;
+  dataplane::NodeCollectives* collectives_;
   const common::Clock* clock_;
   mutable std::mutex mu_;
   std::map<std::string, LocalJob> jobs_;

@@ -11,5 +11,5 @@ scripts/build.sh
 export UCX_NET_DEVICES=${UCX_NET_DEVICES:-lo}
 export UCX_TLS=${UCX_TLS:-tcp}
 export UCX_WARN_UNUSED_ENV_VARS=n
-exec build/bin/tributary bench --workers 4 --spares 4 --k 0,2,4 --nic-gbps 1 --sum-gbps 4 \
+exec build/bin/tributary bench --workers 4 --spares 4 --algorithms ring --k 0,2,4 --nic-gbps 1 --sum-gbps 4 \
   --sizes 1M:64M --iters 5 --warmup 2 --log-level warn "$@"

@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -105,6 +106,8 @@ absl::Status RunLocalCluster(const ClusterFlags& f, double run_for_s) {
 struct BenchFlags {
   ClusterFlags cluster;
   std::string ks = "0,2";
+  // Also run these algorithms among the workers alone (no summation servers): ring, hd.
+  std::string peers;
   int procs_per_node = 1;
   std::string sizes = "1M:16M";
   std::string dtype = "float32";
@@ -132,13 +135,24 @@ std::string ReadFile(const std::string& path) {
 }
 
 // Runs one sweep over a job with at most `k` spare servers; returns rank 0's rows by size.
+// One configuration of the sweep: push/pull with at most k spare servers, or another algorithm.
+struct Config {
+  std::string name;
+  int k = 0;
+  v1::Algorithm algorithm = v1::ALGORITHM_PUSH_PULL;
+};
+
 absl::StatusOr<std::map<uint64_t, Row>> RunSweep(LocalCluster& cluster, const BenchFlags& f,
-                                                 const GlobalOptions& global, int k,
+                                                 const GlobalOptions& global, const Config& config,
                                                  uint64_t max_bytes, v1::JobPlan* plan_out) {
+  const int k = config.k;
   GlobalOptions g = global;
   g.controller = cluster.controller_address();
   ControllerClient controller(g);
-  const std::string job = absl::StrCat("bench-k", k);
+  std::string job = absl::StrCat("bench-", config.name);
+  for (char& ch : job) {
+    if (!std::isalnum(static_cast<unsigned char>(ch)) && ch != '-') ch = '-';
+  }
   v1::CreateJobRequest req;
   req.set_job_id(job);
   for (const auto& w : cluster.worker_node_ids()) req.mutable_spec()->add_worker_nodes(w);
@@ -148,12 +162,13 @@ absl::StatusOr<std::map<uint64_t, Row>> RunSweep(LocalCluster& cluster, const Be
   req.mutable_spec()->set_credit_bytes(f.credit_bytes > 0 ? f.credit_bytes : 4 * f.partition_bytes);
   req.mutable_spec()->set_model_bytes(max_bytes);
   req.mutable_spec()->set_op_timeout_ms(120000);
+  req.mutable_spec()->set_algorithm(config.algorithm);
   ASSIGN_OR_RETURN(v1::Job created, controller.CreateJob(req));
   *plan_out = created.plan();
   int spares_used = 0;
   for (const auto& s : created.plan().servers()) spares_used += !s.is_worker();
-  std::printf("\n## k = %d: %d summation servers (%d spare), predicted %s vs ring %s for %s\n", k,
-              created.plan().servers_size(), spares_used,
+  std::printf("\n## %s: %d summation servers (%d spare), predicted %s vs ring %s for %s\n",
+              config.name.c_str(), created.plan().servers_size(), spares_used,
               FormatFixed(created.plan().predicted_seconds(), 3).c_str(),
               FormatFixed(created.plan().ring_seconds(), 3).c_str(),
               FormatBytes(max_bytes).c_str());
@@ -223,76 +238,92 @@ absl::StatusOr<std::map<uint64_t, Row>> RunSweep(LocalCluster& cluster, const Be
 }
 
 absl::Status RunBench(const BenchFlags& f, const GlobalOptions& global) {
-  std::vector<int> ks;
-  for (absl::string_view k : absl::StrSplit(f.ks, ',')) {
+  // Ring and halving-doubling first: the first configuration is the baseline.
+  std::vector<Config> configs;
+  for (absl::string_view a : absl::StrSplit(f.peers, ',', absl::SkipEmpty())) {
+    if (a == "ring") {
+      configs.push_back({"ring", 0, v1::ALGORITHM_RING});
+    } else if (a == "hd") {
+      configs.push_back({"halving-doubling", 0, v1::ALGORITHM_HALVING_DOUBLING});
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--algorithms: '", std::string(a), "' is neither ring nor hd"));
+    }
+  }
+  for (absl::string_view k : absl::StrSplit(f.ks, ',', absl::SkipEmpty())) {
     int v;
     if (!absl::SimpleAtoi(k, &v) || v < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("--k: '", std::string(k), "' is not a count of spare nodes"));
     }
-    ks.push_back(v);
+    configs.push_back({absl::StrCat("push-pull k=", v), v, v1::ALGORITHM_PUSH_PULL});
   }
+  if (configs.empty())
+    return absl::InvalidArgumentError("nothing to run: give --k or --algorithms");
   ASSIGN_OR_RETURN(std::vector<uint64_t> sizes, ParseSizeList(f.sizes));
   if (sizes.empty()) return absl::InvalidArgumentError("--sizes is empty");
   const uint64_t max_bytes = *std::max_element(sizes.begin(), sizes.end());
   ASSIGN_OR_RETURN(auto cluster, StartCluster(f.cluster));
   std::printf(
       "# tributary bench: %d worker nodes x %d processes, %d spare nodes, NIC %.3g Gbit/s"
-      " (%s), partition %s, %s, %d iterations after %d warm-ups\n",
+      " (%s), partition %s, credit %s, %s, %d iterations after %d warm-ups\n",
       f.cluster.workers, f.procs_per_node, f.cluster.spares, f.cluster.nic_gbps,
       f.cluster.emulate_nic ? "emulated by pacing" : "not enforced",
-      FormatBytes(f.partition_bytes).c_str(), f.dtype.c_str(), f.iters, f.warmup);
+      FormatBytes(f.partition_bytes).c_str(), FormatBytes(f.credit_bytes).c_str(), f.dtype.c_str(),
+      f.iters, f.warmup);
 
-  std::map<int, std::map<uint64_t, Row>> results;
-  std::map<int, v1::JobPlan> plans;
+  std::vector<std::map<uint64_t, Row>> results(configs.size());
+  std::vector<v1::JobPlan> plans(configs.size());
   absl::Status status;
-  for (int k : ks) {
-    auto rows = RunSweep(*cluster, f, global, k, max_bytes, &plans[k]);
+  for (size_t c = 0; c < configs.size(); ++c) {
+    auto rows = RunSweep(*cluster, f, global, configs[c], max_bytes, &plans[c]);
     if (!rows.ok()) {
       status = rows.status();
       continue;
     }
-    results[k] = *std::move(rows);
+    results[c] = *std::move(rows);
   }
   cluster->Stop();
 
-  // Side by side: measured against the plan's prediction and against k = ks[0].
-  const int base = ks[0];
-  Table t({"size", "k", "time(us)", "algbw(GB/s)", "predicted(us)", "measured/predicted",
-           "speed-up vs k=" + std::to_string(base), "predicted speed-up", "#wrong"});
+  // Side by side: measured against the bandwidth model and against the first configuration.
+  // Push/pull's model is the plan's; ring and halving-doubling move 2(n-1)/n of the tensor
+  // through every NIC, like push/pull without spares.
+  const std::string& base = configs[0].name;
+  Table t({"size", "config", "time(us)", "algbw(GB/s)", "predicted(us)", "measured/predicted",
+           "speed-up vs " + base, "predicted speed-up", "#wrong"});
   std::ofstream csv;
   if (!f.csv_path.empty()) {
     csv.open(f.csv_path);
-    csv << "size,k,time_us,algbw,predicted_us,speedup,predicted_speedup,wrong\n";
+    csv << "size,config,time_us,algbw,predicted_us,speedup,predicted_speedup,wrong\n";
   }
+  auto seconds_per_byte = [&](size_t c) {
+    return configs[c].algorithm == v1::ALGORITHM_PUSH_PULL ? plans[c].predicted_seconds_per_byte()
+                                                           : plans[c].ring_seconds_per_byte();
+  };
   uint64_t wrong = 0;
   for (uint64_t size : sizes) {
-    for (int k : ks) {
-      auto it = results[k].find(size);
-      if (it == results[k].end()) continue;
+    for (size_t c = 0; c < configs.size(); ++c) {
+      auto it = results[c].find(size);
+      if (it == results[c].end()) continue;
       const Row& r = it->second;
-      const double predicted_us = plans[k].predicted_seconds_per_byte() * size * 1e6;
-      const double base_us =
-          results[base].contains(size) ? results[base][size].time_us : std::nan("");
-      const double predicted_base = plans[base].predicted_seconds_per_byte();
-      const double predicted_speedup = plans[k].predicted_seconds_per_byte() > 0
-                                           ? predicted_base / plans[k].predicted_seconds_per_byte()
-                                           : std::nan("");
-      t.AddRow({FormatBytes(size), std::to_string(k), FormatFixed(r.time_us, 1),
+      const double predicted_us = seconds_per_byte(c) * size * 1e6;
+      const double base_us = results[0].contains(size) ? results[0][size].time_us : std::nan("");
+      const double predicted_speedup =
+          seconds_per_byte(c) > 0 ? seconds_per_byte(0) / seconds_per_byte(c) : std::nan("");
+      t.AddRow({FormatBytes(size), configs[c].name, FormatFixed(r.time_us, 1),
                 FormatFixed(r.algbw, 3), FormatFixed(predicted_us, 1),
                 FormatFixed(r.time_us / predicted_us, 2), FormatFixed(base_us / r.time_us, 2),
                 FormatFixed(predicted_speedup, 2), std::to_string(r.wrong)});
       if (csv) {
-        csv << size << "," << k << "," << r.time_us << "," << r.algbw << "," << predicted_us << ","
-            << base_us / r.time_us << "," << predicted_speedup << "," << r.wrong << "\n";
+        csv << size << "," << configs[c].name << "," << r.time_us << "," << r.algbw << ","
+            << predicted_us << "," << base_us / r.time_us << "," << predicted_speedup << ","
+            << r.wrong << "\n";
       }
       wrong += r.wrong;
     }
   }
-  std::printf(
-      "\n# Summary (predicted = the plan's bandwidth model, DESIGN.md 1.1; no latency "
-      "term)\n%s",
-      t.Render().c_str());
+  std::printf("\n# Summary (predicted = the bandwidth model of DESIGN.md 1.1; no latency term)\n%s",
+              t.Render().c_str());
   std::printf("# #wrong total: %llu\n", static_cast<unsigned long long>(wrong));
   if (!status.ok()) return status;
   if (wrong > 0) return absl::DataLossError(absl::StrCat(wrong, " wrong elements"));
@@ -319,6 +350,8 @@ void AddBenchCommand(CLI::App& app, GlobalOptions& global) {
   AddClusterFlags(cmd, &f->cluster);
   cmd->add_option("--k", f->ks, "comma-separated numbers of spare summation nodes to try")
       ->capture_default_str();
+  cmd->add_option("--algorithms", f->peers,
+                  "also run these among the workers alone: ring, hd (comma-separated)");
   cmd->add_option("--procs-per-node", f->procs_per_node, "training processes per worker node")
       ->capture_default_str();
   cmd->add_option("--sizes", f->sizes, "sizes, MIN:MAX (powers of 2) or a comma list")

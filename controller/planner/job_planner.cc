@@ -169,6 +169,7 @@ absl::StatusOr<tributary::v1::JobPlan> PlanJob(const std::string& job_id,
     *intra = cached->second;
     intra->set_node_id(id);
   }
+  plan.set_algorithm(spec.algorithm());
   plan.set_procs_per_node(spec.procs_per_node());
   plan.set_partition_bytes(spec.partition_bytes());
   plan.set_credit_bytes(spec.credit_bytes());

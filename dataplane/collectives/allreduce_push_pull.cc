@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "common/hash.h"
 #include "common/logging.h"
+#include "dataplane/collectives/collective_engine.h"
 
 namespace tributary::dataplane {
 namespace {
@@ -721,6 +722,10 @@ void PushPullNode::ExpireStale() {
 
 void PushPullNode::OnMessage(std::span<const std::byte> header,
                              std::span<const std::byte> payload) {
+  if (CollectiveEngine* engine = engine_.load(); engine != nullptr && IsCollectiveMessage(header)) {
+    engine->HandleMessage(header, payload);
+    return;
+  }
   absl::StatusOr<WireHeader> h = ParseHeader(header, payload.size());
   if (!h.ok()) {
     stats_.malformed_messages++;

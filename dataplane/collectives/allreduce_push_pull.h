@@ -241,6 +241,9 @@ class PushPullNode {
   void RemoveJob(uint64_t job_hash);
   void ExpireStale();
 
+  // Messages of the ring / halving-doubling engine (see IsCollectiveMessage) go to `engine`.
+  void SetCollectiveEngine(class CollectiveEngine* engine) { engine_ = engine; }
+
   PushPullServer& server() { return server_; }
   PushPullWorker& worker() { return worker_; }
   const PushPullStats& stats() const { return stats_; }
@@ -250,6 +253,7 @@ class PushPullNode {
   void OnMessage(std::span<const std::byte> header, std::span<const std::byte> payload);
 
   Transport* transport_;
+  std::atomic<class CollectiveEngine*> engine_{nullptr};
   PushPullStats stats_;
   PushPullServer server_;
   PushPullWorker worker_;

@@ -59,7 +59,8 @@ class LocalClusterTest : public ::testing::Test {
     EXPECT_TRUE(cluster_->controller().DeleteJob(&ctx, req, &resp).ok());
   }
 
-  void CreateJob(const std::string& id, uint32_t timeout_ms = 30000) {
+  void CreateJob(const std::string& id, uint32_t timeout_ms = 30000,
+                 tributary::v1::Algorithm algorithm = tributary::v1::ALGORITHM_PUSH_PULL) {
     job_id_ = id;
     tributary::v1::CreateJobRequest req;
     req.set_job_id(id);
@@ -68,6 +69,7 @@ class LocalClusterTest : public ::testing::Test {
     req.mutable_spec()->set_partition_bytes(64 << 10);  // many chunks per tensor
     req.mutable_spec()->set_credit_bytes(256 << 10);
     req.mutable_spec()->set_op_timeout_ms(timeout_ms);
+    req.mutable_spec()->set_algorithm(algorithm);
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     tributary::v1::Job job;
@@ -128,6 +130,17 @@ client::LocalCluster* LocalClusterTest::cluster_ = nullptr;
 TEST_F(LocalClusterTest, ExactSumsAveragesAndBroadcastsForEveryDtype) {
   ASSERT_NO_FATAL_FAILURE(CreateJob("exact"));
   ExpectAllPassed(RunWorkers("exact", "exact"));
+}
+
+TEST_F(LocalClusterTest, RingJobIsExactForEveryDtype) {
+  ASSERT_NO_FATAL_FAILURE(CreateJob("ring", 30000, tributary::v1::ALGORITHM_RING));
+  ExpectAllPassed(RunWorkers("ring", "exact"));
+}
+
+TEST_F(LocalClusterTest, HalvingDoublingJobIsExactForEveryDtype) {
+  // Its broadcasts fall back to the ring's: halving-doubling declines them.
+  ASSERT_NO_FATAL_FAILURE(CreateJob("hd", 30000, tributary::v1::ALGORITHM_HALVING_DOUBLING));
+  ExpectAllPassed(RunWorkers("hd", "exact"));
 }
 
 TEST_F(LocalClusterTest, HundredIterationsOfSeveralTensorsAgreeOnEveryRank) {

@@ -1,0 +1,61 @@
+// Runs a node-level operation (the local processes' buffers of one tensor) with the job's
+// algorithm: push/pull through summation servers, or ring / halving-doubling among the worker
+// nodes after the local buffers are aggregated.
+#pragma once
+
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "dataplane/collectives/algorithm_selector.h"
+#include "dataplane/collectives/allreduce_push_pull.h"
+#include "dataplane/collectives/collective_engine.h"
+
+namespace tributary::dataplane {
+
+// How a job picks its algorithm. Values match tributary.v1.Algorithm.
+enum class AlgorithmChoice : uint8_t {
+  kAuto = 0,  // by size, from the selector's thresholds (push/pull only with spare servers)
+  kPushPull = 1,
+  kRing = 2,
+  kHalvingDoubling = 3,
+};
+
+// Thread-safe. Owns neither the node nor the engine; attaches the engine to the node's message
+// routing.
+class NodeCollectives {
+ public:
+  NodeCollectives(PushPullNode* node, CollectiveEngine* engine, Reducer* reducer);
+
+  // `view` as for PushPullNode; the engine's ranks are the worker nodes.
+  void SetJob(const JobView& view, AlgorithmChoice choice);
+  void RemoveJob(const std::string& job_id);
+
+  // Starts `op`. Ring and halving-doubling first add the local buffers into the first one (or
+  // take the root's for a broadcast), run among the worker nodes in place, then copy the result
+  // to every local buffer. Errors as PushPullWorker::Start.
+  absl::Status Start(const std::string& job_id, LocalOperation op);
+
+  // This node cannot take part in (tensor, iteration): fail it for the other nodes now.
+  void Abort(const std::string& job_id, const std::string& tensor_name, uint64_t iteration,
+             const absl::Status& reason);
+
+  // The algorithm `Start` would use for `bytes` in this job (for logs and tests).
+  absl::StatusOr<Algorithm> AlgorithmFor(const std::string& job_id, uint64_t bytes) const;
+
+ private:
+  struct JobEntry {
+    AlgorithmChoice choice = AlgorithmChoice::kAuto;
+    int num_workers = 0;
+    SelectorThresholds thresholds;
+    uint32_t world_size = 1;
+  };
+
+  PushPullNode* node_;
+  CollectiveEngine* engine_;
+  Reducer* reducer_;
+  mutable std::mutex mu_;
+  std::map<std::string, JobEntry> jobs_;
+};
+
+}  // namespace tributary::dataplane
