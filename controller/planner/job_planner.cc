@@ -92,7 +92,8 @@ absl::StatusOr<tributary::v1::JobPlan> PlanJob(const std::string& job_id,
   for (const NodeSnapshot& n : nodes) {
     if (worker_set.contains(n.node_id) || !n.alive || !n.inventory.offers_summation()) continue;
     const double declared = n.inventory.nic_bytes_per_s();
-    const double free_nic = declared - n.committed_nic_bytes_per_s;
+    const double free_nic =
+        declared - std::max(n.committed_nic_bytes_per_s, n.measured_nic_bytes_per_s);
     if (declared <= 0 || free_nic < kMinUsefulNicFraction * declared) continue;
     MachineCapacity cap{n.node_id, free_nic, sum_rate(n)};
     const double c = cap.sum_bytes_per_s > 0 ? cap.sum_bytes_per_s : free_nic;

@@ -18,6 +18,9 @@ struct NodeSnapshot {
   double cpu_busy_fraction = 0;
   // NIC bandwidth already promised to other jobs' summation, bytes/s.
   double committed_nic_bytes_per_s = 0;
+  // NIC traffic the node's heartbeats measure (the busier direction), bytes/s. Includes
+  // Tributary's own traffic, so the planner subtracts max(committed, measured), not both.
+  double measured_nic_bytes_per_s = 0;
 };
 
 // Fills in the defaults of a spec and checks its ranges. INVALID_ARGUMENT naming the field.
@@ -25,7 +28,8 @@ absl::StatusOr<tributary::v1::JobSpec> NormalizeJobSpec(const tributary::v1::Job
 
 // Plans `job_id` over `nodes`: the spec's worker nodes (all must be present) run the workers;
 // every other alive node that offers summation is a candidate spare server, with capacity
-// B = declared NIC bandwidth minus what other jobs use, C = summation rate scaled by idle CPU.
+// B = declared NIC bandwidth minus the larger of what other jobs' plans use and what its
+// heartbeats measure, and C = summation rate scaled by idle CPU.
 // The spec must be normalized. The plan's version is `version`.
 absl::StatusOr<tributary::v1::JobPlan> PlanJob(const std::string& job_id,
                                                const tributary::v1::JobSpec& spec,

@@ -92,6 +92,33 @@ TEST_F(ClusterStateTest, OtherJobsUseOfASpareNicIsSubtracted) {
   EXPECT_LT(second_nic, first_nic);  // what "first" uses is no longer spare
 }
 
+TEST_F(ClusterStateTest, SpareCapacityFollowsHeartbeatLoad) {
+  for (int i = 0; i < 3; ++i) Register("w" + std::to_string(i), 10, false);
+  Register("quiet");
+  Register("busy");
+  // "busy" reports 60% of its 10 Gbit/s NIC in use and its CPU 50% busy.
+  tributary::v1::HeartbeatRequest hb;
+  hb.set_node_id("busy");
+  hb.set_incarnation(incarnations_["busy"]);
+  hb.mutable_load()->set_nic_tx_bytes_per_s(0.6 * 10e9 / 8);
+  hb.mutable_load()->set_cpu_busy_fraction(0.5);
+  tributary::v1::HeartbeatResponse resp;
+  ASSERT_TRUE(state_.Heartbeat(hb, &resp).ok());
+  auto job = Create("j", {"w0", "w1", "w2"});
+  ASSERT_TRUE(job.ok()) << job.status();
+  double quiet = 0, busy = 0, busy_nic = 0;
+  for (const auto& s : job->plan().servers()) {
+    if (s.node_id() == "quiet") quiet = s.share();
+    if (s.node_id() == "busy") {
+      busy = s.share();
+      busy_nic = s.nic_bytes_per_s();
+    }
+  }
+  EXPECT_NEAR(busy_nic, 0.4 * 10e9 / 8, 1);
+  EXPECT_GT(busy, 0);
+  EXPECT_LT(busy, quiet);
+}
+
 TEST_F(ClusterStateTest, CreateJobValidatesAndIsIdempotent) {
   Register("w0");
   Register("w1");
