@@ -10,11 +10,11 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
-#include "client/cli/half.h"
 #include "client/client.h"
 #include "common/hash.h"
 #include "common/rpc/grpc_status.h"
 #include "grpcpp/grpcpp.h"
+#include "tests/util/typed_values.h"
 #include "tributary/v1/agent.grpc.pb.h"
 
 namespace {
@@ -36,74 +36,11 @@ void Expect(bool ok, const std::string& what) {
 }
 
 void Put(DataType t, void* base, size_t i, double v) {
-  auto* b = static_cast<std::byte*>(base);
-  switch (t) {
-    case DataType::kFloat32: {
-      float f = static_cast<float>(v);
-      std::memcpy(b + 4 * i, &f, 4);
-      break;
-    }
-    case DataType::kFloat64:
-      std::memcpy(b + 8 * i, &v, 8);
-      break;
-    case DataType::kInt32: {
-      int32_t x = static_cast<int32_t>(v);
-      std::memcpy(b + 4 * i, &x, 4);
-      break;
-    }
-    case DataType::kInt64: {
-      int64_t x = static_cast<int64_t>(v);
-      std::memcpy(b + 8 * i, &x, 8);
-      break;
-    }
-    case DataType::kFloat16: {
-      uint16_t h = tributary::client::cli::FloatToHalf(static_cast<float>(v));
-      std::memcpy(b + 2 * i, &h, 2);
-      break;
-    }
-    case DataType::kBFloat16: {
-      uint16_t h = tributary::client::cli::FloatToBFloat16(static_cast<float>(v));
-      std::memcpy(b + 2 * i, &h, 2);
-      break;
-    }
-  }
+  tributary::testing::PutValue(t, base, i, v);
 }
 
 double Get(DataType t, const void* base, size_t i) {
-  const auto* b = static_cast<const std::byte*>(base);
-  switch (t) {
-    case DataType::kFloat32: {
-      float f;
-      std::memcpy(&f, b + 4 * i, 4);
-      return f;
-    }
-    case DataType::kFloat64: {
-      double d;
-      std::memcpy(&d, b + 8 * i, 8);
-      return d;
-    }
-    case DataType::kInt32: {
-      int32_t x;
-      std::memcpy(&x, b + 4 * i, 4);
-      return x;
-    }
-    case DataType::kInt64: {
-      int64_t x;
-      std::memcpy(&x, b + 8 * i, 8);
-      return static_cast<double>(x);
-    }
-    case DataType::kFloat16: {
-      uint16_t h;
-      std::memcpy(&h, b + 2 * i, 2);
-      return tributary::client::cli::HalfToFloat(h);
-    }
-    case DataType::kBFloat16: {
-      uint16_t h;
-      std::memcpy(&h, b + 2 * i, 2);
-      return tributary::client::cli::BFloat16ToFloat(h);
-    }
-  }
-  return NAN;
+  return tributary::testing::GetValue(t, base, i);
 }
 
 // Inputs whose sums are exact in every dtype, partial sums included.

@@ -12,6 +12,7 @@
 #include "dataplane/transport/inprocess/inprocess_transport.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/util/typed_values.h"
 
 namespace tributary::dataplane {
 namespace {
@@ -22,91 +23,9 @@ using ::testing::HasSubstr;
 constexpr auto kGuard = std::chrono::seconds(20);  // a test-only bound on waiting for futures
 
 // Writes small integers (exact in every dtype) and reads them back as double.
-void Put(DataType t, std::byte* base, uint64_t i, double v) {
-  switch (t) {
-    case DataType::kFloat32: {
-      float f = static_cast<float>(v);
-      std::memcpy(base + i * 4, &f, 4);
-      break;
-    }
-    case DataType::kFloat64:
-      std::memcpy(base + i * 8, &v, 8);
-      break;
-    case DataType::kInt32: {
-      int32_t x = static_cast<int32_t>(v);
-      std::memcpy(base + i * 4, &x, 4);
-      break;
-    }
-    case DataType::kInt64: {
-      int64_t x = static_cast<int64_t>(v);
-      std::memcpy(base + i * 8, &x, 8);
-      break;
-    }
-    case DataType::kFloat16: {
-      // Integers up to 2048 are exact in fp16: build the bits by hand.
-      float f = static_cast<float>(v);
-      uint16_t bits = 0;
-      if (f != 0) {
-        int e;
-        float m = std::frexp(f, &e);  // f = m * 2^e, m in [0.5, 1)
-        bits = static_cast<uint16_t>(((e - 1 + 15) << 10) |
-                                     (static_cast<uint32_t>((m * 2 - 1) * 1024) & 0x3ff));
-      }
-      std::memcpy(base + i * 2, &bits, 2);
-      break;
-    }
-    case DataType::kBFloat16: {
-      float f = static_cast<float>(v);
-      uint32_t u;
-      std::memcpy(&u, &f, 4);
-      uint16_t bits = static_cast<uint16_t>(u >> 16);
-      std::memcpy(base + i * 2, &bits, 2);
-      break;
-    }
-  }
-}
+void Put(DataType t, std::byte* base, uint64_t i, double v) { testing::PutValue(t, base, i, v); }
 
-double Get(DataType t, const std::byte* base, uint64_t i) {
-  switch (t) {
-    case DataType::kFloat32: {
-      float f;
-      std::memcpy(&f, base + i * 4, 4);
-      return f;
-    }
-    case DataType::kFloat64: {
-      double d;
-      std::memcpy(&d, base + i * 8, 8);
-      return d;
-    }
-    case DataType::kInt32: {
-      int32_t x;
-      std::memcpy(&x, base + i * 4, 4);
-      return x;
-    }
-    case DataType::kInt64: {
-      int64_t x;
-      std::memcpy(&x, base + i * 8, 8);
-      return static_cast<double>(x);
-    }
-    case DataType::kFloat16: {
-      uint16_t b;
-      std::memcpy(&b, base + i * 2, 2);
-      if ((b & 0x7fff) == 0) return 0;
-      const int e = (b >> 10) & 0x1f;
-      const double m = 1 + (b & 0x3ff) / 1024.0;
-      return std::ldexp(m, e - 15);
-    }
-    case DataType::kBFloat16: {
-      uint16_t b;
-      std::memcpy(&b, base + i * 2, 2);
-      uint32_t u = static_cast<uint32_t>(b) << 16;
-      float f;
-      std::memcpy(&f, &u, 4);
-      return f;
-    }
-  }
-  return NAN;
-}
+double Get(DataType t, const std::byte* base, uint64_t i) { return testing::GetValue(t, base, i); }
 
 // n worker nodes and k server-only nodes on one in-process network.
 class Cluster {
