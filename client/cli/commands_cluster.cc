@@ -15,6 +15,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/cli/commands.h"
 #include "client/cli/sizes.h"
@@ -38,7 +39,8 @@ std::string BinDir() {
 struct ClusterFlags {
   int workers = 4;
   int spares = 2;
-  double nic_gbps = 1;
+  // One speed for every node, or one per node (workers first, then spares), Gbit/s.
+  std::vector<double> nic_gbps = {1};
   double sum_gbps = 0;
   bool emulate_nic = true;
   std::string log_level = "warn";
@@ -51,7 +53,10 @@ void AddClusterFlags(CLI::App* cmd, ClusterFlags* f) {
       ->capture_default_str();
   cmd->add_option("--spares", f->spares, "spare CPU nodes (summation servers only)")
       ->capture_default_str();
-  cmd->add_option("--nic-gbps", f->nic_gbps, "declared NIC speed of every node, Gbit/s")
+  cmd->add_option("--nic-gbps", f->nic_gbps,
+                  "declared NIC speed, Gbit/s: one value for every node, or one per node "
+                  "(workers first, then spares), comma-separated")
+      ->delimiter(',')
       ->capture_default_str();
   cmd->add_option("--sum-gbps", f->sum_gbps, "declared summation rate, GB/s (0 = measured)")
       ->capture_default_str();
@@ -72,7 +77,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> StartCluster(const ClusterFlags& f
   o.run_dir = f.run_dir;
   o.workers = f.workers;
   o.spares = f.spares;
-  o.nic_gbps = {f.nic_gbps};
+  o.nic_gbps = f.nic_gbps;
   o.sum_gbps = f.sum_gbps;
   o.emulate_nic = f.emulate_nic;
   o.worker_topology_file = f.topology_file;
@@ -84,9 +89,11 @@ absl::Status RunLocalCluster(const ClusterFlags& f, double run_for_s) {
   ASSIGN_OR_RETURN(auto cluster, StartCluster(f));
   std::printf("local cluster up: controller %s, logs in %s\n",
               cluster->controller_address().c_str(), cluster->run_dir().c_str());
-  Table t({"node", "role", "agent socket"});
+  Table t({"node", "role", "NIC Gbit/s", "agent socket"});
   for (int i = 0; i < cluster->num_nodes(); ++i) {
-    t.AddRow({cluster->node_id(i), i < f.workers ? "worker" : "spare", cluster->agent_address(i)});
+    const double gbps = f.nic_gbps.size() == 1 ? f.nic_gbps[0] : f.nic_gbps[i];
+    t.AddRow({cluster->node_id(i), i < f.workers ? "worker" : "spare", FormatFixed(gbps, 2),
+              cluster->agent_address(i)});
   }
   std::printf("%s", t.Render().c_str());
   std::printf("try: tributary --controller %s nodes\nCtrl-C stops the cluster.\n",
@@ -267,7 +274,8 @@ absl::Status RunBench(const BenchFlags& f, const GlobalOptions& global) {
   std::printf(
       "# tributary bench: %d worker nodes x %d processes, %d spare nodes, NIC %.3g Gbit/s"
       " (%s), partition %s, credit %s, %s, %d iterations after %d warm-ups\n",
-      f.cluster.workers, f.procs_per_node, f.cluster.spares, f.cluster.nic_gbps,
+      f.cluster.workers, f.procs_per_node, f.cluster.spares,
+      absl::StrJoin(f.cluster.nic_gbps, ",").c_str(),
       f.cluster.emulate_nic ? "emulated by pacing" : "not enforced",
       FormatBytes(f.partition_bytes).c_str(), FormatBytes(f.credit_bytes).c_str(), f.dtype.c_str(),
       f.iters, f.warmup);
