@@ -9,6 +9,7 @@
 #include "agent/plan_view.h"
 #include "common/hash.h"
 #include "common/logging.h"
+#include "common/metrics/metrics.h"
 #include "common/rpc/grpc_status.h"
 #include "controller/planner/topology/topology_discovery.h"
 #include "controller/planner/topology/topology_parsers.h"
@@ -85,6 +86,11 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& in) {
       agent->transport_.get(), agent->reducer_.get(), common::SystemClock::Get());
   agent->collectives_ = std::make_unique<dataplane::NodeCollectives>(
       agent->node_.get(), agent->engine_.get(), agent->reducer_.get());
+  if (!options.registry) options.registry = std::make_shared<prometheus::Registry>();
+  agent->metrics_ = std::make_unique<dataplane::DataPlaneMetrics>(*options.registry);
+  agent->collectives_->SetMetrics(agent->metrics_.get(), common::SystemClock::Get());
+  agent->stats_collector_ = std::make_shared<dataplane::DataPlaneStatsCollector>(
+      &agent->node_->stats(), &agent->engine_->stats());
 
   tributary::v1::NodeInventory& inv = agent->inventory_;
   inv.set_data_plane_address(agent->transport_->Address());
@@ -122,7 +128,18 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& in) {
   copts.inventory = inv;
   agent->controller_ = std::make_unique<ControllerClient>(
       copts, [self](const std::vector<tributary::v1::JobPlan>& plans) { self->ApplyPlans(plans); },
-      [self](double elapsed) { return self->load_.Sample(elapsed); });
+      [self](double elapsed) {
+        tributary::v1::NodeLoad load = self->load_.Sample(elapsed);
+        for (const auto& [job_id, o] : self->collectives_->TakeObservations()) {
+          tributary::v1::JobObservation* j = load.add_jobs();
+          j->set_job_id(job_id);
+          j->set_bytes(o.bytes);
+          j->set_seconds(o.seconds);
+        }
+        return load;
+      });
+  agent->control_collector_ = std::make_shared<common::metrics::FunctionCollector>(
+      [self] { return self->CollectControl(); });
   agent->node_->server().SetPlanMissingCallback([self] { self->controller_->RequestRefresh(); });
   agent->controller_->Start();
   agent->tick_thread_ = std::thread([self] { self->TickLoop(); });
@@ -133,6 +150,38 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& in) {
 }
 
 Agent::~Agent() { Stop(); }
+
+std::vector<std::weak_ptr<prometheus::Collectable>> Agent::collectables() const {
+  return {options_.registry, stats_collector_, control_collector_};
+}
+
+std::vector<prometheus::MetricFamily> Agent::CollectControl() {
+  using common::metrics::AddSample;
+  using common::metrics::MakeFamily;
+  using prometheus::MetricType;
+  std::vector<prometheus::MetricFamily> out;
+  out.push_back(MakeFamily("tributary_agent_registered",
+                           "1 while registered with the controller, else 0.", MetricType::Gauge));
+  AddSample(out.back(), controller_ && controller_->registered() ? 1 : 0);
+  out.push_back(MakeFamily("tributary_agent_heartbeats_sent_total", "Heartbeats answered OK.",
+                           MetricType::Counter));
+  AddSample(out.back(), controller_ ? controller_->heartbeats_sent() : 0);
+  out.push_back(MakeFamily("tributary_agent_heartbeats_failed_total", "Heartbeats that failed.",
+                           MetricType::Counter));
+  AddSample(out.back(), controller_ ? controller_->heartbeats_failed() : 0);
+  out.push_back(MakeFamily("tributary_agent_local_sessions",
+                           "Training processes connected to this agent.", MetricType::Gauge));
+  AddSample(out.back(), local_ ? local_->num_sessions() : 0);
+  out.push_back(MakeFamily("tributary_agent_plan_version",
+                           "Version of the job's plan this agent applied.", MetricType::Gauge));
+  {
+    std::lock_guard lock(plans_mu_);
+    for (const auto& [job_id, version] : applied_) {
+      AddSample(out.back(), static_cast<double>(version), {{"job", job_id}});
+    }
+  }
+  return out;
+}
 
 void Agent::Stop() {
   {
@@ -192,6 +241,7 @@ void Agent::TickLoop() {
     node_->ExpireStale();
     engine_->ExpireStale();
     local_->Tick();
+    collectives_->UpdatePendingMetrics();
     lock.lock();
   }
 }

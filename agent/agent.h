@@ -15,10 +15,13 @@
 #include "agent/node_discovery.h"
 #include "dataplane/collectives/allreduce_push_pull.h"
 #include "dataplane/collectives/collective_engine.h"
+#include "dataplane/collectives/dataplane_metrics.h"
 #include "dataplane/collectives/node_collectives.h"
 #include "dataplane/reduce/cpu/cpu_reducer.h"
 #include "dataplane/transport/transport.h"
 #include "grpcpp/grpcpp.h"
+#include "prometheus/collectable.h"
+#include "prometheus/registry.h"
 
 namespace tributary::agent {
 
@@ -37,6 +40,8 @@ struct AgentOptions {
   bool emulate_nic = false;
   int reducer_threads = 0;             // 0 = all cores
   std::chrono::milliseconds tick{50};  // deadline sweep period
+  // Where the agent's metrics go (dashboards/METRICS.md); null: a registry of its own.
+  std::shared_ptr<prometheus::Registry> registry;
 };
 
 // Threading: a controller-client thread applies plans; a tick thread sweeps deadlines; the
@@ -50,14 +55,21 @@ class Agent {
   const std::string& node_id() const { return options_.node_id; }
   std::string data_plane_address() const { return transport_->Address(); }
   const tributary::v1::NodeInventory& inventory() const { return inventory_; }
+  // Everything to expose on /metrics: the registry and the scrape-time collectors.
+  std::vector<std::weak_ptr<prometheus::Collectable>> collectables() const;
 
  private:
   explicit Agent(AgentOptions options) : options_(std::move(options)) {}
   void ApplyPlans(const std::vector<tributary::v1::JobPlan>& plans);
   void TickLoop();
 
+  std::vector<prometheus::MetricFamily> CollectControl();
+
   AgentOptions options_;
   tributary::v1::NodeInventory inventory_;
+  std::unique_ptr<dataplane::DataPlaneMetrics> metrics_;
+  std::shared_ptr<prometheus::Collectable> stats_collector_;
+  std::shared_ptr<prometheus::Collectable> control_collector_;
   std::unique_ptr<dataplane::CpuReducer> reducer_;
   std::unique_ptr<dataplane::Transport> transport_;
   std::unique_ptr<dataplane::PushPullNode> node_;
@@ -67,7 +79,7 @@ class Agent {
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<ControllerClient> controller_;
   LoadMonitor load_;
-  std::mutex plans_mu_;
+  mutable std::mutex plans_mu_;
   std::map<std::string, uint64_t> applied_;  // job id -> plan version
   std::mutex tick_mu_;
   std::condition_variable tick_cv_;

@@ -12,11 +12,13 @@ absl::StatusOr<dataplane::JobView> ToJobView(const tributary::v1::JobPlan& plan,
   for (const auto& w : plan.workers()) {
     if (w.node_id() == node_id) v.my_worker_rank = static_cast<int>(v.worker_addresses.size());
     v.worker_addresses.push_back(w.data_plane_address());
+    v.worker_node_ids.push_back(w.node_id());
   }
   uint64_t total = 0;
   for (const auto& s : plan.servers()) {
     if (s.node_id() == node_id) v.my_server_index = static_cast<int>(v.server_addresses.size());
     v.server_addresses.push_back(s.data_plane_address());
+    v.server_node_ids.push_back(s.node_id());
     v.server_weights.push_back(s.weight());
     total += s.weight();
   }

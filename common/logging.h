@@ -35,5 +35,12 @@ std::shared_ptr<spdlog::logger> Logger(const std::string& component);
 // Sets the level of every logger. `level` is one of trace, debug, info, warn, error, critical,
 // off; empty means: TRIBUTARY_LOG_LEVEL, else SPDLOG_LEVEL, else info.
 void InitLogging(const std::string& level);
+// As above, and sets the format of every logger: "text" (the default) or "json" (one JSON object
+// per line: ts, level, logger, msg); empty means TRIBUTARY_LOG_FORMAT, else text.
+void InitLogging(const std::string& level, const std::string& format);
+
+// spdlog formatter writing one JSON object per line: {"ts":"...","level":"...","logger":"...",
+// "msg":"..."} with the message escaped (quotes, backslashes, control characters).
+std::unique_ptr<spdlog::formatter> MakeJsonFormatter();
 
 }  // namespace tributary::common

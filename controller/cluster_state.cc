@@ -1,9 +1,11 @@
 #include "controller/cluster_state.h"
 
 #include <regex>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/metrics/metrics.h"
 #include "controller/planner/job_planner.h"
 #include "google/protobuf/util/message_differencer.h"
 
@@ -31,8 +33,33 @@ bool SamePlan(tributary::v1::JobPlan a, tributary::v1::JobPlan b) {
 
 }  // namespace
 
-ClusterState::ClusterState(const common::Clock* clock, Options options, uint64_t incarnation_seed)
-    : clock_(clock), options_(options), next_incarnation_(incarnation_seed) {}
+ClusterState::ClusterState(const common::Clock* clock, Options options, uint64_t incarnation_seed,
+                           prometheus::Registry* registry)
+    : clock_(clock), options_(options), next_incarnation_(incarnation_seed) {
+  if (registry == nullptr) {
+    own_registry_ = std::make_unique<prometheus::Registry>();
+    registry = own_registry_.get();
+  }
+  auto& plans = common::metrics::CounterFamily(
+      *registry, "tributary_controller_plan_computations_total", "Plans computed, by result.");
+  plans_ok_ = &plans.Add({{"result", "ok"}});
+  plans_error_ = &plans.Add({{"result", "error"}});
+  plan_duration_ =
+      &common::metrics::HistogramFamily(*registry, "tributary_controller_plan_duration_seconds",
+                                        "Time to compute one job's plan.")
+           .Add({},
+                prometheus::Histogram::BucketBoundaries{0.0001, 0.00025, 0.0005, 0.001, 0.0025,
+                                                        0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1});
+  observed_bytes_ =
+      &common::metrics::CounterFamily(*registry, "tributary_controller_observed_bytes_total",
+                                      "Operation bytes agents reported, summed over worker nodes.");
+  observed_seconds_ = &common::metrics::CounterFamily(
+      *registry, "tributary_controller_observed_seconds_total",
+      "Operation seconds agents reported, summed over worker nodes.");
+  observed_per_byte_ = &common::metrics::GaugeFamily(
+      *registry, "tributary_controller_observed_seconds_per_byte",
+      "Seconds per byte of the latest heartbeat that reported the job.");
+}
 
 uint64_t ClusterState::assignments_version() const {
   std::lock_guard lock(mu_);
@@ -81,6 +108,7 @@ absl::Status ClusterState::Heartbeat(const tributary::v1::HeartbeatRequest& req,
   }
   NodeEntry& node = it->second;
   node.load = req.load();
+  RecordObservationsLocked(req.load());
   node.last_heartbeat = clock_->Now();
   if (!node.alive) {
     node.alive = true;
@@ -135,6 +163,84 @@ void ClusterState::ListNodes(tributary::v1::ListNodesResponse* resp) {
 absl::StatusOr<tributary::v1::JobPlan> ClusterState::PlanLocked(const std::string& job_id,
                                                                 const tributary::v1::JobSpec& spec,
                                                                 uint64_t version) const {
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<tributary::v1::JobPlan> plan = ComputePlanLocked(job_id, spec, version);
+  plan_duration_->Observe(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  (plan.ok() ? plans_ok_ : plans_error_)->Increment();
+  return plan;
+}
+
+void ClusterState::RecordObservationsLocked(const tributary::v1::NodeLoad& load) {
+  for (const auto& o : load.jobs()) {
+    if (!jobs_.contains(o.job_id())) continue;  // bounded label set: known jobs only
+    const prometheus::Labels l{{"job", o.job_id()}};
+    observed_bytes_->Add(l).Increment(static_cast<double>(o.bytes()));
+    observed_seconds_->Add(l).Increment(o.seconds());
+    if (o.bytes() > 0) observed_per_byte_->Add(l).Set(o.seconds() / o.bytes());
+  }
+}
+
+std::shared_ptr<prometheus::Collectable> ClusterState::collector() const {
+  return std::make_shared<common::metrics::FunctionCollector>([this] { return CollectMetrics(); });
+}
+
+std::vector<prometheus::MetricFamily> ClusterState::CollectMetrics() const {
+  using common::metrics::AddSample;
+  using common::metrics::MakeFamily;
+  using prometheus::MetricType;
+  std::lock_guard lock(mu_);
+  std::set<std::string> workers;
+  for (const auto& [id, entry] : jobs_) {
+    for (const auto& w : entry.job.plan().workers()) workers.insert(w.node_id());
+    for (const auto& w : entry.job.spec().worker_nodes()) workers.insert(w);
+  }
+  double alive = 0, dead = 0, spare = 0;
+  for (const auto& [id, node] : nodes_) {
+    if (!node.alive) {
+      ++dead;
+      continue;
+    }
+    ++alive;
+    if (node.inventory.offers_summation() && !workers.contains(id)) ++spare;
+  }
+  std::vector<prometheus::MetricFamily> out;
+  out.push_back(MakeFamily("tributary_controller_nodes", "Nodes by state.", MetricType::Gauge));
+  AddSample(out.back(), alive, {{"state", "alive"}});
+  AddSample(out.back(), dead, {{"state", "dead"}});
+  AddSample(out.back(), spare, {{"state", "spare"}});
+  std::map<std::string, double> by_state{{"running", 0}, {"degraded", 0}, {"unspecified", 0}};
+  for (const auto& [id, entry] : jobs_) {
+    switch (entry.job.state()) {
+      case tributary::v1::JOB_STATE_RUNNING:
+        by_state["running"]++;
+        break;
+      case tributary::v1::JOB_STATE_DEGRADED:
+        by_state["degraded"]++;
+        break;
+      default:
+        by_state["unspecified"]++;
+    }
+  }
+  out.push_back(MakeFamily("tributary_controller_jobs", "Jobs by state.", MetricType::Gauge));
+  for (const auto& [state, n] : by_state) AddSample(out.back(), n, {{"state", state}});
+  out.push_back(MakeFamily("tributary_controller_predicted_seconds_per_byte",
+                           "The current plan's predicted all-reduce seconds per byte.",
+                           MetricType::Gauge));
+  for (const auto& [id, entry] : jobs_) {
+    AddSample(out.back(), entry.job.plan().predicted_seconds_per_byte(), {{"job", id}});
+  }
+  out.push_back(MakeFamily("tributary_controller_ring_seconds_per_byte",
+                           "Predicted ring all-reduce seconds per byte for the job.",
+                           MetricType::Gauge));
+  for (const auto& [id, entry] : jobs_) {
+    AddSample(out.back(), entry.job.plan().ring_seconds_per_byte(), {{"job", id}});
+  }
+  return out;
+}
+
+absl::StatusOr<tributary::v1::JobPlan> ClusterState::ComputePlanLocked(
+    const std::string& job_id, const tributary::v1::JobSpec& spec, uint64_t version) const {
   std::vector<NodeSnapshot> snapshot;
   for (const auto& [id, node] : nodes_) {
     NodeSnapshot s;

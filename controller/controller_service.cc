@@ -1,66 +1,104 @@
 #include "controller/controller_service.h"
 
+#include "common/metrics/metrics.h"
 #include "common/rpc/grpc_status.h"
 
 namespace tributary::controller {
 namespace {
 
-grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* ctx, const absl::Status& s) {
+constexpr const char* kMethodNames[] = {"RegisterNode", "Heartbeat", "GetAssignments", "ListNodes",
+                                        "CreateJob",    "GetJob",    "ListJobs",       "DeleteJob"};
+
+}  // namespace
+
+ControllerService::ControllerService(ClusterState* state, prometheus::Registry* registry)
+    : state_(state) {
+  if (registry == nullptr) {
+    own_registry_ = std::make_unique<prometheus::Registry>();
+    registry = own_registry_.get();
+  }
+  rpcs_ = &common::metrics::CounterFamily(*registry, "tributary_controller_rpcs_total",
+                                          "Controller RPCs handled, by method and status code.");
+  auto& duration = common::metrics::HistogramFamily(
+      *registry, "tributary_controller_rpc_duration_seconds", "Controller RPC handler time.");
+  for (int m = 0; m < kNumMethods; ++m) {
+    rpcs_->Add({{"method", kMethodNames[m]}, {"code", "OK"}});
+    duration_[m] =
+        &duration.Add({{"method", kMethodNames[m]}},
+                      prometheus::Histogram::BucketBoundaries{
+                          0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1});
+  }
+}
+
+grpc::ServerUnaryReactor* ControllerService::Finish(Method method,
+                                                    std::chrono::steady_clock::time_point start,
+                                                    grpc::CallbackServerContext* ctx,
+                                                    const absl::Status& s) {
+  duration_[method]->Observe(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  rpcs_->Add({{"method", kMethodNames[method]}, {"code", absl::StatusCodeToString(s.code())}})
+      .Increment();
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   reactor->Finish(common::ToGrpcStatus(s));
   return reactor;
 }
 
-}  // namespace
-
 grpc::ServerUnaryReactor* ControllerService::RegisterNode(
     grpc::CallbackServerContext* ctx, const tributary::v1::RegisterNodeRequest* req,
     tributary::v1::RegisterNodeResponse* resp) {
-  return Finish(ctx, state_->RegisterNode(*req, resp));
+  const auto start = std::chrono::steady_clock::now();
+  return Finish(kRegisterNode, start, ctx, state_->RegisterNode(*req, resp));
 }
 
 grpc::ServerUnaryReactor* ControllerService::Heartbeat(grpc::CallbackServerContext* ctx,
                                                        const tributary::v1::HeartbeatRequest* req,
                                                        tributary::v1::HeartbeatResponse* resp) {
-  return Finish(ctx, state_->Heartbeat(*req, resp));
+  const auto start = std::chrono::steady_clock::now();
+  return Finish(kHeartbeat, start, ctx, state_->Heartbeat(*req, resp));
 }
 
 grpc::ServerUnaryReactor* ControllerService::GetAssignments(
     grpc::CallbackServerContext* ctx, const tributary::v1::GetAssignmentsRequest* req,
     tributary::v1::GetAssignmentsResponse* resp) {
-  return Finish(ctx, state_->GetAssignments(*req, resp));
+  const auto start = std::chrono::steady_clock::now();
+  return Finish(kGetAssignments, start, ctx, state_->GetAssignments(*req, resp));
 }
 
 grpc::ServerUnaryReactor* ControllerService::ListNodes(grpc::CallbackServerContext* ctx,
                                                        const tributary::v1::ListNodesRequest*,
                                                        tributary::v1::ListNodesResponse* resp) {
+  const auto start = std::chrono::steady_clock::now();
   state_->ListNodes(resp);
-  return Finish(ctx, absl::OkStatus());
+  return Finish(kListNodes, start, ctx, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* ControllerService::CreateJob(grpc::CallbackServerContext* ctx,
                                                        const tributary::v1::CreateJobRequest* req,
                                                        tributary::v1::Job* resp) {
-  return Finish(ctx, state_->CreateJob(*req, resp));
+  const auto start = std::chrono::steady_clock::now();
+  return Finish(kCreateJob, start, ctx, state_->CreateJob(*req, resp));
 }
 
 grpc::ServerUnaryReactor* ControllerService::GetJob(grpc::CallbackServerContext* ctx,
                                                     const tributary::v1::GetJobRequest* req,
                                                     tributary::v1::Job* resp) {
-  return Finish(ctx, state_->GetJob(req->job_id(), resp));
+  const auto start = std::chrono::steady_clock::now();
+  return Finish(kGetJob, start, ctx, state_->GetJob(req->job_id(), resp));
 }
 
 grpc::ServerUnaryReactor* ControllerService::ListJobs(grpc::CallbackServerContext* ctx,
                                                       const tributary::v1::ListJobsRequest*,
                                                       tributary::v1::ListJobsResponse* resp) {
+  const auto start = std::chrono::steady_clock::now();
   state_->ListJobs(resp);
-  return Finish(ctx, absl::OkStatus());
+  return Finish(kListJobs, start, ctx, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* ControllerService::DeleteJob(grpc::CallbackServerContext* ctx,
                                                        const tributary::v1::DeleteJobRequest* req,
                                                        tributary::v1::DeleteJobResponse*) {
-  return Finish(ctx, state_->DeleteJob(req->job_id()));
+  const auto start = std::chrono::steady_clock::now();
+  return Finish(kDeleteJob, start, ctx, state_->DeleteJob(req->job_id()));
 }
 
 }  // namespace tributary::controller

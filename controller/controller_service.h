@@ -1,6 +1,9 @@
 // The tributary.v1.Controller gRPC service: a thin callback-API layer over ClusterState.
 #pragma once
 
+#include <chrono>
+#include <memory>
+
 #include "controller/cluster_state.h"
 #include "tributary/v1/controller.grpc.pb.h"
 
@@ -9,7 +12,9 @@ namespace tributary::controller {
 // Handlers answer inline on the gRPC thread: ClusterState never blocks on I/O.
 class ControllerService final : public tributary::v1::Controller::CallbackService {
  public:
-  explicit ControllerService(ClusterState* state) : state_(state) {}
+  // `registry` receives tributary_controller_rpcs_total and _rpc_duration_seconds; null: one of
+  // its own. It must outlive this object.
+  explicit ControllerService(ClusterState* state, prometheus::Registry* registry = nullptr);
 
   grpc::ServerUnaryReactor* RegisterNode(grpc::CallbackServerContext* ctx,
                                          const tributary::v1::RegisterNodeRequest* req,
@@ -37,7 +42,24 @@ class ControllerService final : public tributary::v1::Controller::CallbackServic
                                       tributary::v1::DeleteJobResponse* resp) override;
 
  private:
+  enum Method {
+    kRegisterNode,
+    kHeartbeat,
+    kGetAssignments,
+    kListNodes,
+    kCreateJob,
+    kGetJob,
+    kListJobs,
+    kDeleteJob,
+    kNumMethods
+  };
+  grpc::ServerUnaryReactor* Finish(Method method, std::chrono::steady_clock::time_point start,
+                                   grpc::CallbackServerContext* ctx, const absl::Status& s);
+
   ClusterState* state_;
+  std::unique_ptr<prometheus::Registry> own_registry_;
+  prometheus::Family<prometheus::Counter>* rpcs_;
+  prometheus::Histogram* duration_[kNumMethods];
 };
 
 }  // namespace tributary::controller

@@ -7,6 +7,7 @@
 
 #include "CLI/CLI.hpp"
 #include "common/logging.h"
+#include "common/metrics/metrics.h"
 #include "common/rpc/grpc_status.h"
 #include "controller/cluster_state.h"
 #include "controller/controller_service.h"
@@ -24,7 +25,8 @@ void OnSignal(int) {
 int main(int argc, char** argv) {
   CLI::App app{"Tributary controller: node registry, jobs and plans"};
   std::string listen = "127.0.0.1:7070";
-  std::string log_level;
+  std::string log_level, log_format;
+  std::string metrics_listen = "0.0.0.0:9464", metrics_port_file;
   std::string port_file;
   int heartbeat_ms = 500, heartbeat_timeout_ms = 3000;
   app.add_option("--listen", listen, "gRPC listen address (host:port; port 0 picks one)");
@@ -33,16 +35,35 @@ int main(int argc, char** argv) {
   app.add_option("--heartbeat-timeout-ms", heartbeat_timeout_ms,
                  "A node without a heartbeat for this long is dead");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error (or TRIBUTARY_LOG_LEVEL)");
+  app.add_option("--log-format", log_format, "text|json (or TRIBUTARY_LOG_FORMAT)");
+  app.add_option("--metrics-listen", metrics_listen,
+                 "Prometheus /metrics listener HOST:PORT (port 0 picks one; empty: off)");
+  app.add_option("--metrics-port-file", metrics_port_file,
+                 "Write the bound metrics port to this file");
   CLI11_PARSE(app, argc, argv);
-  tributary::common::InitLogging(log_level);
+  tributary::common::InitLogging(log_level, log_format);
   auto log = tributary::common::Logger("controller");
 
   tributary::controller::ClusterState::Options options;
   options.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
   options.heartbeat_timeout = std::chrono::milliseconds(heartbeat_timeout_ms);
+  auto registry = std::make_shared<prometheus::Registry>();
   tributary::controller::ClusterState state(tributary::common::SystemClock::Get(), options,
-                                            std::random_device{}() << 20);
-  tributary::controller::ControllerService service(&state);
+                                            std::random_device{}() << 20, registry.get());
+  tributary::controller::ControllerService service(&state, registry.get());
+  std::shared_ptr<prometheus::Collectable> state_collector = state.collector();
+  auto process = std::make_shared<tributary::common::metrics::ProcessCollector>();
+  std::unique_ptr<tributary::common::metrics::MetricsServer> metrics;
+  if (!metrics_listen.empty()) {
+    auto server = tributary::common::metrics::MetricsServer::Start(
+        metrics_listen, metrics_port_file, {registry, state_collector, process});
+    if (!server.ok()) {
+      log->critical("{}", server.status().message());
+      return 1;
+    }
+    metrics = *std::move(server);
+    log->info("metrics on {} (port {})", metrics_listen, metrics->port());
+  }
 
   tributary::common::EnableHealthAndReflection();
   grpc::ServerBuilder builder;

@@ -18,11 +18,13 @@ void AddGlobalOptions(CLI::App& app, GlobalOptions& global) {
       ->check(CLI::PositiveNumber);
   app.add_option("--log-level", global.log_level,
                  "trace, debug, info, warn, error, off (default: $TRIBUTARY_LOG_LEVEL or info)");
+  app.add_option("--log-format", global.log_format,
+                 "text or json (one JSON object per line; default: $TRIBUTARY_LOG_FORMAT or text)");
 }
 
 void SetAction(CLI::App* command, GlobalOptions& global, std::function<absl::Status()> run) {
   command->callback([&global, run = std::move(run)] {
-    common::InitLogging(global.log_level);
+    common::InitLogging(global.log_level, global.log_format);
     global.status = run();
   });
 }

@@ -21,6 +21,8 @@ struct GlobalOptions {
   int rpc_timeout_ms = 10000;
   // spdlog level; empty: TRIBUTARY_LOG_LEVEL, else info.
   std::string log_level;
+  // "text" or "json"; empty: TRIBUTARY_LOG_FORMAT, else text.
+  std::string log_format;
   // Result of the subcommand that ran; main prints "error: <message>" and exits 1 if not OK.
   absl::Status status;
 };

@@ -272,7 +272,7 @@ absl::Status RunBench(const BenchFlags& f, const GlobalOptions& global) {
   const uint64_t max_bytes = *std::max_element(sizes.begin(), sizes.end());
   ASSIGN_OR_RETURN(auto cluster, StartCluster(f.cluster));
   std::printf(
-      "# tributary bench: %d worker nodes x %d processes, %d spare nodes, NIC %.3g Gbit/s"
+      "# tributary bench: %d worker nodes x %d processes, %d spare nodes, NIC %s Gbit/s"
       " (%s), partition %s, credit %s, %s, %d iterations after %d warm-ups\n",
       f.cluster.workers, f.procs_per_node, f.cluster.spares,
       absl::StrJoin(f.cluster.nic_gbps, ",").c_str(),

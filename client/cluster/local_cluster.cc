@@ -86,11 +86,26 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
 
   const std::string port_file = o.run_dir + "/controller.port";
   fs::remove(port_file);
-  auto pid = SpawnProcess(
-      {o.bin_dir + "/tributary-controller", "--listen", "127.0.0.1:0", "--port-file", port_file,
-       "--log-level", o.log_level, "--heartbeat-ms", std::to_string(o.heartbeat.count()),
-       "--heartbeat-timeout-ms", std::to_string(o.heartbeat_timeout.count())},
-      o.run_dir + "/controller.log");
+  // --metrics-listen for the process named `name`, and where it writes its port.
+  auto metrics_args = [&o](const std::string& name) -> std::vector<std::string> {
+    if (!o.metrics) return {"--metrics-listen", ""};
+    const std::string file = absl::StrCat(o.run_dir, "/", name, ".metrics.port");
+    fs::remove(file);
+    return {"--metrics-listen", "127.0.0.1:0", "--metrics-port-file", file};
+  };
+  std::vector<std::string> controller_argv = {o.bin_dir + "/tributary-controller",
+                                              "--listen",
+                                              "127.0.0.1:0",
+                                              "--port-file",
+                                              port_file,
+                                              "--log-level",
+                                              o.log_level,
+                                              "--heartbeat-ms",
+                                              std::to_string(o.heartbeat.count()),
+                                              "--heartbeat-timeout-ms",
+                                              std::to_string(o.heartbeat_timeout.count())};
+  for (std::string& a : metrics_args("controller")) controller_argv.push_back(std::move(a));
+  auto pid = SpawnProcess(controller_argv, o.run_dir + "/controller.log");
   if (!pid.ok()) return pid.status();
   c->controller_pid_ = *pid;
   const auto deadline = std::chrono::steady_clock::now() + o.start_timeout;
@@ -126,6 +141,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
                                      "--log-level",
                                      o.log_level};
     if (o.emulate_nic) argv.push_back("--emulate-nic");
+    for (std::string& a : metrics_args(c->node_id(i))) argv.push_back(std::move(a));
     if (i < o.workers && !o.worker_topology_file.empty()) {
       argv.push_back("--topology-file");
       argv.push_back(o.worker_topology_file);
@@ -143,7 +159,36 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
   if (absl::Status s = c->WaitForAliveNodes(c->num_nodes(), left); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat(s.message(), "; logs in ", o.run_dir));
   }
+  if (o.metrics) {
+    // Every process wrote its metrics port before serving anything else; wait bounded anyway.
+    auto read_port = [&](const std::string& name) -> absl::StatusOr<std::string> {
+      const std::string file = absl::StrCat(o.run_dir, "/", name, ".metrics.port");
+      while (true) {
+        int p = 0;
+        std::ifstream f(file);
+        if (f >> p && p > 0) return absl::StrCat("127.0.0.1:", p);
+        if (std::chrono::steady_clock::now() > deadline) {
+          return absl::DeadlineExceededError(
+              absl::StrCat("no metrics port from ", name, "; logs in ", o.run_dir));
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    };
+    absl::StatusOr<std::string> a = read_port("controller");
+    if (!a.ok()) return a.status();
+    c->controller_metrics_address_ = *a;
+    for (int i = 0; i < c->num_nodes(); ++i) {
+      absl::StatusOr<std::string> m = read_port(c->node_id(i));
+      if (!m.ok()) return m.status();
+      c->metrics_addresses_.push_back(*m);
+    }
+  }
   return c;
+}
+
+std::string LocalCluster::metrics_address(int node) const {
+  if (node < 0 || node >= static_cast<int>(metrics_addresses_.size())) return "";
+  return metrics_addresses_[node];
 }
 
 absl::Status LocalCluster::WaitForAliveNodes(int alive, std::chrono::milliseconds timeout) {

@@ -36,6 +36,9 @@ struct LocalClusterOptions {
   std::chrono::milliseconds heartbeat{200};
   // A node silent for this long is dead (and its jobs re-planned).
   std::chrono::milliseconds heartbeat_timeout{1200};
+  // Serve Prometheus /metrics from every process on an ephemeral loopback port (see
+  // metrics_address); off: the processes serve none (their fixed default ports would collide).
+  bool metrics = false;
 };
 
 // Owns the processes: Stop (or the destructor) ends them, SIGTERM first, SIGKILL after a
@@ -57,6 +60,10 @@ class LocalCluster {
   int num_nodes() const { return options_.workers + options_.spares; }
   const std::string& run_dir() const { return options_.run_dir; }
   tributary::v1::Controller::Stub& controller() { return *stub_; }
+  // "127.0.0.1:PORT" of the /metrics listener of node i's agent / of the controller; empty
+  // unless options.metrics.
+  std::string metrics_address(int node) const;
+  std::string controller_metrics_address() const { return controller_metrics_address_; }
 
   // Failure injection for tests: SIGSTOP / SIGCONT / SIGKILL of node i's agent.
   void FreezeNode(int i);
@@ -74,6 +81,8 @@ class LocalCluster {
   pid_t controller_pid_ = -1;
   std::vector<pid_t> agent_pids_;
   std::string controller_address_;
+  std::string controller_metrics_address_;
+  std::vector<std::string> metrics_addresses_;
   std::unique_ptr<tributary::v1::Controller::Stub> stub_;
 };
 

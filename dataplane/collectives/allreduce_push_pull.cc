@@ -206,6 +206,13 @@ void PushPullServer::HandlePushLocked(const JobView& job, const WireHeader& h,
                           h.chunk_count);
           }
           stats_->bytes_summed += payload.size();
+          if (job.counters && h.sender < job.counters->summed.size()) {
+            job.counters->summed[h.sender]->Increment(static_cast<double>(payload.size()));
+          }
+          if (Log()->should_log(spdlog::level::debug)) {
+            Log()->debug("sum of {} ({} bytes) of job {} from worker {} ({}/{})", Describe(h),
+                         payload.size(), job.job_id, h.sender, st.num_received, n);
+          }
         }
         if (st.num_received == n) {
           WireHeader r = st.descriptor;
@@ -213,7 +220,16 @@ void PushPullServer::HandlePushLocked(const JobView& job, const WireHeader& h,
           r.sender = WireHeader::kFromServer;
           r.chunk_offset = h.chunk_offset;
           r.chunk_count = h.chunk_count;
-          for (const std::string& addr : job.worker_addresses) out.push_back({addr, r, st.sum});
+          for (size_t w = 0; w < job.worker_addresses.size(); ++w) {
+            out.push_back({job.worker_addresses[w], r, st.sum});
+            if (job.counters && st.sum && w < job.counters->served.size()) {
+              job.counters->served[w]->Increment(static_cast<double>(st.sum->size()));
+            }
+          }
+          if (Log()->should_log(spdlog::level::debug)) {
+            Log()->debug("result of {} of job {} complete, sent to {} workers", Describe(h),
+                         job.job_id, job.worker_addresses.size());
+          }
           AddHeld(-static_cast<int64_t>(st.sum ? st.sum->size() : 0));
           chunks_.erase(it);
         }
@@ -249,8 +265,9 @@ void PushPullServer::SendAll(std::vector<Outgoing> out) {
     std::span<const std::byte> bytes;
     if (payload) bytes = *payload;
     transport_->Send(o.address, AsBytes(o.header), bytes,
-                     [payload, addr = o.address, what = Describe(o.header)](absl::Status s) {
+                     [this, payload, addr = o.address, what = Describe(o.header)](absl::Status s) {
                        if (!s.ok()) {
+                         stats_->send_failures++;
                          Log()->warn("reply for {} to worker {} failed: {}", what, addr,
                                      s.message());
                        }
@@ -392,6 +409,11 @@ void PushPullWorker::RemoveJob(uint64_t job_hash) {
 
 void PushPullWorker::AddInFlight(int64_t delta) {
   AddGauge(stats_->worker_bytes_in_flight, stats_->worker_peak_bytes_in_flight, delta);
+  if (delta > 0) {
+    stats_->worker_chunks_in_flight++;
+  } else if (delta < 0) {
+    stats_->worker_chunks_in_flight--;
+  }
 }
 
 absl::Status PushPullWorker::Start(const std::string& job_id, LocalOperation op) {
@@ -473,6 +495,7 @@ void PushPullWorker::PumpLocked(std::vector<std::function<void()>>& sends) {
     const uint64_t bytes = op->ChunkBytes(it->chunk);
     uint64_t& in_flight = in_flight_bytes_[op->job_hash];
     if (in_flight > 0 && in_flight + bytes > op->job->credit_bytes) {
+      stats_->credit_waits++;
       ++it;  // another job's credit may still allow its chunks
       continue;
     }
@@ -482,6 +505,7 @@ void PushPullWorker::PumpLocked(std::vector<std::function<void()>>& sends) {
     sends.push_back([this, op, chunk = it->chunk] { SendChunk(op, chunk); });
     it = queue_.erase(it);
   }
+  stats_->worker_queued_chunks = queue_.size();
 }
 
 void PushPullWorker::SendChunk(std::shared_ptr<Operation> op, uint32_t chunk) {
@@ -516,13 +540,20 @@ void PushPullWorker::SendChunk(std::shared_ptr<Operation> op, uint32_t chunk) {
   }
   stats_->chunks_pushed++;
   stats_->bytes_pushed += payload.size();
-  Log()->debug("push of {} ({} bytes) of job {} to server {}", Describe(h), payload.size(),
-               op->job->job_id, server);
+  const uint32_t server_index = op->map.ServerOf(h.tensor, h.num_chunks, chunk);
+  if (op->job->counters && server_index < op->job->counters->pushed.size()) {
+    op->job->counters->pushed[server_index]->Increment(static_cast<double>(payload.size()));
+  }
+  if (Log()->should_log(spdlog::level::debug)) {
+    Log()->debug("push of {} ({} bytes) of job {} tensor '{}' to server {}", Describe(h),
+                 payload.size(), op->job->job_id, op->op.tensor_name, server);
+  }
   const CollectiveKey key{op->job_hash, op->tensor_hash, op->op.iteration};
   transport_->Send(
       server, AsBytes(h), payload,
       [this, staging, key, server, what = Describe(h)](absl::Status s) {
         if (s.ok()) return;
+        stats_->send_failures++;
         std::vector<Completion> done;
         {
           std::lock_guard lock(mu_);
@@ -585,6 +616,15 @@ void PushPullWorker::HandleResult(const WireHeader& h, std::span<const std::byte
   const uint64_t offset = h.chunk_offset * op->element_size;
   const auto& buffers = op->op.buffers;
   stats_->bytes_pulled += payload.size();
+  const uint32_t server_index = op->map.ServerOf(h.tensor, h.num_chunks, h.chunk);
+  if (op->job->counters && server_index < op->job->counters->pulled.size()) {
+    op->job->counters->pulled[server_index]->Increment(static_cast<double>(payload.size()));
+  }
+  if (Log()->should_log(spdlog::level::debug)) {
+    Log()->debug("result of {} ({} bytes) of job {} tensor '{}' from server {}", Describe(h),
+                 payload.size(), op->job->job_id, op->op.tensor_name,
+                 op->job->server_addresses[server_index]);
+  }
   if (op->is_broadcast()) {
     const bool root_node = static_cast<uint32_t>(op->job->my_worker_rank) == op->op.root_node;
     for (size_t b = 0; b < buffers.size(); ++b) {
@@ -705,7 +745,9 @@ PushPullNode::PushPullNode(Transport* transport, Reducer* reducer, const common:
       });
 }
 
-void PushPullNode::SetJob(const JobView& view) {
+void PushPullNode::SetJob(const JobView& in) {
+  JobView view = in;
+  if (metrics_ != nullptr) view.counters = metrics_->ForJob(view);
   server_.SetJob(view);
   worker_.SetJob(view);
 }

@@ -21,6 +21,7 @@
 #include "absl/status/status.h"
 #include "common/clock.h"
 #include "common/dtype.h"
+#include "dataplane/collectives/dataplane_metrics.h"
 #include "dataplane/collectives/wire.h"
 #include "dataplane/reduce/reducer.h"
 #include "dataplane/schedule/chunk_map.h"
@@ -41,6 +42,11 @@ struct JobView {
   std::chrono::milliseconds op_timeout{30000};  // deadline of one collective
   int my_worker_rank = -1;                      // this node's worker rank, -1 if it is not a worker
   int my_server_index = -1;  // this node's server index, -1 if it is not a server
+  // Node ids for metric labels, parallel to the address lists (may be empty: addresses are used).
+  std::vector<std::string> worker_node_ids;
+  std::vector<std::string> server_node_ids;
+  // Per-peer byte counters (PushPullNode::SetJob fills them when metrics are attached).
+  std::shared_ptr<const JobPeerCounters> counters;
 
   uint64_t job_hash() const;
   uint32_t world_size() const {
@@ -67,6 +73,10 @@ struct PushPullStats {
   std::atomic<uint64_t> worker_peak_staging_bytes{0};
   std::atomic<uint64_t> worker_bytes_in_flight{0};  // gauge
   std::atomic<uint64_t> worker_peak_bytes_in_flight{0};
+  std::atomic<uint64_t> worker_chunks_in_flight{0};  // gauge
+  std::atomic<uint64_t> worker_queued_chunks{0};     // gauge: waiting for credit
+  std::atomic<uint64_t> credit_waits{0};             // a ready chunk found no credit
+  std::atomic<uint64_t> send_failures{0};            // transport sends that failed
 };
 
 // The summation service of one node.
@@ -243,6 +253,9 @@ class PushPullNode {
 
   // Messages of the ring / halving-doubling engine (see IsCollectiveMessage) go to `engine`.
   void SetCollectiveEngine(class CollectiveEngine* engine) { engine_ = engine; }
+  // Attaches per-peer byte counters to the jobs set from now on. Call before the first SetJob;
+  // `metrics` must outlive this node.
+  void SetMetrics(DataPlaneMetrics* metrics) { metrics_ = metrics; }
 
   PushPullServer& server() { return server_; }
   PushPullWorker& worker() { return worker_; }
@@ -254,6 +267,7 @@ class PushPullNode {
 
   Transport* transport_;
   std::atomic<class CollectiveEngine*> engine_{nullptr};
+  DataPlaneMetrics* metrics_ = nullptr;
   PushPullStats stats_;
   PushPullServer server_;
   PushPullWorker worker_;

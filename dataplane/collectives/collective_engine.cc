@@ -339,6 +339,12 @@ void CollectiveEngine::HandleMessage(std::span<const std::byte> header,
   const CollectiveHeader& h = *parsed;
   stats_.messages_received++;
   stats_.bytes_received += payload.size();
+  if (Log()->should_log(spdlog::level::debug)) {
+    Log()->debug(
+        "received job {:016x} tensor {:016x} iteration {} step {} chunk {}/{} ({} bytes) "
+        "from rank {}",
+        h.job, h.tensor, h.iteration, h.step, h.chunk, h.num_chunks, payload.size(), h.sender);
+  }
   const CollectiveKey key = {h.job, h.tensor, h.iteration};
   std::vector<Outgoing> out;
   std::vector<Completion> done;
@@ -535,6 +541,7 @@ void CollectiveEngine::OnSendDone(const std::shared_ptr<OpState>& op, int peer,
     std::lock_guard lock(mu_);
     op->sends_outstanding--;
     if (!status.ok()) {
+      stats_.send_failures++;
       FailLocked(op,
                  absl::UnavailableError(absl::StrCat(op->Name(), ": send to rank ", peer, " (",
                                                      op->view->rank_addresses[peer],
@@ -552,6 +559,11 @@ void CollectiveEngine::Flush(std::vector<Outgoing> out, std::vector<Completion> 
     if (o.op) {
       stats_.messages_sent++;
       stats_.bytes_sent += o.payload.size();
+      if (Log()->should_log(spdlog::level::debug)) {
+        Log()->debug("{}: step {} chunk {}/{} ({} bytes) to rank {} ({})", o.op->Name(),
+                     o.header.step, o.header.chunk, o.header.num_chunks, o.payload.size(), o.peer,
+                     o.address);
+      }
       transport_->Send(o.address, AsBytes(o.header), o.payload,
                        [this, op = std::move(o.op), peer = o.peer](absl::Status s) {
                          OnSendDone(op, peer, std::move(s));

@@ -179,6 +179,7 @@ struct CollectiveEngineStats {
   std::atomic<uint64_t> early_messages{0};      // buffered before their operation started
   std::atomic<uint64_t> early_dropped{0};       // over kMaxEarlyBytes or expired
   std::atomic<uint64_t> late_messages{0};       // for an operation already failed or finished
+  std::atomic<uint64_t> send_failures{0};       // transport sends that failed
 };
 
 // The peer-to-peer collectives of one node.

@@ -1,6 +1,8 @@
 #include "dataplane/collectives/node_collectives.h"
 
+#include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/hash.h"
@@ -65,7 +67,77 @@ void NodeCollectives::Abort(const std::string& job_id, const std::string& tensor
   node_->worker().Abort(job_id, tensor_name, iteration, reason);
 }
 
+void NodeCollectives::SetMetrics(DataPlaneMetrics* metrics, const common::Clock* clock) {
+  metrics_ = metrics;
+  clock_ = clock;
+  node_->SetMetrics(metrics);
+}
+
 absl::Status NodeCollectives::Start(const std::string& job_id, LocalOperation op) {
+  if (metrics_ == nullptr) return StartUninstrumented(job_id, std::move(op));
+  const uint64_t bytes = op.count * common::DataTypeSize(op.dtype);
+  absl::StatusOr<Algorithm> algorithm = AlgorithmFor(job_id, bytes);
+  if (!algorithm.ok()) return algorithm.status();
+  uint64_t id;
+  const common::Clock::TimePoint started = clock_->Now();
+  {
+    std::lock_guard lock(pending_mu_);
+    id = next_pending_++;
+    pending_[id] = Pending{job_id, started};
+  }
+  // The wrapper may run before Start returns (on this thread): the entry exists already.
+  op.done = [this, id, job_id, bytes, started, alg = *algorithm,
+             done = std::move(op.done)](absl::Status s) {
+    const double seconds = std::chrono::duration<double>(clock_->Now() - started).count();
+    {
+      std::lock_guard lock(pending_mu_);
+      pending_.erase(id);
+      if (s.ok()) {
+        Observation& o = observations_[job_id];
+        o.bytes += bytes;
+        o.seconds += seconds;
+      }
+    }
+    metrics_->OperationFinished(alg, bytes, seconds, s);
+    if (done) done(std::move(s));
+  };
+  metrics_->OperationStarted(*algorithm);
+  absl::Status s = StartUninstrumented(job_id, std::move(op));
+  if (!s.ok()) {
+    {
+      std::lock_guard lock(pending_mu_);
+      pending_.erase(id);
+    }
+    metrics_->OperationRefused(*algorithm, s);
+  }
+  return s;
+}
+
+void NodeCollectives::UpdatePendingMetrics() {
+  if (metrics_ == nullptr) return;
+  std::map<std::string, std::pair<size_t, double>> by_job;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [job_id, entry] : jobs_) by_job[job_id] = {0, 0.0};
+  }
+  const common::Clock::TimePoint now = clock_->Now();
+  {
+    std::lock_guard lock(pending_mu_);
+    for (const auto& [id, p] : pending_) {
+      auto& [n, oldest] = by_job[p.job_id];
+      ++n;
+      oldest = std::max(oldest, std::chrono::duration<double>(now - p.started).count());
+    }
+  }
+  for (const auto& [job_id, v] : by_job) metrics_->SetPending(job_id, v.first, v.second);
+}
+
+std::map<std::string, NodeCollectives::Observation> NodeCollectives::TakeObservations() {
+  std::lock_guard lock(pending_mu_);
+  return std::exchange(observations_, {});
+}
+
+absl::Status NodeCollectives::StartUninstrumented(const std::string& job_id, LocalOperation op) {
   const size_t esize = common::DataTypeSize(op.dtype);
   ASSIGN_OR_RETURN(Algorithm algorithm, AlgorithmFor(job_id, op.count * esize));
   if (algorithm == Algorithm::kPushPull) return node_->worker().Start(job_id, std::move(op));

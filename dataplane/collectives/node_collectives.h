@@ -10,6 +10,7 @@
 #include "dataplane/collectives/algorithm_selector.h"
 #include "dataplane/collectives/allreduce_push_pull.h"
 #include "dataplane/collectives/collective_engine.h"
+#include "dataplane/collectives/dataplane_metrics.h"
 
 namespace tributary::dataplane {
 
@@ -43,7 +44,27 @@ class NodeCollectives {
   // The algorithm `Start` would use for `bytes` in this job (for logs and tests).
   absl::StatusOr<Algorithm> AlgorithmFor(const std::string& job_id, uint64_t bytes) const;
 
+  // Records operation counts, durations and pending ages into `metrics` from now on, timed by
+  // `clock`; also attaches the per-peer counters to the node. Call before the first SetJob; both
+  // must outlive this object.
+  void SetMetrics(DataPlaneMetrics* metrics, const common::Clock* clock);
+  // Refreshes the pending-operation gauges of every job (the agent's tick calls it).
+  void UpdatePendingMetrics();
+  // Bytes and summed seconds of the operations completed OK since the last call, per job (for
+  // the controller's observed-vs-predicted comparison).
+  struct Observation {
+    uint64_t bytes = 0;
+    double seconds = 0;
+  };
+  std::map<std::string, Observation> TakeObservations();
+
  private:
+  absl::Status StartUninstrumented(const std::string& job_id, LocalOperation op);
+  struct Pending {
+    std::string job_id;
+    common::Clock::TimePoint started;
+  };
+
   struct JobEntry {
     AlgorithmChoice choice = AlgorithmChoice::kAuto;
     int num_workers = 0;
@@ -56,6 +77,12 @@ class NodeCollectives {
   Reducer* reducer_;
   mutable std::mutex mu_;
   std::map<std::string, JobEntry> jobs_;
+  DataPlaneMetrics* metrics_ = nullptr;
+  const common::Clock* clock_ = nullptr;
+  std::mutex pending_mu_;  // guards the three below
+  std::map<uint64_t, Pending> pending_;
+  uint64_t next_pending_ = 0;
+  std::map<std::string, Observation> observations_;
 };
 
 }  // namespace tributary::dataplane

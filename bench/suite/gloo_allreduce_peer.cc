@@ -1,0 +1,144 @@
+// gloo_allreduce_peer: one rank of an nccl-tests-style Gloo all-reduce sweep (float32 sum, every
+// element checked after every timed iteration) over gloo::transport::tcp; ranks meet through a
+// FileStore in a shared folder. Rank 0 prints the table and CSV lines (see peer_common.h).
+//
+//   gloo_allreduce_peer --rank R --size N --store-dir DIR [--hostname IP | --iface DEV]
+//       [--algorithm ring|ring_chunked|hd|bcube] [--sizes 4K:256M] [--iters N] ...
+//
+// Algorithms: ring = gloo::allreduce() with Algorithm::RING (the segmented ring PyTorch uses;
+// 1 MiB segments), ring_chunked = gloo::AllreduceRingChunked, hd =
+// gloo::AllreduceHalvingDoubling, bcube = gloo::allreduce() with Algorithm::BCUBE.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gloo/allreduce.h"
+#include "gloo/allreduce_halving_doubling.h"
+#include "gloo/allreduce_ring_chunked.h"
+#include "gloo/barrier.h"
+#include "gloo/math.h"
+#include "gloo/rendezvous/context.h"
+#include "gloo/rendezvous/file_store.h"
+#include "gloo/transport/tcp/device.h"
+#include "peer_common.h"
+
+namespace {
+
+using tributary::bench::PeerFlags;
+
+int Run(int argc, char** argv) {
+  PeerFlags f;
+  f.algorithm = "ring";
+  int rank = -1, world = 0;
+  std::string store_dir, hostname, iface;
+  const bool ok = tributary::bench::ParsePeerFlags(
+      argc, argv, f, [&](const std::string& flag, const std::string& value) {
+        if (flag == "--rank")
+          rank = std::atoi(value.c_str());
+        else if (flag == "--size")
+          world = std::atoi(value.c_str());
+        else if (flag == "--store-dir")
+          store_dir = value;
+        else if (flag == "--hostname")
+          hostname = value;
+        else if (flag == "--iface")
+          iface = value;
+        else
+          return false;
+        return true;
+      });
+  if (!ok || rank < 0 || world <= 0 || rank >= world || store_dir.empty() ||
+      (f.algorithm != "ring" && f.algorithm != "ring_chunked" && f.algorithm != "hd" &&
+       f.algorithm != "bcube")) {
+    std::fprintf(stderr,
+                 "usage: gloo_allreduce_peer --rank R --size N --store-dir DIR [--hostname IP | "
+                 "--iface DEV] [--algorithm ring|ring_chunked|hd|bcube] [--sizes 4K:256M] "
+                 "[--iters N] [--warmup N] [--large-iters N] [--large-from 16M] [--no-check]\n");
+    return 2;
+  }
+  gloo::transport::tcp::attr attr;
+  if (!hostname.empty()) attr.hostname = hostname;
+  if (!iface.empty()) attr.iface = iface;
+  auto device = gloo::transport::tcp::CreateDevice(attr);
+  gloo::rendezvous::FileStore store(store_dir);
+  auto context = std::make_shared<gloo::rendezvous::Context>(rank, world);
+  context->setTimeout(std::chrono::seconds(300));
+  context->connectFullMesh(store, device);
+
+  const auto sizes = tributary::bench::ParseSizes(f.sizes);
+  uint64_t largest = 0;
+  for (auto s : sizes) largest = std::max(largest, s);
+  std::vector<float> buffer(largest / sizeof(float));
+  if (rank == 0) tributary::bench::PrintHeader("Gloo", f.algorithm, world);
+
+  // The sweep's one collective, as a callable: the class algorithms are built per size (they
+  // register their buffers once), gloo::allreduce takes options per call.
+  size_t total_wrong = 0;
+  for (uint64_t size : sizes) {
+    const size_t count = size / sizeof(float);
+    if (count == 0) continue;
+    const int iters = size >= f.large_from ? f.large_iters : f.iters;
+    std::unique_ptr<gloo::Algorithm> algorithm;
+    std::vector<float*> ptrs{buffer.data()};
+    if (f.algorithm == "hd") {
+      algorithm = std::make_unique<gloo::AllreduceHalvingDoubling<float>>(context, ptrs, count);
+    } else if (f.algorithm == "ring_chunked") {
+      algorithm = std::make_unique<gloo::AllreduceRingChunked<float>>(context, ptrs, count);
+    }
+    uint32_t tag = 0;
+    auto run_once = [&] {
+      if (algorithm) {
+        algorithm->run();
+        return;
+      }
+      gloo::AllreduceOptions opts(context);
+      opts.setAlgorithm(f.algorithm == "bcube" ? gloo::AllreduceOptions::Algorithm::BCUBE
+                                               : gloo::AllreduceOptions::Algorithm::RING);
+      opts.setOutput(buffer.data(), count);
+      void (*sum)(void*, const void*, const void*, size_t) = &gloo::sum<float>;
+      opts.setReduceFunction(sum);
+      opts.setTag(tag++);
+      gloo::allreduce(opts);
+    };
+    for (int i = 0; i < f.warmup; ++i) {
+      tributary::bench::Fill(buffer.data(), count, rank);
+      run_once();
+    }
+    double seconds = 0;
+    size_t wrong = 0;
+    for (int i = 0; i < iters; ++i) {
+      tributary::bench::Fill(buffer.data(), count, rank);
+      const double start = tributary::bench::Now();
+      run_once();
+      seconds += tributary::bench::Now() - start;
+      if (f.check) wrong += tributary::bench::CountWrong(buffer.data(), count, world);
+    }
+    total_wrong += wrong;
+    if (wrong > 0)
+      std::fprintf(stderr, "rank %d: %zu wrong elements at %zu B\n", rank, wrong, size);
+    if (rank == 0 && iters > 0) {
+      tributary::bench::PrintRow(count * sizeof(float), count, seconds / iters, world, wrong);
+    }
+    // Keep ranks in step between sizes (the class algorithms' pairs are per instance).
+    gloo::BarrierOptions barrier(context);
+    barrier.setTag(1u << 30);
+    gloo::barrier(barrier);
+  }
+  if (rank == 0)
+    std::printf("# wrong elements on rank 0: %zu %s\n", total_wrong, total_wrong ? "FAILED" : "OK");
+  return total_wrong == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return Run(argc, argv);
+  } catch (const std::exception& e) {  // Gloo reports errors as exceptions (gloo::IoException).
+    std::fprintf(stderr, "gloo_allreduce_peer: %s\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,134 @@
+// What the suite's peer programs (Gloo, MPI) share: flags, sizes, the input pattern and its check,
+// and the output lines, which match `tributary bench-rank --csv`:
+//   CSV,size,count,type,op,time_us,algbw,busbw,wrong
+#pragma once
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+namespace tributary::bench {
+
+struct PeerFlags {
+  std::string sizes = "4K:256M";  // MIN:MAX (powers of 2) or a comma list; K/M/G suffixes.
+  int iters = 10;                 // Timed iterations per size below `large_from`.
+  int warmup = 2;
+  int large_iters = 3;  // Timed iterations per size from `large_from`.
+  uint64_t large_from = 16ull << 20;
+  std::string algorithm;  // Peer-specific.
+  bool check = true;
+};
+
+inline uint64_t ParseOneSize(const std::string& text) {
+  char* end = nullptr;
+  double value = std::strtod(text.c_str(), &end);
+  switch (end && *end ? *end : ' ') {
+    case 'K':
+    case 'k':
+      value *= 1024;
+      break;
+    case 'M':
+    case 'm':
+      value *= 1024 * 1024;
+      break;
+    case 'G':
+    case 'g':
+      value *= 1024.0 * 1024 * 1024;
+      break;
+    default:
+      break;
+  }
+  return static_cast<uint64_t>(value);
+}
+
+inline std::vector<uint64_t> ParseSizes(const std::string& text) {
+  std::vector<uint64_t> sizes;
+  const auto colon = text.find(':');
+  if (colon != std::string::npos) {
+    const uint64_t lo = ParseOneSize(text.substr(0, colon));
+    const uint64_t hi = ParseOneSize(text.substr(colon + 1));
+    for (uint64_t s = lo; s > 0 && s <= hi; s *= 2) sizes.push_back(s);
+    return sizes;
+  }
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t comma = text.find(',', start);
+    if (comma == std::string::npos) comma = text.size();
+    if (comma > start) sizes.push_back(ParseOneSize(text.substr(start, comma - start)));
+    start = comma + 1;
+  }
+  return sizes;
+}
+
+// Parses --sizes, --iters, --warmup, --large-iters, --large-from, --algorithm, --no-check; other
+// "--flag value" pairs are handed to `extra` (return false there to reject them).
+template <typename Extra>
+bool ParsePeerFlags(int argc, char** argv, PeerFlags& f, Extra extra) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--no-check") {
+      f.check = false;
+      continue;
+    }
+    if (i + 1 >= argc) return false;
+    const std::string value = argv[++i];
+    if (flag == "--sizes")
+      f.sizes = value;
+    else if (flag == "--iters")
+      f.iters = std::atoi(value.c_str());
+    else if (flag == "--warmup")
+      f.warmup = std::atoi(value.c_str());
+    else if (flag == "--large-iters")
+      f.large_iters = std::atoi(value.c_str());
+    else if (flag == "--large-from")
+      f.large_from = ParseOneSize(value);
+    else if (flag == "--algorithm")
+      f.algorithm = value;
+    else if (!extra(flag, value))
+      return false;
+  }
+  return true;
+}
+
+// Rank r's input: element i is (r + 1) + (i % 7); the sum over n ranks is exact in float32.
+inline void Fill(float* data, size_t count, int rank) {
+  for (size_t i = 0; i < count; ++i)
+    data[i] = static_cast<float>(rank + 1 + static_cast<int>(i % 7));
+}
+
+inline size_t CountWrong(const float* data, size_t count, int world) {
+  size_t wrong = 0;
+  const float base = static_cast<float>(world * (world + 1) / 2);
+  for (size_t i = 0; i < count; ++i) {
+    const float expected = base + static_cast<float>(world * static_cast<int>(i % 7));
+    wrong += data[i] != expected;
+  }
+  return wrong;
+}
+
+inline double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+inline void PrintHeader(const char* peer, const std::string& algorithm, int world) {
+  std::printf("# %s all-reduce, algorithm %s, world size %d, float32 sum\n", peer,
+              algorithm.c_str(), world);
+  std::printf("# %12s %14s %12s %10s %10s %8s\n", "size(B)", "count", "time(us)", "algbw(GB/s)",
+              "busbw(GB/s)", "#wrong");
+}
+
+inline void PrintRow(size_t bytes, size_t count, double seconds, int world, size_t wrong) {
+  const double algbw = static_cast<double>(bytes) / seconds / 1e9;
+  const double busbw = algbw * 2.0 * (world - 1) / world;
+  std::printf("  %12zu %14zu %12.1f %10.3f %10.3f %8zu\n", bytes, count, seconds * 1e6, algbw,
+              busbw, wrong);
+  std::printf("CSV,%zu,%zu,float32,sum,%.3f,%.6f,%.6f,%zu\n", bytes, count, seconds * 1e6, algbw,
+              busbw, wrong);
+  std::fflush(stdout);
+}
+
+}  // namespace tributary::bench

@@ -1,0 +1,155 @@
+#include "dataplane/collectives/dataplane_metrics.h"
+
+#include "common/metrics/metrics.h"
+#include "dataplane/collectives/allreduce_push_pull.h"
+#include "dataplane/collectives/collective_engine.h"
+
+namespace tributary::dataplane {
+namespace {
+
+using common::metrics::CounterFamily;
+using common::metrics::GaugeFamily;
+using common::metrics::HistogramFamily;
+
+constexpr Algorithm kAlgorithms[] = {Algorithm::kRing, Algorithm::kHalvingDoubling,
+                                     Algorithm::kPushPull};
+constexpr const char* kReasons[] = {"DEADLINE_EXCEEDED", "UNAVAILABLE", "INVALID_ARGUMENT",
+                                    "CANCELLED",         "NOT_FOUND",   "FAILED_PRECONDITION",
+                                    "ALREADY_EXISTS",    "INTERNAL",    "UNKNOWN"};
+constexpr const char* kSizeClasses[] = {"<64KiB", "<1MiB", "<16MiB", ">=16MiB"};
+
+std::string AlgName(Algorithm a) { return std::string(AlgorithmName(a)); }
+
+std::string Reason(const absl::Status& s) { return absl::StatusCodeToString(s.code()); }
+
+prometheus::Histogram::BucketBoundaries DurationBuckets() {
+  return {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30};
+}
+
+}  // namespace
+
+const char* SizeClass(uint64_t bytes) {
+  if (bytes < (uint64_t{64} << 10)) return kSizeClasses[0];
+  if (bytes < (uint64_t{1} << 20)) return kSizeClasses[1];
+  if (bytes < (uint64_t{16} << 20)) return kSizeClasses[2];
+  return kSizeClasses[3];
+}
+
+DataPlaneMetrics::DataPlaneMetrics(prometheus::Registry& registry)
+    : pushed_(CounterFamily(registry, "tributary_dataplane_pushed_bytes_total",
+                            "Worker role: chunk bytes pushed to a summation server.")),
+      pulled_(CounterFamily(registry, "tributary_dataplane_pulled_bytes_total",
+                            "Worker role: sum bytes received from a summation server.")),
+      summed_(CounterFamily(registry, "tributary_dataplane_summed_bytes_total",
+                            "Server role: contribution bytes received from a worker and added.")),
+      served_(CounterFamily(registry, "tributary_dataplane_served_bytes_total",
+                            "Server role: sum bytes sent back to a worker.")),
+      started_(CounterFamily(registry, "tributary_dataplane_operations_started_total",
+                             "Node-level collective operations started.")),
+      completed_(CounterFamily(registry, "tributary_dataplane_operations_completed_total",
+                               "Node-level collective operations finished OK.")),
+      failed_(CounterFamily(registry, "tributary_dataplane_operations_failed_total",
+                            "Node-level collective operations that failed, by status code.")),
+      duration_(HistogramFamily(registry, "tributary_dataplane_operation_duration_seconds",
+                                "Start to completion of successful operations.")),
+      pending_(GaugeFamily(registry, "tributary_dataplane_pending_operations",
+                           "Operations started and not finished.")),
+      oldest_(GaugeFamily(registry, "tributary_dataplane_oldest_pending_operation_age_seconds",
+                          "Age of the oldest pending operation; 0 when none.")) {
+  for (Algorithm a : kAlgorithms) {
+    const int i = static_cast<int>(a);
+    started_by_alg_[i] = &started_.Add({{"algorithm", AlgName(a)}});
+    completed_by_alg_[i] = &completed_.Add({{"algorithm", AlgName(a)}});
+    for (const char* r : kReasons) failed_.Add({{"algorithm", AlgName(a)}, {"reason", r}});
+    for (const char* c : kSizeClasses) {
+      duration_.Add({{"algorithm", AlgName(a)}, {"size_class", c}}, DurationBuckets());
+    }
+  }
+}
+
+std::shared_ptr<const JobPeerCounters> DataPlaneMetrics::ForJob(const JobView& view) {
+  auto c = std::make_shared<JobPeerCounters>();
+  auto peer = [](const std::vector<std::string>& ids, const std::vector<std::string>& addrs,
+                 size_t i) { return i < ids.size() && !ids[i].empty() ? ids[i] : addrs[i]; };
+  for (size_t s = 0; s < view.server_addresses.size(); ++s) {
+    const prometheus::Labels l{{"job", view.job_id},
+                               {"peer_node", peer(view.server_node_ids, view.server_addresses, s)}};
+    c->pushed.push_back(&pushed_.Add(l));
+    c->pulled.push_back(&pulled_.Add(l));
+  }
+  for (size_t w = 0; w < view.worker_addresses.size(); ++w) {
+    const prometheus::Labels l{{"job", view.job_id},
+                               {"peer_node", peer(view.worker_node_ids, view.worker_addresses, w)}};
+    c->summed.push_back(&summed_.Add(l));
+    c->served.push_back(&served_.Add(l));
+  }
+  return c;
+}
+
+void DataPlaneMetrics::OperationStarted(Algorithm algorithm) {
+  started_by_alg_[static_cast<int>(algorithm)]->Increment();
+}
+
+void DataPlaneMetrics::OperationFinished(Algorithm algorithm, uint64_t bytes, double seconds,
+                                         const absl::Status& status) {
+  if (status.ok()) {
+    completed_by_alg_[static_cast<int>(algorithm)]->Increment();
+    duration_
+        .Add({{"algorithm", AlgName(algorithm)}, {"size_class", SizeClass(bytes)}},
+             DurationBuckets())
+        .Observe(seconds);
+  } else {
+    failed_.Add({{"algorithm", AlgName(algorithm)}, {"reason", Reason(status)}}).Increment();
+  }
+}
+
+void DataPlaneMetrics::OperationRefused(Algorithm algorithm, const absl::Status& status) {
+  failed_.Add({{"algorithm", AlgName(algorithm)}, {"reason", Reason(status)}}).Increment();
+}
+
+void DataPlaneMetrics::SetPending(const std::string& job_id, size_t pending,
+                                  double oldest_age_seconds) {
+  pending_.Add({{"job", job_id}}).Set(static_cast<double>(pending));
+  oldest_.Add({{"job", job_id}}).Set(oldest_age_seconds);
+}
+
+std::vector<prometheus::MetricFamily> DataPlaneStatsCollector::Collect() const {
+  using common::metrics::AddSample;
+  using common::metrics::MakeFamily;
+  using prometheus::MetricType;
+  std::vector<prometheus::MetricFamily> out;
+  auto add = [&](const char* name, const char* help, MetricType type, double v) {
+    out.push_back(MakeFamily(name, help, type));
+    AddSample(out.back(), v);
+  };
+  const PushPullStats& p = *push_pull_;
+  const CollectiveEngineStats& e = *engine_;
+  add("tributary_dataplane_chunks_in_flight",
+      "Worker role: chunks pushed whose sum has not arrived.", MetricType::Gauge,
+      p.worker_chunks_in_flight.load());
+  add("tributary_dataplane_bytes_in_flight", "Worker role: bytes of the chunks in flight.",
+      MetricType::Gauge, p.worker_bytes_in_flight.load());
+  add("tributary_dataplane_queued_chunks", "Worker role: chunks waiting for credit.",
+      MetricType::Gauge, p.worker_queued_chunks.load());
+  add("tributary_dataplane_credit_waits_total",
+      "Times the worker had a chunk ready but no credit left.", MetricType::Counter,
+      p.credit_waits.load());
+  add("tributary_dataplane_server_held_bytes", "Server role: accumulator bytes held now.",
+      MetricType::Gauge, p.server_bytes_held.load());
+  add("tributary_dataplane_staging_bytes", "Worker role: staging bytes held now.",
+      MetricType::Gauge, p.worker_staging_bytes.load());
+  add("tributary_dataplane_transport_errors_total", "Data-plane sends that failed.",
+      MetricType::Counter, p.send_failures.load() + e.send_failures.load());
+  add("tributary_dataplane_malformed_messages_total",
+      "Incoming data-plane messages dropped as malformed.", MetricType::Counter,
+      p.malformed_messages.load() + e.malformed_messages.load());
+  add("tributary_dataplane_p2p_sent_bytes_total",
+      "Ring / halving-doubling engine: payload bytes sent.", MetricType::Counter,
+      e.bytes_sent.load());
+  add("tributary_dataplane_p2p_received_bytes_total",
+      "Ring / halving-doubling engine: payload bytes received.", MetricType::Counter,
+      e.bytes_received.load());
+  return out;
+}
+
+}  // namespace tributary::dataplane

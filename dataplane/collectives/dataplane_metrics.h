@@ -1,0 +1,82 @@
+// Prometheus metrics of one node's data plane (dashboards/METRICS.md, "Agent: data plane").
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "dataplane/collectives/algorithm_selector.h"
+#include "prometheus/collectable.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace tributary::dataplane {
+
+struct JobView;
+struct PushPullStats;
+struct CollectiveEngineStats;
+
+// Per-peer byte counters of one job, resolved once per plan so that the per-chunk path only
+// increments: indexed by server index (worker role) and by worker rank (server role).
+struct JobPeerCounters {
+  std::vector<prometheus::Counter*> pushed;  // by server index
+  std::vector<prometheus::Counter*> pulled;  // by server index
+  std::vector<prometheus::Counter*> summed;  // by worker rank
+  std::vector<prometheus::Counter*> served;  // by worker rank
+};
+
+// "<64KiB", "<1MiB", "<16MiB", ">=16MiB".
+const char* SizeClass(uint64_t bytes);
+
+// Families built on an injected registry (which must outlive this). Thread-safe.
+class DataPlaneMetrics {
+ public:
+  explicit DataPlaneMetrics(prometheus::Registry& registry);
+
+  // The peer counters of `view`'s job (series created at zero). Peer labels are the view's node
+  // ids, or the addresses when the view has none.
+  std::shared_ptr<const JobPeerCounters> ForJob(const JobView& view);
+
+  void OperationStarted(Algorithm algorithm);
+  // `status` OK: completed (duration observed); otherwise failed{reason}.
+  void OperationFinished(Algorithm algorithm, uint64_t bytes, double seconds,
+                         const absl::Status& status);
+  // A start refused before running (failed{reason}, not started).
+  void OperationRefused(Algorithm algorithm, const absl::Status& status);
+  void SetPending(const std::string& job_id, size_t pending, double oldest_age_seconds);
+
+ private:
+  prometheus::Family<prometheus::Counter>& pushed_;
+  prometheus::Family<prometheus::Counter>& pulled_;
+  prometheus::Family<prometheus::Counter>& summed_;
+  prometheus::Family<prometheus::Counter>& served_;
+  prometheus::Family<prometheus::Counter>& started_;
+  prometheus::Family<prometheus::Counter>& completed_;
+  prometheus::Family<prometheus::Counter>& failed_;
+  prometheus::Family<prometheus::Histogram>& duration_;
+  prometheus::Family<prometheus::Gauge>& pending_;
+  prometheus::Family<prometheus::Gauge>& oldest_;
+  // Pre-resolved per algorithm (index = Algorithm value).
+  prometheus::Counter* started_by_alg_[4] = {};
+  prometheus::Counter* completed_by_alg_[4] = {};
+};
+
+// Scrape-time view of the push/pull and engine counters (flow control, malformed messages,
+// transport errors, p2p bytes). Borrows both stats objects; they must outlive any scrape.
+class DataPlaneStatsCollector : public prometheus::Collectable {
+ public:
+  DataPlaneStatsCollector(const PushPullStats* push_pull, const CollectiveEngineStats* engine)
+      : push_pull_(push_pull), engine_(engine) {}
+  std::vector<prometheus::MetricFamily> Collect() const override;
+
+ private:
+  const PushPullStats* push_pull_;
+  const CollectiveEngineStats* engine_;
+};
+
+}  // namespace tributary::dataplane

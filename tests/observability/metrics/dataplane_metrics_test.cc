@@ -1,0 +1,239 @@
+#include "dataplane/collectives/dataplane_metrics.h"
+
+#include <future>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/dtype.h"
+#include "common/metrics/metrics.h"
+#include "dataplane/collectives/node_collectives.h"
+#include "dataplane/reduce/cpu/cpu_reducer.h"
+#include "dataplane/transport/inprocess/inprocess_transport.h"
+#include "gtest/gtest.h"
+
+namespace tributary::dataplane {
+namespace {
+
+using common::metrics::FindSample;
+
+constexpr auto kGuard = std::chrono::seconds(20);
+
+double Value(const std::vector<prometheus::MetricFamily>& families, const std::string& name,
+             const std::vector<std::pair<std::string, std::string>>& labels = {}) {
+  const prometheus::ClientMetric* m = FindSample(families, name, labels);
+  if (m == nullptr) return -1;
+  return name.ends_with("_total") ? m->counter.value : m->gauge.value;
+}
+
+// n push/pull worker nodes (each also a summation server), each with its own registry.
+class MetricsCluster {
+ public:
+  explicit MetricsCluster(int n) : reducer_(1, 4096) {
+    JobView view;
+    view.job_id = "job-m";
+    view.plan_version = 3;
+    view.partition_bytes = 1024;
+    view.credit_bytes = 4096;
+    view.op_timeout = std::chrono::milliseconds(5000);
+    for (int i = 0; i < n; ++i) {
+      const std::string addr = absl::StrCat("addr-", i);
+      view.worker_addresses.push_back(addr);
+      view.server_addresses.push_back(addr);
+      view.worker_node_ids.push_back(absl::StrCat("node-", i));
+      view.server_node_ids.push_back(absl::StrCat("node-", i));
+      view.server_weights.push_back(ChunkMap::kWeightTotal / n +
+                                    (i == 0 ? ChunkMap::kWeightTotal % n : 0));
+    }
+    for (int i = 0; i < n; ++i) {
+      auto node = std::make_unique<Node>();
+      node->transport = network_.CreateEndpoint(view.worker_addresses[i]);
+      node->push_pull = std::make_unique<PushPullNode>(node->transport.get(), &reducer_, &clock_);
+      node->engine = std::make_unique<CollectiveEngine>(node->transport.get(), &reducer_, &clock_);
+      node->collectives =
+          std::make_unique<NodeCollectives>(node->push_pull.get(), node->engine.get(), &reducer_);
+      node->metrics = std::make_unique<DataPlaneMetrics>(node->registry);
+      node->collectives->SetMetrics(node->metrics.get(), &clock_);
+      JobView v = view;
+      v.my_worker_rank = i;
+      v.my_server_index = i;
+      node->collectives->SetJob(v, AlgorithmChoice::kPushPull);
+      nodes_.push_back(std::move(node));
+    }
+  }
+  ~MetricsCluster() {
+    for (auto& n : nodes_) n->transport->Shutdown();
+  }
+
+  std::future<absl::Status> Start(int rank, std::vector<float>& data, uint64_t iteration = 0) {
+    auto promise = std::make_shared<std::promise<absl::Status>>();
+    auto future = promise->get_future();
+    LocalOperation op;
+    op.tensor_name = "grad";
+    op.iteration = iteration;
+    op.dtype = common::DataType::kFloat32;
+    op.count = data.size();
+    op.buffers = {reinterpret_cast<std::byte*>(data.data())};
+    op.done = [promise](absl::Status s) { promise->set_value(std::move(s)); };
+    absl::Status s = nodes_[rank]->collectives->Start("job-m", std::move(op));
+    if (!s.ok()) promise->set_value(s);
+    return future;
+  }
+
+  std::vector<prometheus::MetricFamily> Collect(int rank) {
+    nodes_[rank]->collectives->UpdatePendingMetrics();
+    return nodes_[rank]->registry.Collect();
+  }
+  PushPullNode& push_pull(int rank) { return *nodes_[rank]->push_pull; }
+  NodeCollectives& collectives(int rank) { return *nodes_[rank]->collectives; }
+  const CollectiveEngine& engine(int rank) { return *nodes_[rank]->engine; }
+  common::FakeClock& clock() { return clock_; }
+
+ private:
+  struct Node {
+    prometheus::Registry registry;
+    std::unique_ptr<InProcessTransport> transport;
+    std::unique_ptr<PushPullNode> push_pull;
+    std::unique_ptr<CollectiveEngine> engine;
+    std::unique_ptr<NodeCollectives> collectives;
+    std::unique_ptr<DataPlaneMetrics> metrics;
+  };
+  common::FakeClock clock_;
+  CpuReducer reducer_;
+  InProcessNetwork network_;
+  std::vector<std::unique_ptr<Node>> nodes_;
+};
+
+TEST(DataPlaneMetricsTest, SizeClassesAreBounded) {
+  EXPECT_STREQ(SizeClass(0), "<64KiB");
+  EXPECT_STREQ(SizeClass((64 << 10) - 1), "<64KiB");
+  EXPECT_STREQ(SizeClass(64 << 10), "<1MiB");
+  EXPECT_STREQ(SizeClass(1 << 20), "<16MiB");
+  EXPECT_STREQ(SizeClass(16 << 20), ">=16MiB");
+}
+
+TEST(DataPlaneMetricsTest, SeriesStartAtZero) {
+  prometheus::Registry registry;
+  DataPlaneMetrics metrics(registry);
+  const auto f = registry.Collect();
+  EXPECT_EQ(Value(f, "tributary_dataplane_operations_started_total", {{"algorithm", "ring"}}), 0);
+  EXPECT_EQ(Value(f, "tributary_dataplane_operations_failed_total",
+                  {{"algorithm", "push_pull"}, {"reason", "DEADLINE_EXCEEDED"}}),
+            0);
+  EXPECT_NE(FindSample(f, "tributary_dataplane_operation_duration_seconds",
+                       {{"algorithm", "halving_doubling"}, {"size_class", ">=16MiB"}}),
+            nullptr);
+}
+
+TEST(DataPlaneMetricsTest, PushPullMovesByteAndOperationCounters) {
+  MetricsCluster cluster(2);
+  // 4096 floats = 16 KiB = 16 chunks of 1 KiB, split over two servers.
+  std::vector<float> a(4096, 1.0f), b(4096, 2.0f);
+  auto fa = cluster.Start(0, a);
+  auto fb = cluster.Start(1, b);
+  ASSERT_EQ(fa.wait_for(kGuard), std::future_status::ready);
+  ASSERT_EQ(fb.wait_for(kGuard), std::future_status::ready);
+  ASSERT_TRUE(fa.get().ok());
+  ASSERT_TRUE(fb.get().ok());
+  EXPECT_EQ(a[0], 3.0f);
+
+  double pushed = 0, pulled = 0, summed_total = 0, served_total = 0;
+  for (int rank = 0; rank < 2; ++rank) {
+    const auto f = cluster.Collect(rank);
+    for (int peer = 0; peer < 2; ++peer) {
+      const std::pair<std::string, std::string> job{"job", "job-m"};
+      const std::pair<std::string, std::string> p{"peer_node", absl::StrCat("node-", peer)};
+      pushed += Value(f, "tributary_dataplane_pushed_bytes_total", {job, p});
+      pulled += Value(f, "tributary_dataplane_pulled_bytes_total", {job, p});
+      summed_total += Value(f, "tributary_dataplane_summed_bytes_total", {job, p});
+      served_total += Value(f, "tributary_dataplane_served_bytes_total", {job, p});
+    }
+    // Each worker pushed and pulled its whole tensor, over both servers.
+    const double node_pushed =
+        Value(f, "tributary_dataplane_pushed_bytes_total", {{"peer_node", "node-0"}}) +
+        Value(f, "tributary_dataplane_pushed_bytes_total", {{"peer_node", "node-1"}});
+    EXPECT_EQ(node_pushed, 4096 * 4);
+    EXPECT_EQ(
+        Value(f, "tributary_dataplane_operations_started_total", {{"algorithm", "push_pull"}}), 1);
+    EXPECT_EQ(
+        Value(f, "tributary_dataplane_operations_completed_total", {{"algorithm", "push_pull"}}),
+        1);
+    const prometheus::ClientMetric* h =
+        FindSample(f, "tributary_dataplane_operation_duration_seconds",
+                   {{"algorithm", "push_pull"}, {"size_class", "<64KiB"}});
+    ASSERT_NE(h, nullptr);
+    EXPECT_EQ(h->histogram.sample_count, 1u);
+    EXPECT_EQ(Value(f, "tributary_dataplane_pending_operations", {{"job", "job-m"}}), 0);
+  }
+  EXPECT_EQ(pushed, 2 * 4096 * 4);
+  EXPECT_EQ(pulled, 2 * 4096 * 4);
+  EXPECT_EQ(summed_total, 2 * 4096 * 4);  // every contribution of both workers
+  EXPECT_EQ(served_total, 2 * 4096 * 4);  // the sum back to both workers
+
+  // The scrape-time collector sees the same stats.
+  DataPlaneStatsCollector collector(&cluster.push_pull(0).stats(), &cluster.engine(0).stats());
+  const auto f = collector.Collect();
+  EXPECT_EQ(Value(f, "tributary_dataplane_chunks_in_flight"), 0);
+  EXPECT_EQ(Value(f, "tributary_dataplane_bytes_in_flight"), 0);
+  EXPECT_EQ(Value(f, "tributary_dataplane_malformed_messages_total"), 0);
+  // 16 KiB with a 4 KiB credit window: the worker waited for credit.
+  EXPECT_GT(Value(f, "tributary_dataplane_credit_waits_total"), 0);
+
+  const auto obs = cluster.collectives(0).TakeObservations();
+  ASSERT_EQ(obs.count("job-m"), 1u);
+  EXPECT_EQ(obs.at("job-m").bytes, 4096u * 4);
+  EXPECT_TRUE(cluster.collectives(0).TakeObservations().empty());
+}
+
+TEST(DataPlaneMetricsTest, StuckOperationAgesAndFailsWithReason) {
+  MetricsCluster cluster(2);
+  std::vector<float> a(256, 1.0f);
+  auto fa = cluster.Start(0, a);  // worker 1 never joins: stuck
+  auto f = cluster.Collect(0);
+  EXPECT_EQ(Value(f, "tributary_dataplane_pending_operations", {{"job", "job-m"}}), 1);
+  EXPECT_EQ(
+      Value(f, "tributary_dataplane_oldest_pending_operation_age_seconds", {{"job", "job-m"}}), 0);
+  cluster.clock().Advance(std::chrono::seconds(2));
+  f = cluster.Collect(0);
+  EXPECT_DOUBLE_EQ(
+      Value(f, "tributary_dataplane_oldest_pending_operation_age_seconds", {{"job", "job-m"}}),
+      2.0);
+
+  // Past the 5 s deadline the operation fails with DEADLINE_EXCEEDED.
+  cluster.clock().Advance(std::chrono::seconds(4));
+  cluster.push_pull(0).ExpireStale();
+  ASSERT_EQ(fa.wait_for(kGuard), std::future_status::ready);
+  EXPECT_EQ(fa.get().code(), absl::StatusCode::kDeadlineExceeded);
+  f = cluster.Collect(0);
+  EXPECT_EQ(
+      Value(f, "tributary_dataplane_oldest_pending_operation_age_seconds", {{"job", "job-m"}}), 0);
+  EXPECT_EQ(Value(f, "tributary_dataplane_pending_operations", {{"job", "job-m"}}), 0);
+  EXPECT_EQ(Value(f, "tributary_dataplane_operations_failed_total",
+                  {{"algorithm", "push_pull"}, {"reason", "DEADLINE_EXCEEDED"}}),
+            1);
+  EXPECT_EQ(
+      Value(f, "tributary_dataplane_operations_completed_total", {{"algorithm", "push_pull"}}), 0);
+}
+
+TEST(DataPlaneMetricsTest, RefusedStartCountsAsFailed) {
+  MetricsCluster cluster(2);
+  std::vector<float> a(256, 1.0f);
+  auto fa = cluster.Start(0, a, 0);
+  auto dup = cluster.Start(0, a, 0);  // same tensor and iteration: ALREADY_EXISTS
+  ASSERT_EQ(dup.wait_for(kGuard), std::future_status::ready);
+  EXPECT_EQ(dup.get().code(), absl::StatusCode::kAlreadyExists);
+  auto f = cluster.Collect(0);
+  EXPECT_EQ(Value(f, "tributary_dataplane_operations_failed_total",
+                  {{"algorithm", "push_pull"}, {"reason", "ALREADY_EXISTS"}}),
+            1);
+  EXPECT_EQ(Value(f, "tributary_dataplane_pending_operations", {{"job", "job-m"}}), 1);
+  std::vector<float> b(256, 2.0f);
+  auto fb = cluster.Start(1, b, 0);
+  ASSERT_EQ(fa.wait_for(kGuard), std::future_status::ready);
+  ASSERT_EQ(fb.wait_for(kGuard), std::future_status::ready);
+  EXPECT_TRUE(fa.get().ok());
+  EXPECT_TRUE(fb.get().ok());
+}
+
+}  // namespace
+}  // namespace tributary::dataplane
