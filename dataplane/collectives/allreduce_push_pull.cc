@@ -137,102 +137,99 @@ void PushPullServer::HandlePush(const WireHeader& h, std::span<const std::byte> 
 void PushPullServer::HandlePushLocked(const JobView& job, const WireHeader& h,
                                       std::span<const std::byte> payload,
                                       std::vector<Outgoing>& out) {
-  {
-    const uint32_t n = static_cast<uint32_t>(job.worker_addresses.size());
-    if (h.sender >= n) {
-      Log()->warn("push from rank {} of job {} with {} workers dropped", h.sender, job.job_id, n);
-      stats_->malformed_messages++;
-      return;
+  const uint32_t n = static_cast<uint32_t>(job.worker_addresses.size());
+  if (h.sender >= n) {
+    Log()->warn("push from rank {} of job {} with {} workers dropped", h.sender, job.job_id, n);
+    stats_->malformed_messages++;
+    return;
+  }
+  const CollectiveKey key = KeyOf(h);
+  if (auto f = failures_.find(key); f != failures_.end()) {
+    // A late contribution to a collective that already failed: tell its sender again.
+    WireHeader e = h;
+    e.kind = static_cast<uint8_t>(MessageKind::kError);
+    e.error_code = static_cast<uint32_t>(f->second.status.code());
+    e.sender = WireHeader::kFromServer;
+    std::string msg(f->second.status.message());
+    out.push_back(
+        {job.worker_addresses[h.sender], e,
+         std::make_shared<std::vector<std::byte>>(AsSpan(msg).begin(), AsSpan(msg).end())});
+  } else if (h.plan_version != job.plan_version) {
+    FailLocked(job, h,
+               absl::FailedPreconditionError(absl::StrCat(
+                   "job ", job.job_id, ": worker rank ", h.sender, " pushed with plan v",
+                   h.plan_version, " but summation server ", job.my_server_index, " runs plan v",
+                   job.plan_version, "; retry once every agent has the plan")),
+               out);
+  } else if (auto map = maps_.find(h.job); map == maps_.end() || job.my_server_index < 0 ||
+                                           map->second.ServerOf(h.tensor, h.num_chunks, h.chunk) !=
+                                               static_cast<uint32_t>(job.my_server_index)) {
+    FailLocked(job, h,
+               absl::FailedPreconditionError(
+                   absl::StrCat("job ", job.job_id, ": ", Describe(h), " pushed by rank ", h.sender,
+                                " is not owned by summation server ", job.my_server_index)),
+               out);
+  } else {
+    const ChunkKey ck{key, h.chunk};
+    auto [it, inserted] = chunks_.try_emplace(ck);
+    ChunkState& st = it->second;
+    if (inserted) {
+      st.descriptor = h;
+      st.received.assign(n, false);
+      st.started = clock_->Now();
     }
-    const CollectiveKey key = KeyOf(h);
-    if (auto f = failures_.find(key); f != failures_.end()) {
-      // A late contribution to a collective that already failed: tell its sender again.
-      WireHeader e = h;
-      e.kind = static_cast<uint8_t>(MessageKind::kError);
-      e.error_code = static_cast<uint32_t>(f->second.status.code());
-      e.sender = WireHeader::kFromServer;
-      std::string msg(f->second.status.message());
-      out.push_back(
-          {job.worker_addresses[h.sender], e,
-           std::make_shared<std::vector<std::byte>>(AsSpan(msg).begin(), AsSpan(msg).end())});
-    } else if (h.plan_version != job.plan_version) {
+    const bool broadcast = h.reduce == static_cast<uint8_t>(ReduceKind::kBroadcast);
+    if (!SameDescriptor(st.descriptor, h)) {
       FailLocked(job, h,
-                 absl::FailedPreconditionError(absl::StrCat(
-                     "job ", job.job_id, ": worker rank ", h.sender, " pushed with plan v",
-                     h.plan_version, " but summation server ", job.my_server_index, " runs plan v",
-                     job.plan_version, "; retry once every agent has the plan")),
+                 absl::InvalidArgumentError(absl::StrCat(
+                     "job ", job.job_id, ": workers disagree on ", Describe(h), ": rank ",
+                     st.descriptor.sender, " submitted ", DescribeShape(st.descriptor), ", rank ",
+                     h.sender, " submitted ", DescribeShape(h),
+                     "; every worker must submit the same name with the same size and dtype")),
                  out);
-    } else if (auto map = maps_.find(h.job);
-               map == maps_.end() || job.my_server_index < 0 ||
-               map->second.ServerOf(h.tensor, h.num_chunks, h.chunk) !=
-                   static_cast<uint32_t>(job.my_server_index)) {
+    } else if (st.received[h.sender]) {
       FailLocked(job, h,
-                 absl::FailedPreconditionError(absl::StrCat(
-                     "job ", job.job_id, ": ", Describe(h), " pushed by rank ", h.sender,
-                     " is not owned by summation server ", job.my_server_index)),
+                 absl::InternalError(absl::StrCat("job ", job.job_id, ": rank ", h.sender,
+                                                  " pushed ", Describe(h), " twice")),
                  out);
     } else {
-      const ChunkKey ck{key, h.chunk};
-      auto [it, inserted] = chunks_.try_emplace(ck);
-      ChunkState& st = it->second;
-      if (inserted) {
-        st.descriptor = h;
-        st.received.assign(n, false);
-        st.started = clock_->Now();
+      st.received[h.sender] = true;
+      st.num_received++;
+      if (!payload.empty()) {
+        if (!st.sum) {
+          st.sum = std::make_shared<std::vector<std::byte>>(payload.begin(), payload.end());
+          AddHeld(static_cast<int64_t>(payload.size()));
+        } else if (!broadcast) {
+          reducer_->Sum(static_cast<DataType>(h.dtype), st.sum->data(), payload.data(),
+                        h.chunk_count);
+        }
+        stats_->bytes_summed += payload.size();
+        if (job.counters && h.sender < job.counters->summed.size()) {
+          job.counters->summed[h.sender]->Increment(static_cast<double>(payload.size()));
+        }
+        if (Log()->should_log(spdlog::level::debug)) {
+          Log()->debug("sum of {} ({} bytes) of job {} from worker {} ({}/{})", Describe(h),
+                       payload.size(), job.job_id, h.sender, st.num_received, n);
+        }
       }
-      const bool broadcast = h.reduce == static_cast<uint8_t>(ReduceKind::kBroadcast);
-      if (!SameDescriptor(st.descriptor, h)) {
-        FailLocked(job, h,
-                   absl::InvalidArgumentError(absl::StrCat(
-                       "job ", job.job_id, ": workers disagree on ", Describe(h), ": rank ",
-                       st.descriptor.sender, " submitted ", DescribeShape(st.descriptor), ", rank ",
-                       h.sender, " submitted ", DescribeShape(h),
-                       "; every worker must submit the same name with the same size and dtype")),
-                   out);
-      } else if (st.received[h.sender]) {
-        FailLocked(job, h,
-                   absl::InternalError(absl::StrCat("job ", job.job_id, ": rank ", h.sender,
-                                                    " pushed ", Describe(h), " twice")),
-                   out);
-      } else {
-        st.received[h.sender] = true;
-        st.num_received++;
-        if (!payload.empty()) {
-          if (!st.sum) {
-            st.sum = std::make_shared<std::vector<std::byte>>(payload.begin(), payload.end());
-            AddHeld(static_cast<int64_t>(payload.size()));
-          } else if (!broadcast) {
-            reducer_->Sum(static_cast<DataType>(h.dtype), st.sum->data(), payload.data(),
-                          h.chunk_count);
-          }
-          stats_->bytes_summed += payload.size();
-          if (job.counters && h.sender < job.counters->summed.size()) {
-            job.counters->summed[h.sender]->Increment(static_cast<double>(payload.size()));
-          }
-          if (Log()->should_log(spdlog::level::debug)) {
-            Log()->debug("sum of {} ({} bytes) of job {} from worker {} ({}/{})", Describe(h),
-                         payload.size(), job.job_id, h.sender, st.num_received, n);
+      if (st.num_received == n) {
+        WireHeader r = st.descriptor;
+        r.kind = static_cast<uint8_t>(MessageKind::kResult);
+        r.sender = WireHeader::kFromServer;
+        r.chunk_offset = h.chunk_offset;
+        r.chunk_count = h.chunk_count;
+        for (size_t w = 0; w < job.worker_addresses.size(); ++w) {
+          out.push_back({job.worker_addresses[w], r, st.sum});
+          if (job.counters && st.sum && w < job.counters->served.size()) {
+            job.counters->served[w]->Increment(static_cast<double>(st.sum->size()));
           }
         }
-        if (st.num_received == n) {
-          WireHeader r = st.descriptor;
-          r.kind = static_cast<uint8_t>(MessageKind::kResult);
-          r.sender = WireHeader::kFromServer;
-          r.chunk_offset = h.chunk_offset;
-          r.chunk_count = h.chunk_count;
-          for (size_t w = 0; w < job.worker_addresses.size(); ++w) {
-            out.push_back({job.worker_addresses[w], r, st.sum});
-            if (job.counters && st.sum && w < job.counters->served.size()) {
-              job.counters->served[w]->Increment(static_cast<double>(st.sum->size()));
-            }
-          }
-          if (Log()->should_log(spdlog::level::debug)) {
-            Log()->debug("result of {} of job {} complete, sent to {} workers", Describe(h),
-                         job.job_id, job.worker_addresses.size());
-          }
-          AddHeld(-static_cast<int64_t>(st.sum ? st.sum->size() : 0));
-          chunks_.erase(it);
+        if (Log()->should_log(spdlog::level::debug)) {
+          Log()->debug("result of {} of job {} complete, sent to {} workers", Describe(h),
+                       job.job_id, job.worker_addresses.size());
         }
+        AddHeld(-static_cast<int64_t>(st.sum ? st.sum->size() : 0));
+        chunks_.erase(it);
       }
     }
   }
