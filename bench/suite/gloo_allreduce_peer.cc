@@ -4,6 +4,7 @@
 //
 //   gloo_allreduce_peer --rank R --size N --store-dir DIR [--hostname IP | --iface DEV]
 //       [--algorithm ring|ring_chunked|hd|bcube] [--sizes 4K:256M] [--iters N] ...
+//       [--tensors FILE [--bucket-bytes 25M] [--workload-name NAME]]   (ring or hd)
 //
 // Algorithms: ring = gloo::allreduce() with Algorithm::RING (the segmented ring PyTorch uses;
 // 1 MiB segments), ring_chunked = gloo::AllreduceRingChunked, hd =
@@ -28,6 +29,71 @@
 namespace {
 
 using tributary::bench::PeerFlags;
+
+// The DDP-style workload (see peer_common.h): one all-reduce per bucket, in backward order.
+int RunWorkload(const PeerFlags& f, const std::shared_ptr<gloo::rendezvous::Context>& context,
+                int rank, int world) {
+  size_t tensors = 0;
+  const auto buckets = tributary::bench::ReadBuckets(f.tensors, f.bucket_bytes, &tensors);
+  if (buckets.empty()) {
+    std::fprintf(stderr, "gloo_allreduce_peer: cannot read %s\n", f.tensors.c_str());
+    return 2;
+  }
+  size_t total = 0;
+  for (size_t b : buckets) total += b;
+  std::vector<float> data(total);
+  std::vector<std::unique_ptr<gloo::Algorithm>> hd;
+  if (f.algorithm == "hd") {
+    size_t offset = 0;
+    for (size_t b : buckets) {
+      std::vector<float*> ptrs{data.data() + offset};
+      hd.push_back(std::make_unique<gloo::AllreduceHalvingDoubling<float>>(context, ptrs, b));
+      offset += b;
+    }
+  }
+  uint32_t tag = 0;
+  double seconds = 0;
+  size_t wrong = 0;
+  for (int it = -f.warmup; it < f.iters; ++it) {
+    size_t offset = 0;
+    for (size_t b : buckets) {
+      tributary::bench::Fill(data.data() + offset, b, rank);
+      offset += b;
+    }
+    gloo::BarrierOptions barrier(context);
+    barrier.setTag(1u << 30);
+    gloo::barrier(barrier);
+    const double start = tributary::bench::Now();
+    offset = 0;
+    for (size_t i = 0; i < buckets.size(); ++i) {
+      if (!hd.empty()) {
+        hd[i]->run();
+      } else {
+        gloo::AllreduceOptions opts(context);
+        opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+        opts.setOutput(data.data() + offset, buckets[i]);
+        void (*sum)(void*, const void*, const void*, size_t) = &gloo::sum<float>;
+        opts.setReduceFunction(sum);
+        opts.setTag(tag++);
+        gloo::allreduce(opts);
+      }
+      offset += buckets[i];
+    }
+    if (it < 0) continue;
+    seconds += tributary::bench::Now() - start;
+    offset = 0;
+    for (size_t b : buckets) {
+      if (f.check) wrong += tributary::bench::CountWrong(data.data() + offset, b, world);
+      offset += b;
+    }
+  }
+  if (rank == 0 && f.iters > 0) {
+    tributary::bench::PrintWorkload(f.workload_name, tensors, buckets.size(), total * sizeof(float),
+                                    seconds / f.iters, wrong);
+  }
+  if (wrong > 0) std::fprintf(stderr, "rank %d: %zu wrong elements\n", rank, wrong);
+  return wrong == 0 ? 0 : 1;
+}
 
 int Run(int argc, char** argv) {
   PeerFlags f;
@@ -68,6 +134,7 @@ int Run(int argc, char** argv) {
   context->setTimeout(std::chrono::seconds(300));
   context->connectFullMesh(store, device);
 
+  if (!f.tensors.empty()) return RunWorkload(f, context, rank, world);
   const auto sizes = tributary::bench::ParseSizes(f.sizes);
   uint64_t largest = 0;
   for (auto s : sizes) largest = std::max(largest, s);

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -21,6 +23,12 @@ struct PeerFlags {
   uint64_t large_from = 16ull << 20;
   std::string algorithm;  // Peer-specific.
   bool check = true;
+  // A model's gradient list (see `tributary bench-rank --tensors`) instead of --sizes, all-reduced
+  // the way PyTorch DistributedDataParallel does: packed in backward order into buckets of at
+  // most `bucket_bytes` (DDP's default 25 MiB), one all-reduce per bucket.
+  std::string tensors;
+  std::string workload_name = "workload";
+  uint64_t bucket_bytes = 25ull << 20;
 };
 
 inline uint64_t ParseOneSize(const std::string& text) {
@@ -88,10 +96,51 @@ bool ParsePeerFlags(int argc, char** argv, PeerFlags& f, Extra extra) {
       f.large_from = ParseOneSize(value);
     else if (flag == "--algorithm")
       f.algorithm = value;
+    else if (flag == "--tensors")
+      f.tensors = value;
+    else if (flag == "--workload-name")
+      f.workload_name = value;
+    else if (flag == "--bucket-bytes")
+      f.bucket_bytes = ParseOneSize(value);
     else if (!extra(flag, value))
       return false;
   }
   return true;
+}
+
+// Element counts of the DDP-style buckets of a "name count" file (backward order): tensors are
+// packed in file order while the bucket stays within `bucket_bytes` of float32 (a larger tensor
+// is a bucket of its own). Empty on a read error.
+inline std::vector<size_t> ReadBuckets(const std::string& path, uint64_t bucket_bytes,
+                                       size_t* tensors) {
+  std::ifstream in(path);
+  std::vector<size_t> buckets;
+  std::string line;
+  size_t current = 0;
+  *tensors = 0;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream fields(line);
+    std::string name;
+    long long count = 0;
+    if (!(fields >> name >> count) || count <= 0) return {};
+    ++*tensors;
+    if (current > 0 && (current + count) * sizeof(float) > bucket_bytes) {
+      buckets.push_back(current);
+      current = 0;
+    }
+    current += static_cast<size_t>(count);
+  }
+  if (current > 0) buckets.push_back(current);
+  return buckets;
+}
+
+inline void PrintWorkload(const std::string& name, size_t tensors, size_t buckets, size_t bytes,
+                          double seconds, size_t wrong) {
+  std::printf("# %s: %zu tensors in %zu buckets, %zu bytes, %.1f us per iteration, %zu wrong\n",
+              name.c_str(), tensors, buckets, bytes, seconds * 1e6, wrong);
+  std::printf("WCSV,%s,%zu,%zu,%.3f,%zu\n", name.c_str(), tensors, bytes, seconds * 1e6, wrong);
+  std::fflush(stdout);
 }
 
 // Rank r's input: element i is (r + 1) + (i % 7); the sum over n ranks is exact in float32.

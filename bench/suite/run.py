@@ -29,7 +29,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 CLUSTER = os.path.join(ROOT, "scripts", "emulated_cluster.sh")
 SKIP = 77
-TCP_EFFICIENCY = 0.956  # TCP payload through tbf per unit of shaped rate (1448 B of 1514 B).
+DEFAULT_MTU = 9000
+
+
+def tcp_efficiency(mtu):
+    """TCP payload through tbf per unit of shaped rate: (MTU - 52) / (MTU + 14).
+
+    52 = IPv4 + TCP with timestamps, 14 = Ethernet; 0.9927 at MTU 9000, 0.9564 at 1500."""
+    return (mtu - 52) / (mtu + 14)
+
+
+TCP_EFFICIENCY = tcp_efficiency(DEFAULT_MTU)
 MIB = 1 << 20
 # The cluster's names and subnet (scripts/emulated_cluster.sh TRIB_EMU_NAME / TRIB_EMU_NET); the
 # quick mode uses its own so that a CI run cannot tear down a full run's cluster.
@@ -239,20 +249,27 @@ class Suite:
             out.append((",".join(map(str, big)), self.args.large_iters))
         return out
 
-    def tributary(self, algorithm, k):
+    def tributary(self, algorithm, k, workload=None):
+        """The sweep (workload None) or one model workload (name, path, iters, warmup, bytes)."""
         rows, plan = {}, None
         workers = ",".join(f"h{i}" for i in range(self.n))
-        for sizes, iters in self.bands():
+        runs = self.bands() if workload is None else [(None, workload[2])]
+        for sizes, iters in runs:
             self.counter += 1
             job = f"suite-{algorithm}-{k}-{self.counter}"
-            largest = max(int(s) for s in sizes.split(","))
+            largest = (max(int(s) for s in sizes.split(",")) if sizes else workload[4])
             r = run([os.path.join(self.bin, "suite_create_job"), "--controller", self.controller,
                      "--job", job, "--workers", workers, "--spares", str(k), "--algorithm",
-                     algorithm, "--model-bytes", str(largest), "--timeout-ms", "300000"],
+                     algorithm, "--model-bytes", str(largest), "--timeout-ms", "300000",
+                     "--partition-bytes", str(self.args.partition_bytes),
+                     "--credit-bytes", str(self.args.credit_bytes)],
                     check=False)
             if r.returncode != 0:
                 raise RuntimeError(f"create job {job}: {r.stderr.strip()}")
             plan = r.stdout.strip().split(",")
+            what = (["--sizes", sizes, "--iters", str(iters), "--warmup", str(self.args.warmup)]
+                    if sizes else ["--tensors", workload[1], "--workload-name", workload[0],
+                                   "--iters", str(iters), "--warmup", str(workload[3])])
             procs, logs = [], []
             for i in range(self.n):
                 path = os.path.join(self.work, f"{job}-{i}.out")
@@ -260,9 +277,8 @@ class Suite:
                 procs.append(subprocess.Popen(
                     ["ip", "netns", "exec", f"{NS}{i}", "env", "UCX_TLS=tcp",
                      "UCX_NET_DEVICES=eth0", os.path.join(self.bin, "tributary"), "bench-rank",
-                     "--agent", f"unix:{self.args.run_dir}/sock/h{i}.sock", "--job", job,
-                     "--sizes", sizes, "--iters", str(iters), "--warmup", str(self.args.warmup),
-                     "--csv", "--log-level", "warn", "--op-timeout-ms", "300000"],
+                     "--agent", f"unix:{self.args.run_dir}/sock/h{i}.sock", "--job", job] +
+                    what + ["--csv", "--log-level", "warn", "--op-timeout-ms", "300000"],
                     stdout=open(path, "w"), stderr=subprocess.STDOUT))
             codes = wait_all(procs, self.args.timeout)
             run([os.path.join(self.bin, "suite_create_job"), "--controller", self.controller,
@@ -270,14 +286,21 @@ class Suite:
             if any(codes):
                 raise RuntimeError(f"{job}: exit codes {codes}; rank 0 says:\n" +
                                    open(logs[0]).read()[-2000:])
+            if workload is not None:
+                return parse_wcsv(open(logs[0]).read()), int(plan[2]) if plan else 0
             rows.update(parse_csv_lines(open(logs[0]).read()))
         spares_used = int(plan[2]) if plan else 0
         return rows, spares_used
 
-    def gloo(self, algorithm):
+    def gloo(self, algorithm, workload=None):
         rows = {}
-        for sizes, iters in self.bands():
+        runs = self.bands() if workload is None else [(None, workload[2])]
+        for sizes, iters in runs:
             store = tempfile.mkdtemp(prefix="gloo-store-", dir=self.work)
+            what = (["--sizes", sizes, "--iters", str(iters), "--large-iters", str(iters),
+                     "--warmup", str(self.args.warmup)] if sizes else
+                    ["--tensors", workload[1], "--workload-name", workload[0], "--iters",
+                     str(iters), "--warmup", str(workload[3])])
             procs, logs = [], []
             for i in range(self.n):
                 path = os.path.join(self.work, f"gloo-{algorithm}-{i}-{self.counter}.out")
@@ -286,23 +309,29 @@ class Suite:
                 procs.append(subprocess.Popen(
                     ["ip", "netns", "exec", f"{NS}{i}", self.peers["gloo"], "--rank", str(i),
                      "--size", str(self.n), "--store-dir", store, "--hostname",
-                     f"{SUBNET}.{i + 1}", "--algorithm", algorithm, "--sizes", sizes, "--iters",
-                     str(iters), "--large-iters", str(iters), "--warmup", str(self.args.warmup)],
+                     f"{SUBNET}.{i + 1}", "--algorithm", algorithm] + what,
                     stdout=open(path, "w"), stderr=subprocess.STDOUT))
             codes = wait_all(procs, self.args.timeout)
             if any(codes):
                 raise RuntimeError(f"gloo {algorithm}: exit codes {codes}:\n" +
                                    open(logs[0]).read()[-2000:])
+            if workload is not None:
+                return parse_wcsv(open(logs[0]).read())
             rows.update(parse_csv_lines(open(logs[0]).read()))
         return rows
 
-    def mpi(self, algorithm):
+    def mpi(self, algorithm, workload=None):
         rows = {}
         forced = []
         if algorithm == "ring":
             forced = ["--mca", "coll_tuned_use_dynamic_rules", "1", "--mca",
                       "coll_tuned_allreduce_algorithm", "4"]
-        for sizes, iters in self.bands():
+        runs = self.bands() if workload is None else [(None, workload[2])]
+        for sizes, iters in runs:
+            what = (["--sizes", sizes, "--iters", str(iters), "--large-iters", str(iters),
+                     "--warmup", str(self.args.warmup)] if sizes else
+                    ["--tensors", workload[1], "--workload-name", workload[0], "--iters",
+                     str(iters), "--warmup", str(workload[3])])
             cmd = (["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(self.n),
                     "--host", ",".join(f"{NS}{i}" for i in range(self.n)),
                     "--mca", "plm_rsh_agent", os.path.join(HERE, "netns_rsh.sh"),
@@ -310,13 +339,14 @@ class Suite:
                     "--mca", "pml", "ob1", "--mca", "btl", "tcp,self",
                     "--mca", "btl_tcp_if_include", f"{SUBNET}.0/24",
                     "--mca", "mpi_yield_when_idle", "1"] + forced +
-                   [self.peers["mpi"], "--algorithm", algorithm, "--sizes", sizes, "--iters",
-                    str(iters), "--large-iters", str(iters), "--warmup", str(self.args.warmup)])
+                   [self.peers["mpi"], "--algorithm", algorithm] + what)
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=self.args.timeout,
                                env=dict(os.environ, OMPI_MCA_plm_rsh_no_tree_spawn="1"))
             if r.returncode != 0:
                 raise RuntimeError(f"mpi {algorithm}: exit {r.returncode}:\n" +
                                    (r.stdout + r.stderr)[-2000:])
+            if workload is not None:
+                return parse_wcsv(r.stdout)
             rows.update(parse_csv_lines(r.stdout))
         return rows
 
@@ -333,6 +363,80 @@ def theory_seconds(size, n, k, rate_mbit):
     return 2 * n * (n - 1) * size / (d * b)
 
 
+# ---------------------------------------------------------------------------------------------
+# Model-shaped workloads: the gradient tensors of one training iteration, from the public
+# architectures, in the order backward produces them (last layer first).
+
+
+def resnet50_tensors():
+    """torchvision resnet50: 161 tensors, 25,557,032 parameters."""
+    fwd = [("conv1.weight", 64 * 3 * 7 * 7), ("bn1.weight", 64), ("bn1.bias", 64)]
+    inplanes = 64
+    for layer, (planes, blocks) in enumerate(((64, 3), (128, 4), (256, 6), (512, 3)), 1):
+        for b in range(blocks):
+            p = f"layer{layer}.{b}."
+            fwd += [(p + "conv1.weight", planes * inplanes), (p + "bn1.weight", planes),
+                    (p + "bn1.bias", planes), (p + "conv2.weight", planes * planes * 9),
+                    (p + "bn2.weight", planes), (p + "bn2.bias", planes),
+                    (p + "conv3.weight", planes * 4 * planes), (p + "bn3.weight", planes * 4),
+                    (p + "bn3.bias", planes * 4)]
+            if b == 0:
+                fwd += [(p + "downsample.0.weight", planes * 4 * inplanes),
+                        (p + "downsample.1.weight", planes * 4),
+                        (p + "downsample.1.bias", planes * 4)]
+            inplanes = planes * 4
+    fwd += [("fc.weight", 1000 * 2048), ("fc.bias", 1000)]
+    return fwd[::-1]
+
+
+def bert_large_tensors():
+    """BERT-large (uncased: 24 layers, hidden 1024, FFN 4096, vocabulary 30522, 512 positions)
+    with its pooler: 391 tensors, 335,141,888 parameters."""
+    h, ffn = 1024, 4096
+    fwd = [("embeddings.word_embeddings.weight", 30522 * h),
+           ("embeddings.position_embeddings.weight", 512 * h),
+           ("embeddings.token_type_embeddings.weight", 2 * h),
+           ("embeddings.LayerNorm.weight", h), ("embeddings.LayerNorm.bias", h)]
+    for i in range(24):
+        p = f"encoder.layer.{i}."
+        for m in ("query", "key", "value"):
+            fwd += [(p + f"attention.self.{m}.weight", h * h), (p + f"attention.self.{m}.bias", h)]
+        fwd += [(p + "attention.output.dense.weight", h * h),
+                (p + "attention.output.dense.bias", h),
+                (p + "attention.output.LayerNorm.weight", h),
+                (p + "attention.output.LayerNorm.bias", h),
+                (p + "intermediate.dense.weight", ffn * h), (p + "intermediate.dense.bias", ffn),
+                (p + "output.dense.weight", h * ffn), (p + "output.dense.bias", h),
+                (p + "output.LayerNorm.weight", h), (p + "output.LayerNorm.bias", h)]
+    fwd += [("pooler.dense.weight", h * h), ("pooler.dense.bias", h)]
+    return fwd[::-1]
+
+
+# name -> (tensors, timed iterations, warm-up iterations): BERT-large is 1.3 GB of float32, ~30 s
+# per ring all-reduce at 500 Mbit/s, so it runs once.
+WORKLOADS = {"resnet50": (resnet50_tensors, 3, 1), "bert-large": (bert_large_tensors, 1, 0)}
+
+
+def write_workload(name, folder):
+    path = os.path.join(folder, f"{name}.tensors")
+    tensors = WORKLOADS[name][0]()
+    with open(path, "w") as f:
+        f.write(f"# {name}: {len(tensors)} gradient tensors, "
+                f"{sum(c for _, c in tensors)} float32 parameters, backward order\n")
+        for n, c in tensors:
+            f.write(f"{n} {c}\n")
+    return path, len(tensors), 4 * sum(c for _, c in tensors)
+
+
+def parse_wcsv(text):
+    for line in text.splitlines():
+        c = line.split(",")
+        if line.startswith("WCSV,") and len(c) == 6:
+            return {"tensors": int(c[2]), "bytes": int(c[3]), "time_us": float(c[4]),
+                    "wrong": int(c[5])}
+    return None
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true",
@@ -340,11 +444,21 @@ def main():
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--k", default="0,1,2,4", help="push/pull spare counts")
     ap.add_argument("--rate", type=int, default=500, help="NIC rate per host, Mbit/s")
+    ap.add_argument("--mtu", type=int, default=DEFAULT_MTU,
+                    help="the emulated NICs' MTU (scripts/emulated_cluster.sh TRIB_EMU_MTU)")
     ap.add_argument("--sizes", default="4K:256M")
     ap.add_argument("--iters", type=int, default=10, help="timed iterations below --large-from")
     ap.add_argument("--large-iters", type=int, default=2, help="timed iterations from --large-from")
     ap.add_argument("--large-from", default="16M")
     ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--workloads", default="resnet50,bert-large",
+                    help="model workloads to run after the sweep (comma list, or none)")
+    ap.add_argument("--print-workload", default=None, choices=sorted(WORKLOADS),
+                    help="print a workload's tensor list and totals, then exit")
+    ap.add_argument("--partition-bytes", type=int, default=0,
+                    help="Tributary jobs' partition size (0: the planner's choice)")
+    ap.add_argument("--credit-bytes", type=int, default=0,
+                    help="Tributary jobs' credit window (0: the planner's choice)")
     ap.add_argument("--configs", default="all",
                     help="comma list of: pp,trib-ring,trib-hd,gloo-ring,gloo-hd,mpi-default,mpi-ring")
     ap.add_argument("--bin-dir", default=os.path.join(ROOT, "build", "bin"))
@@ -358,9 +472,18 @@ def main():
                     help="a CSV of an earlier run: its rows of configs not run now are kept")
     args = ap.parse_args()
     argv = " ".join(sys.argv[1:])
+    if args.print_workload:
+        tensors = WORKLOADS[args.print_workload][0]()
+        for n, c in tensors:
+            print(f"{n} {c}")
+        print(f"# {len(tensors)} tensors, {sum(c for _, c in tensors)} parameters")
+        return 0
     global NS, SUBNET
     name, net = ("tribq", "1") if args.quick else ("trib", "0")
     os.environ["TRIB_EMU_NAME"], os.environ["TRIB_EMU_NET"] = name, net
+    os.environ["TRIB_EMU_MTU"] = str(args.mtu)
+    global TCP_EFFICIENCY
+    TCP_EFFICIENCY = tcp_efficiency(args.mtu)
     NS, SUBNET = f"{name}-h", f"198.18.{net}"
     if args.quick:
         if args.run_dir == "/tmp/trib-emu-suite":
@@ -368,6 +491,11 @@ def main():
         args.workers, args.k, args.rate = 2, "0,1", 1000
         args.sizes, args.iters, args.large_iters, args.warmup = "4K:256K", 3, 2, 1
         args.no_install = True
+        args.workloads = "none"
+    args.workloads = [w for w in args.workloads.split(",") if w and w != "none"]
+    for w in args.workloads:
+        if w not in WORKLOADS:
+            ap.error(f"--workloads: unknown workload {w!r} (known: {', '.join(WORKLOADS)})")
     args.k = [int(x) for x in args.k.split(",") if x != ""]
     out = args.out or (os.path.join(ROOT, "build", "emulated-quick") if args.quick
                        else os.path.join(ROOT, "bench", "results"))
@@ -394,6 +522,7 @@ def main():
     nhosts = len(suite.hosts)
     env = dict(os.environ, TRIBUTARY_BIN_DIR=args.bin_dir)
     results = []  # dicts: config, family, k, spares_used, size, time_us, algbw, busbw, wrong, cpu
+    wresults = []  # dicts: config, family, k, spares_used, workload, tensors, bytes, time_us, ...
     failed = False
 
     def cleanup():
@@ -417,12 +546,13 @@ def main():
         configs = []
         if "pp" in wanted:
             configs += [(f"tributary push/pull k={k}", "tributary", k,
-                         lambda k=k: suite.tributary("push-pull", k)) for k in args.k]
+                         lambda w=None, k=k: suite.tributary("push-pull", k, w)) for k in args.k]
         if "trib-ring" in wanted:
-            configs.append(("tributary ring", "tributary", 0, lambda: suite.tributary("ring", 0)))
+            configs.append(("tributary ring", "tributary", 0,
+                            lambda w=None: suite.tributary("ring", 0, w)))
         if "trib-hd" in wanted:
             configs.append(("tributary halving-doubling", "tributary", 0,
-                            lambda: suite.tributary("hd", 0)))
+                            lambda w=None: suite.tributary("hd", 0, w)))
         for name, fam, alg in (("gloo-ring", "gloo", "ring"), ("gloo-hd", "gloo", "hd"),
                                ("mpi-default", "mpi", "default"), ("mpi-ring", "mpi", "ring")):
             if name not in wanted:
@@ -432,7 +562,8 @@ def main():
                 continue
             label = {"gloo": "Gloo", "mpi": "Open MPI"}[fam] + " " + {
                 "ring": "ring", "hd": "halving-doubling", "default": "default"}[alg]
-            runner = (lambda a=alg: suite.gloo(a)) if fam == "gloo" else (lambda a=alg: suite.mpi(a))
+            runner = ((lambda w=None, a=alg: suite.gloo(a, w)) if fam == "gloo" else
+                      (lambda w=None, a=alg: suite.mpi(a, w)))
             configs.append((label, fam, 0, runner))
 
         for label, fam, k, runner in configs:
@@ -458,6 +589,35 @@ def main():
                     log(f"error: {label}: {row['wrong']} wrong elements at {size} B")
                 results.append(dict(config=label, family=fam, k=k, spares_used=spares_used,
                                     size=size, cpu=cpu, **row))
+
+        # Model workloads: every configuration runs one workload before the next workload starts.
+        for wname in args.workloads:
+            path, ntensors, nbytes = write_workload(wname, work)
+            _, iters, warmup = WORKLOADS[wname]
+            for label, fam, k, runner in configs:
+                log(f"# running {wname} on {label}")
+                meter.start()
+                try:
+                    got = runner((wname, path, iters, warmup, nbytes))
+                except Exception as e:  # noqa: BLE001
+                    meter.stop()
+                    log(f"error: {wname} on {label}: {e}")
+                    failed = True
+                    continue
+                cpu = meter.stop()
+                spares_used = 0
+                if isinstance(got, tuple):
+                    got, spares_used = got
+                if got is None:
+                    log(f"error: {wname} on {label}: no result line")
+                    failed = True
+                    continue
+                if got["wrong"]:
+                    failed = True
+                    log(f"error: {wname} on {label}: {got['wrong']} wrong elements")
+                log(f"#   {got['time_us'] / 1e3:.1f} ms per iteration")
+                wresults.append(dict(config=label, family=fam, k=k, spares_used=spares_used,
+                                     workload=wname, cpu=cpu, **got))
     except Exception as e:  # noqa: BLE001
         log(f"error: {e}")
         failed = True
@@ -469,7 +629,7 @@ def main():
     if not results:
         log("error: no results")
         return 1
-    report(results, args, out, argv, update_md)
+    report(results, args, out, argv, update_md, wresults)
     shutil.rmtree(work, ignore_errors=True)
     return 1 if failed else 0
 
@@ -494,7 +654,51 @@ def merge(results, path):
     return old + results
 
 
-def report(results, args, out, argv, update_md):
+def workload_report(wresults, args, out):
+    """The model workloads' table (markdown lines) and CSV."""
+    if not wresults:
+        return []
+    n, rate = args.workers, args.rate
+    lines = ["Model workloads: one training iteration's gradients, all-reduced (float32). "
+             "Tributary submits every tensor at once in backward order, with priorities "
+             "(first layers first); the peers all-reduce DDP-style 25 MiB buckets one after "
+             "another. Time = iteration communication time, first submission to last result.",
+             "",
+             "| workload | config | tensors | bytes | time (ms) | theory (ms) | efficiency | "
+             "speed-up vs best peer | CPU % per host | #wrong |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---|---:|"]
+    rows = []
+    for wname in dict.fromkeys(r["workload"] for r in wresults):
+        ws = [r for r in wresults if r["workload"] == wname]
+        peers = [r for r in ws if r["family"] in ("gloo", "mpi")]
+        best = min(peers, key=lambda r: r["time_us"]) if peers else None
+        for r in ws:
+            kk = r["spares_used"] if r["config"].startswith("tributary push/pull") else 0
+            r["theory_us"] = theory_seconds(r["bytes"], n, kk, rate) * 1e6
+            r["efficiency"] = r["theory_us"] / r["time_us"]
+            r["vs_best_peer"] = best["time_us"] / r["time_us"] if best else float("nan")
+            r["best_peer"] = best["config"] if best else ""
+            cpu = " ".join(f"{v:.0f}" for v in r["cpu"].values())
+            name = r["config"] + (f" ({r['spares_used']} used)" if "push/pull" in r["config"]
+                                  else "")
+            lines.append(f"| {wname} | {name} | {r['tensors']} | {fmt_size(r['bytes'])} | "
+                         f"{r['time_us'] / 1e3:.0f} | {r['theory_us'] / 1e3:.0f} | "
+                         f"{r['efficiency']:.2f} | {r['vs_best_peer']:.2f} | {cpu} | "
+                         f"{r['wrong']} |")
+            rows.append([wname, r["config"], r["tensors"], r["bytes"], f"{r['time_us']:.1f}",
+                         f"{r['theory_us']:.1f}", f"{r['efficiency']:.3f}",
+                         f"{r['vs_best_peer']:.3f}", r["best_peer"], r["spares_used"], cpu,
+                         r["wrong"]])
+    with open(os.path.join(out, "emulated_workloads.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["workload", "config", "tensors", "bytes", "time_us", "theory_us",
+                    "efficiency", "speedup_vs_best_peer", "best_peer", "spares_used",
+                    "cpu_pct_per_host", "wrong"])
+        w.writerows(rows)
+    return lines + [""]
+
+
+def report(results, args, out, argv, update_md, wresults=()):
     n, rate = args.workers, args.rate
     sizes = sorted({r["size"] for r in results})
     peers = [r for r in results if r["family"] in ("gloo", "mpi")]
@@ -527,8 +731,8 @@ def report(results, args, out, argv, update_md):
 
     lines = []
     lines.append(f"Emulated cluster: {n} workers (+ up to {max(args.k)} spare CPU hosts), "
-                 f"{rate} Mbit/s per host each way (tc tbf), float32 sum, "
-                 f"theory with B = {TCP_EFFICIENCY} x rate.")
+                 f"{rate} Mbit/s per host each way (tc tbf), MTU {args.mtu}, float32 sum, "
+                 f"theory with B = {TCP_EFFICIENCY:.4f} x rate.")
     lines.append("")
     lines.append("Command: `bench/suite/run.py " + argv + "`" if argv else
                  "Command: `bench/suite/run.py`")
@@ -550,6 +754,7 @@ def report(results, args, out, argv, update_md):
     lines.append("CPU % per host: CPU time of every process in host h0, h1, ... over that "
                  "configuration's whole sweep, in % of one core (agents included).")
     lines.append("")
+    lines += workload_report(list(wresults), args, out)
     lines += targets(results, best_peer)
     md = "\n".join(lines) + "\n"
     md_path = os.path.join(out, "emulated_allreduce.md")

@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -34,7 +36,103 @@ struct BenchFlags {
   bool csv = false;
   int join_timeout_ms = 30000;
   int op_timeout_ms = 120000;
+  // A model's gradient list instead of --sizes: lines "name count", in the order backward
+  // produces them (last layer first). See RunWorkload.
+  std::string tensors;
+  std::string workload_name = "workload";
 };
+
+struct WorkloadTensor {
+  std::string name;
+  size_t count = 0;
+};
+
+absl::StatusOr<std::vector<WorkloadTensor>> ReadTensors(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("--tensors: cannot open ", path));
+  std::vector<WorkloadTensor> out;
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream fields(line);
+    WorkloadTensor t;
+    long long count = 0;
+    if (!(fields >> t.name >> count) || count <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ":", number, ": expected \"name count\" with a positive count, got '", line, "'"));
+    }
+    t.count = static_cast<size_t>(count);
+    out.push_back(std::move(t));
+  }
+  if (out.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": no tensors"));
+  return out;
+}
+
+// One training iteration's gradients: every tensor is submitted at once, in backward order, with
+// priority = its layer's forward position (lower goes first: the first layers' gradients are
+// needed first by the next forward pass, as in BytePS), then all are awaited. The time is from
+// the first submission to the last completion; every element of every tensor is checked.
+// Rank 0 prints "WCSV,name,tensors,bytes,time_us,wrong".
+absl::Status RunWorkload(Client& client, const BenchFlags& flags, common::DataType dtype,
+                         BenchOp op) {
+  ASSIGN_OR_RETURN(std::vector<WorkloadTensor> tensors, ReadTensors(flags.tensors));
+  const size_t element = common::DataTypeSize(dtype);
+  std::vector<size_t> offsets;
+  size_t total = 0;
+  for (const WorkloadTensor& t : tensors) {
+    offsets.push_back(total);
+    total += t.count * element;
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<SharedBuffer> buffer, client.AllocateBuffer(total));
+  const uint32_t rank = client.global_rank();
+  const uint32_t world = client.world_size();
+  const auto reduce = op == BenchOp::kAverage ? ReduceOp::kAverage : ReduceOp::kSum;
+  const int n = static_cast<int>(tensors.size());
+  double seconds = 0;
+  size_t wrong = 0;
+  for (int it = -flags.warmup; it < flags.iters; ++it) {
+    for (int j = 0; j < n; ++j) {
+      FillInput(dtype, rank, static_cast<std::byte*>(buffer->data()) + offsets[j],
+                tensors[j].count);
+    }
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<Handle> handles;
+    for (int j = 0; j < n; ++j) {
+      ASSIGN_OR_RETURN(Handle h, client.AllReduceAsync(tensors[j].name, *buffer, offsets[j],
+                                                       tensors[j].count, dtype, reduce,
+                                                       /*priority=*/n - 1 - j));
+      handles.push_back(std::move(h));
+    }
+    for (int j = 0; j < n; ++j) {
+      absl::Status status = handles[j].Wait(std::chrono::milliseconds(flags.op_timeout_ms));
+      if (!status.ok()) {
+        return absl::Status(status.code(), absl::StrCat(flags.workload_name, " tensor ",
+                                                        tensors[j].name, ": ", status.message()));
+      }
+    }
+    if (it < 0) continue;
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (flags.check) {
+      for (int j = 0; j < n; ++j) {
+        wrong += CountWrong(dtype, op, world, flags.root,
+                            static_cast<const std::byte*>(buffer->data()) + offsets[j],
+                            tensors[j].count);
+      }
+    }
+  }
+  if (rank == 0 && flags.iters > 0) {
+    std::printf("# %s: %d tensors, %zu bytes, %.1f us per iteration, %zu wrong\n",
+                flags.workload_name.c_str(), n, total, seconds / flags.iters * 1e6, wrong);
+    std::printf("WCSV,%s,%d,%zu,%.3f,%zu\n", flags.workload_name.c_str(), n, total,
+                seconds / flags.iters * 1e6, wrong);
+    std::fflush(stdout);
+  }
+  if (wrong > 0) {
+    return absl::DataLossError(
+        absl::StrCat("rank ", rank, ": ", wrong, " wrong elements in ", flags.workload_name));
+  }
+  return client.Leave();
+}
 
 double BusBandwidthFactor(BenchOp op, uint32_t world_size) {
   if (op == BenchOp::kBroadcast || world_size == 0) return 1.0;  // As nccl-tests.
@@ -70,6 +168,10 @@ absl::Status RunBenchRank(const BenchFlags& flags) {
                    Client::Connect(options, flags.job, flags.local_rank, flags.local_size));
   const uint32_t rank = client->global_rank();
   const uint32_t world = client->world_size();
+  if (!flags.tensors.empty()) {
+    if (op == BenchOp::kBroadcast) return absl::InvalidArgumentError("--tensors runs all-reduces");
+    return RunWorkload(*client, flags, dtype, op);
+  }
   if (op == BenchOp::kBroadcast && flags.root >= world) {
     return absl::InvalidArgumentError(
         absl::StrCat("--root ", flags.root, " is not below the world size ", world));
@@ -193,6 +295,11 @@ void AddBenchRankCommand(CLI::App& app, GlobalOptions& global) {
   command
       ->add_option("--join-timeout-ms", flags->join_timeout_ms,
                    "how long to retry joining the job, ms")
+      ->capture_default_str();
+  command->add_option("--tensors", flags->tensors,
+                      "run a model's gradient list instead of --sizes: a file of \"name count\" "
+                      "lines in backward order, all submitted at once with priorities");
+  command->add_option("--workload-name", flags->workload_name, "name printed with --tensors")
       ->capture_default_str();
   command
       ->add_option("--op-timeout-ms", flags->op_timeout_ms,

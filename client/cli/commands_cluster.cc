@@ -120,8 +120,8 @@ struct BenchFlags {
   std::string dtype = "float32";
   int iters = 5;
   int warmup = 2;
-  uint64_t partition_bytes = 1 << 20;
-  uint64_t credit_bytes = 16 << 20;
+  uint64_t partition_bytes = 0;  // 0: the planner's choice
+  uint64_t credit_bytes = 0;
   std::string csv_path;
 };
 
@@ -166,7 +166,7 @@ absl::StatusOr<std::map<uint64_t, Row>> RunSweep(LocalCluster& cluster, const Be
   req.mutable_spec()->set_procs_per_node(f.procs_per_node);
   req.mutable_spec()->set_max_spare_nodes(k);
   req.mutable_spec()->set_partition_bytes(f.partition_bytes);
-  req.mutable_spec()->set_credit_bytes(f.credit_bytes > 0 ? f.credit_bytes : 4 * f.partition_bytes);
+  req.mutable_spec()->set_credit_bytes(f.credit_bytes);
   req.mutable_spec()->set_model_bytes(max_bytes);
   req.mutable_spec()->set_op_timeout_ms(120000);
   req.mutable_spec()->set_algorithm(config.algorithm);
@@ -174,11 +174,14 @@ absl::StatusOr<std::map<uint64_t, Row>> RunSweep(LocalCluster& cluster, const Be
   *plan_out = created.plan();
   int spares_used = 0;
   for (const auto& s : created.plan().servers()) spares_used += !s.is_worker();
-  std::printf("\n## %s: %d summation servers (%d spare), predicted %s vs ring %s for %s\n",
-              config.name.c_str(), created.plan().servers_size(), spares_used,
-              FormatFixed(created.plan().predicted_seconds(), 3).c_str(),
-              FormatFixed(created.plan().ring_seconds(), 3).c_str(),
-              FormatBytes(max_bytes).c_str());
+  std::printf(
+      "\n## %s: %d summation servers (%d spare), partition %s, credit %s, predicted %s vs ring "
+      "%s for %s\n",
+      config.name.c_str(), created.plan().servers_size(), spares_used,
+      FormatBytes(created.plan().partition_bytes()).c_str(),
+      FormatBytes(created.plan().credit_bytes()).c_str(),
+      FormatFixed(created.plan().predicted_seconds(), 3).c_str(),
+      FormatFixed(created.plan().ring_seconds(), 3).c_str(), FormatBytes(max_bytes).c_str());
   std::fflush(stdout);
 
   std::vector<std::pair<pid_t, std::string>> procs;
@@ -277,8 +280,9 @@ absl::Status RunBench(const BenchFlags& f, const GlobalOptions& global) {
       f.cluster.workers, f.procs_per_node, f.cluster.spares,
       absl::StrJoin(f.cluster.nic_gbps, ",").c_str(),
       f.cluster.emulate_nic ? "emulated by pacing" : "not enforced",
-      FormatBytes(f.partition_bytes).c_str(), FormatBytes(f.credit_bytes).c_str(), f.dtype.c_str(),
-      f.iters, f.warmup);
+      f.partition_bytes ? FormatBytes(f.partition_bytes).c_str() : "auto",
+      f.credit_bytes ? FormatBytes(f.credit_bytes).c_str() : "auto", f.dtype.c_str(), f.iters,
+      f.warmup);
 
   std::vector<std::map<uint64_t, Row>> results(configs.size());
   std::vector<v1::JobPlan> plans(configs.size());
@@ -367,8 +371,10 @@ void AddBenchCommand(CLI::App& app, GlobalOptions& global) {
   cmd->add_option("--dtype", f->dtype, "element type")->capture_default_str();
   cmd->add_option("--iters", f->iters, "timed iterations per size")->capture_default_str();
   cmd->add_option("--warmup", f->warmup, "untimed iterations per size")->capture_default_str();
-  cmd->add_option("--partition-bytes", f->partition_bytes, "chunk size")->capture_default_str();
-  cmd->add_option("--credit-bytes", f->credit_bytes, "bytes a worker node may have in flight")
+  cmd->add_option("--partition-bytes", f->partition_bytes, "chunk size (0: the planner's choice)")
+      ->capture_default_str();
+  cmd->add_option("--credit-bytes", f->credit_bytes,
+                  "bytes a worker node may have in flight (0: the planner's choice)")
       ->capture_default_str();
   cmd->add_option("--csv", f->csv_path, "also write the summary as CSV to this file");
   SetAction(cmd, global, [f, &global] { return RunBench(*f, global); });

@@ -12,13 +12,29 @@
 namespace tributary::controller {
 namespace {
 
-constexpr uint64_t kDefaultPartitionBytes = 4 << 20;
+constexpr uint64_t kMaxAutoPartitionBytes = 4 << 20;
+constexpr uint64_t kMinAutoPartitionBytes = 64 << 10;
+constexpr uint64_t kChunksPerServer = 16;
+constexpr uint64_t kCreditGroups = 4;
+constexpr uint64_t kMaxAutoCreditBytes = uint64_t{256} << 20;
 constexpr uint64_t kDefaultModelBytes = 64 << 20;
 constexpr uint32_t kDefaultTimeoutMs = 30000;
 // A spare machine left with less than this fraction of its NIC is not worth a connection.
 constexpr double kMinUsefulNicFraction = 0.05;
 
 }  // namespace
+
+uint64_t AutoPartitionBytes(uint64_t model_bytes, uint32_t num_servers) {
+  const uint64_t per_chunk = model_bytes / (kChunksPerServer * std::max<uint32_t>(1, num_servers));
+  uint64_t p = kMaxAutoPartitionBytes;
+  while (p > kMinAutoPartitionBytes && p > per_chunk) p >>= 1;
+  return p;
+}
+
+uint64_t AutoCreditBytes(uint64_t partition_bytes, uint32_t num_servers) {
+  const uint64_t groups = kCreditGroups * std::max<uint32_t>(1, num_servers) * partition_bytes;
+  return std::max(4 * partition_bytes, std::min(groups, kMaxAutoCreditBytes));
+}
 
 absl::StatusOr<tributary::v1::JobSpec> NormalizeJobSpec(const tributary::v1::JobSpec& in) {
   tributary::v1::JobSpec spec = in;
@@ -37,15 +53,20 @@ absl::StatusOr<tributary::v1::JobSpec> NormalizeJobSpec(const tributary::v1::Job
     return absl::InvalidArgumentError(
         absl::StrCat("procs_per_node ", spec.procs_per_node(), " is above 1024"));
   }
-  if (spec.partition_bytes() == 0) spec.set_partition_bytes(kDefaultPartitionBytes);
-  if (spec.partition_bytes() < 64 || spec.partition_bytes() > (uint64_t{1} << 30)) {
+  // 0 = chosen by the planner (AutoPartitionBytes / AutoCreditBytes).
+  if (spec.partition_bytes() != 0 &&
+      (spec.partition_bytes() < 64 || spec.partition_bytes() > (uint64_t{1} << 30))) {
     return absl::InvalidArgumentError(
         absl::StrCat("partition_bytes ", spec.partition_bytes(), " is outside [64 B, 1 GiB]"));
   }
-  if (spec.credit_bytes() == 0) spec.set_credit_bytes(4 * spec.partition_bytes());
-  if (spec.credit_bytes() < spec.partition_bytes() || spec.credit_bytes() > (uint64_t{1} << 34)) {
-    return absl::InvalidArgumentError(absl::StrCat("credit_bytes ", spec.credit_bytes(),
-                                                   " must be in [partition_bytes, 16 GiB]"));
+  if (spec.credit_bytes() != 0 &&
+      (spec.credit_bytes() < std::max<uint64_t>(64, spec.partition_bytes()) ||
+       spec.credit_bytes() > (uint64_t{1} << 34))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("credit_bytes ", spec.credit_bytes(), " must be in [partition_bytes (",
+                     spec.partition_bytes() == 0 ? std::string("64 B")
+                                                 : absl::StrCat(spec.partition_bytes(), " B"),
+                     "), 16 GiB]"));
   }
   if (spec.op_timeout_ms() == 0) spec.set_op_timeout_ms(kDefaultTimeoutMs);
   if (spec.op_timeout_ms() > 3600 * 1000) {
@@ -172,8 +193,16 @@ absl::StatusOr<tributary::v1::JobPlan> PlanJob(const std::string& job_id,
   }
   plan.set_algorithm(spec.algorithm());
   plan.set_procs_per_node(spec.procs_per_node());
-  plan.set_partition_bytes(spec.partition_bytes());
-  plan.set_credit_bytes(spec.credit_bytes());
+  uint32_t active_servers = 0;
+  for (const ServerShare& s : split->servers) active_servers += s.weight > 0 ? 1 : 0;
+  uint64_t partition = spec.partition_bytes();
+  if (partition == 0) {
+    partition = AutoPartitionBytes(spec.model_bytes(), active_servers);
+    if (spec.credit_bytes() != 0) partition = std::min(partition, spec.credit_bytes());
+  }
+  plan.set_partition_bytes(partition);
+  plan.set_credit_bytes(spec.credit_bytes() != 0 ? spec.credit_bytes()
+                                                 : AutoCreditBytes(partition, active_servers));
   plan.set_op_timeout_ms(spec.op_timeout_ms());
   plan.set_predicted_seconds_per_byte(split->seconds_per_byte);
   plan.set_ring_seconds_per_byte(split->ring_seconds_per_byte);

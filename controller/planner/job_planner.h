@@ -23,6 +23,18 @@ struct NodeSnapshot {
   double measured_nic_bytes_per_s = 0;
 };
 
+// The chunk size the planner picks when a job leaves partition_bytes at 0: the largest power of
+// two in [64 KiB, 4 MiB] that still cuts `model_bytes` into >= 16 chunks per summation server.
+// Push/pull is store-and-forward per chunk, so an all-reduce takes about (G + 1) group times
+// for G groups of one chunk per server: 16 keeps the pipeline's fill within ~6% of the model.
+uint64_t AutoPartitionBytes(uint64_t model_bytes, uint32_t num_servers);
+
+// The credit window the planner picks when a job leaves credit_bytes at 0: 4 chunks per
+// summation server (at least 4 chunks, at most 256 MiB). A worker must keep about two "groups"
+// (one chunk on every server) in flight to push one group while the previous one is summed and
+// pulled; with a single group, pushes and pulls alternate and the job runs at half speed.
+uint64_t AutoCreditBytes(uint64_t partition_bytes, uint32_t num_servers);
+
 // Fills in the defaults of a spec and checks its ranges. INVALID_ARGUMENT naming the field.
 absl::StatusOr<tributary::v1::JobSpec> NormalizeJobSpec(const tributary::v1::JobSpec& spec);
 

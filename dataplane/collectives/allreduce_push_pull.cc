@@ -465,7 +465,8 @@ absl::Status PushPullWorker::Start(const std::string& job_id, LocalOperation op)
     state->tensor_hash = tensor_hash;
     state->seq = next_seq_++;
     state->element_size = element_size;
-    state->num_chunks = NumChunks(op.count, element_size, job->partition_bytes);
+    state->num_chunks =
+        PushPullChunks(op.count, element_size, job->partition_bytes, state->map.num_servers());
     state->chunk_state.assign(state->num_chunks, 0);
     state->deadline = clock_->Now() + job->op_timeout;
     const std::vector<uint32_t> order = state->map.SendOrder(tensor_hash, state->num_chunks);

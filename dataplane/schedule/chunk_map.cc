@@ -12,6 +12,17 @@ uint32_t NumChunks(uint64_t count, size_t element_size, uint64_t partition_bytes
   return static_cast<uint32_t>(std::clamp<uint64_t>(chunks, 1, UINT32_MAX));
 }
 
+uint32_t PushPullChunks(uint64_t count, size_t element_size, uint64_t partition_bytes,
+                        size_t num_servers) {
+  const uint32_t by_partition = NumChunks(count, element_size, partition_bytes);
+  const uint64_t bytes = count * element_size;
+  const uint64_t by_size = std::max<uint64_t>(1, bytes / kMinPipelineChunkBytes);
+  const uint64_t wanted = std::min<uint64_t>(
+      by_size, uint64_t{kPipelineChunksPerServer} * std::max<size_t>(1, num_servers));
+  return static_cast<uint32_t>(std::clamp<uint64_t>(std::max<uint64_t>(by_partition, wanted), 1,
+                                                    std::min<uint64_t>(count, UINT32_MAX)));
+}
+
 ChunkRange GetChunk(uint64_t count, uint32_t num_chunks, uint32_t index) {
   const unsigned __int128 c = count;
   const uint64_t begin = static_cast<uint64_t>(c * index / num_chunks);

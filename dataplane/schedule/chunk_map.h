@@ -20,6 +20,16 @@ struct ChunkRange {
 // (but never fewer elements than 1 per chunk). count, element_size, partition_bytes > 0.
 uint32_t NumChunks(uint64_t count, size_t element_size, uint64_t partition_bytes);
 
+// Chunks for one push/pull tensor. Push/pull is store-and-forward per chunk: a server sums a
+// chunk once every worker's copy has arrived, so an all-reduce cut into G "groups" (one chunk per
+// server) takes about (G + 1) group times, not G. The tensor is therefore cut into at most
+// `partition_bytes` per chunk and, where chunks stay >= kMinPipelineChunkBytes, into at least
+// kPipelineChunksPerServer chunks per server, which keeps the fill within ~6% (1/16).
+inline constexpr uint64_t kMinPipelineChunkBytes = 64 << 10;
+inline constexpr uint32_t kPipelineChunksPerServer = 16;
+uint32_t PushPullChunks(uint64_t count, size_t element_size, uint64_t partition_bytes,
+                        size_t num_servers);
+
 // Chunk `index` of `num_chunks` near-equal chunks over `count` elements: elements
 // [floor(index*count/num_chunks), floor((index+1)*count/num_chunks)).
 ChunkRange GetChunk(uint64_t count, uint32_t num_chunks, uint32_t index);

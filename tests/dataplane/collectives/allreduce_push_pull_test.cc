@@ -378,7 +378,7 @@ TEST(PushPull, MemoryStaysWithinCreditAndShares) {
   // Bytes of this tensor each server owns, from the same chunk map the workers use.
   auto map = ChunkMap::Create(cluster.view().server_weights);
   ASSERT_TRUE(map.ok());
-  const uint32_t chunks = NumChunks(count, 4, partition);
+  const uint32_t chunks = PushPullChunks(count, 4, partition, map->num_servers());
   std::vector<uint64_t> owned(5);
   for (uint32_t c = 0; c < chunks; ++c) {
     owned[map->ServerOf(common::StableHash64("big"), chunks, c)] +=

@@ -45,6 +45,35 @@ TEST(ChunkMap, NumChunksRespectsPartitionSize) {
   EXPECT_EQ(NumChunks(10, 8, 3), 10u);  // a partition below one element still moves one
 }
 
+TEST(ChunkMap, PushPullChunksPipelineEveryServer) {
+  constexpr uint64_t kMiB = 1 << 20;
+  // 64 MiB of float32 over 4 servers with 4 MiB partitions: 16 by size, 64 = 16 per server.
+  EXPECT_EQ(PushPullChunks(16 * kMiB, 4, 4 * kMiB, 4), 64u);
+  // 256 MiB: the partition already gives 64 chunks; never fewer than the partition allows.
+  EXPECT_EQ(PushPullChunks(64 * kMiB, 4, 4 * kMiB, 4), 64u);
+  EXPECT_EQ(PushPullChunks(256 * kMiB, 4, 4 * kMiB, 4), 256u);
+  // 1 MiB over 8 servers: 16 chunks of the 64 KiB floor, not 128 smaller ones.
+  EXPECT_EQ(PushPullChunks(kMiB / 4, 4, 4 * kMiB, 8), 16u);
+  // Below 128 KiB a tensor is one chunk (latency-bound; cutting it only adds messages).
+  EXPECT_EQ(PushPullChunks(1024, 4, 4 * kMiB, 8), 1u);
+  EXPECT_EQ(PushPullChunks(1, 4, 4 * kMiB, 8), 1u);
+  // A partition smaller than the floor still wins (the job asked for small chunks).
+  EXPECT_EQ(PushPullChunks(1024, 4, 1024, 2), 4u);
+  // Never more chunks than elements.
+  EXPECT_EQ(PushPullChunks(3, 4, 4, 8), 3u);
+  // Every element is in exactly one chunk.
+  const uint64_t count = 3 * kMiB + 17;
+  const uint32_t c = PushPullChunks(count, 4, 4 * kMiB, 5);
+  EXPECT_EQ(c, 80u);
+  uint64_t next = 0;
+  for (uint32_t i = 0; i < c; ++i) {
+    const ChunkRange r = GetChunk(count, c, i);
+    EXPECT_EQ(r.offset, next);
+    next += r.count;
+  }
+  EXPECT_EQ(next, count);
+}
+
 TEST(ChunkMap, RejectsBadWeights) {
   EXPECT_FALSE(ChunkMap::Create(std::vector<uint64_t>{}).ok());
   EXPECT_FALSE(ChunkMap::Create(std::vector<uint64_t>{1, 2}).ok());
