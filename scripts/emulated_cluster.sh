@@ -70,7 +70,6 @@ shape() {  # shape NS(or "") DEV RATE_MBIT
   local burst=$((rate * 1000000 / 8 / 1000))  # 1 ms at the rate
   ((burst < 16384)) && burst=16384
   ((burst < 2 * MTU)) && burst=$((2 * MTU))
-  [[ -n ${TRIB_EMU_BURST:-} ]] && burst=$TRIB_EMU_BURST
   local run=()
   [[ -n $ns ]] && run=(ip netns exec "$ns")
   "${run[@]}" ip link set dev "$dev" mtu "$MTU"

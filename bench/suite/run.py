@@ -499,7 +499,8 @@ def main():
     args.k = [int(x) for x in args.k.split(",") if x != ""]
     out = args.out or (os.path.join(ROOT, "build", "emulated-quick") if args.quick
                        else os.path.join(ROOT, "bench", "results"))
-    update_md = args.update_benchmarks_md or not args.quick
+    # BENCHMARKS.md shows the full suite's results: only a run writing to bench/results updates it.
+    update_md = args.update_benchmarks_md or (not args.quick and args.out is None)
 
     why = can_use_namespaces()
     if why:
@@ -654,6 +655,34 @@ def merge(results, path):
     return old + results
 
 
+def spare_report(results, n):
+    """What the spare CPU hosts buy: push/pull with k spares against Tributary's ring (and the
+    best peer), measured, next to DESIGN.md's ratio D / n^2 (ring moves 2(n-1)/n of the tensor
+    through every NIC, push/pull 2n(n-1)/D)."""
+    sizes = sorted({r["size"] for r in results if r["size"] >= 1 * MIB})
+    pp = sorted({r["spares_used"] for r in results if r["config"].startswith("tributary push/pull")})
+    if not pp or not sizes:
+        return []
+    base_name = "tributary ring"
+    lines = ["What the spare CPU hosts buy (speed-up of push/pull over Tributary ring; theory "
+             "D / n^2 with D = n^2 + kn - 2k):", "",
+             "| size | " + " | ".join(f"k={k} measured (theory)" for k in pp) + " |",
+             "|---:|" + "---:|" * len(pp)]
+    for s in sizes:
+        base = get(results, base_name, s)
+        if not base:
+            continue
+        cells = []
+        for k in pp:
+            r = next((x for x in results if x["size"] == s and x["spares_used"] == k and
+                      x["config"].startswith("tributary push/pull")), None)
+            d = n * n + min(k, n) * n - 2 * min(k, n)
+            cells.append(f"{base['time_us'] / r['time_us']:.2f}x ({d / (n * n):.2f}x)" if r
+                         else "-")
+        lines.append(f"| {fmt_size(s)} | " + " | ".join(cells) + " |")
+    return lines + [""] if len(lines) > 4 else []
+
+
 def workload_report(wresults, args, out):
     """The model workloads' table (markdown lines) and CSV."""
     if not wresults:
@@ -754,6 +783,7 @@ def report(results, args, out, argv, update_md, wresults=()):
     lines.append("CPU % per host: CPU time of every process in host h0, h1, ... over that "
                  "configuration's whole sweep, in % of one core (agents included).")
     lines.append("")
+    lines += spare_report(results, n)
     lines += workload_report(list(wresults), args, out)
     lines += targets(results, best_peer)
     md = "\n".join(lines) + "\n"
