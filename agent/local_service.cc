@@ -74,7 +74,7 @@ struct LocalService::Mapping {
 struct LocalService::OpHandle {
   struct Waiter {
     grpc::ServerUnaryReactor* reactor;
-    tributary::v1::WaitResponse* resp;
+    std::function<void(bool)> set_done;  // writes `done` into the parked call's response
     common::Clock::TimePoint deadline;
   };
   std::mutex mu;
@@ -94,7 +94,7 @@ struct LocalService::OpHandle {
       w.swap(waiters);
     }
     for (Waiter& x : w) {
-      x.resp->set_done(true);
+      x.set_done(true);
       x.reactor->Finish(common::ToGrpcStatus(s));
     }
   }
@@ -113,7 +113,7 @@ struct LocalService::OpHandle {
       }
     }
     for (Waiter& x : expired) {
-      x.resp->set_done(false);
+      x.set_done(false);
       x.reactor->Finish(grpc::Status::OK);
     }
   }
@@ -570,36 +570,44 @@ absl::Status LocalService::DoSubmit(const tributary::v1::SubmitRequest& req,
 grpc::ServerUnaryReactor* LocalService::Submit(grpc::CallbackServerContext* ctx,
                                                const tributary::v1::SubmitRequest* req,
                                                tributary::v1::SubmitResponse* resp) {
-  return Finish(ctx, DoSubmit(*req, resp));
+  const absl::Status submitted = DoSubmit(*req, resp);
+  if (!submitted.ok() || req->wait_timeout_ms() == 0) return Finish(ctx, submitted);
+  return Park(ctx, req->session_id(), resp->handle(), req->wait_timeout_ms(),
+              [resp](bool done) { resp->set_done(done); });
+}
+
+grpc::ServerUnaryReactor* LocalService::Park(grpc::CallbackServerContext* ctx,
+                                             const std::string& session_id, uint64_t handle_id,
+                                             uint32_t timeout_ms,
+                                             std::function<void(bool)> set_done) {
+  std::lock_guard lock(mu_);
+  auto session = FindSessionLocked(session_id);
+  if (!session.ok()) return Finish(ctx, session.status());
+  auto it = (*session)->handles.find(handle_id);
+  if (it == (*session)->handles.end()) {
+    return Finish(ctx, absl::NotFoundError(absl::StrCat(
+                           "handle ", handle_id,
+                           " is unknown in this session (its result was already reported?)")));
+  }
+  std::shared_ptr<OpHandle> handle = it->second;
+  std::lock_guard hlock(handle->mu);
+  if (handle->done || timeout_ms == 0 || shut_down_) {
+    set_done(handle->done);
+    if (handle->done) (*session)->handles.erase(it);  // reported: forget it
+    return Finish(ctx, handle->done ? handle->status : absl::OkStatus());
+  }
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  const auto timeout = std::chrono::milliseconds(std::min<uint32_t>(timeout_ms, 3600000));
+  handle->waiters.push_back({reactor, std::move(set_done), clock_->Now() + timeout});
+  // Once parked, the result is reported by Complete; the handle is forgotten by Tick.
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* LocalService::Wait(grpc::CallbackServerContext* ctx,
                                              const tributary::v1::WaitRequest* req,
                                              tributary::v1::WaitResponse* resp) {
-  std::shared_ptr<OpHandle> handle;
-  {
-    std::lock_guard lock(mu_);
-    auto session = FindSessionLocked(req->session_id());
-    if (!session.ok()) return Finish(ctx, session.status());
-    auto it = (*session)->handles.find(req->handle());
-    if (it == (*session)->handles.end()) {
-      return Finish(ctx, absl::NotFoundError(absl::StrCat(
-                             "handle ", req->handle(),
-                             " is unknown in this session (its result was already reported?)")));
-    }
-    handle = it->second;
-    std::lock_guard hlock(handle->mu);
-    if (handle->done || req->timeout_ms() == 0 || shut_down_) {
-      resp->set_done(handle->done);
-      if (handle->done) (*session)->handles.erase(it);  // reported: forget it
-      return Finish(ctx, handle->done ? handle->status : absl::OkStatus());
-    }
-    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    const auto timeout = std::chrono::milliseconds(std::min<uint32_t>(req->timeout_ms(), 3600000));
-    handle->waiters.push_back({reactor, resp, clock_->Now() + timeout});
-    // Once parked, the result is reported by Complete; the handle is forgotten by Tick.
-    return reactor;
-  }
+  return Park(ctx, req->session_id(), req->handle(), req->timeout_ms(),
+              [resp](bool done) { resp->set_done(done); });
 }
 
 void LocalService::Tick() {

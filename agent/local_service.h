@@ -3,6 +3,7 @@
 // gathered and handed to the data plane as one node-level operation.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -91,6 +92,11 @@ class LocalService final : public tributary::v1::Agent::CallbackService {
   void FailGatherLocked(const GatherKey& key, Gather& gather, const absl::Status& status,
                         std::vector<std::function<void()>>& after);
   absl::StatusOr<std::shared_ptr<Session>> FindSessionLocked(const std::string& id);
+  // Answers a call about `handle_id` now if the operation is done (or timeout_ms is 0), else
+  // parks it until the operation completes or timeout_ms passes; `set_done` fills the reply.
+  grpc::ServerUnaryReactor* Park(grpc::CallbackServerContext* ctx, const std::string& session_id,
+                                 uint64_t handle_id, uint32_t timeout_ms,
+                                 std::function<void(bool)> set_done);
 
   dataplane::NodeCollectives* collectives_;
   const common::Clock* clock_;

@@ -301,7 +301,8 @@ absl::StatusOr<std::shared_ptr<SharedBuffer>> Client::AllocateBuffer(size_t byte
 
 absl::StatusOr<Handle> Client::Submit(std::string_view name, const SharedBuffer& buffer,
                                       size_t offset_bytes, size_t count, common::DataType dtype,
-                                      int op, uint32_t root_rank, int32_t priority) {
+                                      int op, uint32_t root_rank, int32_t priority,
+                                      milliseconds wait) {
   if (!session_->active()) return LeftError(job_id_);
   const std::string tensor(name);
   if (tensor.empty()) return absl::InvalidArgumentError("tensor name must not be empty");
@@ -341,8 +342,12 @@ absl::StatusOr<Handle> Client::Submit(std::string_view name, const SharedBuffer&
   request.set_op(static_cast<v1::CollectiveOp>(op));
   request.set_root_rank(root_rank);
   request.set_priority(priority);
+  // A blocking call waits in the Submit itself (one round trip to the agent instead of two),
+  // for at most one wait slice; Handle::Wait covers the rest.
+  const milliseconds slice = std::clamp(wait, milliseconds(0), kMaxWaitSlice);
+  request.set_wait_timeout_ms(static_cast<uint32_t>(slice.count()));
   v1::SubmitResponse response;
-  auto context = session_->NewContext();
+  auto context = session_->NewContext(slice + session_->rpc_timeout());
   RETURN_IF_ERROR(
       common::FromGrpcStatus(session_->stub().Submit(context.get(), request, &response)));
 
@@ -351,6 +356,7 @@ absl::StatusOr<Handle> Client::Submit(std::string_view name, const SharedBuffer&
   handle.state_ = std::make_shared<Handle::State>();
   handle.state_->id = response.handle();
   handle.state_->name = tensor;
+  handle.state_->done = response.done();
   return handle;
 }
 
@@ -373,17 +379,23 @@ absl::StatusOr<Handle> Client::BroadcastAsync(std::string_view name, const Share
 absl::Status Client::AllReduce(std::string_view name, const SharedBuffer& buffer,
                                size_t offset_bytes, size_t count, common::DataType dtype,
                                ReduceOp op, int32_t priority) {
-  ASSIGN_OR_RETURN(Handle handle,
-                   AllReduceAsync(name, buffer, offset_bytes, count, dtype, op, priority));
-  return handle.Wait(options_.op_timeout);
+  const auto start = Clock::now();
+  const int wire_op = op == ReduceOp::kAverage ? v1::COLLECTIVE_OP_AVERAGE : v1::COLLECTIVE_OP_SUM;
+  ASSIGN_OR_RETURN(Handle handle, Submit(name, buffer, offset_bytes, count, dtype, wire_op,
+                                         /*root_rank=*/0, priority, options_.op_timeout));
+  return handle.Wait(options_.op_timeout -
+                     std::chrono::duration_cast<milliseconds>(Clock::now() - start));
 }
 
 absl::Status Client::Broadcast(std::string_view name, const SharedBuffer& buffer,
                                size_t offset_bytes, size_t count, common::DataType dtype,
                                uint32_t root_rank, int32_t priority) {
+  const auto start = Clock::now();
   ASSIGN_OR_RETURN(Handle handle,
-                   BroadcastAsync(name, buffer, offset_bytes, count, dtype, root_rank, priority));
-  return handle.Wait(options_.op_timeout);
+                   Submit(name, buffer, offset_bytes, count, dtype, v1::COLLECTIVE_OP_BROADCAST,
+                          root_rank, priority, options_.op_timeout));
+  return handle.Wait(options_.op_timeout -
+                     std::chrono::duration_cast<milliseconds>(Clock::now() - start));
 }
 
 }  // namespace tributary::client

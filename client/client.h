@@ -141,7 +141,8 @@ class Client {
 
   absl::StatusOr<Handle> Submit(std::string_view name, const SharedBuffer& buffer,
                                 size_t offset_bytes, size_t count, common::DataType dtype, int op,
-                                uint32_t root_rank, int32_t priority);
+                                uint32_t root_rank, int32_t priority,
+                                std::chrono::milliseconds wait = std::chrono::milliseconds(0));
 
   const ClientOptions options_;
   const std::string job_id_;
