@@ -17,8 +17,10 @@ uint32_t PushPullChunks(uint64_t count, size_t element_size, uint64_t partition_
   const uint32_t by_partition = NumChunks(count, element_size, partition_bytes);
   const uint64_t bytes = count * element_size;
   const uint64_t by_size = std::max<uint64_t>(1, bytes / kMinPipelineChunkBytes);
-  const uint64_t wanted = std::min<uint64_t>(
-      by_size, uint64_t{kPipelineChunksPerServer} * std::max<size_t>(1, num_servers));
+  const uint64_t servers = std::max<size_t>(1, num_servers);
+  const uint64_t spread = std::min<uint64_t>(servers, bytes / kMinSpreadChunkBytes);
+  const uint64_t wanted =
+      std::max(spread, std::min<uint64_t>(by_size, uint64_t{kPipelineChunksPerServer} * servers));
   return static_cast<uint32_t>(std::clamp<uint64_t>(std::max<uint64_t>(by_partition, wanted), 1,
                                                     std::min<uint64_t>(count, UINT32_MAX)));
 }

@@ -54,7 +54,10 @@ TEST(ChunkMap, PushPullChunksPipelineEveryServer) {
   EXPECT_EQ(PushPullChunks(256 * kMiB, 4, 4 * kMiB, 4), 256u);
   // 1 MiB over 8 servers: 16 chunks of the 64 KiB floor, not 128 smaller ones.
   EXPECT_EQ(PushPullChunks(kMiB / 4, 4, 4 * kMiB, 8), 16u);
-  // Below 128 KiB a tensor is one chunk (latency-bound; cutting it only adds messages).
+  // Small tensors are spread over the servers in chunks of at least 8 KiB...
+  EXPECT_EQ(PushPullChunks(16384, 4, 4 * kMiB, 4), 4u);  // 64 KiB: one 16 KiB chunk each
+  EXPECT_EQ(PushPullChunks(4096, 4, 4 * kMiB, 4), 2u);   // 16 KiB: two of 8 KiB
+  // ...and below 16 KiB a tensor is one chunk (latency-bound; cutting it only adds messages).
   EXPECT_EQ(PushPullChunks(1024, 4, 4 * kMiB, 8), 1u);
   EXPECT_EQ(PushPullChunks(1, 4, 4 * kMiB, 8), 1u);
   // A partition smaller than the floor still wins (the job asked for small chunks).
