@@ -102,6 +102,10 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& in) {
   inv.set_sum_bytes_per_s(options.sum_bytes_per_s > 0 ? options.sum_bytes_per_s
                                                       : MeasureSumRate(*agent->reducer_));
   inv.set_offers_summation(options.offers_summation);
+  agent->collectives_->SetCostModel(dataplane::CostModel{
+      .alpha_seconds = options.selector_alpha_seconds,
+      .beta_seconds_per_byte = 1 / inv.nic_bytes_per_s(),
+      .gamma_seconds_per_byte = inv.sum_bytes_per_s() > 0 ? 1 / inv.sum_bytes_per_s() : 1 / 10e9});
 
   agent->local_ =
       std::make_unique<LocalService>(agent->collectives_.get(), common::SystemClock::Get());

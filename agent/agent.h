@@ -25,6 +25,8 @@
 
 namespace tributary::agent {
 
+inline constexpr double kDefaultSelectorAlphaSeconds = 200e-6;
+
 struct AgentOptions {
   std::string node_id;  // default: the hostname
   std::string controller_address = "127.0.0.1:7070";
@@ -33,6 +35,11 @@ struct AgentOptions {
   std::string local_address = "unix:/tmp/tributary-agent.sock";  // for training processes
   double nic_bytes_per_s = 0;  // declared NIC bandwidth; 0 = discover from sysfs
   double sum_bytes_per_s = 0;  // declared summation rate; 0 = measure at start-up
+  // Per-message cost alpha of ALGORITHM_AUTO's cost model (beta and gamma come from the NIC and
+  // summation rates above). The default is what bench/suite/run.py fitted for Tributary on the
+  // emulated cluster (bench/results/selector_calibration.json): an agent's message costs far
+  // more than the wire's latency, because it crosses gRPC, threads and UCX progress.
+  double selector_alpha_seconds = kDefaultSelectorAlphaSeconds;
   // Report this topology file (NCCL XML, nvidia-smi topo -m, JSON, YAML) instead of discovering.
   std::string topology_file;
   bool offers_summation = true;  // serve jobs this node is not a worker of

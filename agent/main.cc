@@ -39,6 +39,11 @@ int main(int argc, char** argv) {
                "Do not serve as a summation server for jobs this node is not a worker of");
   app.add_flag("--emulate-nic", options.emulate_nic,
                "Pace data-plane egress to --nic-gbps (local clusters on loopback)");
+  double selector_alpha_us = tributary::agent::kDefaultSelectorAlphaSeconds * 1e6;
+  app.add_option("--selector-alpha-us", selector_alpha_us,
+                 "Per-message cost in the automatic algorithm choice's model, microseconds "
+                 "(default: fitted by bench/suite/run.py)")
+      ->capture_default_str();
   app.add_option("--reducer-threads", options.reducer_threads, "Summation threads (0 = all)");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error (or TRIBUTARY_LOG_LEVEL)");
   app.add_option("--log-format", log_format, "text|json (or TRIBUTARY_LOG_FORMAT)");
@@ -51,6 +56,7 @@ int main(int argc, char** argv) {
   options.nic_bytes_per_s = nic_gbps * 1e9 / 8;
   options.sum_bytes_per_s = sum_gbps * 1e9;
   options.offers_summation = !no_summation;
+  options.selector_alpha_seconds = selector_alpha_us * 1e-6;
   // UCX must never wander onto the machine's real NICs unless told to.
   setenv("UCX_NET_DEVICES", "lo", 0);
   setenv("UCX_TLS", "tcp", 0);

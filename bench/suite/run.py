@@ -468,6 +468,9 @@ def main():
     ap.add_argument("--no-install", action="store_true", help="do not apt-get missing packages")
     ap.add_argument("--update-benchmarks-md", action="store_true",
                     help="replace the results block of BENCHMARKS.md (default in full mode)")
+    ap.add_argument("--from-results", default=None, metavar="DIR",
+                    help="run nothing: rebuild the report from DIR's emulated_allreduce.csv and "
+                         "emulated_workloads.csv (give the run's --workers, --rate, --mtu, --k)")
     ap.add_argument("--merge", default=None,
                     help="a CSV of an earlier run: its rows of configs not run now are kept")
     args = ap.parse_args()
@@ -501,6 +504,13 @@ def main():
                        else os.path.join(ROOT, "bench", "results"))
     # BENCHMARKS.md shows the full suite's results: only a run writing to bench/results updates it.
     update_md = args.update_benchmarks_md or (not args.quick and args.out is None)
+
+    if args.from_results:
+        os.makedirs(out, exist_ok=True)
+        results = merge([], os.path.join(args.from_results, "emulated_allreduce.csv"))
+        wresults = load_workloads(os.path.join(args.from_results, "emulated_workloads.csv"))
+        report(results, args, out, argv, update_md, wresults)
+        return 0
 
     why = can_use_namespaces()
     if why:
@@ -683,6 +693,75 @@ def spare_report(results, n):
     return lines + [""] if len(lines) > 4 else []
 
 
+def message_steps(config, n, k):
+    """Messages on the critical path in DESIGN.md §1.4's model (algorithm_selector.h)."""
+    if config == "tributary ring":
+        return 2 * (n - 1)
+    if config == "tributary halving-doubling":
+        p = 1 << (n.bit_length() - 1)
+        return 2 * (p.bit_length() - 1) + (2 if p != n else 0)
+    return 2 * (n + k - 1)
+
+
+def calibration(results, n, rate, out):
+    """The selector's inputs, measured: each Tributary algorithm's per-message cost alpha (small
+    sizes, bandwidth term removed) and the crossover sizes between the algorithms. Writes
+    selector_calibration.json; returns markdown lines."""
+    import json
+    import statistics
+    b = rate * 1e6 / 8 * TCP_EFFICIENCY
+    trib = [r for r in results if r["family"] == "tributary"]
+    alphas = {}
+    for c in dict.fromkeys(r["config"] for r in trib):
+        rs = [r for r in trib if r["config"] == c and r["size"] <= 64 << 10]
+        fits = []
+        for r in rs:
+            k = r["spares_used"] if "push/pull" in c else 0
+            bw = theory_seconds(r["size"], n, k, rate) if "halving" not in c else \
+                2 * (n - 1) / n * r["size"] / b
+            fits.append((r["time_us"] * 1e-6 - bw) / message_steps(
+                "push/pull" if "push/pull" in c else c, n, k))
+        if fits:
+            alphas[c] = statistics.median(fits)
+
+    def crossover(a, b_name):
+        """Smallest size from which b_name is faster than a at every measured size (or None)."""
+        sizes = sorted({r["size"] for r in trib})
+        from_size = None
+        for s in sizes:
+            ra, rb = get(results, a, s), get(results, b_name, s)
+            if not ra or not rb:
+                continue
+            if rb["time_us"] < ra["time_us"]:
+                from_size = s if from_size is None else from_size
+            else:
+                from_size = None
+        return from_size
+
+    cal = {"workers": n, "rate_mbit": rate,
+           "alpha_seconds": {c: round(a, 7) for c, a in alphas.items()},
+           "alpha_seconds_median": round(statistics.median(alphas.values()), 7) if alphas else None,
+           "ring_beats_halving_doubling_from": crossover("tributary halving-doubling",
+                                                         "tributary ring"),
+           "push_pull_beats_ring_from": {}}
+    for k in sorted({r["spares_used"] for r in trib if "push/pull" in r["config"]}):
+        name = next(r["config"] for r in trib if "push/pull" in r["config"] and
+                    r["spares_used"] == k)
+        cal["push_pull_beats_ring_from"][f"k={k}"] = crossover("tributary ring", name)
+    with open(os.path.join(out, "selector_calibration.json"), "w") as f:
+        json.dump(cal, f, indent=2)
+        f.write("\n")
+    fmt = lambda v: fmt_size(v) if v else "never"  # noqa: E731
+    lines = ["Selector calibration (`selector_calibration.json`): per-message cost alpha fitted "
+             "from sizes <= 64 KiB: " + ", ".join(f"{c} {a * 1e6:.0f} us" for c, a in
+                                                  alphas.items()) +
+             f"; ring beats halving-doubling from "
+             f"{fmt(cal['ring_beats_halving_doubling_from'])}; push/pull beats ring from " +
+             ", ".join(f"{k}: {fmt(v)}" for k, v in cal["push_pull_beats_ring_from"].items()) +
+             ".", ""]
+    return lines
+
+
 def workload_report(wresults, args, out):
     """The model workloads' table (markdown lines) and CSV."""
     if not wresults:
@@ -725,6 +804,23 @@ def workload_report(wresults, args, out):
                     "cpu_pct_per_host", "wrong"])
         w.writerows(rows)
     return lines + [""]
+
+
+def load_workloads(path):
+    if not os.path.exists(path):
+        return []
+    out = []
+    with open(path) as f:
+        for row in csv.DictReader(f):
+            fam = ("gloo" if row["config"].startswith("Gloo") else
+                   "mpi" if row["config"].startswith("Open MPI") else "tributary")
+            out.append(dict(config=row["config"], family=fam, workload=row["workload"],
+                            tensors=int(row["tensors"]), bytes=int(row["bytes"]),
+                            time_us=float(row["time_us"]), wrong=int(row["wrong"]),
+                            spares_used=int(row["spares_used"]),
+                            cpu={i: float(v) for i, v in
+                                 enumerate(row["cpu_pct_per_host"].split())}))
+    return out
 
 
 def report(results, args, out, argv, update_md, wresults=()):
@@ -784,6 +880,7 @@ def report(results, args, out, argv, update_md, wresults=()):
                  "configuration's whole sweep, in % of one core (agents included).")
     lines.append("")
     lines += spare_report(results, n)
+    lines += calibration(results, n, rate, out)
     lines += workload_report(list(wresults), args, out)
     lines += targets(results, best_peer)
     md = "\n".join(lines) + "\n"

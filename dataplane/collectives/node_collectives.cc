@@ -31,7 +31,12 @@ void NodeCollectives::SetJob(const JobView& view, AlgorithmChoice choice) {
   const int spares = static_cast<int>(view.server_addresses.size()) - n;
   std::lock_guard lock(mu_);
   jobs_[view.job_id] =
-      JobEntry{choice, n, ModelThresholds(n, std::max(0, spares)), view.world_size()};
+      JobEntry{choice, n, ModelThresholds(n, std::max(0, spares), cost_model_), view.world_size()};
+}
+
+void NodeCollectives::SetCostModel(const CostModel& model) {
+  std::lock_guard lock(mu_);
+  cost_model_ = model;
 }
 
 void NodeCollectives::RemoveJob(const std::string& job_id) {

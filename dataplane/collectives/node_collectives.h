@@ -41,6 +41,10 @@ class NodeCollectives {
   void Abort(const std::string& job_id, const std::string& tensor_name, uint64_t iteration,
              const absl::Status& reason);
 
+  // The cost model behind ALGORITHM_AUTO's size thresholds (ModelThresholds) for jobs set from
+  // now on. The agent builds it from its NIC, its summation rate and --selector-alpha-us.
+  void SetCostModel(const CostModel& model);
+
   // The algorithm `Start` would use for `bytes` in this job (for logs and tests).
   absl::StatusOr<Algorithm> AlgorithmFor(const std::string& job_id, uint64_t bytes) const;
 
@@ -77,6 +81,7 @@ class NodeCollectives {
   Reducer* reducer_;
   mutable std::mutex mu_;
   std::map<std::string, JobEntry> jobs_;
+  CostModel cost_model_;  // Guarded by mu_.
   DataPlaneMetrics* metrics_ = nullptr;
   const common::Clock* clock_ = nullptr;
   std::mutex pending_mu_;  // guards the three below

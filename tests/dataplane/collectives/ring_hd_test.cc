@@ -12,6 +12,7 @@
 #include "dataplane/collectives/allreduce_halving_doubling.h"
 #include "dataplane/collectives/allreduce_ring.h"
 #include "dataplane/collectives/collective_engine.h"
+#include "dataplane/collectives/node_collectives.h"
 #include "dataplane/reduce/cpu/cpu_reducer.h"
 #include "dataplane/transport/inprocess/inprocess_transport.h"
 #include "gmock/gmock.h"
@@ -583,6 +584,47 @@ TEST(SelectorTest, ConfiguredThresholdsAndFallback) {
   EXPECT_EQ(*SelectServable(9000, 4, t, engine_only), Algorithm::kRing);
   auto nothing = [](Algorithm) { return absl::UnimplementedError("no"); };
   EXPECT_EQ(SelectServable(10, 4, t, nothing).status().code(), absl::StatusCode::kUnimplemented);
+}
+
+TEST(SelectorTest, NodeCollectivesFollowTheirCostModel) {
+  // 4 worker nodes + 4 spare servers; a 500 Mbit/s NIC; the suite-fitted per-message cost.
+  InProcessNetwork network;
+  std::unique_ptr<Transport> transport = network.CreateEndpoint("w0");
+  CpuReducer reducer(1);
+  common::FakeClock clock;
+  PushPullNode node(transport.get(), &reducer, &clock);
+  CollectiveEngine engine(transport.get(), &reducer, &clock);
+  NodeCollectives collectives(&node, &engine, &reducer);
+  const CostModel model{.alpha_seconds = 200e-6,
+                        .beta_seconds_per_byte = 1 / 62.5e6,
+                        .gamma_seconds_per_byte = 1 / 4e9};
+  collectives.SetCostModel(model);
+  JobView view;
+  view.job_id = "auto";
+  view.plan_version = 1;
+  for (int i = 0; i < 8; ++i) {
+    if (i < 4) view.worker_addresses.push_back(absl::StrCat("w", i));
+    view.server_addresses.push_back(i < 4 ? absl::StrCat("w", i) : absl::StrCat("s", i));
+    view.server_weights.push_back(ChunkMap::kWeightTotal / 8);
+  }
+  view.my_worker_rank = 0;
+  view.my_server_index = 0;
+  collectives.SetJob(view, AlgorithmChoice::kAuto);
+  const SelectorThresholds t = ModelThresholds(4, 4, model);
+  // Push/pull's 14 messages cost 8 alpha more than ring's 6; at 500 Mbit/s it pays for them
+  // from about 8 alpha / (0.5 beta) = 200 KB.
+  EXPECT_GT(t.push_pull_from, 100u << 10);
+  EXPECT_LT(t.push_pull_from, 400u << 10);
+  EXPECT_NE(*collectives.AlgorithmFor("auto", 4 << 10), Algorithm::kPushPull);
+  EXPECT_EQ(*collectives.AlgorithmFor("auto", 64 << 20), Algorithm::kPushPull);
+  EXPECT_EQ(*collectives.AlgorithmFor("auto", t.push_pull_from), Algorithm::kPushPull);
+  EXPECT_NE(*collectives.AlgorithmFor("auto", t.push_pull_from - 1), Algorithm::kPushPull);
+  // A different model moves the thresholds: with a free message, push/pull wins from the start.
+  collectives.SetCostModel(CostModel{
+      .alpha_seconds = 0, .beta_seconds_per_byte = 1 / 62.5e6, .gamma_seconds_per_byte = 1 / 4e9});
+  collectives.SetJob(view, AlgorithmChoice::kAuto);
+  EXPECT_EQ(*collectives.AlgorithmFor("auto", 4 << 10), Algorithm::kPushPull);
+  transport->Shutdown();
 }
 
 }  // namespace
