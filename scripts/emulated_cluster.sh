@@ -69,7 +69,7 @@ shape() {  # shape NS(or "") DEV RATE_MBIT
   local ns=$1 dev=$2 rate=$3
   local burst=$((rate * 1000000 / 8 / 1000))  # 1 ms at the rate
   ((burst < 16384)) && burst=16384
-  ((burst < 2 * MTU)) && burst=$((2 * MTU))
+  ((burst < MTU + 64)) && burst=$((MTU + 64))  # one frame must fit the bucket
   local run=()
   [[ -n $ns ]] && run=(ip netns exec "$ns")
   "${run[@]}" ip link set dev "$dev" mtu "$MTU"

@@ -63,6 +63,18 @@ constexpr ConfigDefault kConfigDefaults[] = {
     {"PUT_ENABLE", "n", "UCX_TCP_PUT_ENABLE"},
 };
 
+// Over TCP alone (UCX_TLS=tcp), rendezvous has no zero-copy to offer: it adds a request/reply
+// round trip per message and then moves the data as active-message fragments anyway. Sending
+// every message eagerly instead made push/pull with 4 spare hosts 1.4x faster at 16 MiB and
+// 1.1x at 64 MiB on the emulated cluster (bench/suite). With RDMA transports UCX's own
+// threshold stays.
+constexpr ConfigDefault kTcpOnlyDefaults[] = {{"RNDV_THRESH", "inf", "UCX_RNDV_THRESH"}};
+
+bool TcpOnly() {
+  const char* tls = std::getenv("UCX_TLS");
+  return tls != nullptr && std::string_view(tls) == "tcp";
+}
+
 spdlog::logger& Log() {
   static const std::shared_ptr<spdlog::logger> logger = common::Logger("transport");
   return *logger;
@@ -349,7 +361,10 @@ class UcxTransport::Impl {
     params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
     ucp_config_t* config = nullptr;
     RETURN_IF_ERROR(ucx::ToStatus(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read"));
-    for (const ConfigDefault& setting : kConfigDefaults) {
+    std::vector<ConfigDefault> defaults(std::begin(kConfigDefaults), std::end(kConfigDefaults));
+    if (TcpOnly())
+      defaults.insert(defaults.end(), std::begin(kTcpOnlyDefaults), std::end(kTcpOnlyDefaults));
+    for (const ConfigDefault& setting : defaults) {
       if (std::getenv(absl::StrCat("UCX_", setting.name).c_str()) != nullptr ||
           std::getenv(setting.specific_env) != nullptr) {
         continue;  // The environment decides.
