@@ -80,6 +80,9 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& in) {
   } else {
     agent->transport_ = *std::move(transport);
   }
+  auto counting = std::make_unique<dataplane::CountingTransport>(std::move(agent->transport_));
+  agent->counting_ = counting.get();
+  agent->transport_ = std::move(counting);
   agent->node_ = std::make_unique<dataplane::PushPullNode>(
       agent->transport_.get(), agent->reducer_.get(), common::SystemClock::Get());
   agent->engine_ = std::make_unique<dataplane::CollectiveEngine>(
@@ -134,6 +137,16 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& in) {
       copts, [self](const std::vector<tributary::v1::JobPlan>& plans) { self->ApplyPlans(plans); },
       [self](double elapsed) {
         tributary::v1::NodeLoad load = self->load_.Sample(elapsed);
+        const uint64_t sent = self->counting_->bytes_sent();
+        const uint64_t received = self->counting_->bytes_received();
+        if (elapsed > 0) {
+          load.set_dataplane_tx_bytes_per_s(static_cast<double>(sent - self->last_dataplane_sent_) /
+                                            elapsed);
+          load.set_dataplane_rx_bytes_per_s(
+              static_cast<double>(received - self->last_dataplane_received_) / elapsed);
+        }
+        self->last_dataplane_sent_ = sent;
+        self->last_dataplane_received_ = received;
         for (const auto& [job_id, o] : self->collectives_->TakeObservations()) {
           tributary::v1::JobObservation* j = load.add_jobs();
           j->set_job_id(job_id);

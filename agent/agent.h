@@ -18,6 +18,7 @@
 #include "dataplane/collectives/dataplane_metrics.h"
 #include "dataplane/collectives/node_collectives.h"
 #include "dataplane/reduce/cpu/cpu_reducer.h"
+#include "dataplane/transport/counting_transport.h"
 #include "dataplane/transport/transport.h"
 #include "grpcpp/grpcpp.h"
 #include "prometheus/collectable.h"
@@ -86,6 +87,10 @@ class Agent {
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<ControllerClient> controller_;
   LoadMonitor load_;
+  dataplane::CountingTransport* counting_ =
+      nullptr;                            // the outermost transport (owned by transport_)
+  uint64_t last_dataplane_sent_ = 0;      // heartbeat thread only
+  uint64_t last_dataplane_received_ = 0;  // heartbeat thread only
   mutable std::mutex plans_mu_;
   std::map<std::string, uint64_t> applied_;  // job id -> plan version
   std::mutex tick_mu_;

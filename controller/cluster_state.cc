@@ -248,8 +248,7 @@ absl::StatusOr<tributary::v1::JobPlan> ClusterState::ComputePlanLocked(
     s.inventory = node.inventory;
     s.alive = node.alive;
     s.cpu_busy_fraction = node.load.cpu_busy_fraction();
-    s.measured_nic_bytes_per_s =
-        std::max(node.load.nic_tx_bytes_per_s(), node.load.nic_rx_bytes_per_s());
+    s.measured_nic_bytes_per_s = ForeignNicBytesPerSecond(node.load);
     for (const auto& [other_id, entry] : jobs_) {
       if (other_id != job_id) s.committed_nic_bytes_per_s += SpareNicUse(entry.job.plan(), id);
     }

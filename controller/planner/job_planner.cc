@@ -24,6 +24,12 @@ constexpr double kMinUsefulNicFraction = 0.05;
 
 }  // namespace
 
+double ForeignNicBytesPerSecond(const tributary::v1::NodeLoad& load) {
+  const double tx = load.nic_tx_bytes_per_s() - kWireOverhead * load.dataplane_tx_bytes_per_s();
+  const double rx = load.nic_rx_bytes_per_s() - kWireOverhead * load.dataplane_rx_bytes_per_s();
+  return std::max({0.0, tx, rx});
+}
+
 uint64_t AutoPartitionBytes(uint64_t model_bytes, uint32_t num_servers) {
   const uint64_t per_chunk = model_bytes / (kChunksPerServer * std::max<uint32_t>(1, num_servers));
   uint64_t p = kMaxAutoPartitionBytes;
@@ -113,8 +119,7 @@ absl::StatusOr<tributary::v1::JobPlan> PlanJob(const std::string& job_id,
   for (const NodeSnapshot& n : nodes) {
     if (worker_set.contains(n.node_id) || !n.alive || !n.inventory.offers_summation()) continue;
     const double declared = n.inventory.nic_bytes_per_s();
-    const double free_nic =
-        declared - std::max(n.committed_nic_bytes_per_s, n.measured_nic_bytes_per_s);
+    const double free_nic = declared - n.committed_nic_bytes_per_s - n.measured_nic_bytes_per_s;
     if (declared <= 0 || free_nic < kMinUsefulNicFraction * declared) continue;
     MachineCapacity cap{n.node_id, free_nic, sum_rate(n)};
     const double c = cap.sum_bytes_per_s > 0 ? cap.sum_bytes_per_s : free_nic;

@@ -18,10 +18,19 @@ struct NodeSnapshot {
   double cpu_busy_fraction = 0;
   // NIC bandwidth already promised to other jobs' summation, bytes/s.
   double committed_nic_bytes_per_s = 0;
-  // NIC traffic the node's heartbeats measure (the busier direction), bytes/s. Includes
-  // Tributary's own traffic, so the planner subtracts max(committed, measured), not both.
+  // NIC traffic the node's heartbeats measure that is not Tributary's own data plane (the busier
+  // direction), bytes/s: ForeignNicBytesPerSecond. The planner subtracts committed + measured.
   double measured_nic_bytes_per_s = 0;
 };
+
+// Framing on the wire per data-plane byte that NIC counters see and the agent's message counts
+// do not (Ethernet, IP, TCP, ACKs, UCX headers): generous for MTU 1500 (1514 / 1448 = 1.046).
+inline constexpr double kWireOverhead = 1.06;
+
+// The traffic of a node's heartbeat that is not its own data plane: max over directions of
+// nic - kWireOverhead x data plane, never below 0. Tributary's own traffic is already in the
+// other jobs' plans (committed), and traffic of a job that just ended must not count at all.
+double ForeignNicBytesPerSecond(const tributary::v1::NodeLoad& load);
 
 // The chunk size the planner picks when a job leaves partition_bytes at 0: the largest power of
 // two in [64 KiB, 4 MiB] that still cuts `model_bytes` into >= 16 chunks per summation server.
@@ -40,8 +49,8 @@ absl::StatusOr<tributary::v1::JobSpec> NormalizeJobSpec(const tributary::v1::Job
 
 // Plans `job_id` over `nodes`: the spec's worker nodes (all must be present) run the workers;
 // every other alive node that offers summation is a candidate spare server, with capacity
-// B = declared NIC bandwidth minus the larger of what other jobs' plans use and what its
-// heartbeats measure, and C = summation rate scaled by idle CPU.
+// B = declared NIC bandwidth minus what other jobs' plans use and minus the non-Tributary
+// traffic its heartbeats measure, and C = summation rate scaled by idle CPU.
 // The spec must be normalized. The plan's version is `version`.
 absl::StatusOr<tributary::v1::JobPlan> PlanJob(const std::string& job_id,
                                                const tributary::v1::JobSpec& spec,

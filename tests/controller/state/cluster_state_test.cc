@@ -1,5 +1,6 @@
 #include "controller/cluster_state.h"
 
+#include "controller/planner/job_planner.h"
 #include "controller/planner/topology/topology_parsers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -117,6 +118,85 @@ TEST_F(ClusterStateTest, SpareCapacityFollowsHeartbeatLoad) {
   EXPECT_NEAR(busy_nic, 0.4 * 10e9 / 8, 1);
   EXPECT_GT(busy, 0);
   EXPECT_LT(busy, quiet);
+}
+
+TEST_F(ClusterStateTest, OwnDataPlaneTrafficDoesNotMakeASpareLookBusy) {
+  for (int i = 0; i < 3; ++i) Register("w" + std::to_string(i), 10, false);
+  Register("spare");
+  // The spare's NIC was 90% busy, all of it Tributary's data plane (a job that just ended),
+  // plus 5% framing: nothing of it is foreign.
+  tributary::v1::HeartbeatRequest hb;
+  hb.set_node_id("spare");
+  hb.set_incarnation(incarnations_["spare"]);
+  hb.mutable_load()->set_nic_tx_bytes_per_s(0.9 * 10e9 / 8);
+  hb.mutable_load()->set_nic_rx_bytes_per_s(0.9 * 10e9 / 8);
+  hb.mutable_load()->set_dataplane_tx_bytes_per_s(0.9 / 1.05 * 10e9 / 8);
+  hb.mutable_load()->set_dataplane_rx_bytes_per_s(0.9 / 1.05 * 10e9 / 8);
+  tributary::v1::HeartbeatResponse resp;
+  ASSERT_TRUE(state_.Heartbeat(hb, &resp).ok());
+  auto job = Create("j", {"w0", "w1", "w2"});
+  ASSERT_TRUE(job.ok()) << job.status();
+  double spare_nic = 0;
+  for (const auto& s : job->plan().servers()) {
+    if (s.node_id() == "spare") spare_nic = s.nic_bytes_per_s();
+  }
+  EXPECT_NEAR(spare_nic, 10e9 / 8, 1);
+}
+
+TEST(ForeignNicBytesPerSecond, IsNicMinusFramedDataPlaneNeverNegative) {
+  tributary::v1::NodeLoad load;
+  load.set_nic_tx_bytes_per_s(1000);
+  load.set_nic_rx_bytes_per_s(300);
+  EXPECT_DOUBLE_EQ(ForeignNicBytesPerSecond(load), 1000);
+  load.set_dataplane_tx_bytes_per_s(500);
+  EXPECT_DOUBLE_EQ(ForeignNicBytesPerSecond(load), 1000 - kWireOverhead * 500);
+  load.set_dataplane_tx_bytes_per_s(1000);  // all of tx is ours
+  EXPECT_DOUBLE_EQ(ForeignNicBytesPerSecond(load), 300);
+  load.set_dataplane_rx_bytes_per_s(300);
+  EXPECT_DOUBLE_EQ(ForeignNicBytesPerSecond(load), 0);
+}
+
+TEST(AutoPartition, SixteenChunksPerServerWithinBounds) {
+  constexpr uint64_t kMiB = 1 << 20;
+  EXPECT_EQ(AutoPartitionBytes(64 * kMiB, 4), 1 * kMiB);
+  EXPECT_EQ(AutoPartitionBytes(256 * kMiB, 4), 4 * kMiB);
+  EXPECT_EQ(AutoPartitionBytes(uint64_t{1} << 30, 4), 4 * kMiB);  // capped
+  EXPECT_EQ(AutoPartitionBytes(1 * kMiB, 8), 64u << 10);          // floor
+  EXPECT_EQ(AutoPartitionBytes(100 * kMiB, 0), 4 * kMiB);         // no server: as one
+  EXPECT_EQ(AutoCreditBytes(1 * kMiB, 4), 16 * kMiB);             // 4 chunks per server
+  EXPECT_EQ(AutoCreditBytes(4 * kMiB, 32), 256 * kMiB);           // capped
+  EXPECT_EQ(AutoCreditBytes(64u << 10, 0), 256u << 10);           // at least 4 chunks
+}
+
+TEST_F(ClusterStateTest, PlansChoosePartitionAndCreditUnlessTheSpecDoes) {
+  for (int i = 0; i < 4; ++i) Register("w" + std::to_string(i), 10, false);
+  tributary::v1::CreateJobRequest req;
+  req.set_job_id("auto");
+  for (int i = 0; i < 4; ++i) req.mutable_spec()->add_worker_nodes("w" + std::to_string(i));
+  req.mutable_spec()->set_model_bytes(64 << 20);
+  tributary::v1::Job job;
+  ASSERT_TRUE(state_.CreateJob(req, &job).ok());
+  EXPECT_EQ(job.plan().partition_bytes(), 1u << 20);  // 64 MiB / (16 x 4 servers)
+  EXPECT_EQ(job.plan().credit_bytes(), 16u << 20);
+  // A credit below the automatic partition shrinks the partition to fit.
+  req.set_job_id("small-credit");
+  req.mutable_spec()->set_credit_bytes(256 << 10);
+  ASSERT_TRUE(state_.CreateJob(req, &job).ok());
+  EXPECT_EQ(job.plan().partition_bytes(), 256u << 10);
+  EXPECT_EQ(job.plan().credit_bytes(), 256u << 10);
+  // Both given: kept; a credit below the partition is an error naming both.
+  req.set_job_id("explicit");
+  req.mutable_spec()->set_partition_bytes(512 << 10);
+  req.mutable_spec()->set_credit_bytes(1 << 20);
+  ASSERT_TRUE(state_.CreateJob(req, &job).ok());
+  EXPECT_EQ(job.plan().partition_bytes(), 512u << 10);
+  EXPECT_EQ(job.plan().credit_bytes(), 1u << 20);
+  req.set_job_id("bad");
+  req.mutable_spec()->set_credit_bytes(256 << 10);
+  absl::Status bad = state_.CreateJob(req, &job);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.message(),
+              HasSubstr("credit_bytes 262144 must be in [partition_bytes (524288 B)"));
 }
 
 TEST_F(ClusterStateTest, CreateJobValidatesAndIsIdempotent) {
