@@ -345,7 +345,8 @@ struct PushPullWorker::Operation {
   uint32_t num_chunks = 0;
   size_t element_size = 0;
   ChunkMap map;
-  std::vector<uint8_t> chunk_state;  // 0 queued, 1 in flight, 2 done
+  // 0 queued; 1 being sent (holds credit); 3 sent, waiting for the sum; 2 done.
+  std::vector<uint8_t> chunk_state;
   uint32_t chunks_done = 0;
   common::Clock::TimePoint deadline;
   bool finished = false;
@@ -402,6 +403,12 @@ void PushPullWorker::RemoveJob(uint64_t job_hash) {
     }
   }
   Flush({}, std::move(done));
+}
+
+void PushPullWorker::ReleaseCreditLocked(Operation& op, uint32_t chunk) {
+  const uint64_t bytes = op.ChunkBytes(chunk);
+  in_flight_bytes_[op.job_hash] -= bytes;
+  AddInFlight(-static_cast<int64_t>(bytes));
 }
 
 void PushPullWorker::AddInFlight(int64_t delta) {
@@ -549,8 +556,22 @@ void PushPullWorker::SendChunk(std::shared_ptr<Operation> op, uint32_t chunk) {
   const CollectiveKey key{op->job_hash, op->tensor_hash, op->op.iteration};
   transport_->Send(
       server, AsBytes(h), payload,
-      [this, staging, key, server, what = Describe(h)](absl::Status s) {
-        if (s.ok()) return;
+      [this, op, chunk, staging, key, server, what = Describe(h)](absl::Status s) {
+        if (s.ok()) {
+          // Sent: the credit covers only what waits to be sent, so that no worker waits for
+          // another worker's pushes to free its own window (with different submission orders
+          // that would deadlock), and later high-priority chunks still go first.
+          std::vector<std::function<void()>> sends;
+          {
+            std::lock_guard lock(mu_);
+            if (op->finished || op->chunk_state[chunk] != 1) return;
+            ReleaseCreditLocked(*op, chunk);
+            op->chunk_state[chunk] = 3;
+            PumpLocked(sends);
+          }
+          Flush(std::move(sends), {});
+          return;
+        }
         stats_->send_failures++;
         std::vector<Completion> done;
         {
@@ -603,7 +624,8 @@ void PushPullWorker::HandleResult(const WireHeader& h, std::span<const std::byte
     }
     op = it->second;
     if (h.num_chunks != op->num_chunks || h.tensor_count != op->op.count ||
-        h.dtype != static_cast<uint8_t>(op->op.dtype) || op->chunk_state[h.chunk] != 1) {
+        h.dtype != static_cast<uint8_t>(op->op.dtype) ||
+        (op->chunk_state[h.chunk] != 1 && op->chunk_state[h.chunk] != 3)) {
       Log()->warn("result for {} does not match the running operation; dropped", Describe(h));
       stats_->malformed_messages++;
       return;
@@ -642,11 +664,12 @@ void PushPullWorker::HandleResult(const WireHeader& h, std::span<const std::byte
   std::vector<Completion> done;
   {
     std::lock_guard lock(mu_);
-    if (op->finished || op->chunk_state[h.chunk] != 1) return;  // failed meanwhile
+    if (op->finished || (op->chunk_state[h.chunk] != 1 && op->chunk_state[h.chunk] != 3)) {
+      return;  // failed meanwhile
+    }
+    // The sum can overtake the push's send completion: then the credit is returned here.
+    if (op->chunk_state[h.chunk] == 1) ReleaseCreditLocked(*op, h.chunk);
     op->chunk_state[h.chunk] = 2;
-    const uint64_t bytes = op->ChunkBytes(h.chunk);
-    in_flight_bytes_[op->job_hash] -= bytes;
-    AddInFlight(-static_cast<int64_t>(bytes));
     if (++op->chunks_done == op->num_chunks) {
       op->finished = true;
       ops_.erase(KeyOf(h));
@@ -677,11 +700,7 @@ void PushPullWorker::FailLocked(const CollectiveKey& key, absl::Status status,
   ops_.erase(it);
   op->finished = true;
   for (uint32_t c = 0; c < op->num_chunks; ++c) {
-    if (op->chunk_state[c] == 1) {
-      const uint64_t bytes = op->ChunkBytes(c);
-      in_flight_bytes_[op->job_hash] -= bytes;
-      AddInFlight(-static_cast<int64_t>(bytes));
-    }
+    if (op->chunk_state[c] == 1) ReleaseCreditLocked(*op, c);
   }
   stats_->ops_failed++;
   Log()->warn("{} of tensor '{}' iteration {} failed: {}",

@@ -38,7 +38,7 @@ struct JobView {
   std::vector<uint64_t> server_weights;         // sum to exactly 2^32 (see ChunkMap)
   uint32_t procs_per_node = 1;                  // training processes on each worker node
   uint64_t partition_bytes = 4 << 20;           // largest chunk, bytes
-  uint64_t credit_bytes = 16 << 20;             // bytes a worker node may have in flight
+  uint64_t credit_bytes = 16 << 20;             // bytes a worker node may have being sent
   std::chrono::milliseconds op_timeout{30000};  // deadline of one collective
   int my_worker_rank = -1;                      // this node's worker rank, -1 if it is not a worker
   int my_server_index = -1;  // this node's server index, -1 if it is not a server
@@ -82,7 +82,8 @@ struct PushPullStats {
 // The summation service of one node.
 //
 // Holds one accumulator per chunk in flight, created on the first push and freed once the sum
-// has been sent to every worker; workers' credit windows bound how many there are. Pushes whose
+// has been sent to every worker: at most the chunks of the tensors its workers have submitted,
+// and at most twice the bytes of those tensors this server owns. Pushes whose
 // descriptors disagree (size, dtype, reduction, plan) fail the whole collective for every worker
 // with INVALID_ARGUMENT; chunks missing contributions past the job's timeout fail it with
 // DEADLINE_EXCEEDED naming the missing ranks.
@@ -183,7 +184,11 @@ struct LocalOperation {
 // The communication service of one worker node: cuts local operations into chunks, aggregates
 // the local buffers chunk by chunk into staging (at most the credit window), pushes, and writes
 // the pulled sums back. Chunks of all operations are sent in priority order (lower first, then
-// submission order) while the bytes in flight stay within the job's credit.
+// submission order) while the bytes handed to the transport and not yet sent stay within the
+// job's credit (as BytePS's scheduling credit: it bounds the send queue, so that a chunk of a
+// later, more urgent tensor overtakes the ones still queued). The credit is not held until the
+// sum comes back: a worker waiting for other workers' pushes to free its own window would
+// deadlock when workers submit their tensors in different orders.
 class PushPullWorker {
  public:
   PushPullWorker(Transport* transport, Reducer* reducer, const common::Clock* clock,
@@ -228,6 +233,8 @@ class PushPullWorker {
   void Flush(std::vector<std::function<void()>> sends, std::vector<Completion> done);
   void SendChunk(std::shared_ptr<Operation> op, uint32_t chunk);
   void AddInFlight(int64_t delta);
+  // Returns a chunk's bytes to its job's credit window. mu_ held.
+  void ReleaseCreditLocked(Operation& op, uint32_t chunk);
 
   Transport* transport_;
   Reducer* reducer_;

@@ -125,8 +125,8 @@ std::vector<prometheus::MetricFamily> DataPlaneStatsCollector::Collect() const {
   const PushPullStats& p = *push_pull_;
   const CollectiveEngineStats& e = *engine_;
   add("tributary_dataplane_chunks_in_flight",
-      "Worker role: chunks pushed whose sum has not arrived.", MetricType::Gauge,
-      p.worker_chunks_in_flight.load());
+      "Worker role: chunks handed to the transport and not yet sent (they hold credit).",
+      MetricType::Gauge, p.worker_chunks_in_flight.load());
   add("tributary_dataplane_bytes_in_flight", "Worker role: bytes of the chunks in flight.",
       MetricType::Gauge, p.worker_bytes_in_flight.load());
   add("tributary_dataplane_queued_chunks", "Worker role: chunks waiting for credit.",
