@@ -194,7 +194,10 @@ start_tributary() {
   local gbps
   gbps=$(awk -v r="$rate" 'BEGIN{printf "%.4f", r/1000}')
   rm -f "$dir/controller.port"
+  # Metrics on the bridge address and a free port: several clusters (and a controller outside
+  # them) can run side by side; the port is in RUN_DIR/controller.metrics.port.
   "$BIN_DIR/tributary-controller" --listen "$BRIDGE_ADDR:0" --port-file "$dir/controller.port" \
+    --metrics-listen "$BRIDGE_ADDR:0" --metrics-port-file "$dir/controller.metrics.port" \
     --log-level "${TRIB_LOG_LEVEL:-warn}" >"$dir/logs/controller.log" 2>&1 &
   echo $! >"$dir/pids/controller.pid"
   local i

@@ -73,9 +73,9 @@ absl::StatusOr<std::vector<WorkloadTensor>> ReadTensors(const std::string& path)
 // needed first by the next forward pass, as in BytePS), then all are awaited. The time is from
 // the first submission to the last completion; every element of every tensor is checked.
 // Rank 0 prints "WCSV,name,tensors,bytes,time_us,wrong".
-absl::Status RunWorkload(Client& client, const BenchFlags& flags, common::DataType dtype,
+absl::Status RunWorkload(Client& client, const BenchFlags& flags,
+                         const std::vector<WorkloadTensor>& tensors, common::DataType dtype,
                          BenchOp op) {
-  ASSIGN_OR_RETURN(std::vector<WorkloadTensor> tensors, ReadTensors(flags.tensors));
   const size_t element = common::DataTypeSize(dtype);
   std::vector<size_t> offsets;
   size_t total = 0;
@@ -160,6 +160,12 @@ absl::Status RunBenchRank(const BenchFlags& flags) {
         absl::StrCat("every size is smaller than one ", flags.dtype, " element"));
   }
 
+  // A workload file is checked before joining: a bad line is reported, not a stuck job.
+  std::vector<WorkloadTensor> tensors;
+  if (!flags.tensors.empty()) {
+    if (op == BenchOp::kBroadcast) return absl::InvalidArgumentError("--tensors runs all-reduces");
+    ASSIGN_OR_RETURN(tensors, ReadTensors(flags.tensors));
+  }
   ClientOptions options;
   options.agent_address = flags.agent;
   options.join_timeout = std::chrono::milliseconds(flags.join_timeout_ms);
@@ -168,10 +174,7 @@ absl::Status RunBenchRank(const BenchFlags& flags) {
                    Client::Connect(options, flags.job, flags.local_rank, flags.local_size));
   const uint32_t rank = client->global_rank();
   const uint32_t world = client->world_size();
-  if (!flags.tensors.empty()) {
-    if (op == BenchOp::kBroadcast) return absl::InvalidArgumentError("--tensors runs all-reduces");
-    return RunWorkload(*client, flags, dtype, op);
-  }
+  if (!tensors.empty()) return RunWorkload(*client, flags, tensors, dtype, op);
   if (op == BenchOp::kBroadcast && flags.root >= world) {
     return absl::InvalidArgumentError(
         absl::StrCat("--root ", flags.root, " is not below the world size ", world));

@@ -82,20 +82,27 @@ class LocalClusterTest : public ::testing::Test {
   // Runs one test worker per (node, local rank) and collects their exit codes and output.
   std::vector<WorkerResult> RunWorkers(const std::string& job, const std::string& scenario,
                                        std::vector<std::string> extra = {}) {
+    extra.insert(extra.begin(), {"--scenario", scenario});
+    return RunProcesses(std::string(TRIBUTARY_BIN_DIR) + "/tributary_test_worker", {}, job, extra);
+  }
+
+  // Runs `program [prefix...] --agent A --job J --local-rank r --local-size R [extra...]` once per
+  // (node, local rank), in rank order.
+  std::vector<WorkerResult> RunProcesses(const std::string& program,
+                                         const std::vector<std::string>& prefix,
+                                         const std::string& job,
+                                         const std::vector<std::string>& extra) {
     std::vector<std::pair<pid_t, std::string>> procs;
     for (int node = 0; node < kWorkers; ++node) {
       for (uint32_t r = 0; r < kProcsPerNode; ++r) {
-        std::vector<std::string> argv = {std::string(TRIBUTARY_BIN_DIR) + "/tributary_test_worker",
-                                         "--agent",
-                                         cluster_->agent_address(node),
-                                         "--job",
-                                         job,
-                                         "--local-rank",
-                                         std::to_string(r),
-                                         "--local-size",
-                                         std::to_string(kProcsPerNode),
-                                         "--scenario",
-                                         scenario};
+        std::vector<std::string> argv = {program};
+        argv.insert(argv.end(), prefix.begin(), prefix.end());
+        for (const std::string& a :
+             {std::string("--agent"), cluster_->agent_address(node), std::string("--job"), job,
+              std::string("--local-rank"), std::to_string(r), std::string("--local-size"),
+              std::to_string(kProcsPerNode)}) {
+          argv.push_back(a);
+        }
         argv.insert(argv.end(), extra.begin(), extra.end());
         const std::string log =
             absl::StrCat(cluster_->run_dir(), "/", job, "-", node, "-", r, ".log");
@@ -224,6 +231,48 @@ TEST_F(LocalClusterTest, FrozenSummationServerBecomesADeadlineError) {
   auto results = RunWorkers("frozen", "timeout");
   cluster_->ThawNode(kWorkers);
   ExpectAllPassed(results);
+}
+
+// A model-shaped iteration through `tributary bench-rank --tensors`: tensors of very different
+// sizes (1 element to several chunks), all submitted at once with priorities, every element
+// checked on every rank.
+TEST_F(LocalClusterTest, ModelWorkloadWithPrioritiesIsExact) {
+  ASSERT_NO_FATAL_FAILURE(CreateJob("workload"));
+  const std::string path = absl::StrCat(cluster_->run_dir(), "/mini.tensors");
+  {
+    std::ofstream f(path);
+    f << "# backward order\nfc.bias 10\nfc.weight 5000\nblock2.bn 64\nblock2.conv 300000\n"
+         "block1.bn 64\nblock1.conv 70000\nconv1.bias 1\nconv1.weight 9408\n";
+  }
+  auto results =
+      RunProcesses(std::string(TRIBUTARY_BIN_DIR) + "/tributary", {"bench-rank"}, "workload",
+                   {"--tensors", path, "--workload-name", "mini", "--iters", "3", "--warmup", "1",
+                    "--log-level", "warn"});
+  ExpectAllPassed(results);
+  ASSERT_FALSE(results.empty());
+  // Global rank 0 reports: 8 tensors, 384547 float32 elements, no wrong element.
+  EXPECT_THAT(results[0].output, ::testing::HasSubstr("WCSV,mini,8,1538188,"));
+  EXPECT_THAT(results[0].output,
+              ::testing::MatchesRegex("(.|\n)*WCSV,mini,8,1538188,[0-9.]+,0\n(.|\n)*"));
+}
+
+TEST_F(LocalClusterTest, WorkloadFileErrorsNameTheLine) {
+  const std::string path = absl::StrCat(cluster_->run_dir(), "/bad.tensors");
+  {
+    std::ofstream f(path);
+    f << "ok 4\nbroken -3\n";
+  }
+  auto pid =
+      client::SpawnProcess({std::string(TRIBUTARY_BIN_DIR) + "/tributary", "bench-rank", "--agent",
+                            cluster_->agent_address(0), "--job", "bad-workload", "--local-size",
+                            "2", "--tensors", path, "--join-timeout-ms", "2000"},
+                           path + ".log");
+  ASSERT_TRUE(pid.ok());
+  EXPECT_NE(client::WaitProcess(*pid, std::chrono::seconds(60)), 0);
+  std::ifstream f(path + ".log");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  EXPECT_THAT(ss.str(), ::testing::HasSubstr("bad.tensors:2: expected \"name count\""));
 }
 
 }  // namespace
