@@ -4,6 +4,8 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "agent/plan_view.h"
@@ -105,6 +107,22 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& in) {
   inv.set_sum_bytes_per_s(options.sum_bytes_per_s > 0 ? options.sum_bytes_per_s
                                                       : MeasureSumRate(*agent->reducer_));
   inv.set_offers_summation(options.offers_summation);
+  if (!options.selector_calibration_file.empty()) {
+    std::ifstream in(options.selector_calibration_file);
+    if (!in) {
+      return absl::NotFoundError(
+          absl::StrCat("--selector-calibration: cannot read ", options.selector_calibration_file));
+    }
+    std::stringstream text;
+    text << in.rdbuf();
+    absl::StatusOr<dataplane::MeasuredThresholds> measured =
+        dataplane::ParseSelectorCalibration(text.str());
+    if (!measured.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(options.selector_calibration_file, ": ", measured.status().message()));
+    }
+    agent->collectives_->SetMeasuredThresholds(*measured);
+  }
   agent->collectives_->SetCostModel(dataplane::CostModel{
       .alpha_seconds = options.selector_alpha_seconds,
       .beta_seconds_per_byte = 1 / inv.nic_bytes_per_s(),

@@ -26,7 +26,7 @@
 
 namespace tributary::agent {
 
-inline constexpr double kDefaultSelectorAlphaSeconds = 200e-6;
+inline constexpr double kDefaultSelectorAlphaSeconds = 150e-6;
 
 struct AgentOptions {
   std::string node_id;  // default: the hostname
@@ -41,6 +41,9 @@ struct AgentOptions {
   // emulated cluster (bench/results/selector_calibration.json): an agent's message costs far
   // more than the wire's latency, because it crosses gRPC, threads and UCX progress.
   double selector_alpha_seconds = kDefaultSelectorAlphaSeconds;
+  // selector_calibration.json from bench/suite/run.py: its measured crossovers replace the cost
+  // model's thresholds (empty: the model).
+  std::string selector_calibration_file;
   // Report this topology file (NCCL XML, nvidia-smi topo -m, JSON, YAML) instead of discovering.
   std::string topology_file;
   bool offers_summation = true;  // serve jobs this node is not a worker of

@@ -44,6 +44,9 @@ int main(int argc, char** argv) {
                  "Per-message cost in the automatic algorithm choice's model, microseconds "
                  "(default: fitted by bench/suite/run.py)")
       ->capture_default_str();
+  app.add_option("--selector-calibration", options.selector_calibration_file,
+                 "selector_calibration.json from bench/suite/run.py: measured thresholds for the "
+                 "automatic algorithm choice instead of the cost model's");
   app.add_option("--reducer-threads", options.reducer_threads, "Summation threads (0 = all)");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error (or TRIBUTARY_LOG_LEVEL)");
   app.add_option("--log-format", log_format, "text|json (or TRIBUTARY_LOG_FORMAT)");

@@ -3,6 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
 
 namespace tributary::dataplane {
 namespace {
@@ -84,6 +89,56 @@ SelectorThresholds ModelThresholds(int n, int extra_servers, const CostModel& mo
   t.push_pull_from = UINT64_MAX;
   if (n > 1 && extra_servers > 0) {
     t.push_pull_from = Crossover(ring, Model(Algorithm::kPushPull, n, extra_servers, model));
+  }
+  return t;
+}
+
+absl::StatusOr<MeasuredThresholds> ParseSelectorCalibration(std::string_view json) {
+  const nlohmann::json doc = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded() || !doc.is_object()) {
+    return absl::InvalidArgumentError("selector calibration: not a JSON object");
+  }
+  MeasuredThresholds out;
+  auto size = [](const nlohmann::json& v, const std::string& what) -> absl::StatusOr<uint64_t> {
+    if (v.is_null()) return UINT64_MAX;  // never measured to win
+    if (!v.is_number_unsigned()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("selector calibration: ", what, " must be a byte count or null"));
+    }
+    return v.get<uint64_t>();
+  };
+  if (auto it = doc.find("ring_beats_halving_doubling_from"); it != doc.end()) {
+    absl::StatusOr<uint64_t> v = size(*it, "ring_beats_halving_doubling_from");
+    if (!v.ok()) return v.status();
+    // Never measured to win: halving-doubling at every size.
+    out.ring_beats_halving_doubling_from = *v;
+  }
+  if (auto it = doc.find("push_pull_beats_ring_from"); it != doc.end()) {
+    if (!it->is_object()) {
+      return absl::InvalidArgumentError(
+          "selector calibration: push_pull_beats_ring_from must map \"k=N\" to sizes");
+    }
+    for (const auto& [key, value] : it->items()) {
+      int k = -1;
+      if (key.rfind("k=", 0) != 0 || !absl::SimpleAtoi(key.substr(2), &k) || k < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "selector calibration: push_pull_beats_ring_from key '", key, "' is not k=N"));
+      }
+      absl::StatusOr<uint64_t> v = size(value, "push_pull_beats_ring_from." + key);
+      if (!v.ok()) return v.status();
+      out.push_pull_beats_ring_from[k] = *v;
+    }
+  }
+  return out;
+}
+
+SelectorThresholds MeasuredSelectorThresholds(const MeasuredThresholds& measured, int n,
+                                              int extra_servers) {
+  SelectorThresholds t;
+  t.halving_doubling_below = n <= 2 ? 0 : measured.ring_beats_halving_doubling_from;
+  t.push_pull_from = UINT64_MAX;
+  for (const auto& [k, from] : measured.push_pull_beats_ring_from) {
+    if (k <= extra_servers) t.push_pull_from = from;  // the map is sorted: the largest k wins
   }
   return t;
 }

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string_view>
 
 #include "absl/functional/function_ref.h"
@@ -54,6 +55,22 @@ struct SelectorThresholds {
 // The crossover sizes of PredictSeconds for this cluster shape (push/pull only when
 // extra_servers > 0: with k = 0 it has no bandwidth advantage over ring in the model).
 SelectorThresholds ModelThresholds(int n, int extra_servers, const CostModel& model = {});
+
+// Crossovers measured by the benchmark suite on one cluster (bench/suite/run.py writes them to
+// selector_calibration.json): from which size ring beat halving-doubling, and from which size
+// push/pull with k spare hosts beat ring, at every measured size from there on.
+struct MeasuredThresholds {
+  uint64_t ring_beats_halving_doubling_from = 0;      // 0: ring at every size
+  std::map<int, uint64_t> push_pull_beats_ring_from;  // by k; UINT64_MAX: never
+};
+
+// Parses selector_calibration.json. INVALID_ARGUMENT naming the field on anything unexpected.
+absl::StatusOr<MeasuredThresholds> ParseSelectorCalibration(std::string_view json);
+
+// The thresholds for a job of `n` workers and `extra_servers` spares from measurements: push/pull
+// from the crossover measured with the largest k <= extra_servers (never without one).
+SelectorThresholds MeasuredSelectorThresholds(const MeasuredThresholds& measured, int n,
+                                              int extra_servers);
 
 // The algorithm for a tensor of `size_bytes` over `n` worker nodes. n <= 1 -> ring (trivial).
 Algorithm Select(uint64_t size_bytes, int n, const SelectorThresholds& thresholds);

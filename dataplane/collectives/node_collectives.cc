@@ -31,7 +31,15 @@ void NodeCollectives::SetJob(const JobView& view, AlgorithmChoice choice) {
   const int spares = static_cast<int>(view.server_addresses.size()) - n;
   std::lock_guard lock(mu_);
   jobs_[view.job_id] =
-      JobEntry{choice, n, ModelThresholds(n, std::max(0, spares), cost_model_), view.world_size()};
+      JobEntry{choice, n,
+               measured_ ? MeasuredSelectorThresholds(*measured_, n, std::max(0, spares))
+                         : ModelThresholds(n, std::max(0, spares), cost_model_),
+               view.world_size()};
+}
+
+void NodeCollectives::SetMeasuredThresholds(const MeasuredThresholds& measured) {
+  std::lock_guard lock(mu_);
+  measured_ = measured;
 }
 
 void NodeCollectives::SetCostModel(const CostModel& model) {

@@ -5,6 +5,7 @@
 
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "dataplane/collectives/algorithm_selector.h"
@@ -44,6 +45,9 @@ class NodeCollectives {
   // The cost model behind ALGORITHM_AUTO's size thresholds (ModelThresholds) for jobs set from
   // now on. The agent builds it from its NIC, its summation rate and --selector-alpha-us.
   void SetCostModel(const CostModel& model);
+  // Thresholds measured by the benchmark suite replace the cost model's for jobs set from now on
+  // (the agent's --selector-calibration).
+  void SetMeasuredThresholds(const MeasuredThresholds& measured);
 
   // The algorithm `Start` would use for `bytes` in this job (for logs and tests).
   absl::StatusOr<Algorithm> AlgorithmFor(const std::string& job_id, uint64_t bytes) const;
@@ -81,7 +85,8 @@ class NodeCollectives {
   Reducer* reducer_;
   mutable std::mutex mu_;
   std::map<std::string, JobEntry> jobs_;
-  CostModel cost_model_;  // Guarded by mu_.
+  CostModel cost_model_;                        // Guarded by mu_.
+  std::optional<MeasuredThresholds> measured_;  // Guarded by mu_.
   DataPlaneMetrics* metrics_ = nullptr;
   const common::Clock* clock_ = nullptr;
   std::mutex pending_mu_;  // guards the three below

@@ -627,5 +627,63 @@ TEST(SelectorTest, NodeCollectivesFollowTheirCostModel) {
   transport->Shutdown();
 }
 
+TEST(SelectorTest, MeasuredThresholdsFromTheSuitesCalibration) {
+  absl::StatusOr<MeasuredThresholds> m = ParseSelectorCalibration(R"({
+    "workers": 4, "rate_mbit": 500, "alpha_seconds": {"tributary ring": 0.00019},
+    "ring_beats_halving_doubling_from": 524288,
+    "push_pull_beats_ring_from": {"k=0": null, "k=2": 16777216, "k=4": 8388608}})");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->ring_beats_halving_doubling_from, 524288u);
+  EXPECT_EQ(m->push_pull_beats_ring_from.at(0), UINT64_MAX);
+  // No spares: never push/pull; 3 spares: the k = 2 measurement; 8: the k = 4 one.
+  EXPECT_EQ(MeasuredSelectorThresholds(*m, 4, 0).push_pull_from, UINT64_MAX);
+  EXPECT_EQ(MeasuredSelectorThresholds(*m, 4, 3).push_pull_from, 16777216u);
+  const SelectorThresholds t = MeasuredSelectorThresholds(*m, 4, 8);
+  EXPECT_EQ(t.push_pull_from, 8388608u);
+  EXPECT_EQ(Select(4 << 10, 4, t), Algorithm::kHalvingDoubling);
+  EXPECT_EQ(Select(1 << 20, 4, t), Algorithm::kRing);
+  EXPECT_EQ(Select(8 << 20, 4, t), Algorithm::kPushPull);
+  EXPECT_EQ(MeasuredSelectorThresholds(*m, 2, 0).halving_doubling_below, 0u);  // n = 2: ring
+  // Errors name the field.
+  EXPECT_THAT(ParseSelectorCalibration("[1]").status().message(),
+              ::testing::HasSubstr("not a JSON object"));
+  EXPECT_THAT(
+      ParseSelectorCalibration(R"({"ring_beats_halving_doubling_from": -1})").status().message(),
+      ::testing::HasSubstr("ring_beats_halving_doubling_from must be"));
+  EXPECT_THAT(
+      ParseSelectorCalibration(R"({"push_pull_beats_ring_from": {"two": 5}})").status().message(),
+      ::testing::HasSubstr("'two' is not k=N"));
+}
+
+TEST(SelectorTest, NodeCollectivesPreferMeasuredThresholds) {
+  InProcessNetwork network;
+  std::unique_ptr<Transport> transport = network.CreateEndpoint("w0");
+  CpuReducer reducer(1);
+  common::FakeClock clock;
+  PushPullNode node(transport.get(), &reducer, &clock);
+  CollectiveEngine engine(transport.get(), &reducer, &clock);
+  NodeCollectives collectives(&node, &engine, &reducer);
+  MeasuredThresholds m;
+  m.ring_beats_halving_doubling_from = 1 << 20;
+  m.push_pull_beats_ring_from = {{0, UINT64_MAX}, {2, 16 << 20}};
+  collectives.SetMeasuredThresholds(m);
+  JobView view;
+  view.job_id = "measured";
+  view.plan_version = 1;
+  for (int i = 0; i < 6; ++i) {
+    if (i < 4) view.worker_addresses.push_back(absl::StrCat("w", i));
+    view.server_addresses.push_back(i < 4 ? absl::StrCat("w", i) : absl::StrCat("s", i));
+    view.server_weights.push_back(ChunkMap::kWeightTotal / 6 +
+                                  (i == 0 ? ChunkMap::kWeightTotal % 6 : 0));
+  }
+  view.my_worker_rank = 0;
+  view.my_server_index = 0;
+  collectives.SetJob(view, AlgorithmChoice::kAuto);
+  EXPECT_EQ(*collectives.AlgorithmFor("measured", 64 << 10), Algorithm::kHalvingDoubling);
+  EXPECT_EQ(*collectives.AlgorithmFor("measured", 4 << 20), Algorithm::kRing);
+  EXPECT_EQ(*collectives.AlgorithmFor("measured", 16 << 20), Algorithm::kPushPull);
+  transport->Shutdown();
+}
+
 }  // namespace
 }  // namespace tributary::dataplane
