@@ -86,6 +86,10 @@ absl::Status Annotate(const absl::Status& status, const std::string& prefix) {
   return absl::Status(status.code(), absl::StrCat(prefix, status.message()));
 }
 
+int WireOp(ReduceOp op) {
+  return op == ReduceOp::kAverage ? v1::COLLECTIVE_OP_AVERAGE : v1::COLLECTIVE_OP_SUM;
+}
+
 absl::Status LeftError(const std::string& job_id) {
   return absl::FailedPreconditionError(
       absl::StrCat("the client has left job '", job_id, "'; connect again"));
@@ -364,8 +368,7 @@ absl::StatusOr<Handle> Client::AllReduceAsync(std::string_view name, const Share
                                               size_t offset_bytes, size_t count,
                                               common::DataType dtype, ReduceOp op,
                                               int32_t priority) {
-  const int wire_op = op == ReduceOp::kAverage ? v1::COLLECTIVE_OP_AVERAGE : v1::COLLECTIVE_OP_SUM;
-  return Submit(name, buffer, offset_bytes, count, dtype, wire_op, /*root_rank=*/0, priority);
+  return Submit(name, buffer, offset_bytes, count, dtype, WireOp(op), /*root_rank=*/0, priority);
 }
 
 absl::StatusOr<Handle> Client::BroadcastAsync(std::string_view name, const SharedBuffer& buffer,
@@ -376,26 +379,28 @@ absl::StatusOr<Handle> Client::BroadcastAsync(std::string_view name, const Share
                 priority);
 }
 
+absl::Status Client::SubmitAndWait(std::string_view name, const SharedBuffer& buffer,
+                                   size_t offset_bytes, size_t count, common::DataType dtype,
+                                   int op, uint32_t root_rank, int32_t priority) {
+  const auto start = Clock::now();
+  ASSIGN_OR_RETURN(Handle handle, Submit(name, buffer, offset_bytes, count, dtype, op, root_rank,
+                                         priority, options_.op_timeout));
+  return handle.Wait(options_.op_timeout -
+                     std::chrono::duration_cast<milliseconds>(Clock::now() - start));
+}
+
 absl::Status Client::AllReduce(std::string_view name, const SharedBuffer& buffer,
                                size_t offset_bytes, size_t count, common::DataType dtype,
                                ReduceOp op, int32_t priority) {
-  const auto start = Clock::now();
-  const int wire_op = op == ReduceOp::kAverage ? v1::COLLECTIVE_OP_AVERAGE : v1::COLLECTIVE_OP_SUM;
-  ASSIGN_OR_RETURN(Handle handle, Submit(name, buffer, offset_bytes, count, dtype, wire_op,
-                                         /*root_rank=*/0, priority, options_.op_timeout));
-  return handle.Wait(options_.op_timeout -
-                     std::chrono::duration_cast<milliseconds>(Clock::now() - start));
+  return SubmitAndWait(name, buffer, offset_bytes, count, dtype, WireOp(op), /*root_rank=*/0,
+                       priority);
 }
 
 absl::Status Client::Broadcast(std::string_view name, const SharedBuffer& buffer,
                                size_t offset_bytes, size_t count, common::DataType dtype,
                                uint32_t root_rank, int32_t priority) {
-  const auto start = Clock::now();
-  ASSIGN_OR_RETURN(Handle handle,
-                   Submit(name, buffer, offset_bytes, count, dtype, v1::COLLECTIVE_OP_BROADCAST,
-                          root_rank, priority, options_.op_timeout));
-  return handle.Wait(options_.op_timeout -
-                     std::chrono::duration_cast<milliseconds>(Clock::now() - start));
+  return SubmitAndWait(name, buffer, offset_bytes, count, dtype, v1::COLLECTIVE_OP_BROADCAST,
+                       root_rank, priority);
 }
 
 }  // namespace tributary::client

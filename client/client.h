@@ -143,6 +143,11 @@ class Client {
                                 size_t offset_bytes, size_t count, common::DataType dtype, int op,
                                 uint32_t root_rank, int32_t priority,
                                 std::chrono::milliseconds wait = std::chrono::milliseconds(0));
+  // A blocking collective: Submit waiting in the same call, then Wait for the rest of the
+  // operation timeout.
+  absl::Status SubmitAndWait(std::string_view name, const SharedBuffer& buffer, size_t offset_bytes,
+                             size_t count, common::DataType dtype, int op, uint32_t root_rank,
+                             int32_t priority);
 
   const ClientOptions options_;
   const std::string job_id_;

@@ -33,66 +33,43 @@ using tributary::bench::PeerFlags;
 // The DDP-style workload (see peer_common.h): one all-reduce per bucket, in backward order.
 int RunWorkload(const PeerFlags& f, const std::shared_ptr<gloo::rendezvous::Context>& context,
                 int rank, int world) {
-  size_t tensors = 0;
-  const auto buckets = tributary::bench::ReadBuckets(f.tensors, f.bucket_bytes, &tensors);
-  if (buckets.empty()) {
-    std::fprintf(stderr, "gloo_allreduce_peer: cannot read %s\n", f.tensors.c_str());
-    return 2;
-  }
-  size_t total = 0;
-  for (size_t b : buckets) total += b;
-  std::vector<float> data(total);
-  std::vector<std::unique_ptr<gloo::Algorithm>> hd;
-  if (f.algorithm == "hd") {
-    size_t offset = 0;
-    for (size_t b : buckets) {
-      std::vector<float*> ptrs{data.data() + offset};
-      hd.push_back(std::make_unique<gloo::AllreduceHalvingDoubling<float>>(context, ptrs, b));
-      offset += b;
-    }
-  }
+  std::vector<std::unique_ptr<gloo::Algorithm>> hd;  // one per bucket (they register buffers)
   uint32_t tag = 0;
-  double seconds = 0;
-  size_t wrong = 0;
-  for (int it = -f.warmup; it < f.iters; ++it) {
-    size_t offset = 0;
-    for (size_t b : buckets) {
-      tributary::bench::Fill(data.data() + offset, b, rank);
-      offset += b;
-    }
-    gloo::BarrierOptions barrier(context);
-    barrier.setTag(1u << 30);
-    gloo::barrier(barrier);
-    const double start = tributary::bench::Now();
-    offset = 0;
-    for (size_t i = 0; i < buckets.size(); ++i) {
-      if (!hd.empty()) {
-        hd[i]->run();
-      } else {
+  const tributary::bench::WorkloadResult r = tributary::bench::RunBucketedWorkload(
+      f, rank, world,
+      [&](size_t, float* data, size_t count) {
+        if (f.algorithm != "hd") return;
+        std::vector<float*> ptrs{data};
+        hd.push_back(std::make_unique<gloo::AllreduceHalvingDoubling<float>>(context, ptrs, count));
+      },
+      [&] {
+        gloo::BarrierOptions barrier(context);
+        barrier.setTag(1u << 30);
+        gloo::barrier(barrier);
+      },
+      [&](size_t i, float* data, size_t count) {
+        if (!hd.empty()) {
+          hd[i]->run();
+          return;
+        }
         gloo::AllreduceOptions opts(context);
         opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
-        opts.setOutput(data.data() + offset, buckets[i]);
+        opts.setOutput(data, count);
         void (*sum)(void*, const void*, const void*, size_t) = &gloo::sum<float>;
         opts.setReduceFunction(sum);
         opts.setTag(tag++);
         gloo::allreduce(opts);
-      }
-      offset += buckets[i];
-    }
-    if (it < 0) continue;
-    seconds += tributary::bench::Now() - start;
-    offset = 0;
-    for (size_t b : buckets) {
-      if (f.check) wrong += tributary::bench::CountWrong(data.data() + offset, b, world);
-      offset += b;
-    }
+      });
+  if (!r.ok) {
+    std::fprintf(stderr, "gloo_allreduce_peer: cannot read %s\n", f.tensors.c_str());
+    return 2;
   }
   if (rank == 0 && f.iters > 0) {
-    tributary::bench::PrintWorkload(f.workload_name, tensors, buckets.size(), total * sizeof(float),
-                                    seconds / f.iters, wrong);
+    tributary::bench::PrintWorkload(f.workload_name, r.tensors, r.buckets, r.bytes, r.seconds,
+                                    r.wrong);
   }
-  if (wrong > 0) std::fprintf(stderr, "rank %d: %zu wrong elements\n", rank, wrong);
-  return wrong == 0 ? 0 : 1;
+  if (r.wrong > 0) std::fprintf(stderr, "rank %d: %zu wrong elements\n", rank, r.wrong);
+  return r.wrong == 0 ? 0 : 1;
 }
 
 int Run(int argc, char** argv) {

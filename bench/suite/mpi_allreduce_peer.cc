@@ -26,45 +26,22 @@ int main(int argc, char** argv) {
     MPI_Abort(MPI_COMM_WORLD, 2);
   }
   if (!f.tensors.empty()) {
-    size_t tensors = 0;
-    const auto buckets = tributary::bench::ReadBuckets(f.tensors, f.bucket_bytes, &tensors);
-    if (buckets.empty()) {
+    const tributary::bench::WorkloadResult r = tributary::bench::RunBucketedWorkload(
+        f, rank, world, [](size_t, float*, size_t) {}, [] { MPI_Barrier(MPI_COMM_WORLD); },
+        [](size_t, float* data, size_t count) {
+          MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_FLOAT, MPI_SUM,
+                        MPI_COMM_WORLD);
+        });
+    if (!r.ok) {
       if (rank == 0)
         std::fprintf(stderr, "mpi_allreduce_peer: cannot read %s\n", f.tensors.c_str());
       MPI_Abort(MPI_COMM_WORLD, 2);
     }
-    size_t total = 0;
-    for (size_t b : buckets) total += b;
-    std::vector<float> data(total);
-    double seconds = 0;
-    size_t wrong = 0;
-    for (int it = -f.warmup; it < f.iters; ++it) {
-      size_t offset = 0;
-      for (size_t b : buckets) {
-        tributary::bench::Fill(data.data() + offset, b, rank);
-        offset += b;
-      }
-      MPI_Barrier(MPI_COMM_WORLD);
-      const double start = tributary::bench::Now();
-      offset = 0;
-      for (size_t b : buckets) {
-        MPI_Allreduce(MPI_IN_PLACE, data.data() + offset, static_cast<int>(b), MPI_FLOAT, MPI_SUM,
-                      MPI_COMM_WORLD);
-        offset += b;
-      }
-      if (it < 0) continue;
-      seconds += tributary::bench::Now() - start;
-      offset = 0;
-      for (size_t b : buckets) {
-        if (f.check) wrong += tributary::bench::CountWrong(data.data() + offset, b, world);
-        offset += b;
-      }
-    }
-    unsigned long long all_wrong = wrong, local = wrong;
+    unsigned long long all_wrong = r.wrong, local = r.wrong;
     MPI_Reduce(&local, &all_wrong, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, 0, MPI_COMM_WORLD);
     if (rank == 0 && f.iters > 0) {
-      tributary::bench::PrintWorkload(f.workload_name, tensors, buckets.size(),
-                                      total * sizeof(float), seconds / f.iters, all_wrong);
+      tributary::bench::PrintWorkload(f.workload_name, r.tensors, r.buckets, r.bytes, r.seconds,
+                                      all_wrong);
     }
     MPI_Finalize();
     return all_wrong == 0 ? 0 : 1;

@@ -163,6 +163,54 @@ inline double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+// One peer's DDP-style workload (f.tensors in buckets of f.bucket_bytes): f.warmup + f.iters
+// iterations, each filling every bucket, calling `barrier()`, then timing `allreduce(i, data,
+// count)` over the buckets in order, and checking every element. `prepare(i, data, count)` runs
+// once per bucket first (for algorithms that register their buffers). ok is false when the file
+// cannot be read.
+struct WorkloadResult {
+  bool ok = false;
+  size_t tensors = 0;
+  size_t buckets = 0;
+  size_t bytes = 0;
+  double seconds = 0;  // per iteration
+  size_t wrong = 0;    // on this rank
+};
+
+template <typename Prepare, typename Barrier, typename AllReduce>
+WorkloadResult RunBucketedWorkload(const PeerFlags& f, int rank, int world, Prepare prepare,
+                                   Barrier barrier, AllReduce allreduce) {
+  WorkloadResult r;
+  const std::vector<size_t> buckets = ReadBuckets(f.tensors, f.bucket_bytes, &r.tensors);
+  if (buckets.empty()) return r;
+  std::vector<size_t> offsets;
+  size_t total = 0;
+  for (size_t b : buckets) {
+    offsets.push_back(total);
+    total += b;
+  }
+  std::vector<float> data(total);
+  for (size_t i = 0; i < buckets.size(); ++i) prepare(i, data.data() + offsets[i], buckets[i]);
+  double seconds = 0;
+  for (int it = -f.warmup; it < f.iters; ++it) {
+    for (size_t i = 0; i < buckets.size(); ++i) Fill(data.data() + offsets[i], buckets[i], rank);
+    barrier();
+    const double start = Now();
+    for (size_t i = 0; i < buckets.size(); ++i) allreduce(i, data.data() + offsets[i], buckets[i]);
+    if (it < 0) continue;
+    seconds += Now() - start;
+    if (!f.check) continue;
+    for (size_t i = 0; i < buckets.size(); ++i) {
+      r.wrong += CountWrong(data.data() + offsets[i], buckets[i], world);
+    }
+  }
+  r.ok = true;
+  r.buckets = buckets.size();
+  r.bytes = total * sizeof(float);
+  r.seconds = f.iters > 0 ? seconds / f.iters : 0;
+  return r;
+}
+
 inline void PrintHeader(const char* peer, const std::string& algorithm, int world) {
   std::printf("# %s all-reduce, algorithm %s, world size %d, float32 sum\n", peer,
               algorithm.c_str(), world);

@@ -249,12 +249,25 @@ class Suite:
             out.append((",".join(map(str, big)), self.args.large_iters))
         return out
 
+    def runs(self, workload):
+        """(sizes, iters) per process launch: the bands, or (None, iters) for a workload."""
+        return self.bands() if workload is None else [(None, workload[2])]
+
+    def what(self, sizes, iters, workload, peer):
+        """The arguments that say what to run, shared by bench-rank and the peers (which also
+        take --large-iters: the bands already chose the iteration count)."""
+        if workload is not None:
+            return ["--tensors", workload[1], "--workload-name", workload[0], "--iters",
+                    str(iters), "--warmup", str(workload[3])]
+        return (["--sizes", sizes, "--iters", str(iters)] +
+                (["--large-iters", str(iters)] if peer else []) +
+                ["--warmup", str(self.args.warmup)])
+
     def tributary(self, algorithm, k, workload=None):
         """The sweep (workload None) or one model workload (name, path, iters, warmup, bytes)."""
         rows, plan = {}, None
         workers = ",".join(f"h{i}" for i in range(self.n))
-        runs = self.bands() if workload is None else [(None, workload[2])]
-        for sizes, iters in runs:
+        for sizes, iters in self.runs(workload):
             self.counter += 1
             job = f"suite-{algorithm}-{k}-{self.counter}"
             largest = (max(int(s) for s in sizes.split(",")) if sizes else workload[4])
@@ -267,9 +280,7 @@ class Suite:
             if r.returncode != 0:
                 raise RuntimeError(f"create job {job}: {r.stderr.strip()}")
             plan = r.stdout.strip().split(",")
-            what = (["--sizes", sizes, "--iters", str(iters), "--warmup", str(self.args.warmup)]
-                    if sizes else ["--tensors", workload[1], "--workload-name", workload[0],
-                                   "--iters", str(iters), "--warmup", str(workload[3])])
+            what = self.what(sizes, iters, workload, peer=False)
             procs, logs = [], []
             for i in range(self.n):
                 path = os.path.join(self.work, f"{job}-{i}.out")
@@ -294,13 +305,9 @@ class Suite:
 
     def gloo(self, algorithm, workload=None):
         rows = {}
-        runs = self.bands() if workload is None else [(None, workload[2])]
-        for sizes, iters in runs:
+        for sizes, iters in self.runs(workload):
             store = tempfile.mkdtemp(prefix="gloo-store-", dir=self.work)
-            what = (["--sizes", sizes, "--iters", str(iters), "--large-iters", str(iters),
-                     "--warmup", str(self.args.warmup)] if sizes else
-                    ["--tensors", workload[1], "--workload-name", workload[0], "--iters",
-                     str(iters), "--warmup", str(workload[3])])
+            what = self.what(sizes, iters, workload, peer=True)
             procs, logs = [], []
             for i in range(self.n):
                 path = os.path.join(self.work, f"gloo-{algorithm}-{i}-{self.counter}.out")
@@ -326,12 +333,8 @@ class Suite:
         if algorithm == "ring":
             forced = ["--mca", "coll_tuned_use_dynamic_rules", "1", "--mca",
                       "coll_tuned_allreduce_algorithm", "4"]
-        runs = self.bands() if workload is None else [(None, workload[2])]
-        for sizes, iters in runs:
-            what = (["--sizes", sizes, "--iters", str(iters), "--large-iters", str(iters),
-                     "--warmup", str(self.args.warmup)] if sizes else
-                    ["--tensors", workload[1], "--workload-name", workload[0], "--iters",
-                     str(iters), "--warmup", str(workload[3])])
+        for sizes, iters in self.runs(workload):
+            what = self.what(sizes, iters, workload, peer=True)
             cmd = (["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(self.n),
                     "--host", ",".join(f"{NS}{i}" for i in range(self.n)),
                     "--mca", "plm_rsh_agent", os.path.join(HERE, "netns_rsh.sh"),
@@ -709,16 +712,15 @@ def calibration(results, n, rate, out):
     selector_calibration.json; returns markdown lines."""
     import json
     import statistics
-    b = rate * 1e6 / 8 * TCP_EFFICIENCY
     trib = [r for r in results if r["family"] == "tributary"]
     alphas = {}
     for c in dict.fromkeys(r["config"] for r in trib):
         rs = [r for r in trib if r["config"] == c and r["size"] <= 64 << 10]
         fits = []
         for r in rs:
+            # Ring and halving-doubling move 2(n-1)/n of the tensor: theory with k = 0.
             k = r["spares_used"] if "push/pull" in c else 0
-            bw = theory_seconds(r["size"], n, k, rate) if "halving" not in c else \
-                2 * (n - 1) / n * r["size"] / b
+            bw = theory_seconds(r["size"], n, k, rate)
             fits.append((r["time_us"] * 1e-6 - bw) / message_steps(
                 "push/pull" if "push/pull" in c else c, n, k))
         if fits:

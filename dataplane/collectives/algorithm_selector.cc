@@ -108,9 +108,9 @@ absl::StatusOr<MeasuredThresholds> ParseSelectorCalibration(std::string_view jso
     return v.get<uint64_t>();
   };
   if (auto it = doc.find("ring_beats_halving_doubling_from"); it != doc.end()) {
+    // null (ring never won) becomes UINT64_MAX: halving-doubling at every size.
     absl::StatusOr<uint64_t> v = size(*it, "ring_beats_halving_doubling_from");
     if (!v.ok()) return v.status();
-    // Never measured to win: halving-doubling at every size.
     out.ring_beats_halving_doubling_from = *v;
   }
   if (auto it = doc.find("push_pull_beats_ring_from"); it != doc.end()) {

@@ -41,6 +41,42 @@ TEST(PeerCommon, BadWorkloadFilesGiveNoBuckets) {
   EXPECT_TRUE(ReadBuckets("/nonexistent/peer_common.tensors", 1 << 20, &tensors).empty());
 }
 
+TEST(PeerCommon, BucketedWorkloadRunsEveryBucketInOrderAndChecks) {
+  PeerFlags f;
+  f.tensors = WriteFile("peer_common_run.tensors", "a 10\nb 20\nc 7\n");
+  f.bucket_bytes = 30 * sizeof(float);  // buckets of 30 and 7
+  f.iters = 2;
+  f.warmup = 1;
+  std::vector<size_t> prepared, reduced;
+  int barriers = 0;
+  // Two "ranks" simulated in one: the all-reduce adds rank 1's input, so every sum is exact.
+  const WorkloadResult r = RunBucketedWorkload(
+      f, /*rank=*/0, /*world=*/2, [&](size_t i, float*, size_t) { prepared.push_back(i); },
+      [&] { ++barriers; },
+      [&](size_t i, float* data, size_t count) {
+        std::vector<float> other(count);
+        Fill(other.data(), count, 1);
+        for (size_t e = 0; e < count; ++e) data[e] += other[e];
+        reduced.push_back(i);
+      });
+  ASSERT_TRUE(r.ok);
+  EXPECT_EQ(r.tensors, 3u);
+  EXPECT_EQ(r.buckets, 2u);
+  EXPECT_EQ(r.bytes, 37 * sizeof(float));
+  EXPECT_EQ(r.wrong, 0u);
+  EXPECT_EQ(prepared, (std::vector<size_t>{0, 1}));
+  EXPECT_EQ(reduced, (std::vector<size_t>{0, 1, 0, 1, 0, 1}));  // warm-up + 2 timed
+  EXPECT_EQ(barriers, 3);
+  // A missing sum is counted.
+  const WorkloadResult bad = RunBucketedWorkload(
+      f, 0, 2, [](size_t, float*, size_t) {}, [] {}, [](size_t, float*, size_t) {});
+  EXPECT_EQ(bad.wrong, 2u * 37);
+  f.tensors = "/nonexistent/peer_common.tensors";
+  EXPECT_FALSE(RunBucketedWorkload(
+                   f, 0, 2, [](size_t, float*, size_t) {}, [] {}, [](size_t, float*, size_t) {})
+                   .ok);
+}
+
 TEST(PeerCommon, InputSumsAreExactAndChecked) {
   const int world = 4;
   std::vector<float> sum(1000, 0), one(1000);

@@ -586,30 +586,49 @@ TEST(SelectorTest, ConfiguredThresholdsAndFallback) {
   EXPECT_EQ(SelectServable(10, 4, t, nothing).status().code(), absl::StatusCode::kUnimplemented);
 }
 
+// Worker 0 of a job with `workers` worker nodes (also servers) and `spares` spare servers, equal
+// shares, on an in-process transport: enough to ask NodeCollectives which algorithm it picks.
+class SelectorNode {
+ public:
+  SelectorNode() : transport_(network_.CreateEndpoint("w0")), reducer_(1) {}
+  ~SelectorNode() { transport_->Shutdown(); }
+
+  NodeCollectives& collectives() { return collectives_; }
+  void SetAutoJob(const std::string& job_id, int workers, int spares) {
+    JobView view;
+    view.job_id = job_id;
+    view.plan_version = 1;
+    const int servers = workers + spares;
+    for (int i = 0; i < servers; ++i) {
+      if (i < workers) view.worker_addresses.push_back(absl::StrCat("w", i));
+      view.server_addresses.push_back(i < workers ? absl::StrCat("w", i) : absl::StrCat("s", i));
+      view.server_weights.push_back(ChunkMap::kWeightTotal / servers +
+                                    (i == 0 ? ChunkMap::kWeightTotal % servers : 0));
+    }
+    view.my_worker_rank = 0;
+    view.my_server_index = 0;
+    collectives_.SetJob(view, AlgorithmChoice::kAuto);
+  }
+
+ private:
+  InProcessNetwork network_;
+  std::unique_ptr<Transport> transport_;
+  CpuReducer reducer_;
+  common::FakeClock clock_;
+  PushPullNode node_{transport_.get(), &reducer_, &clock_};
+  CollectiveEngine engine_{transport_.get(), &reducer_, &clock_};
+  NodeCollectives collectives_{&node_, &engine_, &reducer_};
+};
+
 TEST(SelectorTest, NodeCollectivesFollowTheirCostModel) {
   // 4 worker nodes + 4 spare servers; a 500 Mbit/s NIC; the suite-fitted per-message cost.
-  InProcessNetwork network;
-  std::unique_ptr<Transport> transport = network.CreateEndpoint("w0");
-  CpuReducer reducer(1);
-  common::FakeClock clock;
-  PushPullNode node(transport.get(), &reducer, &clock);
-  CollectiveEngine engine(transport.get(), &reducer, &clock);
-  NodeCollectives collectives(&node, &engine, &reducer);
+  SelectorNode node;
+  NodeCollectives& collectives = node.collectives();
   const CostModel model{.alpha_seconds = 200e-6,
                         .beta_seconds_per_byte = 1 / 62.5e6,
                         .gamma_seconds_per_byte = 1 / 4e9};
   collectives.SetCostModel(model);
-  JobView view;
-  view.job_id = "auto";
-  view.plan_version = 1;
-  for (int i = 0; i < 8; ++i) {
-    if (i < 4) view.worker_addresses.push_back(absl::StrCat("w", i));
-    view.server_addresses.push_back(i < 4 ? absl::StrCat("w", i) : absl::StrCat("s", i));
-    view.server_weights.push_back(ChunkMap::kWeightTotal / 8);
-  }
-  view.my_worker_rank = 0;
-  view.my_server_index = 0;
-  collectives.SetJob(view, AlgorithmChoice::kAuto);
+  node.SetAutoJob("auto", 4, 4);
   const SelectorThresholds t = ModelThresholds(4, 4, model);
   // Push/pull's 14 messages cost 8 alpha more than ring's 6; at 500 Mbit/s it pays for them
   // from about 8 alpha / (0.5 beta) = 200 KB.
@@ -622,9 +641,8 @@ TEST(SelectorTest, NodeCollectivesFollowTheirCostModel) {
   // A different model moves the thresholds: with a free message, push/pull wins from the start.
   collectives.SetCostModel(CostModel{
       .alpha_seconds = 0, .beta_seconds_per_byte = 1 / 62.5e6, .gamma_seconds_per_byte = 1 / 4e9});
-  collectives.SetJob(view, AlgorithmChoice::kAuto);
+  node.SetAutoJob("auto", 4, 4);
   EXPECT_EQ(*collectives.AlgorithmFor("auto", 4 << 10), Algorithm::kPushPull);
-  transport->Shutdown();
 }
 
 TEST(SelectorTest, MeasuredThresholdsFromTheSuitesCalibration) {
@@ -656,33 +674,16 @@ TEST(SelectorTest, MeasuredThresholdsFromTheSuitesCalibration) {
 }
 
 TEST(SelectorTest, NodeCollectivesPreferMeasuredThresholds) {
-  InProcessNetwork network;
-  std::unique_ptr<Transport> transport = network.CreateEndpoint("w0");
-  CpuReducer reducer(1);
-  common::FakeClock clock;
-  PushPullNode node(transport.get(), &reducer, &clock);
-  CollectiveEngine engine(transport.get(), &reducer, &clock);
-  NodeCollectives collectives(&node, &engine, &reducer);
+  SelectorNode node;
+  NodeCollectives& collectives = node.collectives();
   MeasuredThresholds m;
   m.ring_beats_halving_doubling_from = 1 << 20;
   m.push_pull_beats_ring_from = {{0, UINT64_MAX}, {2, 16 << 20}};
   collectives.SetMeasuredThresholds(m);
-  JobView view;
-  view.job_id = "measured";
-  view.plan_version = 1;
-  for (int i = 0; i < 6; ++i) {
-    if (i < 4) view.worker_addresses.push_back(absl::StrCat("w", i));
-    view.server_addresses.push_back(i < 4 ? absl::StrCat("w", i) : absl::StrCat("s", i));
-    view.server_weights.push_back(ChunkMap::kWeightTotal / 6 +
-                                  (i == 0 ? ChunkMap::kWeightTotal % 6 : 0));
-  }
-  view.my_worker_rank = 0;
-  view.my_server_index = 0;
-  collectives.SetJob(view, AlgorithmChoice::kAuto);
+  node.SetAutoJob("measured", 4, 2);
   EXPECT_EQ(*collectives.AlgorithmFor("measured", 64 << 10), Algorithm::kHalvingDoubling);
   EXPECT_EQ(*collectives.AlgorithmFor("measured", 4 << 20), Algorithm::kRing);
   EXPECT_EQ(*collectives.AlgorithmFor("measured", 16 << 20), Algorithm::kPushPull);
-  transport->Shutdown();
 }
 
 }  // namespace
