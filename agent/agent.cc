@@ -13,10 +13,11 @@
 #include "common/logging.h"
 #include "common/metrics/metrics.h"
 #include "common/rpc/grpc_status.h"
-#include "controller/planner/topology/topology_discovery.h"
-#include "controller/planner/topology/topology_parsers.h"
 #include "dataplane/transport/paced/paced_transport.h"
 #include "dataplane/transport/ucx/ucx_transport.h"
+#include "topology/topology_discovery.h"
+#include "topology/topology_file.h"
+#include "topology/topology_parsers.h"
 
 namespace tributary::agent {
 namespace {
@@ -49,9 +50,8 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& in) {
   agent->inventory_ = DiscoverNode();
   {
     absl::StatusOr<tributary::v1::Topology> topology =
-        options.topology_file.empty()
-            ? controller::topology::DiscoverLocalTopology()
-            : controller::topology::LoadTopologyFile(options.topology_file);
+        options.topology_file.empty() ? topology::DiscoverLocalTopology()
+                                      : topology::LoadTopologyFile(options.topology_file);
     if (!topology.ok()) {
       if (!options.topology_file.empty()) return topology.status();  // the user asked for it
       Log()->warn("topology discovery failed, reporting none: {}", topology.status());

@@ -7,15 +7,12 @@
 #include <sstream>
 #include <thread>
 
+#include "topology/sysfs.h"
+
 namespace tributary::agent {
 namespace {
 
 namespace fs = std::filesystem;
-
-bool ReadNumber(const fs::path& p, int64_t* out) {
-  std::ifstream f(p);
-  return static_cast<bool>(f >> *out);
-}
 
 uint64_t MemInfo(const std::string& proc_root, const std::string& key) {
   std::ifstream f(proc_root + "/meminfo");
@@ -47,10 +44,9 @@ tributary::v1::NodeInventory DiscoverNode(const std::string& sys_root,
     if (name == "lo") continue;
     auto* nic = inv.add_nics();
     nic->set_name(name);
-    int64_t mbps = 0;
-    // Virtual interfaces report -1 or refuse the read; that is "unknown", not an error.
-    if (ReadNumber(entry.path() / "speed", &mbps) && mbps > 0) {
-      nic->set_speed_bits_per_s(static_cast<double>(mbps) * 1e6);
+    const int64_t bits = topology::NicSpeedBitsPerSecond(sys_root, name);
+    if (bits > 0) {
+      nic->set_speed_bits_per_s(static_cast<double>(bits));
       fastest = std::max(fastest, nic->speed_bits_per_s());
     }
   }
@@ -81,9 +77,8 @@ LoadMonitor::Counters LoadMonitor::Read() const {
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(sys_root_ + "/class/net", ec)) {
     if (entry.path().filename() == "lo") continue;
-    int64_t x = 0;
-    if (ReadNumber(entry.path() / "statistics" / "tx_bytes", &x)) c.tx += x;
-    if (ReadNumber(entry.path() / "statistics" / "rx_bytes", &x)) c.rx += x;
+    c.tx += topology::ReadSysfsInt(entry.path() / "statistics" / "tx_bytes").value_or(0);
+    c.rx += topology::ReadSysfsInt(entry.path() / "statistics" / "rx_bytes").value_or(0);
   }
   c.mem_used = MemInfo(proc_root_, "MemTotal") - MemInfo(proc_root_, "MemAvailable");
   return c;

@@ -16,10 +16,10 @@
 #include <tuple>
 #include <vector>
 
-#include "controller/planner/topology/bounds.h"
-#include "controller/planner/topology/tree_packing.h"
+#include "topology/bounds.h"
+#include "topology/tree_packing.h"
 
-namespace tributary::controller::topology {
+namespace tributary::topology {
 namespace {
 
 constexpr double kLink = 25e9;
@@ -148,6 +148,6 @@ int Main(int argc, char** argv) {
 }
 
 }  // namespace
-}  // namespace tributary::controller::topology
+}  // namespace tributary::topology
 
-int main(int argc, char** argv) { return tributary::controller::topology::Main(argc, argv); }
+int main(int argc, char** argv) { return tributary::topology::Main(argc, argv); }

@@ -32,6 +32,24 @@ namespace tributary::common {
 // on first use with the process-wide level and format.
 std::shared_ptr<spdlog::logger> Logger(const std::string& component);
 
+// A component name usable as a template argument: ComponentLog<"agent">.
+template <size_t N>
+struct ComponentName {
+  constexpr ComponentName(const char (&name)[N]) {  // NOLINT: implicit by design
+    for (size_t i = 0; i < N; ++i) value[i] = name[i];
+  }
+  char value[N];
+};
+
+// The logger of one component, created on first use (not during static initialisation, so
+// InitLogging's level and format apply) and then cached. A file names its component once:
+//   constexpr auto Log = common::ComponentLog<"agent">;   ...   Log()->info("...");
+template <ComponentName kName>
+const std::shared_ptr<spdlog::logger>& ComponentLog() {
+  static const std::shared_ptr<spdlog::logger> logger = Logger(kName.value);
+  return logger;
+}
+
 // Sets the level of every logger. `level` is one of trace, debug, info, warn, error, critical,
 // off; empty means: TRIBUTARY_LOG_LEVEL, else SPDLOG_LEVEL, else info.
 void InitLogging(const std::string& level);

@@ -14,10 +14,7 @@ namespace {
 
 using google::protobuf::util::MessageDifferencer;
 
-std::shared_ptr<spdlog::logger> Log() {
-  static auto logger = common::Logger("controller");
-  return logger;
-}
+constexpr auto Log = common::ComponentLog<"controller">;
 
 bool ValidId(const std::string& id) {
   static const std::regex kId("[A-Za-z0-9][A-Za-z0-9._:-]{0,127}");

@@ -13,18 +13,19 @@
 #include "absl/strings/str_split.h"
 #include "client/cli/commands.h"
 #include "common/status_macros.h"
-#include "controller/planner/topology/bounds.h"
-#include "controller/planner/topology/intra_node_planner.h"
-#include "controller/planner/topology/strategy.h"
-#include "controller/planner/topology/topology_discovery.h"
-#include "controller/planner/topology/topology_graph.h"
-#include "controller/planner/topology/topology_parsers.h"
-#include "controller/planner/topology/tree_packing.h"
+#include "topology/bounds.h"
+#include "topology/intra_node_planner.h"
+#include "topology/strategy.h"
+#include "topology/topology_discovery.h"
+#include "topology/topology_file.h"
+#include "topology/topology_graph.h"
+#include "topology/topology_parsers.h"
+#include "topology/tree_packing.h"
 
 namespace tributary::client::cli {
 namespace {
 
-namespace topo = tributary::controller::topology;
+namespace topo = tributary::topology;
 using json = nlohmann::ordered_json;
 
 struct TopoOptions {

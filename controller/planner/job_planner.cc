@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "controller/planner/split_planner.h"
-#include "controller/planner/topology/intra_node_planner.h"
+#include "topology/intra_node_planner.h"
 
 namespace tributary::controller {
 namespace {

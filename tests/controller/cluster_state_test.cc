@@ -1,0 +1,326 @@
+#include "controller/cluster_state.h"
+
+#include "controller/planner/job_planner.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/topology/fixture_path.h"
+#include "topology/topology_file.h"
+#include "topology/topology_parsers.h"
+
+namespace tributary::controller {
+namespace {
+
+using ::testing::HasSubstr;
+
+class ClusterStateTest : public ::testing::Test {
+ protected:
+  ClusterStateTest()
+      : state_(&clock_, {std::chrono::milliseconds(100), std::chrono::seconds(1)}, 1) {}
+
+  uint64_t Register(const std::string& id, double nic_gbps = 10, bool offers = true,
+                    const tributary::v1::Topology* topology = nullptr) {
+    tributary::v1::RegisterNodeRequest req;
+    if (topology != nullptr) *req.mutable_inventory()->mutable_topology() = *topology;
+    req.set_node_id(id);
+    req.mutable_inventory()->set_data_plane_address("127.0.0.1:" + std::to_string(1000 + n_++));
+    req.mutable_inventory()->set_nic_bytes_per_s(nic_gbps * 1e9 / 8);
+    req.mutable_inventory()->set_sum_bytes_per_s(100e9);
+    req.mutable_inventory()->set_offers_summation(offers);
+    tributary::v1::RegisterNodeResponse resp;
+    EXPECT_TRUE(state_.RegisterNode(req, &resp).ok());
+    incarnations_[id] = resp.incarnation();
+    return resp.incarnation();
+  }
+  absl::Status Heartbeat(const std::string& id) {
+    tributary::v1::HeartbeatRequest req;
+    req.set_node_id(id);
+    req.set_incarnation(incarnations_[id]);
+    tributary::v1::HeartbeatResponse resp;
+    return state_.Heartbeat(req, &resp);
+  }
+  absl::StatusOr<tributary::v1::Job> Create(const std::string& id, std::vector<std::string> workers,
+                                            std::optional<uint32_t> max_spares = {},
+                                            uint32_t procs = 1, std::vector<int> gpus = {}) {
+    tributary::v1::CreateJobRequest req;
+    req.set_job_id(id);
+    req.mutable_spec()->set_procs_per_node(procs);
+    for (int g : gpus) req.mutable_spec()->add_gpus(g);
+    for (auto& w : workers) req.mutable_spec()->add_worker_nodes(w);
+    if (max_spares) req.mutable_spec()->set_max_spare_nodes(*max_spares);
+    tributary::v1::Job job;
+    absl::Status s = state_.CreateJob(req, &job);
+    if (!s.ok()) return s;
+    return job;
+  }
+
+  common::FakeClock clock_;
+  ClusterState state_;
+  int n_ = 0;
+  std::map<std::string, uint64_t> incarnations_;
+};
+
+TEST_F(ClusterStateTest, PlansWithSpareNodesAndPredictsTheSpeedUp) {
+  for (int i = 0; i < 4; ++i) Register("w" + std::to_string(i));
+  for (int i = 0; i < 4; ++i) Register("s" + std::to_string(i));
+  auto job = Create("j", {"w0", "w1", "w2", "w3"});
+  ASSERT_TRUE(job.ok()) << job.status();
+  // n = k: the workers' own summation services get no share (x = (n-k)M/D = 0).
+  EXPECT_EQ(job->plan().servers_size(), 4);
+  for (const auto& s : job->plan().servers()) EXPECT_FALSE(s.is_worker());
+  EXPECT_NEAR(job->plan().ring_seconds() / job->plan().predicted_seconds(), 1.5, 1e-9);
+  auto ring = Create("j0", {"w0", "w1", "w2", "w3"}, 0);
+  ASSERT_TRUE(ring.ok());
+  EXPECT_EQ(ring->plan().servers_size(), 4);
+  EXPECT_NEAR(ring->plan().ring_seconds() / ring->plan().predicted_seconds(), 1.0, 1e-9);
+}
+
+TEST_F(ClusterStateTest, OtherJobsUseOfASpareNicIsSubtracted) {
+  // Workers that do not offer summation to other jobs: "spare" is the only spare machine.
+  for (int i = 0; i < 3; ++i) Register("a" + std::to_string(i), 10, false);
+  for (int i = 0; i < 3; ++i) Register("b" + std::to_string(i), 10, false);
+  Register("spare");
+  auto first = Create("first", {"a0", "a1", "a2"});
+  ASSERT_TRUE(first.ok());
+  auto second = Create("second", {"b0", "b1", "b2"});
+  ASSERT_TRUE(second.ok());
+  double first_nic = 0, second_nic = 0;
+  for (const auto& s : first->plan().servers()) {
+    if (s.node_id() == "spare") first_nic = s.nic_bytes_per_s();
+  }
+  for (const auto& s : second->plan().servers()) {
+    if (s.node_id() == "spare") second_nic = s.nic_bytes_per_s();
+  }
+  EXPECT_GT(first_nic, 0);
+  EXPECT_LT(second_nic, first_nic);  // what "first" uses is no longer spare
+}
+
+TEST_F(ClusterStateTest, SpareCapacityFollowsHeartbeatLoad) {
+  for (int i = 0; i < 3; ++i) Register("w" + std::to_string(i), 10, false);
+  Register("quiet");
+  Register("busy");
+  // "busy" reports 60% of its 10 Gbit/s NIC in use and its CPU 50% busy.
+  tributary::v1::HeartbeatRequest hb;
+  hb.set_node_id("busy");
+  hb.set_incarnation(incarnations_["busy"]);
+  hb.mutable_load()->set_nic_tx_bytes_per_s(0.6 * 10e9 / 8);
+  hb.mutable_load()->set_cpu_busy_fraction(0.5);
+  tributary::v1::HeartbeatResponse resp;
+  ASSERT_TRUE(state_.Heartbeat(hb, &resp).ok());
+  auto job = Create("j", {"w0", "w1", "w2"});
+  ASSERT_TRUE(job.ok()) << job.status();
+  double quiet = 0, busy = 0, busy_nic = 0;
+  for (const auto& s : job->plan().servers()) {
+    if (s.node_id() == "quiet") quiet = s.share();
+    if (s.node_id() == "busy") {
+      busy = s.share();
+      busy_nic = s.nic_bytes_per_s();
+    }
+  }
+  EXPECT_NEAR(busy_nic, 0.4 * 10e9 / 8, 1);
+  EXPECT_GT(busy, 0);
+  EXPECT_LT(busy, quiet);
+}
+
+TEST_F(ClusterStateTest, OwnDataPlaneTrafficDoesNotMakeASpareLookBusy) {
+  for (int i = 0; i < 3; ++i) Register("w" + std::to_string(i), 10, false);
+  Register("spare");
+  // The spare's NIC was 90% busy, all of it Tributary's data plane (a job that just ended),
+  // plus 5% framing: nothing of it is foreign.
+  tributary::v1::HeartbeatRequest hb;
+  hb.set_node_id("spare");
+  hb.set_incarnation(incarnations_["spare"]);
+  hb.mutable_load()->set_nic_tx_bytes_per_s(0.9 * 10e9 / 8);
+  hb.mutable_load()->set_nic_rx_bytes_per_s(0.9 * 10e9 / 8);
+  hb.mutable_load()->set_dataplane_tx_bytes_per_s(0.9 / 1.05 * 10e9 / 8);
+  hb.mutable_load()->set_dataplane_rx_bytes_per_s(0.9 / 1.05 * 10e9 / 8);
+  tributary::v1::HeartbeatResponse resp;
+  ASSERT_TRUE(state_.Heartbeat(hb, &resp).ok());
+  auto job = Create("j", {"w0", "w1", "w2"});
+  ASSERT_TRUE(job.ok()) << job.status();
+  double spare_nic = 0;
+  for (const auto& s : job->plan().servers()) {
+    if (s.node_id() == "spare") spare_nic = s.nic_bytes_per_s();
+  }
+  EXPECT_NEAR(spare_nic, 10e9 / 8, 1);
+}
+
+TEST(ForeignNicBytesPerSecond, IsNicMinusFramedDataPlaneNeverNegative) {
+  tributary::v1::NodeLoad load;
+  load.set_nic_tx_bytes_per_s(1000);
+  load.set_nic_rx_bytes_per_s(300);
+  EXPECT_DOUBLE_EQ(ForeignNicBytesPerSecond(load), 1000);
+  load.set_dataplane_tx_bytes_per_s(500);
+  EXPECT_DOUBLE_EQ(ForeignNicBytesPerSecond(load), 1000 - kWireOverhead * 500);
+  load.set_dataplane_tx_bytes_per_s(1000);  // all of tx is ours
+  EXPECT_DOUBLE_EQ(ForeignNicBytesPerSecond(load), 300);
+  load.set_dataplane_rx_bytes_per_s(300);
+  EXPECT_DOUBLE_EQ(ForeignNicBytesPerSecond(load), 0);
+}
+
+TEST(AutoPartition, SixteenChunksPerServerWithinBounds) {
+  constexpr uint64_t kMiB = 1 << 20;
+  EXPECT_EQ(AutoPartitionBytes(64 * kMiB, 4), 1 * kMiB);
+  EXPECT_EQ(AutoPartitionBytes(256 * kMiB, 4), 4 * kMiB);
+  EXPECT_EQ(AutoPartitionBytes(uint64_t{1} << 30, 4), 4 * kMiB);  // capped
+  EXPECT_EQ(AutoPartitionBytes(1 * kMiB, 8), 64u << 10);          // floor
+  EXPECT_EQ(AutoPartitionBytes(100 * kMiB, 0), 4 * kMiB);         // no server: as one
+  EXPECT_EQ(AutoCreditBytes(1 * kMiB, 4), 16 * kMiB);             // 4 chunks per server
+  EXPECT_EQ(AutoCreditBytes(4 * kMiB, 32), 256 * kMiB);           // capped
+  EXPECT_EQ(AutoCreditBytes(64u << 10, 0), 256u << 10);           // at least 4 chunks
+}
+
+TEST_F(ClusterStateTest, PlansChoosePartitionAndCreditUnlessTheSpecDoes) {
+  for (int i = 0; i < 4; ++i) Register("w" + std::to_string(i), 10, false);
+  tributary::v1::CreateJobRequest req;
+  req.set_job_id("auto");
+  for (int i = 0; i < 4; ++i) req.mutable_spec()->add_worker_nodes("w" + std::to_string(i));
+  req.mutable_spec()->set_model_bytes(64 << 20);
+  tributary::v1::Job job;
+  ASSERT_TRUE(state_.CreateJob(req, &job).ok());
+  EXPECT_EQ(job.plan().partition_bytes(), 1u << 20);  // 64 MiB / (16 x 4 servers)
+  EXPECT_EQ(job.plan().credit_bytes(), 16u << 20);
+  // A credit below the automatic partition shrinks the partition to fit.
+  req.set_job_id("small-credit");
+  req.mutable_spec()->set_credit_bytes(256 << 10);
+  ASSERT_TRUE(state_.CreateJob(req, &job).ok());
+  EXPECT_EQ(job.plan().partition_bytes(), 256u << 10);
+  EXPECT_EQ(job.plan().credit_bytes(), 256u << 10);
+  // Both given: kept; a credit below the partition is an error naming both.
+  req.set_job_id("explicit");
+  req.mutable_spec()->set_partition_bytes(512 << 10);
+  req.mutable_spec()->set_credit_bytes(1 << 20);
+  ASSERT_TRUE(state_.CreateJob(req, &job).ok());
+  EXPECT_EQ(job.plan().partition_bytes(), 512u << 10);
+  EXPECT_EQ(job.plan().credit_bytes(), 1u << 20);
+  req.set_job_id("bad");
+  req.mutable_spec()->set_credit_bytes(256 << 10);
+  absl::Status bad = state_.CreateJob(req, &job);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.message(),
+              HasSubstr("credit_bytes 262144 must be in [partition_bytes (524288 B)"));
+}
+
+TEST_F(ClusterStateTest, CreateJobValidatesAndIsIdempotent) {
+  Register("w0");
+  Register("w1");
+  EXPECT_EQ(Create("bad id!", {"w0"}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Create("j", {}).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Create("j", {"w0", "w0"}).status().code(), absl::StatusCode::kInvalidArgument);
+  auto missing = Create("j", {"w0", "ghost"});
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(missing.status().message(), HasSubstr("ghost"));
+  auto a = Create("j", {"w0", "w1"});
+  ASSERT_TRUE(a.ok());
+  auto again = Create("j", {"w0", "w1"});
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->plan().version(), a->plan().version());
+  EXPECT_EQ(Create("j", {"w1", "w0"}).status().code(), absl::StatusCode::kAlreadyExists);
+  tributary::v1::Job got;
+  EXPECT_EQ(state_.GetJob("nope", &got).code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(state_.DeleteJob("j").ok());
+  EXPECT_TRUE(state_.DeleteJob("j").ok());  // idempotent
+}
+
+TEST_F(ClusterStateTest, DeadSpareIsReplannedAwayAndComesBack) {
+  for (int i = 0; i < 3; ++i) Register("w" + std::to_string(i));
+  Register("s0");
+  auto job = Create("j", {"w0", "w1", "w2"});
+  ASSERT_TRUE(job.ok());
+  ASSERT_EQ(job->plan().servers_size(), 4);
+  const uint64_t v0 = state_.assignments_version();
+
+  clock_.Advance(std::chrono::milliseconds(800));
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(Heartbeat("w" + std::to_string(i)).ok());
+  clock_.Advance(std::chrono::milliseconds(800));  // s0 silent for 1.6 s, workers for 0.8 s
+  state_.CheckLiveness();
+  tributary::v1::Job now;
+  ASSERT_TRUE(state_.GetJob("j", &now).ok());
+  EXPECT_EQ(now.plan().servers_size(), 3);
+  EXPECT_EQ(now.plan().version(), job->plan().version() + 1);
+  EXPECT_GT(state_.assignments_version(), v0);
+  EXPECT_EQ(now.state(), tributary::v1::JOB_STATE_RUNNING);
+
+  // A heartbeat from the dead node brings it back.
+  ASSERT_TRUE(Heartbeat("s0").ok());
+  ASSERT_TRUE(state_.GetJob("j", &now).ok());
+  EXPECT_EQ(now.plan().servers_size(), 4);
+}
+
+TEST_F(ClusterStateTest, DeadWorkerDegradesTheJob) {
+  Register("w0");
+  Register("w1");
+  ASSERT_TRUE(Create("j", {"w0", "w1"}).ok());
+  clock_.Advance(std::chrono::milliseconds(600));
+  ASSERT_TRUE(Heartbeat("w0").ok());
+  clock_.Advance(std::chrono::milliseconds(600));
+  state_.CheckLiveness();
+  tributary::v1::Job job;
+  ASSERT_TRUE(state_.GetJob("j", &job).ok());
+  EXPECT_EQ(job.state(), tributary::v1::JOB_STATE_DEGRADED);
+  EXPECT_THAT(job.message(), HasSubstr("w1"));
+}
+
+TEST_F(ClusterStateTest, UnknownNodesAreToldToRegister) {
+  EXPECT_EQ(Heartbeat("ghost").code(), absl::StatusCode::kNotFound);
+  Register("w0");
+  incarnations_["w0"] += 1;  // a stale incarnation, e.g. after a controller restart
+  EXPECT_EQ(Heartbeat("w0").code(), absl::StatusCode::kNotFound);
+  tributary::v1::GetAssignmentsRequest req;
+  req.set_node_id("ghost");
+  tributary::v1::GetAssignmentsResponse resp;
+  EXPECT_EQ(state_.GetAssignments(req, &resp).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(ClusterStateTest, PlansCarryEachWorkerNodesIntraNodeAggregation) {
+  auto v100 = topology::LoadTopologyFile(topology::FixturePath("dgx1v_nccl_topo.xml"));
+  ASSERT_TRUE(v100.ok()) << v100.status();
+  auto pcie = topology::LoadTopologyFile(topology::FixturePath("byteps_pcie_server.yaml"));
+  ASSERT_TRUE(pcie.ok()) << pcie.status();
+  Register("dgx", 100, true, &*v100);
+  Register("pcie", 100, true, &*pcie);
+  auto job = Create("j", {"dgx", "pcie"}, 0u, 8);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(job->plan().intra_node_size(), 2);
+  const auto& dgx = job->plan().intra_node(0);
+  EXPECT_EQ(dgx.node_id(), "dgx");
+  EXPECT_EQ(dgx.gpus_size(), 8);
+  EXPECT_EQ(dgx.strategy(), "nvlink-rooted-outside-nic-switch");
+  EXPECT_GT(dgx.allreduce_trees_size(), 0);
+  // With PCIe paths added (links "all") ten trees reach ~95.6% of sigma on this machine; the
+  // NVLink-only packings are held to 5% by the topology tests.
+  EXPECT_GT(dgx.allreduce_achieved_bytes_per_s(), 0.9 * dgx.allreduce_bound_bytes_per_s());
+  EXPECT_LE(dgx.allreduce_achieved_bytes_per_s(), dgx.allreduce_bound_bytes_per_s() * (1 + 1e-9));
+  EXPECT_TRUE(dgx.ring_exists());
+  const auto& server = job->plan().intra_node(1);
+  EXPECT_EQ(server.strategy(), "cpu-assisted-per-switch");
+  EXPECT_EQ(server.groups_size(), 2);
+  EXPECT_FALSE(server.reason().empty());
+
+  // A fragment: GPUs {0,1,2,5} of the DGX-1 have no NVLink ring.
+  auto fragment = Create("frag", {"dgx"}, 0u, 4, std::vector<int>{0, 1, 2, 5});
+  ASSERT_TRUE(fragment.ok()) << fragment.status();
+  EXPECT_EQ(fragment->plan().intra_node(0).gpus_size(), 4);
+  EXPECT_EQ(fragment->plan().intra_node(0).strategy(), "packed-trees");
+  // GPUs the node does not have are the user's mistake.
+  auto bad = Create("bad", {"dgx"}, 0u, 2, std::vector<int>{0, 42});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("dgx"));
+}
+
+TEST_F(ClusterStateTest, AssignmentsListOnlyJobsInvolvingTheNode) {
+  for (int i = 0; i < 3; ++i) Register("w" + std::to_string(i));
+  Register("s0");
+  Register("loner", 10, /*offers=*/false);
+  ASSERT_TRUE(Create("j", {"w0", "w1", "w2"}).ok());
+  for (const auto& [node, count] :
+       std::vector<std::pair<std::string, int>>{{"w0", 1}, {"s0", 1}, {"loner", 0}}) {
+    tributary::v1::GetAssignmentsRequest req;
+    req.set_node_id(node);
+    tributary::v1::GetAssignmentsResponse resp;
+    ASSERT_TRUE(state_.GetAssignments(req, &resp).ok());
+    EXPECT_EQ(resp.plans_size(), count) << node;
+  }
+}
+
+}  // namespace
+}  // namespace tributary::controller
