@@ -48,6 +48,20 @@ class Theory(unittest.TestCase):
         self.assertAlmostEqual(run.theory_seconds(m, 4, 4, 500), m / b)         # D = 24: M/B
         self.assertAlmostEqual(run.theory_seconds(m, 4, 9, 500), m / b)         # k > n is k = n
 
+    def test_spares_in_plan_counts_servers_that_are_not_workers(self):
+        # As `tributary create-job --json` prints a job (proto field names, defaults included).
+        job = ('{"job_id": "j", "plan": {"servers": [{"node_id": "h0", "is_worker": true}, '
+               '{"node_id": "h1", "is_worker": true}, {"node_id": "h2", "is_worker": false}, '
+               '{"node_id": "h3", "is_worker": false}], "version": "1"}}')
+        self.assertEqual(run.spares_in_plan(job), 2)
+        self.assertEqual(run.spares_in_plan('{"job_id": "j", "plan": {"servers": []}}'), 0)
+        self.assertEqual(run.spares_in_plan('{"job_id": "j"}'), 0)
+
+    def test_suite_algorithms_have_cli_names(self):
+        self.assertEqual(run.CLI_ALGORITHM["hd"], "halving-doubling")
+        self.assertEqual(run.CLI_ALGORITHM["push-pull"], "push-pull")
+        self.assertEqual(run.CLI_ALGORITHM["ring"], "ring")
+
     def test_message_steps(self):
         self.assertEqual(run.message_steps("tributary ring", 4, 0), 6)
         self.assertEqual(run.message_steps("tributary halving-doubling", 4, 0), 4)
