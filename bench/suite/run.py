@@ -438,6 +438,23 @@ def write_workload(name, folder):
     return path, len(tensors), 4 * sum(c for _, c in tensors)
 
 
+def run_measured(meter, runner, what, *args):
+    """Runs one configuration under the CPU meter: (result, spares used, CPU % per host), or None
+    when it raised (the error is logged; the suite goes on with the others)."""
+    meter.start()
+    try:
+        got = runner(*args)
+    except Exception as e:  # noqa: BLE001 - report and go on with the others
+        meter.stop()
+        log(f"error: {what}: {e}")
+        return None
+    cpu = meter.stop()
+    spares_used = 0
+    if isinstance(got, tuple):
+        got, spares_used = got
+    return got, spares_used, cpu
+
+
 def spares_in_plan(job_json):
     """Spare hosts serving a job: the servers in `tributary create-job --json`'s plan that are
     not workers."""
@@ -597,18 +614,11 @@ def main():
         for label, fam, k, runner in configs:
             log(f"# running {label}")
             t0 = time.monotonic()
-            meter.start()
-            try:
-                got = runner()
-            except Exception as e:  # noqa: BLE001 - report and go on with the others
-                meter.stop()
-                log(f"error: {label}: {e}")
+            measured = run_measured(meter, runner, label)
+            if measured is None:
                 failed = True
                 continue
-            cpu = meter.stop()
-            spares_used = 0
-            if isinstance(got, tuple):
-                got, spares_used = got
+            got, spares_used, cpu = measured
             log(f"#   {len(got)} sizes in {time.monotonic() - t0:.1f} s; CPU % per host: " +
                 " ".join(f"h{h}={v:.0f}" for h, v in cpu.items()))
             for size, row in sorted(got.items()):
@@ -624,18 +634,12 @@ def main():
             _, iters, warmup = WORKLOADS[wname]
             for label, fam, k, runner in configs:
                 log(f"# running {wname} on {label}")
-                meter.start()
-                try:
-                    got = runner((wname, path, iters, warmup, nbytes))
-                except Exception as e:  # noqa: BLE001
-                    meter.stop()
-                    log(f"error: {wname} on {label}: {e}")
+                measured = run_measured(meter, runner, f"{wname} on {label}",
+                                        (wname, path, iters, warmup, nbytes))
+                if measured is None:
                     failed = True
                     continue
-                cpu = meter.stop()
-                spares_used = 0
-                if isinstance(got, tuple):
-                    got, spares_used = got
+                got, spares_used, cpu = measured
                 if got is None:
                     log(f"error: {wname} on {label}: no result line")
                     failed = True

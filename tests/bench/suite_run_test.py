@@ -57,6 +57,24 @@ class Theory(unittest.TestCase):
         self.assertEqual(run.spares_in_plan('{"job_id": "j", "plan": {"servers": []}}'), 0)
         self.assertEqual(run.spares_in_plan('{"job_id": "j"}'), 0)
 
+    def test_run_measured_meters_and_survives_errors(self):
+        class Meter:
+            def __init__(self):
+                self.calls = []
+            def start(self):
+                self.calls.append("start")
+            def stop(self):
+                self.calls.append("stop")
+                return {0: 50.0}
+        meter = Meter()
+        self.assertEqual(run.run_measured(meter, lambda w: ({4096: w}, 2), "pp", "row"),
+                         ({4096: "row"}, 2, {0: 50.0}))
+        self.assertEqual(run.run_measured(meter, lambda: {8: 1}, "gloo"), ({8: 1}, 0, {0: 50.0}))
+        def broken():
+            raise RuntimeError("peer died")
+        self.assertIsNone(run.run_measured(meter, broken, "mpi"))
+        self.assertEqual(meter.calls, ["start", "stop"] * 3)  # The meter stops on errors too.
+
     def test_suite_algorithms_have_cli_names(self):
         self.assertEqual(run.CLI_ALGORITHM["hd"], "halving-doubling")
         self.assertEqual(run.CLI_ALGORITHM["push-pull"], "push-pull")

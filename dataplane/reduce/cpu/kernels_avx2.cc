@@ -48,17 +48,17 @@ struct Avx2Traits {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), v);
   }
 
-  TRIBUTARY_SIMD_TARGET static Ps AddPs(Ps a, Ps b) { return _mm256_add_ps(a, b); }
-  TRIBUTARY_SIMD_TARGET static Pd AddPd(Pd a, Pd b) { return _mm256_add_pd(a, b); }
-  TRIBUTARY_SIMD_TARGET static Ps DivPs(Ps a, Ps b) { return _mm256_div_ps(a, b); }
-  TRIBUTARY_SIMD_TARGET static Pd DivPd(Pd a, Pd b) { return _mm256_div_pd(a, b); }
-  TRIBUTARY_SIMD_TARGET static Ps Set1Ps(float x) { return _mm256_set1_ps(x); }
-  TRIBUTARY_SIMD_TARGET static Pd Set1Pd(double x) { return _mm256_set1_pd(x); }
-  TRIBUTARY_SIMD_TARGET static Ps CanonicalizePs(Ps x) {
+  TRIBUTARY_SIMD_TARGET static Ps Add(Ps a, Ps b) { return _mm256_add_ps(a, b); }
+  TRIBUTARY_SIMD_TARGET static Pd Add(Pd a, Pd b) { return _mm256_add_pd(a, b); }
+  TRIBUTARY_SIMD_TARGET static Ps Div(Ps a, Ps b) { return _mm256_div_ps(a, b); }
+  TRIBUTARY_SIMD_TARGET static Pd Div(Pd a, Pd b) { return _mm256_div_pd(a, b); }
+  TRIBUTARY_SIMD_TARGET static Ps Set1(float x) { return _mm256_set1_ps(x); }
+  TRIBUTARY_SIMD_TARGET static Pd Set1(double x) { return _mm256_set1_pd(x); }
+  TRIBUTARY_SIMD_TARGET static Ps Canonicalize(Ps x) {
     const Ps nan = _mm256_castsi256_ps(_mm256_set1_epi32(static_cast<int>(kCanonicalNanF32)));
     return _mm256_blendv_ps(x, nan, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
   }
-  TRIBUTARY_SIMD_TARGET static Pd CanonicalizePd(Pd x) {
+  TRIBUTARY_SIMD_TARGET static Pd Canonicalize(Pd x) {
     const Pd nan =
         _mm256_castsi256_pd(_mm256_set1_epi64x(static_cast<long long>(kCanonicalNanF64)));
     return _mm256_blendv_pd(x, nan, _mm256_cmp_pd(x, x, _CMP_UNORD_Q));

@@ -81,17 +81,17 @@ struct Avx512Traits {
     _mm512_mask_storeu_epi64(p, static_cast<__mmask8>(m), v);
   }
 
-  TRIBUTARY_SIMD_TARGET static Ps AddPs(Ps a, Ps b) { return _mm512_add_ps(a, b); }
-  TRIBUTARY_SIMD_TARGET static Pd AddPd(Pd a, Pd b) { return _mm512_add_pd(a, b); }
-  TRIBUTARY_SIMD_TARGET static Ps DivPs(Ps a, Ps b) { return _mm512_div_ps(a, b); }
-  TRIBUTARY_SIMD_TARGET static Pd DivPd(Pd a, Pd b) { return _mm512_div_pd(a, b); }
-  TRIBUTARY_SIMD_TARGET static Ps Set1Ps(float x) { return _mm512_set1_ps(x); }
-  TRIBUTARY_SIMD_TARGET static Pd Set1Pd(double x) { return _mm512_set1_pd(x); }
-  TRIBUTARY_SIMD_TARGET static Ps CanonicalizePs(Ps x) {
+  TRIBUTARY_SIMD_TARGET static Ps Add(Ps a, Ps b) { return _mm512_add_ps(a, b); }
+  TRIBUTARY_SIMD_TARGET static Pd Add(Pd a, Pd b) { return _mm512_add_pd(a, b); }
+  TRIBUTARY_SIMD_TARGET static Ps Div(Ps a, Ps b) { return _mm512_div_ps(a, b); }
+  TRIBUTARY_SIMD_TARGET static Pd Div(Pd a, Pd b) { return _mm512_div_pd(a, b); }
+  TRIBUTARY_SIMD_TARGET static Ps Set1(float x) { return _mm512_set1_ps(x); }
+  TRIBUTARY_SIMD_TARGET static Pd Set1(double x) { return _mm512_set1_pd(x); }
+  TRIBUTARY_SIMD_TARGET static Ps Canonicalize(Ps x) {
     const Ps nan = _mm512_castsi512_ps(_mm512_set1_epi32(static_cast<int>(kCanonicalNanF32)));
     return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x, nan);
   }
-  TRIBUTARY_SIMD_TARGET static Pd CanonicalizePd(Pd x) {
+  TRIBUTARY_SIMD_TARGET static Pd Canonicalize(Pd x) {
     const Pd nan = _mm512_castsi512_pd(_mm512_set1_epi64(static_cast<long long>(kCanonicalNanF64)));
     return _mm512_mask_blend_pd(_mm512_cmp_pd_mask(x, x, _CMP_UNORD_Q), x, nan);
   }

@@ -11,14 +11,13 @@
 //   types Ps, Pd, Si (float32, float64 and integer vectors) and HalfSi (an integer vector of half
 //   the width);
 //   LoadPs/StorePs, LoadPd/StorePd, LoadSi/StoreSi, LoadHalfSi/StoreHalfSi (any alignment);
-//   AddPs, AddPd, DivPs, DivPd, CanonicalizePs, CanonicalizePd (NaN lanes -> the canonical NaN),
-//   Set1Ps, Set1Pd, AddEpi32, AddEpi64, AndSi, Set1Epi32, ZeroSi, SrliEpi32<kShift>,
-//   CastPsSi, CastSiPs, UnpackLoEpi16, UnpackHiEpi16, PackusEpi32 (in-lane, as the intrinsics);
-//   CvtPhPs / CvtPsPh (binary16 <-> float32, round to nearest even);
-//   LowHalf, HighHalf, Join (Si <-> two HalfSi), CvtEpi32Pd, CvttPdEpi32;
-//   with kMasked, MaskLoad/MaskStore for Ps, Pd, Si16 (16-bit lanes), HalfSi16, Si32 and Si64,
-//   taking the lane mask as uint32_t (bit i: lane i; lanes outside the mask are not touched and
-//   never fault).
+//   Add, Div, Canonicalize (NaN lanes -> the canonical NaN), each overloaded for Ps and Pd, and
+//   Set1(float) -> Ps, Set1(double) -> Pd; AddEpi32, AddEpi64, AndSi, Set1Epi32, ZeroSi,
+//   SrliEpi32<kShift>, CastPsSi, CastSiPs, UnpackLoEpi16, UnpackHiEpi16, PackusEpi32 (in-lane, as
+//   the intrinsics); CvtPhPs / CvtPsPh (binary16 <-> float32, round to nearest even); LowHalf,
+//   HighHalf, Join (Si <-> two HalfSi), CvtEpi32Pd, CvttPdEpi32; with kMasked, MaskLoad/MaskStore
+//   for Ps, Pd, Si16 (16-bit lanes), HalfSi16, Si32 and Si64, taking the lane mask as uint32_t (bit
+//   i: lane i; lanes outside the mask are not touched and never fault).
 // Every kernel matches the scalar reference (scalar_ops.h) bit for bit.
 #pragma once
 
@@ -34,14 +33,26 @@
 
 namespace tributary::dataplane::reduce_internal::TRIBUTARY_SIMD_NAMESPACE {
 
+// Add and divide in the vector's own floating precision, with NaN lanes made canonical: the
+// arithmetic of the float32, float64 and float16 lanes (float16 computes in float32).
+template <typename V, typename VecT, typename Scalar>
+struct FloatArithmetic {
+  using Vec = VecT;
+  using DivArg = VecT;
+  TRIBUTARY_SIMD_TARGET static Vec Add(Vec a, Vec b) { return V::Canonicalize(V::Add(a, b)); }
+  TRIBUTARY_SIMD_TARGET static DivArg MakeDivArg(uint64_t d) {
+    return V::Set1(static_cast<Scalar>(d));
+  }
+  TRIBUTARY_SIMD_TARGET static Vec Divide(Vec x, DivArg d) { return V::Canonicalize(V::Div(x, d)); }
+};
+
 // Lane kernels: Load/Store move kLanes elements between memory (any alignment) and the
 // computation type Vec (float32 lanes for the 16-bit floating types); the masked forms touch
 // only the lanes set in `m`.
 template <typename V>
-struct F32Lanes {
+struct F32Lanes : FloatArithmetic<V, typename V::Ps, float> {
   using Op = F32Op;
   using Vec = typename V::Ps;
-  using DivArg = typename V::Ps;
   static constexpr size_t kLanes = V::kBytes / sizeof(float);
   TRIBUTARY_SIMD_TARGET static Vec Load(const char* p) { return V::LoadPs(p); }
   TRIBUTARY_SIMD_TARGET static Vec LoadMasked(const char* p, uint32_t m) {
@@ -51,20 +62,12 @@ struct F32Lanes {
   TRIBUTARY_SIMD_TARGET static void StoreMasked(char* p, uint32_t m, Vec v) {
     V::MaskStorePs(p, m, v);
   }
-  TRIBUTARY_SIMD_TARGET static Vec Add(Vec a, Vec b) { return V::CanonicalizePs(V::AddPs(a, b)); }
-  TRIBUTARY_SIMD_TARGET static DivArg MakeDivArg(uint64_t d) {
-    return V::Set1Ps(static_cast<float>(d));
-  }
-  TRIBUTARY_SIMD_TARGET static Vec Divide(Vec x, DivArg d) {
-    return V::CanonicalizePs(V::DivPs(x, d));
-  }
 };
 
 template <typename V>
-struct F64Lanes {
+struct F64Lanes : FloatArithmetic<V, typename V::Pd, double> {
   using Op = F64Op;
   using Vec = typename V::Pd;
-  using DivArg = typename V::Pd;
   static constexpr size_t kLanes = V::kBytes / sizeof(double);
   TRIBUTARY_SIMD_TARGET static Vec Load(const char* p) { return V::LoadPd(p); }
   TRIBUTARY_SIMD_TARGET static Vec LoadMasked(const char* p, uint32_t m) {
@@ -74,23 +77,15 @@ struct F64Lanes {
   TRIBUTARY_SIMD_TARGET static void StoreMasked(char* p, uint32_t m, Vec v) {
     V::MaskStorePd(p, m, v);
   }
-  TRIBUTARY_SIMD_TARGET static Vec Add(Vec a, Vec b) { return V::CanonicalizePd(V::AddPd(a, b)); }
-  TRIBUTARY_SIMD_TARGET static DivArg MakeDivArg(uint64_t d) {
-    return V::Set1Pd(static_cast<double>(d));
-  }
-  TRIBUTARY_SIMD_TARGET static Vec Divide(Vec x, DivArg d) {
-    return V::CanonicalizePd(V::DivPd(x, d));
-  }
 };
 
 // binary16 in memory, float32 in registers: half a vector of 16-bit lanes per float32 vector.
 // Inputs to Store are already NaN-canonical; the conversion rounds to nearest even and
 // overflows to Inf, as the reference does.
 template <typename V>
-struct F16Lanes {
+struct F16Lanes : FloatArithmetic<V, typename V::Ps, float> {
   using Op = F16Op;
   using Vec = typename V::Ps;
-  using DivArg = typename V::Ps;
   static constexpr size_t kLanes = V::kBytes / sizeof(float);
   TRIBUTARY_SIMD_TARGET static Vec Load(const char* p) { return V::CvtPhPs(V::LoadHalfSi(p)); }
   TRIBUTARY_SIMD_TARGET static Vec LoadMasked(const char* p, uint32_t m) {
@@ -100,13 +95,6 @@ struct F16Lanes {
   TRIBUTARY_SIMD_TARGET static void StoreMasked(char* p, uint32_t m, Vec v) {
     V::MaskStoreHalfSi16(p, m, V::CvtPsPh(v));
   }
-  TRIBUTARY_SIMD_TARGET static Vec Add(Vec a, Vec b) { return V::CanonicalizePs(V::AddPs(a, b)); }
-  TRIBUTARY_SIMD_TARGET static DivArg MakeDivArg(uint64_t d) {
-    return V::Set1Ps(static_cast<float>(d));
-  }
-  TRIBUTARY_SIMD_TARGET static Vec Divide(Vec x, DivArg d) {
-    return V::CanonicalizePs(V::DivPs(x, d));
-  }
 };
 
 // A full vector of bfloat16, computed as two float32 halves. The halves come from interleaving
@@ -115,6 +103,7 @@ struct F16Lanes {
 template <typename V>
 struct Bf16Lanes {
   using Op = Bf16Op;
+  using Half = FloatArithmetic<V, typename V::Ps, float>;
   struct Vec {
     typename V::Ps lo;  // Elements 0-3 of every 128-bit lane.
     typename V::Ps hi;  // Elements 4-7 of every 128-bit lane.
@@ -144,13 +133,11 @@ struct Bf16Lanes {
     V::MaskStoreSi16(p, m, Narrow(v));
   }
   TRIBUTARY_SIMD_TARGET static Vec Add(Vec a, Vec b) {
-    return {V::CanonicalizePs(V::AddPs(a.lo, b.lo)), V::CanonicalizePs(V::AddPs(a.hi, b.hi))};
+    return {Half::Add(a.lo, b.lo), Half::Add(a.hi, b.hi)};
   }
-  TRIBUTARY_SIMD_TARGET static DivArg MakeDivArg(uint64_t d) {
-    return V::Set1Ps(static_cast<float>(d));
-  }
+  TRIBUTARY_SIMD_TARGET static DivArg MakeDivArg(uint64_t d) { return Half::MakeDivArg(d); }
   TRIBUTARY_SIMD_TARGET static Vec Divide(Vec x, DivArg d) {
-    return {V::CanonicalizePs(V::DivPs(x.lo, d)), V::CanonicalizePs(V::DivPs(x.hi, d))};
+    return {Half::Divide(x.lo, d), Half::Divide(x.hi, d)};
   }
 };
 
@@ -170,13 +157,13 @@ struct I32Lanes {
   }
   TRIBUTARY_SIMD_TARGET static Vec Add(Vec a, Vec b) { return V::AddEpi32(a, b); }
   TRIBUTARY_SIMD_TARGET static DivArg MakeDivArg(uint64_t d) {
-    return V::Set1Pd(static_cast<double>(d));
+    return V::Set1(static_cast<double>(d));
   }
   // Exact: an int32 quotient in float64 is off by less than 1/d from the true one, which is
   // never enough to cross an integer, so truncation matches integer division.
   TRIBUTARY_SIMD_TARGET static Vec Divide(Vec x, DivArg d) {
-    const typename V::HalfSi lo = V::CvttPdEpi32(V::DivPd(V::CvtEpi32Pd(V::LowHalf(x)), d));
-    const typename V::HalfSi hi = V::CvttPdEpi32(V::DivPd(V::CvtEpi32Pd(V::HighHalf(x)), d));
+    const typename V::HalfSi lo = V::CvttPdEpi32(V::Div(V::CvtEpi32Pd(V::LowHalf(x)), d));
+    const typename V::HalfSi hi = V::CvttPdEpi32(V::Div(V::CvtEpi32Pd(V::HighHalf(x)), d));
     return V::Join(lo, hi);
   }
 };
