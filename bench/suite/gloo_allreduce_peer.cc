@@ -112,65 +112,43 @@ int Run(int argc, char** argv) {
   context->connectFullMesh(store, device);
 
   if (!f.tensors.empty()) return RunWorkload(f, context, rank, world);
-  const auto sizes = tributary::bench::ParseSizes(f.sizes);
-  uint64_t largest = 0;
-  for (auto s : sizes) largest = std::max(largest, s);
-  std::vector<float> buffer(largest / sizeof(float));
-  if (rank == 0) tributary::bench::PrintHeader("Gloo", f.algorithm, world);
-
-  // The sweep's one collective, as a callable: the class algorithms are built per size (they
-  // register their buffers once), gloo::allreduce takes options per call.
-  size_t total_wrong = 0;
-  for (uint64_t size : sizes) {
-    const size_t count = size / sizeof(float);
-    if (count == 0) continue;
-    const int iters = size >= f.large_from ? f.large_iters : f.iters;
-    std::unique_ptr<gloo::Algorithm> algorithm;
-    std::vector<float*> ptrs{buffer.data()};
-    if (f.algorithm == "hd") {
-      algorithm = std::make_unique<gloo::AllreduceHalvingDoubling<float>>(context, ptrs, count);
-    } else if (f.algorithm == "ring_chunked") {
-      algorithm = std::make_unique<gloo::AllreduceRingChunked<float>>(context, ptrs, count);
-    }
-    uint32_t tag = 0;
-    auto run_once = [&] {
-      if (algorithm) {
-        algorithm->run();
-        return;
-      }
-      gloo::AllreduceOptions opts(context);
-      opts.setAlgorithm(f.algorithm == "bcube" ? gloo::AllreduceOptions::Algorithm::BCUBE
-                                               : gloo::AllreduceOptions::Algorithm::RING);
-      opts.setOutput(buffer.data(), count);
-      void (*sum)(void*, const void*, const void*, size_t) = &gloo::sum<float>;
-      opts.setReduceFunction(sum);
-      opts.setTag(tag++);
-      gloo::allreduce(opts);
-    };
-    for (int i = 0; i < f.warmup; ++i) {
-      tributary::bench::Fill(buffer.data(), count, rank);
-      run_once();
-    }
-    double seconds = 0;
-    size_t wrong = 0;
-    for (int i = 0; i < iters; ++i) {
-      tributary::bench::Fill(buffer.data(), count, rank);
-      const double start = tributary::bench::Now();
-      run_once();
-      seconds += tributary::bench::Now() - start;
-      if (f.check) wrong += tributary::bench::CountWrong(buffer.data(), count, world);
-    }
-    total_wrong += wrong;
-    if (wrong > 0)
-      std::fprintf(stderr, "rank %d: %zu wrong elements at %zu B\n", rank, wrong, size);
-    if (rank == 0 && iters > 0) {
-      tributary::bench::PrintRow(count * sizeof(float), count, seconds / iters, world, wrong);
-    }
-    // Keep ranks in step between sizes (the class algorithms' pairs are per instance).
-    gloo::BarrierOptions barrier(context);
-    barrier.setTag(1u << 30);
-    gloo::barrier(barrier);
-  }
+  // The sweep's one collective: the class algorithms are built per size (they register their
+  // buffer once), gloo::allreduce takes options per call.
+  std::unique_ptr<gloo::Algorithm> algorithm;
+  uint32_t tag = 0;
+  const size_t total_wrong = tributary::bench::RunSizeSweep(
+      f, rank, world, "Gloo",
+      [&](float* data, size_t count) {
+        std::vector<float*> ptrs{data};
+        algorithm.reset();
+        if (f.algorithm == "hd") {
+          algorithm = std::make_unique<gloo::AllreduceHalvingDoubling<float>>(context, ptrs, count);
+        } else if (f.algorithm == "ring_chunked") {
+          algorithm = std::make_unique<gloo::AllreduceRingChunked<float>>(context, ptrs, count);
+        }
+        tag = 0;
+      },
+      [&](float* data, size_t count) {
+        if (algorithm) {
+          algorithm->run();
+          return;
+        }
+        gloo::AllreduceOptions opts(context);
+        opts.setAlgorithm(f.algorithm == "bcube" ? gloo::AllreduceOptions::Algorithm::BCUBE
+                                                 : gloo::AllreduceOptions::Algorithm::RING);
+        opts.setOutput(data, count);
+        void (*sum)(void*, const void*, const void*, size_t) = &gloo::sum<float>;
+        opts.setReduceFunction(sum);
+        opts.setTag(tag++);
+        gloo::allreduce(opts);
+      },
+      [](size_t wrong) { return wrong; },  // Rank 0 reports its own.
+      [&] {
+        // Keep ranks in step between sizes (the class algorithms' pairs are per instance).
+        gloo::BarrierOptions barrier(context);
+        barrier.setTag(1u << 30);
+        gloo::barrier(barrier);
+      });
   if (rank == 0)
     std::printf("# wrong elements on rank 0: %zu %s\n", total_wrong, total_wrong ? "FAILED" : "OK");
   return total_wrong == 0 ? 0 : 1;

@@ -46,38 +46,18 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return all_wrong == 0 ? 0 : 1;
   }
-  const auto sizes = tributary::bench::ParseSizes(f.sizes);
-  uint64_t largest = 0;
-  for (auto s : sizes) largest = std::max(largest, s);
-  std::vector<float> buffer(largest / sizeof(float));
-  if (rank == 0) tributary::bench::PrintHeader("MPI", f.algorithm, world);
-  size_t total_wrong = 0;
-  for (uint64_t size : sizes) {
-    const size_t count = size / sizeof(float);
-    if (count == 0) continue;
-    const int iters = size >= f.large_from ? f.large_iters : f.iters;
-    for (int i = 0; i < f.warmup; ++i) {
-      tributary::bench::Fill(buffer.data(), count, rank);
-      MPI_Allreduce(MPI_IN_PLACE, buffer.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
-                    MPI_COMM_WORLD);
-    }
-    double seconds = 0;
-    size_t wrong = 0;
-    for (int i = 0; i < iters; ++i) {
-      tributary::bench::Fill(buffer.data(), count, rank);
-      const double start = tributary::bench::Now();
-      MPI_Allreduce(MPI_IN_PLACE, buffer.data(), static_cast<int>(count), MPI_FLOAT, MPI_SUM,
-                    MPI_COMM_WORLD);
-      seconds += tributary::bench::Now() - start;
-      if (f.check) wrong += tributary::bench::CountWrong(buffer.data(), count, world);
-    }
-    unsigned long long all_wrong = wrong, local = wrong;
-    MPI_Reduce(&local, &all_wrong, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, 0, MPI_COMM_WORLD);
-    total_wrong += all_wrong;
-    if (rank == 0 && iters > 0) {
-      tributary::bench::PrintRow(count * sizeof(float), count, seconds / iters, world, all_wrong);
-    }
-  }
+  const size_t total_wrong = tributary::bench::RunSizeSweep(
+      f, rank, world, "MPI", [](float*, size_t) {},
+      [](float* data, size_t count) {
+        MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(count), MPI_FLOAT, MPI_SUM,
+                      MPI_COMM_WORLD);
+      },
+      [](size_t wrong) {
+        unsigned long long all_wrong = wrong, local = wrong;
+        MPI_Reduce(&local, &all_wrong, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, 0, MPI_COMM_WORLD);
+        return static_cast<size_t>(all_wrong);
+      },
+      [] {});
   if (rank == 0)
     std::printf("# wrong elements: %zu %s\n", total_wrong, total_wrong ? "FAILED" : "OK");
   MPI_Finalize();

@@ -3,21 +3,27 @@
 //   CSV,size,count,type,op,time_us,algbw,busbw,wrong
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "common/byte_size.h"
 
 namespace tributary::bench {
 
 struct PeerFlags {
-  std::string sizes = "4K:256M";  // MIN:MAX (powers of 2) or a comma list; K/M/G suffixes.
-  int iters = 10;                 // Timed iterations per size below `large_from`.
+  std::string sizes = "4K:256M";    // MIN:MAX (powers of 2) or a comma list; K/M/G suffixes.
+  std::vector<uint64_t> size_list;  // `sizes` parsed (by ParsePeerFlags).
+  int iters = 10;                   // Timed iterations per size below `large_from`.
   int warmup = 2;
   int large_iters = 3;  // Timed iterations per size from `large_from`.
   uint64_t large_from = 16ull << 20;
@@ -31,49 +37,22 @@ struct PeerFlags {
   uint64_t bucket_bytes = 25ull << 20;
 };
 
-inline uint64_t ParseOneSize(const std::string& text) {
-  char* end = nullptr;
-  double value = std::strtod(text.c_str(), &end);
-  switch (end && *end ? *end : ' ') {
-    case 'K':
-    case 'k':
-      value *= 1024;
-      break;
-    case 'M':
-    case 'm':
-      value *= 1024 * 1024;
-      break;
-    case 'G':
-    case 'g':
-      value *= 1024.0 * 1024 * 1024;
-      break;
-    default:
-      break;
+// A size flag's value ("16M"), parsed as the CLI parses it; false, with the reason on stderr.
+inline bool ParseSizeFlag(const std::string& flag, const std::string& text, uint64_t& out) {
+  std::string error;
+  const std::optional<uint64_t> size = common::ParseByteSize(text, &error);
+  if (!size) {
+    std::fprintf(stderr, "%s: %s\n", flag.c_str(), error.c_str());
+    return false;
   }
-  return static_cast<uint64_t>(value);
+  out = *size;
+  return true;
 }
 
-inline std::vector<uint64_t> ParseSizes(const std::string& text) {
-  std::vector<uint64_t> sizes;
-  const auto colon = text.find(':');
-  if (colon != std::string::npos) {
-    const uint64_t lo = ParseOneSize(text.substr(0, colon));
-    const uint64_t hi = ParseOneSize(text.substr(colon + 1));
-    for (uint64_t s = lo; s > 0 && s <= hi; s *= 2) sizes.push_back(s);
-    return sizes;
-  }
-  size_t start = 0;
-  while (start <= text.size()) {
-    size_t comma = text.find(',', start);
-    if (comma == std::string::npos) comma = text.size();
-    if (comma > start) sizes.push_back(ParseOneSize(text.substr(start, comma - start)));
-    start = comma + 1;
-  }
-  return sizes;
-}
-
-// Parses --sizes, --iters, --warmup, --large-iters, --large-from, --algorithm, --no-check; other
-// "--flag value" pairs are handed to `extra` (return false there to reject them).
+// Parses --sizes, --iters, --warmup, --large-iters, --large-from, --algorithm, --no-check,
+// --tensors, --workload-name, --bucket-bytes; other "--flag value" pairs are handed to `extra`
+// (return false there to reject them). Sizes are parsed as the CLI parses them
+// (common/byte_size.h); false, with the reason on stderr, on a bad one.
 template <typename Extra>
 bool ParsePeerFlags(int argc, char** argv, PeerFlags& f, Extra extra) {
   for (int i = 1; i < argc; ++i) {
@@ -84,27 +63,37 @@ bool ParsePeerFlags(int argc, char** argv, PeerFlags& f, Extra extra) {
     }
     if (i + 1 >= argc) return false;
     const std::string value = argv[++i];
-    if (flag == "--sizes")
+    bool ok = true;
+    if (flag == "--sizes") {
       f.sizes = value;
-    else if (flag == "--iters")
+    } else if (flag == "--iters") {
       f.iters = std::atoi(value.c_str());
-    else if (flag == "--warmup")
+    } else if (flag == "--warmup") {
       f.warmup = std::atoi(value.c_str());
-    else if (flag == "--large-iters")
+    } else if (flag == "--large-iters") {
       f.large_iters = std::atoi(value.c_str());
-    else if (flag == "--large-from")
-      f.large_from = ParseOneSize(value);
-    else if (flag == "--algorithm")
+    } else if (flag == "--large-from") {
+      ok = ParseSizeFlag(flag, value, f.large_from);
+    } else if (flag == "--algorithm") {
       f.algorithm = value;
-    else if (flag == "--tensors")
+    } else if (flag == "--tensors") {
       f.tensors = value;
-    else if (flag == "--workload-name")
+    } else if (flag == "--workload-name") {
       f.workload_name = value;
-    else if (flag == "--bucket-bytes")
-      f.bucket_bytes = ParseOneSize(value);
-    else if (!extra(flag, value))
-      return false;
+    } else if (flag == "--bucket-bytes") {
+      ok = ParseSizeFlag(flag, value, f.bucket_bytes);
+    } else {
+      ok = extra(flag, value);
+    }
+    if (!ok) return false;
   }
+  std::string error;
+  std::optional<std::vector<uint64_t>> sizes = common::ParseByteSizeList(f.sizes, &error);
+  if (!sizes) {
+    std::fprintf(stderr, "--sizes: %s\n", error.c_str());
+    return false;
+  }
+  f.size_list = std::move(*sizes);
   return true;
 }
 
@@ -226,6 +215,53 @@ inline void PrintRow(size_t bytes, size_t count, double seconds, int world, size
   std::printf("CSV,%zu,%zu,float32,sum,%.3f,%.6f,%.6f,%zu\n", bytes, count, seconds * 1e6, algbw,
               busbw, wrong);
   std::fflush(stdout);
+}
+
+// One peer's nccl-tests-style sweep over f.size_list (float32 sum). Per size: `setup(data,
+// count)` once (for algorithms that register their buffer), f.warmup untimed iterations, then the
+// timed ones (f.large_iters from f.large_from, else f.iters) of `allreduce(data, count)`, each on
+// fresh input and, unless --no-check, checked. `reported_wrong(wrong)` turns this rank's wrong
+// elements at one size into the number rank 0 reports (MPI sums them over the ranks, Gloo reports
+// its own); `after_size()` runs after each size. Rank 0 prints the header and one row per size.
+// Returns the sum of the reported wrong counts.
+template <typename Setup, typename AllReduce, typename ReportedWrong, typename AfterSize>
+size_t RunSizeSweep(const PeerFlags& f, int rank, int world, const char* peer, Setup setup,
+                    AllReduce allreduce, ReportedWrong reported_wrong, AfterSize after_size) {
+  uint64_t largest = 0;
+  for (uint64_t s : f.size_list) largest = std::max(largest, s);
+  std::vector<float> buffer(largest / sizeof(float));
+  if (rank == 0) PrintHeader(peer, f.algorithm, world);
+  size_t total_wrong = 0;
+  for (uint64_t size : f.size_list) {
+    const size_t count = size / sizeof(float);
+    if (count == 0) continue;
+    const int iters = size >= f.large_from ? f.large_iters : f.iters;
+    setup(buffer.data(), count);
+    for (int i = 0; i < f.warmup; ++i) {
+      Fill(buffer.data(), count, rank);
+      allreduce(buffer.data(), count);
+    }
+    double seconds = 0;
+    size_t wrong = 0;
+    for (int i = 0; i < iters; ++i) {
+      Fill(buffer.data(), count, rank);
+      const double start = Now();
+      allreduce(buffer.data(), count);
+      seconds += Now() - start;
+      if (f.check) wrong += CountWrong(buffer.data(), count, world);
+    }
+    if (wrong > 0) {
+      std::fprintf(stderr, "rank %d: %zu wrong elements at %zu B\n", rank, wrong,
+                   static_cast<size_t>(size));
+    }
+    const size_t reported = reported_wrong(wrong);
+    total_wrong += reported;
+    if (rank == 0 && iters > 0) {
+      PrintRow(count * sizeof(float), count, seconds / iters, world, reported);
+    }
+    after_size();
+  }
+  return total_wrong;
 }
 
 }  // namespace tributary::bench

@@ -17,6 +17,7 @@ Exit codes: 0 done (targets missed are reported, not failures), 1 an error or wr
 """
 import argparse
 import csv
+import json
 import os
 import shutil
 import subprocess
@@ -44,6 +45,9 @@ MIB = 1 << 20
 # The cluster's names and subnet (scripts/emulated_cluster.sh TRIB_EMU_NAME / TRIB_EMU_NET); the
 # quick mode uses its own so that a CI run cannot tear down a full run's cluster.
 NS, SUBNET = "trib-h", "198.18.0"
+# The suite's algorithm names -> `tributary create-job --algorithm`.
+CLI_ALGORITHM = {"push-pull": "push-pull", "ring": "ring", "hd": "halving-doubling",
+                 "auto": "auto"}
 
 
 def log(msg):
@@ -134,8 +138,8 @@ def build_peers(bin_dir, work):
             peers[name] = None
             continue
         out = os.path.join(work, exe)
-        r = run([compiler, "-O2", "-std=c++17", "-I", HERE, os.path.join(HERE, exe + ".cc"),
-                 "-o", out] + libs, check=False)
+        r = run([compiler, "-O2", "-std=c++17", "-I", HERE, "-I", ROOT,
+                 os.path.join(HERE, exe + ".cc"), "-o", out] + libs, check=False)
         if r.returncode != 0:
             log(f"# {name} peer did not compile, skipped:\n{r.stderr[-2000:]}")
             peers[name] = None
@@ -263,23 +267,28 @@ class Suite:
                 (["--large-iters", str(iters)] if peer else []) +
                 ["--warmup", str(self.args.warmup)])
 
+    def cli(self):
+        """`tributary` against the suite's controller."""
+        return [os.path.join(self.bin, "tributary"), "--controller", self.controller,
+                "--rpc-timeout-ms", "30000"]
+
     def tributary(self, algorithm, k, workload=None):
         """The sweep (workload None) or one model workload (name, path, iters, warmup, bytes)."""
-        rows, plan = {}, None
+        rows, spares_used = {}, 0
         workers = ",".join(f"h{i}" for i in range(self.n))
         for sizes, iters in self.runs(workload):
             self.counter += 1
             job = f"suite-{algorithm}-{k}-{self.counter}"
             largest = (max(int(s) for s in sizes.split(",")) if sizes else workload[4])
-            r = run([os.path.join(self.bin, "suite_create_job"), "--controller", self.controller,
-                     "--job", job, "--workers", workers, "--spares", str(k), "--algorithm",
-                     algorithm, "--model-bytes", str(largest), "--timeout-ms", "300000",
-                     "--partition-bytes", str(self.args.partition_bytes),
-                     "--credit-bytes", str(self.args.credit_bytes)],
+            r = run(self.cli() + ["create-job", job, "--workers", workers, "--procs-per-node",
+                                  "1", "--spares", str(k), "--algorithm", CLI_ALGORITHM[algorithm],
+                                  "--model-bytes", str(largest), "--timeout-ms", "300000",
+                                  "--partition-bytes", str(self.args.partition_bytes),
+                                  "--credit-bytes", str(self.args.credit_bytes), "--json"],
                     check=False)
             if r.returncode != 0:
                 raise RuntimeError(f"create job {job}: {r.stderr.strip()}")
-            plan = r.stdout.strip().split(",")
+            spares_used = spares_in_plan(r.stdout)
             what = self.what(sizes, iters, workload, peer=False)
             procs, logs = [], []
             for i in range(self.n):
@@ -292,15 +301,13 @@ class Suite:
                     what + ["--csv", "--log-level", "warn", "--op-timeout-ms", "300000"],
                     stdout=open(path, "w"), stderr=subprocess.STDOUT))
             codes = wait_all(procs, self.args.timeout)
-            run([os.path.join(self.bin, "suite_create_job"), "--controller", self.controller,
-                 "--delete", job], check=False)
+            run(self.cli() + ["delete-job", job], check=False)
             if any(codes):
                 raise RuntimeError(f"{job}: exit codes {codes}; rank 0 says:\n" +
                                    open(logs[0]).read()[-2000:])
             if workload is not None:
-                return parse_wcsv(open(logs[0]).read()), int(plan[2]) if plan else 0
+                return parse_wcsv(open(logs[0]).read()), spares_used
             rows.update(parse_csv_lines(open(logs[0]).read()))
-        spares_used = int(plan[2]) if plan else 0
         return rows, spares_used
 
     def gloo(self, algorithm, workload=None):
@@ -431,6 +438,30 @@ def write_workload(name, folder):
     return path, len(tensors), 4 * sum(c for _, c in tensors)
 
 
+def run_measured(meter, runner, what, *args):
+    """Runs one configuration under the CPU meter: (result, spares used, CPU % per host), or None
+    when it raised (the error is logged; the suite goes on with the others)."""
+    meter.start()
+    try:
+        got = runner(*args)
+    except Exception as e:  # noqa: BLE001 - report and go on with the others
+        meter.stop()
+        log(f"error: {what}: {e}")
+        return None
+    cpu = meter.stop()
+    spares_used = 0
+    if isinstance(got, tuple):
+        got, spares_used = got
+    return got, spares_used, cpu
+
+
+def spares_in_plan(job_json):
+    """Spare hosts serving a job: the servers in `tributary create-job --json`'s plan that are
+    not workers."""
+    servers = json.loads(job_json).get("plan", {}).get("servers", [])
+    return sum(1 for s in servers if not s.get("is_worker", False))
+
+
 def parse_wcsv(text):
     for line in text.splitlines():
         c = line.split(",")
@@ -519,7 +550,7 @@ def main():
     if why:
         log(f"SKIP: emulated-cluster suite not run: {why}")
         return SKIP
-    for exe in ("tributary", "tributary-agent", "tributary-controller", "suite_create_job"):
+    for exe in ("tributary", "tributary-agent", "tributary-controller"):
         if not os.access(os.path.join(args.bin_dir, exe), os.X_OK):
             log(f"error: {args.bin_dir}/{exe} is missing: build first (--bin-dir)")
             return 1
@@ -583,18 +614,11 @@ def main():
         for label, fam, k, runner in configs:
             log(f"# running {label}")
             t0 = time.monotonic()
-            meter.start()
-            try:
-                got = runner()
-            except Exception as e:  # noqa: BLE001 - report and go on with the others
-                meter.stop()
-                log(f"error: {label}: {e}")
+            measured = run_measured(meter, runner, label)
+            if measured is None:
                 failed = True
                 continue
-            cpu = meter.stop()
-            spares_used = 0
-            if isinstance(got, tuple):
-                got, spares_used = got
+            got, spares_used, cpu = measured
             log(f"#   {len(got)} sizes in {time.monotonic() - t0:.1f} s; CPU % per host: " +
                 " ".join(f"h{h}={v:.0f}" for h, v in cpu.items()))
             for size, row in sorted(got.items()):
@@ -610,18 +634,12 @@ def main():
             _, iters, warmup = WORKLOADS[wname]
             for label, fam, k, runner in configs:
                 log(f"# running {wname} on {label}")
-                meter.start()
-                try:
-                    got = runner((wname, path, iters, warmup, nbytes))
-                except Exception as e:  # noqa: BLE001
-                    meter.stop()
-                    log(f"error: {wname} on {label}: {e}")
+                measured = run_measured(meter, runner, f"{wname} on {label}",
+                                        (wname, path, iters, warmup, nbytes))
+                if measured is None:
                     failed = True
                     continue
-                cpu = meter.stop()
-                spares_used = 0
-                if isinstance(got, tuple):
-                    got, spares_used = got
+                got, spares_used, cpu = measured
                 if got is None:
                     log(f"error: {wname} on {label}: no result line")
                     failed = True

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "client/cli/half.h"
+#include "common/half.h"
 
 namespace tributary::client::cli {
 namespace {
@@ -51,15 +51,15 @@ struct Element<DataType::kFloat64> {
 template <>
 struct Element<DataType::kFloat16> {
   using T = uint16_t;
-  static T From(double v) { return FloatToHalf(static_cast<float>(v)); }
-  static double To(T v) { return HalfToFloat(v); }
+  static T From(double v) { return common::Fp32ToFp16(static_cast<float>(v)); }
+  static double To(T v) { return common::Fp16ToFp32(v); }
   static constexpr double kTolerance = 1e-3;  // 2^-11 is fp16's half ulp.
 };
 template <>
 struct Element<DataType::kBFloat16> {
   using T = uint16_t;
-  static T From(double v) { return FloatToBFloat16(static_cast<float>(v)); }
-  static double To(T v) { return BFloat16ToFloat(v); }
+  static T From(double v) { return common::Fp32ToBf16(static_cast<float>(v)); }
+  static double To(T v) { return common::Bf16ToFp32(v); }
   static constexpr double kTolerance = 8e-3;  // 2^-8 is bf16's half ulp.
 };
 template <>

@@ -280,7 +280,8 @@ void AddBenchRankCommand(CLI::App& app, GlobalOptions& global) {
   command
       ->add_option("--sizes", flags->sizes,
                    "MIN:MAX (powers of 2 from MIN to MAX) or a list like 1K,3,1M")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(ByteSizeList());
   command
       ->add_option("--dtype", flags->dtype, "float32, float64, float16, bfloat16, int32 or int64")
       ->capture_default_str();

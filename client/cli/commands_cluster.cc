@@ -367,15 +367,19 @@ void AddBenchCommand(CLI::App& app, GlobalOptions& global) {
   cmd->add_option("--procs-per-node", f->procs_per_node, "training processes per worker node")
       ->capture_default_str();
   cmd->add_option("--sizes", f->sizes, "sizes, MIN:MAX (powers of 2) or a comma list")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(ByteSizeList());
   cmd->add_option("--dtype", f->dtype, "element type")->capture_default_str();
   cmd->add_option("--iters", f->iters, "timed iterations per size")->capture_default_str();
   cmd->add_option("--warmup", f->warmup, "untimed iterations per size")->capture_default_str();
-  cmd->add_option("--partition-bytes", f->partition_bytes, "chunk size (0: the planner's choice)")
-      ->capture_default_str();
+  cmd->add_option("--partition-bytes", f->partition_bytes,
+                  "chunk size, e.g. 4M (0: the planner's choice)")
+      ->capture_default_str()
+      ->transform(ByteSize());
   cmd->add_option("--credit-bytes", f->credit_bytes,
-                  "bytes a worker node may have in flight (0: the planner's choice)")
-      ->capture_default_str();
+                  "bytes a worker node may have in flight, e.g. 16M (0: the planner's choice)")
+      ->capture_default_str()
+      ->transform(ByteSize());
   cmd->add_option("--csv", f->csv_path, "also write the summary as CSV to this file");
   SetAction(cmd, global, [f, &global] { return RunBench(*f, global); });
 }

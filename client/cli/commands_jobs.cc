@@ -1,5 +1,6 @@
 // `tributary jobs`, `plan`, `create-job` and `delete-job`.
 #include <iostream>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -26,15 +27,24 @@ std::string StateName(v1::JobState state) {
   }
 }
 
-// A size flag kept as text ("64M") until the command runs; empty means "not given".
-absl::StatusOr<std::optional<uint64_t>> OptionalSize(const std::string& text,
-                                                     const std::string& flag) {
-  if (text.empty()) return std::optional<uint64_t>();
-  auto size = ParseSize(text);
-  if (!size.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(flag, ": ", size.status().message()));
-  }
-  return std::optional<uint64_t>(*size);
+// The job algorithms by their command-line names.
+const std::map<std::string, v1::Algorithm>& AlgorithmNames() {
+  static const auto* names = new std::map<std::string, v1::Algorithm>{
+      {"auto", v1::ALGORITHM_AUTO},
+      {"push-pull", v1::ALGORITHM_PUSH_PULL},
+      {"ring", v1::ALGORITHM_RING},
+      {"halving-doubling", v1::ALGORITHM_HALVING_DOUBLING},
+  };
+  return *names;
+}
+
+// A size option ("64M", checked and converted by CLI11 at parse time); nullopt: not given.
+void AddSizeOption(CLI::App* command, const std::string& name, std::optional<uint64_t>& value,
+                   const std::string& help) {
+  command
+      ->add_option_function<uint64_t>(
+          name, [&value](const uint64_t& bytes) { value = bytes; }, help)
+      ->transform(ByteSize());
 }
 
 // Options of the commands that describe a job spec (create-job, plan --workers).
@@ -42,10 +52,11 @@ struct SpecFlags {
   std::vector<std::string> workers;
   uint32_t procs_per_node = 1;
   int spares = -1;  // -1: as many as help.
-  std::string partition_bytes;
-  std::string credit_bytes;
+  v1::Algorithm algorithm = v1::ALGORITHM_AUTO;
+  std::optional<uint64_t> partition_bytes;
+  std::optional<uint64_t> credit_bytes;
   uint32_t timeout_ms = 0;
-  std::string model_bytes;
+  std::optional<uint64_t> model_bytes;
 
   void Add(CLI::App* command, bool with_run_options) {
     command->add_option("--workers", workers, "worker nodes in rank order, comma-separated")
@@ -54,13 +65,19 @@ struct SpecFlags {
         ->check(CLI::PositiveNumber);
     command->add_option("--spares", spares, "most spare nodes to use as summation servers")
         ->check(CLI::NonNegativeNumber);
-    command->add_option("--partition-bytes", partition_bytes,
-                        "largest chunk pushed to one server, e.g. 4M (default 4 MiB)");
-    command->add_option("--model-bytes", model_bytes,
-                        "gradient size the predicted times are for, e.g. 64M (default 64 MiB)");
+    command
+        ->add_option("--algorithm", algorithm,
+                     "auto (by size from a cost model; the default), push-pull, ring or "
+                     "halving-doubling")
+        ->transform(CLI::CheckedTransformer(AlgorithmNames()).description(""))
+        ->type_name("NAME");
+    AddSizeOption(command, "--partition-bytes", partition_bytes,
+                  "largest chunk pushed to one server, e.g. 4M (default 4 MiB)");
+    AddSizeOption(command, "--model-bytes", model_bytes,
+                  "gradient size the predicted times are for, e.g. 64M (default 64 MiB)");
     if (with_run_options) {
-      command->add_option("--credit-bytes", credit_bytes,
-                          "bytes a worker node may have in flight (default 4 partitions)");
+      AddSizeOption(command, "--credit-bytes", credit_bytes,
+                    "bytes a worker node may have in flight (default 4 partitions)");
       command->add_option("--timeout-ms", timeout_ms,
                           "deadline of one collective, ms (default 30000)");
     }
@@ -72,12 +89,10 @@ struct SpecFlags {
     for (const auto& worker : workers) spec.add_worker_nodes(worker);
     spec.set_procs_per_node(procs_per_node);
     if (spares >= 0) spec.set_max_spare_nodes(static_cast<uint32_t>(spares));
-    ASSIGN_OR_RETURN(auto partition, OptionalSize(partition_bytes, "--partition-bytes"));
-    if (partition) spec.set_partition_bytes(*partition);
-    ASSIGN_OR_RETURN(auto credit, OptionalSize(credit_bytes, "--credit-bytes"));
-    if (credit) spec.set_credit_bytes(*credit);
-    ASSIGN_OR_RETURN(auto model, OptionalSize(model_bytes, "--model-bytes"));
-    if (model) spec.set_model_bytes(*model);
+    spec.set_algorithm(algorithm);
+    if (partition_bytes) spec.set_partition_bytes(*partition_bytes);
+    if (credit_bytes) spec.set_credit_bytes(*credit_bytes);
+    if (model_bytes) spec.set_model_bytes(*model_bytes);
     spec.set_op_timeout_ms(timeout_ms);
     return spec;
   }
@@ -138,8 +153,7 @@ absl::Status RunPlan(GlobalOptions& global, const PlanFlags& flags) {
     return absl::InvalidArgumentError(
         "give either an existing JOB or --workers a,b,... to preview a plan");
   }
-  ASSIGN_OR_RETURN(std::optional<uint64_t> model_bytes,
-                   OptionalSize(flags.spec.model_bytes, "--model-bytes"));
+  const std::optional<uint64_t> model_bytes = flags.spec.model_bytes;
   ControllerClient controller(global);
   v1::Job job;
   if (!flags.job_id.empty()) {

@@ -90,5 +90,67 @@ TEST(PeerCommon, InputSumsAreExactAndChecked) {
   EXPECT_EQ(CountWrong(sum.data(), sum.size(), world), 2u);
 }
 
+// argv for ParsePeerFlags: program name first.
+bool Parse(std::vector<std::string> args, PeerFlags& f) {
+  args.insert(args.begin(), "peer");
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  return ParsePeerFlags(static_cast<int>(argv.size()), argv.data(), f,
+                        [](const std::string&, const std::string&) { return false; });
+}
+
+TEST(PeerCommon, FlagsParseSizesAsTheCliDoes) {
+  PeerFlags f;
+  ASSERT_TRUE(Parse({"--sizes", "4K:16K,1MiB", "--large-from", "16M", "--bucket-bytes", "1m",
+                     "--iters", "3", "--no-check"},
+                    f));
+  EXPECT_EQ(f.size_list, (std::vector<uint64_t>{4096, 8192, 16384, 1 << 20}));
+  EXPECT_EQ(f.large_from, 16ull << 20);
+  EXPECT_EQ(f.bucket_bytes, 1ull << 20);
+  EXPECT_EQ(f.iters, 3);
+  EXPECT_FALSE(f.check);
+  PeerFlags defaults;
+  ASSERT_TRUE(Parse({}, defaults));
+  EXPECT_EQ(defaults.size_list.size(), 17u);  // 4K:256M.
+  // What the old hand-written parser let through as garbage is rejected now.
+  for (const std::vector<std::string>& bad : {std::vector<std::string>{"--sizes", "4Q"},
+                                              {"--sizes", "64M:4K"},
+                                              {"--sizes", "0"},
+                                              {"--large-from", "1.5M"},
+                                              {"--bucket-bytes", "x"},
+                                              {"--unknown", "1"},
+                                              {"--sizes"}}) {
+    PeerFlags g;
+    EXPECT_FALSE(Parse(bad, g)) << bad[0];
+  }
+}
+
+TEST(PeerCommon, SizeSweepTimesChecksAndReportsEverySize) {
+  PeerFlags f;
+  f.size_list = {16, 2, 64};  // 2 bytes hold no float: skipped.
+  f.iters = 3;
+  f.warmup = 1;
+  f.large_from = 64;
+  f.large_iters = 2;
+  std::vector<size_t> setups, reduced;
+  int after = 0;
+  // Two "ranks" simulated in one, as above; the sum is wrong for the 64-byte size's last element.
+  const size_t wrong = RunSizeSweep(
+      f, /*rank=*/0, /*world=*/2, "Test", [&](float*, size_t count) { setups.push_back(count); },
+      [&](float* data, size_t count) {
+        std::vector<float> other(count);
+        Fill(other.data(), count, 1);
+        for (size_t e = 0; e < count; ++e) data[e] += other[e];
+        if (count == 16) data[15] = -1;
+        reduced.push_back(count);
+      },
+      [](size_t w) { return 10 * w; }, [&] { ++after; });
+  EXPECT_EQ(setups, (std::vector<size_t>{4, 16}));
+  // 4 floats: 1 warm-up + 3 timed; 16 floats (from large_from): 1 warm-up + 2 timed.
+  EXPECT_EQ(reduced, (std::vector<size_t>{4, 4, 4, 4, 16, 16, 16}));
+  EXPECT_EQ(after, 2);
+  EXPECT_EQ(wrong, 10u * 2);  // One wrong element per timed iteration, as reported.
+}
+
 }  // namespace
 }  // namespace tributary::bench

@@ -48,6 +48,38 @@ class Theory(unittest.TestCase):
         self.assertAlmostEqual(run.theory_seconds(m, 4, 4, 500), m / b)         # D = 24: M/B
         self.assertAlmostEqual(run.theory_seconds(m, 4, 9, 500), m / b)         # k > n is k = n
 
+    def test_spares_in_plan_counts_servers_that_are_not_workers(self):
+        # As `tributary create-job --json` prints a job (proto field names, defaults included).
+        job = ('{"job_id": "j", "plan": {"servers": [{"node_id": "h0", "is_worker": true}, '
+               '{"node_id": "h1", "is_worker": true}, {"node_id": "h2", "is_worker": false}, '
+               '{"node_id": "h3", "is_worker": false}], "version": "1"}}')
+        self.assertEqual(run.spares_in_plan(job), 2)
+        self.assertEqual(run.spares_in_plan('{"job_id": "j", "plan": {"servers": []}}'), 0)
+        self.assertEqual(run.spares_in_plan('{"job_id": "j"}'), 0)
+
+    def test_run_measured_meters_and_survives_errors(self):
+        class Meter:
+            def __init__(self):
+                self.calls = []
+            def start(self):
+                self.calls.append("start")
+            def stop(self):
+                self.calls.append("stop")
+                return {0: 50.0}
+        meter = Meter()
+        self.assertEqual(run.run_measured(meter, lambda w: ({4096: w}, 2), "pp", "row"),
+                         ({4096: "row"}, 2, {0: 50.0}))
+        self.assertEqual(run.run_measured(meter, lambda: {8: 1}, "gloo"), ({8: 1}, 0, {0: 50.0}))
+        def broken():
+            raise RuntimeError("peer died")
+        self.assertIsNone(run.run_measured(meter, broken, "mpi"))
+        self.assertEqual(meter.calls, ["start", "stop"] * 3)  # The meter stops on errors too.
+
+    def test_suite_algorithms_have_cli_names(self):
+        self.assertEqual(run.CLI_ALGORITHM["hd"], "halving-doubling")
+        self.assertEqual(run.CLI_ALGORITHM["push-pull"], "push-pull")
+        self.assertEqual(run.CLI_ALGORITHM["ring"], "ring")
+
     def test_message_steps(self):
         self.assertEqual(run.message_steps("tributary ring", 4, 0), 6)
         self.assertEqual(run.message_steps("tributary halving-doubling", 4, 0), 4)

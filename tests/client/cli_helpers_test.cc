@@ -1,13 +1,13 @@
-// The CLI's pure helpers: size lists, fp16/bf16 conversions, tables, benchmark data, plan view.
+// The CLI's pure helpers: size lists, tables, benchmark data, plan view.
 #include <cmath>
 #include <limits>
 #include <vector>
 
 #include "client/cli/bench_data.h"
-#include "client/cli/half.h"
 #include "client/cli/plan_view.h"
 #include "client/cli/sizes.h"
 #include "client/cli/table.h"
+#include "common/half.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -57,67 +57,23 @@ TEST(SizesTest, CommaListsKeepOrderAndMayMixRanges) {
   EXPECT_THAT(*ParseSizeList("1M, 1K:2K"), ElementsAre(1 << 20, 1024, 2048));
 }
 
+TEST(SizesTest, CliValidatorsCheckAtParseTimeAndConvert) {
+  CLI::App app;
+  uint64_t bytes = 0;
+  std::string sizes;
+  app.add_option("--bytes", bytes)->transform(ByteSize());
+  app.add_option("--sizes", sizes)->check(ByteSizeList());
+  app.parse("--bytes 16MiB --sizes 4K:64K", /*program_name_included=*/false);
+  EXPECT_EQ(bytes, 16u << 20);
+  EXPECT_EQ(sizes, "4K:64K");  // Checked, left as given.
+  EXPECT_THROW(app.parse("--bytes 1.5M", false), CLI::ValidationError);
+  EXPECT_THROW(app.parse("--sizes 64K:4K", false), CLI::ValidationError);
+}
+
 TEST(SizesTest, RejectsBadLists) {
   for (const char* bad : {"", ",", "1K,", "0", "0:4K", "64M:4K", "1K:", ":4K", "1K,x"}) {
     EXPECT_EQ(ParseSizeList(bad).status().code(), absl::StatusCode::kInvalidArgument) << bad;
   }
-}
-
-// --- fp16 / bf16 -----------------------------------------------------------------------------
-
-TEST(HalfTest, ExactValuesRoundTrip) {
-  EXPECT_EQ(FloatToHalf(0.0f), 0x0000);
-  EXPECT_EQ(FloatToHalf(-0.0f), 0x8000);
-  EXPECT_EQ(FloatToHalf(1.0f), 0x3c00);
-  EXPECT_EQ(FloatToHalf(-2.0f), 0xc000);
-  EXPECT_EQ(FloatToHalf(65504.0f), 0x7bff);               // Largest finite.
-  EXPECT_EQ(FloatToHalf(std::ldexp(1.0f, -14)), 0x0400);  // Smallest normal.
-  EXPECT_EQ(FloatToHalf(std::ldexp(1.0f, -24)), 0x0001);  // Smallest subnormal.
-  // Every fp16 value converts to float and back unchanged.
-  for (uint32_t bits = 0; bits < 0x10000; ++bits) {
-    const uint16_t h = static_cast<uint16_t>(bits);
-    if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff) != 0) continue;  // NaN payloads.
-    ASSERT_EQ(FloatToHalf(HalfToFloat(h)), h) << std::hex << bits;
-  }
-  for (int i = 0; i <= 2048; ++i) EXPECT_EQ(HalfToFloat(FloatToHalf(i)), i);
-}
-
-TEST(HalfTest, RoundsToNearestEven) {
-  // Between 1 and 1 + 2^-10: the midpoint rounds to even (1), just above it rounds up.
-  EXPECT_EQ(FloatToHalf(1.0f + std::ldexp(1.0f, -11)), 0x3c00);
-  EXPECT_EQ(FloatToHalf(1.0f + std::ldexp(1.0f, -11) + std::ldexp(1.0f, -20)), 0x3c01);
-  // Between 1 + 2^-10 (odd) and 1 + 2^-9: the midpoint rounds to the even one above.
-  EXPECT_EQ(FloatToHalf(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02);
-  // 2049 is a midpoint between 2048 and 2050: even mantissa is 2048.
-  EXPECT_EQ(HalfToFloat(FloatToHalf(2049.0f)), 2048.0f);
-  EXPECT_EQ(HalfToFloat(FloatToHalf(2051.0f)), 2052.0f);
-  // Subnormal midpoint: 1.5 * 2^-24 rounds to 2 * 2^-24.
-  EXPECT_EQ(FloatToHalf(1.5f * std::ldexp(1.0f, -24)), 0x0002);
-  EXPECT_EQ(FloatToHalf(0.5f * std::ldexp(1.0f, -24)), 0x0000);
-}
-
-TEST(HalfTest, OverflowAndSpecials) {
-  EXPECT_EQ(FloatToHalf(65519.0f), 0x7bff);  // Below the rounding midpoint.
-  EXPECT_EQ(FloatToHalf(65520.0f), 0x7c00);  // Midpoint rounds to inf.
-  EXPECT_EQ(FloatToHalf(1e10f), 0x7c00);
-  EXPECT_EQ(FloatToHalf(-1e10f), 0xfc00);
-  EXPECT_EQ(FloatToHalf(std::numeric_limits<float>::infinity()), 0x7c00);
-  EXPECT_TRUE(std::isnan(HalfToFloat(FloatToHalf(std::nanf("")))));
-  EXPECT_TRUE(std::isinf(HalfToFloat(0x7c00)));
-  EXPECT_EQ(HalfToFloat(0x8001), -std::ldexp(1.0f, -24));
-}
-
-TEST(BFloat16Test, ConvertsAndRoundsToNearestEven) {
-  EXPECT_EQ(FloatToBFloat16(1.0f), 0x3f80);
-  EXPECT_EQ(FloatToBFloat16(-2.0f), 0xc000);
-  EXPECT_EQ(BFloat16ToFloat(0x3f80), 1.0f);
-  for (int i = 0; i <= 256; ++i) EXPECT_EQ(BFloat16ToFloat(FloatToBFloat16(i)), i);
-  // 257 is the midpoint of 256 and 258 -> even (256); 259 -> 260.
-  EXPECT_EQ(BFloat16ToFloat(FloatToBFloat16(257.0f)), 256.0f);
-  EXPECT_EQ(BFloat16ToFloat(FloatToBFloat16(259.0f)), 260.0f);
-  EXPECT_EQ(BFloat16ToFloat(FloatToBFloat16(257.5f)), 258.0f);  // Above the midpoint.
-  EXPECT_TRUE(std::isnan(BFloat16ToFloat(FloatToBFloat16(std::nanf("")))));
-  EXPECT_TRUE(std::isinf(BFloat16ToFloat(FloatToBFloat16(std::numeric_limits<float>::max()))));
 }
 
 // --- table -----------------------------------------------------------------------------------
@@ -219,8 +175,8 @@ TEST(BenchDataTest, HalfWidthInputsStayExact) {
   EXPECT_EQ(ExpectedValue(common::DataType::kFloat16, BenchOp::kSum, 3, 0, 1), (1 + 2 + 1) * 2);
   std::vector<uint16_t> h(6);
   FillInput(common::DataType::kFloat16, 1, h.data(), h.size());
-  EXPECT_EQ(HalfToFloat(h[0]), 2);
-  EXPECT_EQ(HalfToFloat(h[5]), 6);
+  EXPECT_EQ(common::Fp16ToFp32(h[0]), 2);
+  EXPECT_EQ(common::Fp16ToFp32(h[5]), 6);
 }
 
 TEST(BenchDataTest, ParsesOps) {

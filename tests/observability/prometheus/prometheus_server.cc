@@ -4,11 +4,9 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
-#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -21,6 +19,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "client/cluster/local_cluster.h"
+#include "common/status_macros.h"
+#include "httplib.h"
 
 namespace tributary::promtest {
 namespace {
@@ -69,60 +69,18 @@ absl::StatusOr<int> PickFreePort() {
   return ntohs(a.sin_port);
 }
 
-absl::StatusOr<std::string> HttpGet(int port, const std::string& path_and_query,
-                                    std::chrono::milliseconds timeout) {
-  Fd s{socket(AF_INET, SOCK_STREAM, 0)};
-  if (s.fd < 0) return Errno("socket");
-  timeval tv{};
-  tv.tv_sec = timeout.count() / 1000;
-  tv.tv_usec = (timeout.count() % 1000) * 1000;
-  setsockopt(s.fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  setsockopt(s.fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  sockaddr_in a = Loopback(port);
-  if (connect(s.fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+absl::StatusOr<HttpReply> HttpGet(int port, const std::string& path, const QueryParams& params,
+                                  std::chrono::milliseconds timeout) {
+  httplib::Client client("127.0.0.1", port);
+  client.set_connection_timeout(timeout);
+  client.set_read_timeout(timeout);
+  client.set_write_timeout(timeout);
+  const httplib::Result result = client.Get(path, params, httplib::Headers{});
+  if (!result) {
     return absl::UnavailableError(
-        absl::StrCat("connect to 127.0.0.1:", port, ": ", std::strerror(errno)));
+        absl::StrCat("GET 127.0.0.1:", port, path, ": ", httplib::to_string(result.error())));
   }
-  const std::string req =
-      absl::StrCat("GET ", path_and_query, " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
-  for (size_t off = 0; off < req.size();) {
-    const ssize_t n = send(s.fd, req.data() + off, req.size() - off, MSG_NOSIGNAL);
-    if (n <= 0) return Errno("send");
-    off += static_cast<size_t>(n);
-  }
-  std::string reply;
-  char buf[16384];
-  while (true) {
-    const ssize_t n = recv(s.fd, buf, sizeof(buf), 0);
-    if (n == 0) break;
-    if (n < 0) return Errno(absl::StrCat("recv from 127.0.0.1:", port));
-    reply.append(buf, static_cast<size_t>(n));
-  }
-  const size_t header_end = reply.find("\r\n\r\n");
-  if (header_end == std::string::npos || reply.size() < 12) {
-    return absl::InternalError(absl::StrCat("malformed HTTP reply: ", reply.substr(0, 200)));
-  }
-  const int code = std::atoi(reply.substr(9, 3).c_str());  // "HTTP/1.x NNN"
-  std::string body = reply.substr(header_end + 4);
-  if (code < 200 || code > 299) {
-    return absl::UnknownError(absl::StrCat("HTTP ", code, " for ", path_and_query, ": ", body));
-  }
-  return body;
-}
-
-std::string UrlEncode(const std::string& s) {
-  static constexpr char kHex[] = "0123456789ABCDEF";
-  std::string out;
-  for (const unsigned char c : s) {
-    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
-      out.push_back(static_cast<char>(c));
-    } else {
-      out.push_back('%');
-      out.push_back(kHex[c >> 4]);
-      out.push_back(kHex[c & 15]);
-    }
-  }
-  return out;
+  return HttpReply{result->status, result->body};
 }
 
 absl::StatusOr<std::unique_ptr<PrometheusServer>> PrometheusServer::Start(const Options& o) {
@@ -166,7 +124,8 @@ absl::StatusOr<std::unique_ptr<PrometheusServer>> PrometheusServer::Start(const 
     p->pid_ = *pid;
     const auto deadline = std::chrono::steady_clock::now() + o.start_timeout;
     while (std::chrono::steady_clock::now() < deadline) {
-      if (HttpGet(p->port_, "/-/ready", std::chrono::milliseconds(500)).ok()) return p;
+      auto ready = HttpGet(p->port_, "/-/ready", {}, std::chrono::milliseconds(500));
+      if (ready.ok() && ready->status == 200) return p;
       int status = 0;
       if (waitpid(p->pid_, &status, WNOHANG) == p->pid_) {  // exited: config error or port taken
         p->pid_ = -1;
@@ -195,25 +154,23 @@ std::string PrometheusServer::log() const {
   return ss.str();
 }
 
-absl::StatusOr<nlohmann::json> PrometheusServer::Api(const std::string& path_and_query) {
-  auto body = HttpGet(port_, "/api/v1/" + path_and_query, std::chrono::seconds(10));
-  // Prometheus answers 400/422 with a JSON error body: surface it as the parsed reply.
-  std::string text;
-  if (body.ok()) {
-    text = *body;
-  } else {
-    const std::string msg(body.status().message());
-    const size_t brace = msg.find('{');
-    if (brace == std::string::npos) return body.status();
-    text = msg.substr(brace);
+absl::StatusOr<nlohmann::json> PrometheusServer::Api(const std::string& path,
+                                                     const QueryParams& params) {
+  ASSIGN_OR_RETURN(HttpReply reply,
+                   HttpGet(port_, "/api/v1/" + path, params, std::chrono::seconds(10)));
+  nlohmann::json j = nlohmann::json::parse(reply.body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    if (reply.status < 200 || reply.status > 299) {
+      return absl::UnknownError(
+          absl::StrCat("HTTP ", reply.status, " for /api/v1/", path, ": ", reply.body));
+    }
+    return absl::InternalError("unparsable reply: " + reply.body.substr(0, 200));
   }
-  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return absl::InternalError("unparsable reply: " + text.substr(0, 200));
   return j;
 }
 
 absl::StatusOr<nlohmann::json> PrometheusServer::Query(const std::string& promql) {
-  auto j = Api("query?query=" + UrlEncode(promql));
+  auto j = Api("query", {{"query", promql}});
   if (!j.ok()) return j.status();
   if (j->value("status", "") != "success") {
     return absl::InvalidArgumentError(absl::StrCat(

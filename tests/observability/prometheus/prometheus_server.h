@@ -22,12 +22,18 @@ std::string FindOnPath(const std::string& name);
 // cannot listen on port 0 and report the port, so this is the best a test can do.
 absl::StatusOr<int> PickFreePort();
 
-// One HTTP/1.0 GET to 127.0.0.1:`port` (so the reply is never chunked and ends at EOF).
-// Returns the body of a 2xx reply; other codes become errors carrying the body.
-absl::StatusOr<std::string> HttpGet(int port, const std::string& path_and_query,
-                                    std::chrono::milliseconds timeout);
+// Query parameters of a GET, unencoded (the same type as httplib::Params).
+using QueryParams = std::multimap<std::string, std::string>;
 
-std::string UrlEncode(const std::string& s);
+struct HttpReply {
+  int status = 0;  // the HTTP status code
+  std::string body;
+};
+
+// One GET of http://127.0.0.1:`port``path`?`params` (cpp-httplib; it URL-encodes the parameters).
+// UNAVAILABLE when no reply came within `timeout`; any status code is a reply.
+absl::StatusOr<HttpReply> HttpGet(int port, const std::string& path, const QueryParams& params,
+                                  std::chrono::milliseconds timeout);
 
 // Owns one prometheus process: Stop (or the destructor) sends SIGTERM and reaps it, so no stray
 // server outlives the test. Not thread-safe.
@@ -57,8 +63,9 @@ class PrometheusServer {
   int port() const { return port_; }
   std::string log() const;
 
-  // GET /api/v1/<path>; returns the parsed reply (any "status").
-  absl::StatusOr<nlohmann::json> Api(const std::string& path_and_query);
+  // GET /api/v1/<path>?<params>; returns the parsed reply (any "status": Prometheus answers
+  // 400/422 with a JSON error body).
+  absl::StatusOr<nlohmann::json> Api(const std::string& path, const QueryParams& params = {});
   // An instant query; the reply's `data.result` on status "success", else an error naming the
   // query and Prometheus' error.
   absl::StatusOr<nlohmann::json> Query(const std::string& promql);

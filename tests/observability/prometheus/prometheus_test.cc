@@ -472,7 +472,7 @@ TEST_F(PrometheusClusterTest, EveryDashboardQueryAndAlertExpressionEvaluates) {
                                 << absl::StrJoin(failures, "\n");
 
   // The loaded rule copy is healthy.
-  auto rules = prometheus_->Api("rules?type=alert");
+  auto rules = prometheus_->Api("rules", {{"type", "alert"}});
   ASSERT_TRUE(rules.ok()) << rules.status();
   size_t loaded = 0;
   for (const auto& g : (*rules)["data"]["groups"]) {

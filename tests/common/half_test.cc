@@ -1,4 +1,6 @@
-#include "dataplane/reduce/cpu/half.h"
+// The project's one set of fp16 / bf16 conversions (common/half.h), checked against exact
+// references, the F16C hardware, and the cases the CLI's benchmark data relies on.
+#include "common/half.h"
 
 #include <bit>
 #include <cmath>
@@ -11,7 +13,7 @@
 #include <immintrin.h>
 #endif
 
-namespace tributary::dataplane::reduce_internal {
+namespace tributary::common {
 namespace {
 
 uint32_t Bits(float f) { return std::bit_cast<uint32_t>(f); }
@@ -100,6 +102,63 @@ TEST(HalfTest, Fp32ToBf16MatchesExactReferenceOnSampledFloats) {
   }
 }
 
+// --- The cases the CLI's benchmark data relies on (formerly its own copy, client/cli/half.cc) ---
+
+TEST(HalfTest, ExactValuesRoundTrip) {
+  EXPECT_EQ(Fp32ToFp16(0.0f), 0x0000);
+  EXPECT_EQ(Fp32ToFp16(-0.0f), 0x8000);
+  EXPECT_EQ(Fp32ToFp16(1.0f), 0x3c00);
+  EXPECT_EQ(Fp32ToFp16(-2.0f), 0xc000);
+  EXPECT_EQ(Fp32ToFp16(65504.0f), 0x7bff);               // Largest finite.
+  EXPECT_EQ(Fp32ToFp16(std::ldexp(1.0f, -14)), 0x0400);  // Smallest normal.
+  EXPECT_EQ(Fp32ToFp16(std::ldexp(1.0f, -24)), 0x0001);  // Smallest subnormal.
+  // Every fp16 value converts to float and back unchanged.
+  for (uint32_t bits = 0; bits < 0x10000; ++bits) {
+    const uint16_t h = static_cast<uint16_t>(bits);
+    if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff) != 0) continue;  // NaN payloads.
+    ASSERT_EQ(Fp32ToFp16(Fp16ToFp32(h)), h) << std::hex << bits;
+  }
+  for (int i = 0; i <= 2048; ++i) EXPECT_EQ(Fp16ToFp32(Fp32ToFp16(i)), i);
+}
+
+TEST(HalfTest, RoundsToNearestEvenAroundOneAndSubnormals) {
+  // Between 1 and 1 + 2^-10: the midpoint rounds to even (1), just above it rounds up.
+  EXPECT_EQ(Fp32ToFp16(1.0f + std::ldexp(1.0f, -11)), 0x3c00);
+  EXPECT_EQ(Fp32ToFp16(1.0f + std::ldexp(1.0f, -11) + std::ldexp(1.0f, -20)), 0x3c01);
+  // Between 1 + 2^-10 (odd) and 1 + 2^-9: the midpoint rounds to the even one above.
+  EXPECT_EQ(Fp32ToFp16(1.0f + 3 * std::ldexp(1.0f, -11)), 0x3c02);
+  // 2049 is a midpoint between 2048 and 2050: even mantissa is 2048.
+  EXPECT_EQ(Fp16ToFp32(Fp32ToFp16(2049.0f)), 2048.0f);
+  EXPECT_EQ(Fp16ToFp32(Fp32ToFp16(2051.0f)), 2052.0f);
+  // Subnormal midpoint: 1.5 * 2^-24 rounds to 2 * 2^-24.
+  EXPECT_EQ(Fp32ToFp16(1.5f * std::ldexp(1.0f, -24)), 0x0002);
+  EXPECT_EQ(Fp32ToFp16(0.5f * std::ldexp(1.0f, -24)), 0x0000);
+}
+
+TEST(HalfTest, OverflowAndSpecials) {
+  EXPECT_EQ(Fp32ToFp16(65519.0f), 0x7bff);  // Below the rounding midpoint.
+  EXPECT_EQ(Fp32ToFp16(65520.0f), 0x7c00);  // Midpoint rounds to inf.
+  EXPECT_EQ(Fp32ToFp16(1e10f), 0x7c00);
+  EXPECT_EQ(Fp32ToFp16(-1e10f), 0xfc00);
+  EXPECT_EQ(Fp32ToFp16(std::numeric_limits<float>::infinity()), 0x7c00);
+  EXPECT_TRUE(std::isnan(Fp16ToFp32(Fp32ToFp16(std::nanf("")))));
+  EXPECT_TRUE(std::isinf(Fp16ToFp32(0x7c00)));
+  EXPECT_EQ(Fp16ToFp32(0x8001), -std::ldexp(1.0f, -24));
+}
+
+TEST(BFloat16Test, ConvertsAndRoundsToNearestEven) {
+  EXPECT_EQ(Fp32ToBf16(1.0f), 0x3f80);
+  EXPECT_EQ(Fp32ToBf16(-2.0f), 0xc000);
+  EXPECT_EQ(Bf16ToFp32(0x3f80), 1.0f);
+  for (int i = 0; i <= 256; ++i) EXPECT_EQ(Bf16ToFp32(Fp32ToBf16(i)), i);
+  // 257 is the midpoint of 256 and 258 -> even (256); 259 -> 260.
+  EXPECT_EQ(Bf16ToFp32(Fp32ToBf16(257.0f)), 256.0f);
+  EXPECT_EQ(Bf16ToFp32(Fp32ToBf16(259.0f)), 260.0f);
+  EXPECT_EQ(Bf16ToFp32(Fp32ToBf16(257.5f)), 258.0f);  // Above the midpoint.
+  EXPECT_TRUE(std::isnan(Bf16ToFp32(Fp32ToBf16(std::nanf("")))));
+  EXPECT_TRUE(std::isinf(Bf16ToFp32(Fp32ToBf16(std::numeric_limits<float>::max()))));
+}
+
 #if defined(__x86_64__) || defined(__i386__)
 __attribute__((target("f16c"))) uint16_t HardwareFp32ToFp16(float f) {
   return static_cast<uint16_t>(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
@@ -138,4 +197,4 @@ TEST(HalfTest, MatchesF16cHardware) {
 #endif
 
 }  // namespace
-}  // namespace tributary::dataplane::reduce_internal
+}  // namespace tributary::common
