@@ -77,18 +77,14 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& in) {
     }
     std::stringstream text;
     text << file.rdbuf();
-    absl::StatusOr<dataplane::MeasuredThresholds> measured =
-        dataplane::ParseSelectorCalibration(text.str());
-    if (!measured.ok()) {
+    absl::Status calibrated = runner->SetSelectorCalibration(text.str());
+    if (!calibrated.ok()) {
       return absl::InvalidArgumentError(
-          absl::StrCat(options.selector_calibration_file, ": ", measured.status().message()));
+          absl::StrCat(options.selector_calibration_file, ": ", calibrated.message()));
     }
-    runner->SetMeasuredThresholds(*measured);
   }
-  runner->SetCostModel(dataplane::CostModel{
-      .alpha_seconds = options.selector_alpha_seconds,
-      .beta_seconds_per_byte = 1 / inv.nic_bytes_per_s(),
-      .gamma_seconds_per_byte = inv.sum_bytes_per_s() > 0 ? 1 / inv.sum_bytes_per_s() : 1 / 10e9});
+  runner->SetCostModel(options.selector_alpha_seconds, inv.nic_bytes_per_s(),
+                       inv.sum_bytes_per_s());
 
   GrpcControllerClient::Options copts;
   copts.controller_address = options.controller_address;

@@ -66,12 +66,20 @@ NodeCollectivesRunner::~NodeCollectivesRunner() { Shutdown(); }
 
 std::string NodeCollectivesRunner::address() const { return transport_->Address(); }
 
-void NodeCollectivesRunner::SetCostModel(const dataplane::CostModel& model) {
-  collectives_->SetCostModel(model);
+void NodeCollectivesRunner::SetCostModel(double alpha_seconds, double nic_bytes_per_s,
+                                         double sum_bytes_per_s) {
+  collectives_->SetCostModel(dataplane::CostModel{
+      .alpha_seconds = alpha_seconds,
+      .beta_seconds_per_byte = 1 / nic_bytes_per_s,
+      .gamma_seconds_per_byte = sum_bytes_per_s > 0 ? 1 / sum_bytes_per_s : 1 / 10e9});
 }
 
-void NodeCollectivesRunner::SetMeasuredThresholds(const dataplane::MeasuredThresholds& measured) {
-  collectives_->SetMeasuredThresholds(measured);
+absl::Status NodeCollectivesRunner::SetSelectorCalibration(std::string_view json) {
+  absl::StatusOr<dataplane::MeasuredThresholds> measured =
+      dataplane::ParseSelectorCalibration(json);
+  if (!measured.ok()) return absl::InvalidArgumentError(measured.status().message());
+  collectives_->SetMeasuredThresholds(*measured);
+  return absl::OkStatus();
 }
 
 void NodeCollectivesRunner::SetJob(const dataplane::JobView& view,

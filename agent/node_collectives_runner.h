@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -42,9 +43,13 @@ class NodeCollectivesRunner final : public CollectiveRunner {
   // The UCX address peers dial.
   std::string address() const;
   dataplane::Reducer& reducer() { return *reducer_; }
-  // ALGORITHM_AUTO's cost model and measured thresholds for jobs set from now on.
-  void SetCostModel(const dataplane::CostModel& model);
-  void SetMeasuredThresholds(const dataplane::MeasuredThresholds& measured);
+  // ALGORITHM_AUTO's cost model for jobs set from now on: `alpha_seconds` per message, the NIC's
+  // and the summation's rates in bytes per second (a non-positive summation rate counts as
+  // 10 GB/s).
+  void SetCostModel(double alpha_seconds, double nic_bytes_per_s, double sum_bytes_per_s);
+  // Thresholds measured by bench/suite/run.py (selector_calibration.json's text) replace the
+  // cost model's for jobs set from now on. INVALID_ARGUMENT when the text does not parse.
+  absl::Status SetSelectorCalibration(std::string_view json);
   // The scrape-time collector of the data plane's statistics.
   std::shared_ptr<prometheus::Collectable> stats_collector() const { return stats_collector_; }
 
