@@ -5,8 +5,8 @@
 // `FakeCollectiveRunner` (fake_collective_runner.h) the one tests use.
 //
 // The data-plane types (`JobView`, `AlgorithmChoice`, `LocalOperation`) appear here, in the
-// production implementation, in local_gather.{h,cc} and in plan_view.{h,cc}, nowhere else in
-// agent/.
+// implementations, in local_gather.{h,cc}, in plan_view.{h,cc} and in Agent::ApplyPlans, nowhere
+// else in agent/.
 #pragma once
 
 #include <cstdint>
