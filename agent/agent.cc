@@ -8,16 +8,16 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "agent/grpc_controller_client.h"
+#include "agent/node_collectives_runner.h"
+#include "agent/node_discovery.h"
 #include "agent/plan_view.h"
-#include "common/hash.h"
 #include "common/logging.h"
 #include "common/metrics/metrics.h"
 #include "common/rpc/grpc_status.h"
-#include "dataplane/transport/paced/paced_transport.h"
-#include "dataplane/transport/ucx/ucx_transport.h"
+#include "common/status_macros.h"
 #include "topology/topology_discovery.h"
 #include "topology/topology_file.h"
-#include "topology/topology_parsers.h"
 
 namespace tributary::agent {
 namespace {
@@ -29,25 +29,9 @@ std::shared_ptr<spdlog::logger> Log() {
 
 }  // namespace
 
-double MeasureSumRate(dataplane::Reducer& reducer) {
-  constexpr size_t kCount = 1 << 20;  // 4 MiB of float32
-  std::vector<float> a(kCount, 1.0f), b(kCount, 2.0f);
-  reducer.Sum(common::DataType::kFloat32, a.data(), b.data(), kCount);  // warm up
-  const auto start = std::chrono::steady_clock::now();
-  int rounds = 0;
-  std::chrono::duration<double> elapsed{};
-  do {
-    reducer.Sum(common::DataType::kFloat32, a.data(), b.data(), kCount);
-    ++rounds;
-    elapsed = std::chrono::steady_clock::now() - start;
-  } while (elapsed.count() < 0.03);
-  return rounds * kCount * sizeof(float) / elapsed.count();
-}
-
 absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& in) {
-  std::unique_ptr<Agent> agent(new Agent(in));
-  AgentOptions& options = agent->options_;
-  agent->inventory_ = DiscoverNode();
+  AgentOptions options = in;
+  tributary::v1::NodeInventory inv = DiscoverNode();
   {
     absl::StatusOr<tributary::v1::Topology> topology =
         options.topology_file.empty() ? topology::DiscoverLocalTopology()
@@ -56,138 +40,158 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& in) {
       if (!options.topology_file.empty()) return topology.status();  // the user asked for it
       Log()->warn("topology discovery failed, reporting none: {}", topology.status());
     } else {
-      *agent->inventory_.mutable_topology() = *std::move(topology);
-      agent->inventory_.set_gpu_count(agent->inventory_.topology().gpus_size());
+      *inv.mutable_topology() = *std::move(topology);
+      inv.set_gpu_count(inv.topology().gpus_size());
     }
   }
-  if (options.node_id.empty()) options.node_id = agent->inventory_.hostname();
-  agent->reducer_ = std::make_unique<dataplane::CpuReducer>(options.reducer_threads);
-
-  dataplane::UcxTransportOptions ucx;
-  ucx.listen_host = options.data_plane_host;
-  ucx.port = options.data_plane_port;
-  absl::StatusOr<std::unique_ptr<dataplane::UcxTransport>> transport =
-      dataplane::UcxTransport::Create(ucx);
-  if (!transport.ok()) {
-    return absl::Status(transport.status().code(),
-                        absl::StrCat("starting the UCX data plane on ", options.data_plane_host,
-                                     ": ", transport.status().message()));
+  if (options.node_id.empty()) options.node_id = inv.hostname();
+  if (options.emulate_nic && options.nic_bytes_per_s <= 0) {
+    return absl::InvalidArgumentError("emulating a NIC needs its speed (--nic-gbps)");
   }
-  if (options.emulate_nic) {
-    if (options.nic_bytes_per_s <= 0) {
-      return absl::InvalidArgumentError("emulating a NIC needs its speed (--nic-gbps)");
-    }
-    agent->transport_ =
-        std::make_unique<dataplane::PacedTransport>(*std::move(transport), options.nic_bytes_per_s);
-  } else {
-    agent->transport_ = *std::move(transport);
-  }
-  auto counting = std::make_unique<dataplane::CountingTransport>(std::move(agent->transport_));
-  agent->counting_ = counting.get();
-  agent->transport_ = std::move(counting);
-  agent->node_ = std::make_unique<dataplane::PushPullNode>(
-      agent->transport_.get(), agent->reducer_.get(), common::SystemClock::Get());
-  agent->engine_ = std::make_unique<dataplane::CollectiveEngine>(
-      agent->transport_.get(), agent->reducer_.get(), common::SystemClock::Get());
-  agent->collectives_ = std::make_unique<dataplane::NodeCollectives>(
-      agent->node_.get(), agent->engine_.get(), agent->reducer_.get());
   if (!options.registry) options.registry = std::make_shared<prometheus::Registry>();
-  agent->metrics_ = std::make_unique<dataplane::DataPlaneMetrics>(*options.registry);
-  agent->collectives_->SetMetrics(agent->metrics_.get(), common::SystemClock::Get());
-  agent->stats_collector_ = std::make_shared<dataplane::DataPlaneStatsCollector>(
-      &agent->node_->stats(), &agent->engine_->stats());
 
-  tributary::v1::NodeInventory& inv = agent->inventory_;
-  inv.set_data_plane_address(agent->transport_->Address());
+  NodeCollectivesRunner::Options data_plane;
+  data_plane.listen_host = options.data_plane_host;
+  data_plane.port = options.data_plane_port;
+  data_plane.paced_bytes_per_s = options.emulate_nic ? options.nic_bytes_per_s : 0;
+  data_plane.reducer_threads = options.reducer_threads;
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<NodeCollectivesRunner> runner,
+      NodeCollectivesRunner::Create(data_plane, *options.registry, common::SystemClock::Get()));
+
+  inv.set_data_plane_address(runner->address());
   if (options.nic_bytes_per_s > 0) inv.set_nic_bytes_per_s(options.nic_bytes_per_s);
   if (inv.nic_bytes_per_s() <= 0) {
     Log()->warn("no NIC speed found in sysfs; declaring 10 Gbit/s (set --nic-gbps)");
     inv.set_nic_bytes_per_s(10e9 / 8);
   }
   inv.set_sum_bytes_per_s(options.sum_bytes_per_s > 0 ? options.sum_bytes_per_s
-                                                      : MeasureSumRate(*agent->reducer_));
+                                                      : MeasureSumRate(runner->reducer()));
   inv.set_offers_summation(options.offers_summation);
   if (!options.selector_calibration_file.empty()) {
-    std::ifstream in(options.selector_calibration_file);
-    if (!in) {
+    std::ifstream file(options.selector_calibration_file);
+    if (!file) {
       return absl::NotFoundError(
           absl::StrCat("--selector-calibration: cannot read ", options.selector_calibration_file));
     }
     std::stringstream text;
-    text << in.rdbuf();
-    absl::StatusOr<dataplane::MeasuredThresholds> measured =
-        dataplane::ParseSelectorCalibration(text.str());
-    if (!measured.ok()) {
+    text << file.rdbuf();
+    absl::Status calibrated = runner->SetSelectorCalibration(text.str());
+    if (!calibrated.ok()) {
       return absl::InvalidArgumentError(
-          absl::StrCat(options.selector_calibration_file, ": ", measured.status().message()));
+          absl::StrCat(options.selector_calibration_file, ": ", calibrated.message()));
     }
-    agent->collectives_->SetMeasuredThresholds(*measured);
   }
-  agent->collectives_->SetCostModel(dataplane::CostModel{
-      .alpha_seconds = options.selector_alpha_seconds,
-      .beta_seconds_per_byte = 1 / inv.nic_bytes_per_s(),
-      .gamma_seconds_per_byte = inv.sum_bytes_per_s() > 0 ? 1 / inv.sum_bytes_per_s() : 1 / 10e9});
+  runner->SetCostModel(options.selector_alpha_seconds, inv.nic_bytes_per_s(),
+                       inv.sum_bytes_per_s());
 
-  agent->local_ =
-      std::make_unique<LocalService>(agent->collectives_.get(), common::SystemClock::Get());
-  common::EnableHealthAndReflection();
-  grpc::ServerBuilder builder;
-  int port = -1;
-  if (options.local_address.rfind("unix:", 0) == 0) {
-    std::error_code ec;
-    std::filesystem::remove(options.local_address.substr(5), ec);  // a stale socket file
-  }
-  builder.AddListeningPort(options.local_address, grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(agent->local_.get());
-  agent->server_ = builder.BuildAndStart();
-  if (!agent->server_) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot serve local processes on ", options.local_address));
-  }
-  common::SetServing(agent->server_.get(), "tributary.v1.Agent");
-
-  Agent* self = agent.get();
-  ControllerClient::Options copts;
+  GrpcControllerClient::Options copts;
   copts.controller_address = options.controller_address;
   copts.node_id = options.node_id;
   copts.inventory = inv;
-  agent->controller_ = std::make_unique<ControllerClient>(
-      copts, [self](const std::vector<tributary::v1::JobPlan>& plans) { self->ApplyPlans(plans); },
-      [self](double elapsed) {
-        tributary::v1::NodeLoad load = self->load_.Sample(elapsed);
-        const uint64_t sent = self->counting_->bytes_sent();
-        const uint64_t received = self->counting_->bytes_received();
-        if (elapsed > 0) {
-          load.set_dataplane_tx_bytes_per_s(static_cast<double>(sent - self->last_dataplane_sent_) /
-                                            elapsed);
-          load.set_dataplane_rx_bytes_per_s(
-              static_cast<double>(received - self->last_dataplane_received_) / elapsed);
-        }
-        self->last_dataplane_sent_ = sent;
-        self->last_dataplane_received_ = received;
-        for (const auto& [job_id, o] : self->collectives_->TakeObservations()) {
-          tributary::v1::JobObservation* j = load.add_jobs();
-          j->set_job_id(job_id);
-          j->set_bytes(o.bytes);
-          j->set_seconds(o.seconds);
-        }
-        return load;
-      });
-  agent->control_collector_ = std::make_shared<common::metrics::FunctionCollector>(
-      [self] { return self->CollectControl(); });
-  agent->node_->server().SetPlanMissingCallback([self] { self->controller_->RequestRefresh(); });
-  agent->controller_->Start();
-  agent->tick_thread_ = std::thread([self] { self->TickLoop(); });
+
+  Parts parts;
+  parts.node_id = options.node_id;
+  parts.inventory = inv;
+  parts.collectables.push_back(runner->stats_collector());
+  parts.runner = std::move(runner);
+  parts.controller = std::make_unique<GrpcControllerClient>(std::move(copts));
+  parts.clock = common::SystemClock::Get();
+  parts.registry = options.registry;
+  auto load = std::make_shared<LoadMonitor>();
+  parts.host_load = [load](double elapsed) { return load->Sample(elapsed); };
+  parts.tick = options.tick;
+  // Serve local processes before the controller can hand out plans that name this node.
+  std::unique_ptr<Agent> agent(new Agent(std::move(parts)));
+  RETURN_IF_ERROR(agent->ServeLocal(options.local_address));
+  agent->StartLoops();
   Log()->info("agent {} up: data plane {}, local service {}, nic {:.0f} MB/s, sum {:.0f} MB/s",
               options.node_id, inv.data_plane_address(), options.local_address,
               inv.nic_bytes_per_s() / 1e6, inv.sum_bytes_per_s() / 1e6);
   return agent;
 }
 
+std::unique_ptr<Agent> Agent::Assemble(Parts parts) {
+  std::unique_ptr<Agent> agent(new Agent(std::move(parts)));
+  agent->StartLoops();
+  return agent;
+}
+
+Agent::Agent(Parts parts)
+    : node_id_(std::move(parts.node_id)),
+      inventory_(std::move(parts.inventory)),
+      clock_(parts.clock),
+      registry_(parts.registry ? std::move(parts.registry)
+                               : std::make_shared<prometheus::Registry>()),
+      collectables_(std::move(parts.collectables)),
+      host_load_(std::move(parts.host_load)),
+      tick_(parts.tick),
+      runner_(std::move(parts.runner)),
+      local_(std::make_unique<LocalService>(runner_.get(), clock_)),
+      controller_(std::move(parts.controller)) {
+  control_collector_ =
+      std::make_shared<common::metrics::FunctionCollector>([this] { return CollectControl(); });
+}
+
+void Agent::StartLoops() {
+  runner_->SetPlanMissingCallback([this] { controller_->RequestRefresh(); });
+  controller_->Start(
+      [this](const std::vector<tributary::v1::JobPlan>& plans) { ApplyPlans(plans); },
+      [this](double elapsed) { return SampleLoad(elapsed); });
+  if (tick_ > std::chrono::milliseconds(0)) tick_thread_ = std::thread([this] { TickLoop(); });
+}
+
 Agent::~Agent() { Stop(); }
 
+absl::Status Agent::ServeLocal(const std::string& address) {
+  common::EnableHealthAndReflection();
+  grpc_service_ = std::make_unique<LocalGrpcService>(local_.get());
+  grpc::ServerBuilder builder;
+  int port = -1;
+  if (address.rfind("unix:", 0) == 0) {
+    std::error_code ec;
+    std::filesystem::remove(address.substr(5), ec);  // a stale socket file
+  }
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(grpc_service_.get());
+  server_ = builder.BuildAndStart();
+  if (!server_) {
+    return absl::UnavailableError(absl::StrCat("cannot serve local processes on ", address));
+  }
+  common::SetServing(server_.get(), "tributary.v1.Agent");
+  return absl::OkStatus();
+}
+
+tributary::v1::NodeLoad Agent::SampleLoad(double elapsed) {
+  tributary::v1::NodeLoad load = host_load_ ? host_load_(elapsed) : tributary::v1::NodeLoad();
+  const uint64_t sent = runner_->bytes_sent();
+  const uint64_t received = runner_->bytes_received();
+  if (elapsed > 0) {
+    load.set_dataplane_tx_bytes_per_s(static_cast<double>(sent - last_dataplane_sent_) / elapsed);
+    load.set_dataplane_rx_bytes_per_s(static_cast<double>(received - last_dataplane_received_) /
+                                      elapsed);
+  }
+  last_dataplane_sent_ = sent;
+  last_dataplane_received_ = received;
+  for (const auto& [job_id, o] : runner_->TakeObservations()) {
+    tributary::v1::JobObservation* j = load.add_jobs();
+    j->set_job_id(job_id);
+    j->set_bytes(o.bytes);
+    j->set_seconds(o.seconds);
+  }
+  return load;
+}
+
 std::vector<std::weak_ptr<prometheus::Collectable>> Agent::collectables() const {
-  return {options_.registry, stats_collector_, control_collector_};
+  std::vector<std::weak_ptr<prometheus::Collectable>> out = {registry_};
+  for (const auto& c : collectables_) out.push_back(c);
+  out.push_back(control_collector_);
+  return out;
+}
+
+std::map<std::string, uint64_t> Agent::applied_plans() const {
+  std::lock_guard lock(plans_mu_);
+  return applied_;
 }
 
 std::vector<prometheus::MetricFamily> Agent::CollectControl() {
@@ -197,16 +201,16 @@ std::vector<prometheus::MetricFamily> Agent::CollectControl() {
   std::vector<prometheus::MetricFamily> out;
   out.push_back(MakeFamily("tributary_agent_registered",
                            "1 while registered with the controller, else 0.", MetricType::Gauge));
-  AddSample(out.back(), controller_ && controller_->registered() ? 1 : 0);
+  AddSample(out.back(), controller_->registered() ? 1 : 0);
   out.push_back(MakeFamily("tributary_agent_heartbeats_sent_total", "Heartbeats answered OK.",
                            MetricType::Counter));
-  AddSample(out.back(), controller_ ? controller_->heartbeats_sent() : 0);
+  AddSample(out.back(), controller_->heartbeats_sent());
   out.push_back(MakeFamily("tributary_agent_heartbeats_failed_total", "Heartbeats that failed.",
                            MetricType::Counter));
-  AddSample(out.back(), controller_ ? controller_->heartbeats_failed() : 0);
+  AddSample(out.back(), controller_->heartbeats_failed());
   out.push_back(MakeFamily("tributary_agent_local_sessions",
                            "Training processes connected to this agent.", MetricType::Gauge));
-  AddSample(out.back(), local_ ? local_->num_sessions() : 0);
+  AddSample(out.back(), local_->num_sessions());
   out.push_back(MakeFamily("tributary_agent_plan_version",
                            "Version of the job's plan this agent applied.", MetricType::Gauge));
   {
@@ -226,11 +230,11 @@ void Agent::Stop() {
   }
   tick_cv_.notify_all();
   if (tick_thread_.joinable()) tick_thread_.join();
-  if (controller_) controller_->Stop();
-  if (local_) local_->Shutdown();
+  controller_->Stop();
+  local_->Shutdown();
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-  if (transport_) transport_->Shutdown();
-  Log()->info("agent {} stopped", options_.node_id);
+  runner_->Shutdown();
+  Log()->info("agent {} stopped", node_id_);
 }
 
 void Agent::ApplyPlans(const std::vector<tributary::v1::JobPlan>& plans) {
@@ -238,14 +242,14 @@ void Agent::ApplyPlans(const std::vector<tributary::v1::JobPlan>& plans) {
   std::vector<LocalJob> local_jobs;
   std::map<std::string, uint64_t> now;
   for (const auto& plan : plans) {
-    absl::StatusOr<dataplane::JobView> view = ToJobView(plan, options_.node_id);
+    absl::StatusOr<dataplane::JobView> view = ToJobView(plan, node_id_);
     if (!view.ok()) {
       Log()->error("ignoring plan: {}", view.status().message());
       continue;
     }
     now[plan.job_id()] = plan.version();
     if (applied_[plan.job_id()] != plan.version()) {
-      collectives_->SetJob(*view, static_cast<dataplane::AlgorithmChoice>(plan.algorithm()));
+      runner_->SetJob(*view, static_cast<dataplane::AlgorithmChoice>(plan.algorithm()));
       Log()->info("job {} plan v{}: worker rank {}, server index {} of {}", plan.job_id(),
                   plan.version(), view->my_worker_rank, view->my_server_index,
                   view->server_addresses.size());
@@ -259,7 +263,7 @@ void Agent::ApplyPlans(const std::vector<tributary::v1::JobPlan>& plans) {
   }
   for (const auto& [job_id, version] : applied_) {
     if (!now.contains(job_id)) {
-      collectives_->RemoveJob(job_id);
+      runner_->RemoveJob(job_id);
       Log()->info("job {} no longer involves this node", job_id);
     }
   }
@@ -267,16 +271,18 @@ void Agent::ApplyPlans(const std::vector<tributary::v1::JobPlan>& plans) {
   local_->SetJobs(local_jobs);
 }
 
+void Agent::Tick() {
+  runner_->Tick();
+  local_->Tick();
+}
+
 void Agent::TickLoop() {
   std::unique_lock lock(tick_mu_);
   while (!stopping_) {
-    tick_cv_.wait_for(lock, options_.tick, [this] { return stopping_; });
+    tick_cv_.wait_for(lock, tick_, [this] { return stopping_; });
     if (stopping_) break;
     lock.unlock();
-    node_->ExpireStale();
-    engine_->ExpireStale();
-    local_->Tick();
-    collectives_->UpdatePendingMetrics();
+    Tick();
     lock.lock();
   }
 }

@@ -2,27 +2,26 @@
 // the summation service and the communication service, and serves local training processes.
 #pragma once
 
-#include <atomic>
+#include <chrono>
 #include <condition_variable>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "agent/collective_runner.h"
 #include "agent/controller_client.h"
+#include "agent/local_grpc_service.h"
 #include "agent/local_service.h"
-#include "agent/node_discovery.h"
-#include "dataplane/collectives/allreduce_push_pull.h"
-#include "dataplane/collectives/collective_engine.h"
-#include "dataplane/collectives/dataplane_metrics.h"
-#include "dataplane/collectives/node_collectives.h"
-#include "dataplane/reduce/cpu/cpu_reducer.h"
-#include "dataplane/transport/counting_transport.h"
-#include "dataplane/transport/transport.h"
+#include "common/clock.h"
 #include "grpcpp/grpcpp.h"
 #include "prometheus/collectable.h"
 #include "prometheus/registry.h"
+#include "tributary/v1/controller.pb.h"
 
 namespace tributary::agent {
 
@@ -56,53 +55,82 @@ struct AgentOptions {
 };
 
 // Threading: a controller-client thread applies plans; a tick thread sweeps deadlines; the
-// transport's progress thread runs the data plane; gRPC threads serve local processes.
+// data plane's threads run operations; gRPC threads serve local processes.
 class Agent {
  public:
+  // What an agent is made of. `Start` builds the production parts; tests inject fakes.
+  struct Parts {
+    std::string node_id;
+    // What the controller is told about the node (data-plane address, rates, topology).
+    tributary::v1::NodeInventory inventory;
+    std::unique_ptr<CollectiveRunner> runner;      // required
+    std::unique_ptr<ControllerClient> controller;  // required
+    const common::Clock* clock = common::SystemClock::Get();
+    // Where the agent's control gauges are read from; null: a registry of its own.
+    std::shared_ptr<prometheus::Registry> registry;
+    // More to expose on /metrics with the registry (the data plane's statistics).
+    std::vector<std::shared_ptr<prometheus::Collectable>> collectables;
+    // The host's CPU, memory and NIC use over the elapsed seconds, for heartbeats; null: none.
+    std::function<tributary::v1::NodeLoad(double elapsed_seconds)> host_load;
+    // Period of the deadline sweep; zero: no tick thread (the owner calls Tick).
+    std::chrono::milliseconds tick{50};
+  };
+
+  // The production agent: discovers the node, starts the UCX data plane, serves local
+  // processes on options.local_address and links to options.controller_address.
   static absl::StatusOr<std::unique_ptr<Agent>> Start(const AgentOptions& options);
+  // An agent from `parts`: starts the controller link (plans applied as they come) and, when
+  // parts.tick is positive, the tick thread. It serves no gRPC until ServeLocal.
+  static std::unique_ptr<Agent> Assemble(Parts parts);
   ~Agent();
 
+  // Serves the local service over gRPC at `address` (unix:PATH or host:port; a stale socket
+  // file is removed first). UNAVAILABLE when it cannot listen.
+  absl::Status ServeLocal(const std::string& address);
+  // One deadline sweep: the data plane's, then the local gathers' and waits'.
+  void Tick();
   void Stop();
-  const std::string& node_id() const { return options_.node_id; }
-  std::string data_plane_address() const { return transport_->Address(); }
+
+  const std::string& node_id() const { return node_id_; }
+  std::string data_plane_address() const { return inventory_.data_plane_address(); }
   const tributary::v1::NodeInventory& inventory() const { return inventory_; }
+  LocalService& local() { return *local_; }
+  // The plan version applied per job.
+  std::map<std::string, uint64_t> applied_plans() const;
   // Everything to expose on /metrics: the registry and the scrape-time collectors.
   std::vector<std::weak_ptr<prometheus::Collectable>> collectables() const;
 
  private:
-  explicit Agent(AgentOptions options) : options_(std::move(options)) {}
+  explicit Agent(Parts parts);
+  // Starts the controller link and the tick thread.
+  void StartLoops();
   void ApplyPlans(const std::vector<tributary::v1::JobPlan>& plans);
+  tributary::v1::NodeLoad SampleLoad(double elapsed_seconds);
   void TickLoop();
 
   std::vector<prometheus::MetricFamily> CollectControl();
 
-  AgentOptions options_;
-  tributary::v1::NodeInventory inventory_;
-  std::unique_ptr<dataplane::DataPlaneMetrics> metrics_;
-  std::shared_ptr<prometheus::Collectable> stats_collector_;
+  const std::string node_id_;
+  const tributary::v1::NodeInventory inventory_;
+  const common::Clock* clock_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::vector<std::shared_ptr<prometheus::Collectable>> collectables_;
   std::shared_ptr<prometheus::Collectable> control_collector_;
-  std::unique_ptr<dataplane::CpuReducer> reducer_;
-  std::unique_ptr<dataplane::Transport> transport_;
-  std::unique_ptr<dataplane::PushPullNode> node_;
-  std::unique_ptr<dataplane::CollectiveEngine> engine_;
-  std::unique_ptr<dataplane::NodeCollectives> collectives_;
+  std::function<tributary::v1::NodeLoad(double)> host_load_;
+  const std::chrono::milliseconds tick_;
+  std::unique_ptr<CollectiveRunner> runner_;
   std::unique_ptr<LocalService> local_;
+  std::unique_ptr<LocalGrpcService> grpc_service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<ControllerClient> controller_;
-  LoadMonitor load_;
-  dataplane::CountingTransport* counting_ =
-      nullptr;                            // the outermost transport (owned by transport_)
   uint64_t last_dataplane_sent_ = 0;      // heartbeat thread only
   uint64_t last_dataplane_received_ = 0;  // heartbeat thread only
   mutable std::mutex plans_mu_;
-  std::map<std::string, uint64_t> applied_;  // job id -> plan version
+  std::map<std::string, uint64_t> applied_;  // job id -> plan version; guarded by plans_mu_
   std::mutex tick_mu_;
   std::condition_variable tick_cv_;
-  bool stopping_ = false;
+  bool stopping_ = false;  // guarded by tick_mu_
   std::thread tick_thread_;
 };
-
-// Measures this CPU's fp32 summation rate (bytes of input added per second).
-double MeasureSumRate(dataplane::Reducer& reducer);
 
 }  // namespace tributary::agent

@@ -1,64 +1,37 @@
-// The agent's link to the controller: registration, heartbeats and plan fetches.
+// The agent's link to the controller as the agent sees it: a loop that registers the node,
+// heartbeats with the node's load and hands over the plans involving this node whenever they
+// change. `GrpcControllerClient` (grpc_controller_client.h) is the production implementation,
+// `FakeControllerClient` (fake_controller_client.h) the one tests drive.
 #pragma once
 
-#include <atomic>
-#include <condition_variable>
+#include <cstdint>
 #include <functional>
-#include <memory>
-#include <mutex>
-#include <string>
-#include <thread>
 #include <vector>
 
-#include "tributary/v1/controller.grpc.pb.h"
+#include "tributary/v1/controller.pb.h"
 
 namespace tributary::agent {
 
-// Runs one thread that (re-)registers the node, heartbeats at the interval the controller asks
-// for, and fetches assignments whenever the controller's assignments version moves. It survives
-// controller restarts: a NOT_FOUND heartbeat or a lost connection leads to registering again.
-// Every RPC has a deadline.
+// Implementations are thread-safe.
 class ControllerClient {
  public:
-  struct Options {
-    std::string controller_address;
-    std::string node_id;
-    tributary::v1::NodeInventory inventory;
-    std::chrono::milliseconds rpc_timeout{2000};
-  };
+  // Every plan involving this node, each time the set changes.
   using PlansCallback = std::function<void(const std::vector<tributary::v1::JobPlan>&)>;
+  // The node's load for a heartbeat, over the `elapsed_seconds` since the previous one.
   using LoadFn = std::function<tributary::v1::NodeLoad(double elapsed_seconds)>;
 
-  // `on_plans` gets every plan involving this node each time the set changes (on this class's
-  // thread). `load` samples the node's load for heartbeats.
-  ControllerClient(Options options, PlansCallback on_plans, LoadFn load);
-  ~ControllerClient();
+  virtual ~ControllerClient() = default;
 
-  void Start();
-  void Stop();
+  // Starts the loop. `on_plans` and `load` run on the loop's thread; both must stay callable
+  // until Stop returns.
+  virtual void Start(PlansCallback on_plans, LoadFn load) = 0;
+  // Ends the loop and waits for it. Idempotent.
+  virtual void Stop() = 0;
   // Heartbeats (and so fetches changed plans) now instead of at the next interval.
-  void RequestRefresh();
-  bool registered() const { return registered_.load(); }
-  uint64_t heartbeats_sent() const { return heartbeats_sent_.load(); }
-  uint64_t heartbeats_failed() const { return heartbeats_failed_.load(); }
-
- private:
-  void Run();
-  bool WaitFor(std::chrono::milliseconds d);  // false when stopping
-  std::unique_ptr<grpc::ClientContext> Context() const;
-
-  Options options_;
-  PlansCallback on_plans_;
-  LoadFn load_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<tributary::v1::Controller::Stub> stub_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
-  bool refresh_ = false;
-  std::atomic<bool> registered_{false};
-  std::atomic<uint64_t> heartbeats_sent_{0}, heartbeats_failed_{0};
-  std::thread thread_;
+  virtual void RequestRefresh() = 0;
+  virtual bool registered() const = 0;
+  virtual uint64_t heartbeats_sent() const = 0;
+  virtual uint64_t heartbeats_failed() const = 0;
 };
 
 }  // namespace tributary::agent

@@ -1,114 +1,81 @@
-// The agent's local service: training processes on this node join jobs, register shared-memory
-// buffers and submit collectives. The local processes' submissions of one (tensor, iteration) are
-// gathered and handed to the data plane as one node-level operation.
+// The agent's local service, without its transport: training processes on this node join
+// jobs, register shared-memory buffers and submit collectives; the local processes'
+// submissions of one (tensor, iteration) are gathered into one node-level operation for the
+// data plane. `LocalGrpcService` (local_grpc_service.h) serves it over gRPC; tests call it
+// directly.
 #pragma once
 
+#include <cstdint>
 #include <functional>
-#include <map>
-#include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "agent/collective_runner.h"
+#include "agent/local_gather.h"
+#include "agent/op_handle.h"
+#include "agent/session_registry.h"
 #include "common/clock.h"
-#include "dataplane/collectives/node_collectives.h"
-#include "tributary/v1/agent.grpc.pb.h"
+#include "tributary/v1/agent.pb.h"
 
 namespace tributary::agent {
 
-// What the local service needs to know of a job this node works for.
-struct LocalJob {
-  std::string job_id;
-  uint64_t plan_version = 0;
-  uint32_t node_rank = 0;
-  uint32_t num_nodes = 0;
-  uint32_t procs_per_node = 1;
-  std::chrono::milliseconds op_timeout{30000};
-};
-
-// Threading: handlers run on gRPC threads and never block (waits are parked reactors, finished
-// later by the data plane's completion or by Tick). One mutex guards sessions and gathers; the
-// data plane is called outside it.
-class LocalService final : public tributary::v1::Agent::CallbackService {
+// Threading: every method may be called from any thread and none blocks on the data plane
+// (waits are parked `Reply`s, answered later by the operation's completion or by Tick). One
+// mutex guards the session registry and the gather; the runner is called, handles completed
+// and session-end callbacks run outside it.
+class LocalService {
  public:
-  LocalService(dataplane::NodeCollectives* collectives, const common::Clock* clock);
-  ~LocalService() override;
+  using Reply = OpHandle::Reply;
+
+  // `runner` and `clock` must outlive the service.
+  LocalService(CollectiveRunner* runner, const common::Clock* clock);
+  ~LocalService();
 
   // Replaces the set of jobs this node works for.
   void SetJobs(const std::vector<LocalJob>& jobs);
-  // Fails local gathers older than their job's timeout and ends Wait calls whose timeout passed.
+  // Fails local gathers older than their job's timeout and ends waits whose timeout passed.
   void Tick();
-  // Ends every session and parked call (before the gRPC server shuts down).
+  // Ends every session and parked wait; later joins fail with UNAVAILABLE.
   void Shutdown();
 
   size_t num_sessions() const;
 
-  grpc::ServerUnaryReactor* JoinJob(grpc::CallbackServerContext* ctx,
-                                    const tributary::v1::JoinJobRequest* req,
-                                    tributary::v1::JoinJobResponse* resp) override;
-  grpc::ServerWriteReactor<tributary::v1::KeepAliveEvent>* KeepAlive(
-      grpc::CallbackServerContext* ctx, const tributary::v1::KeepAliveRequest* req) override;
-  grpc::ServerUnaryReactor* LeaveJob(grpc::CallbackServerContext* ctx,
-                                     const tributary::v1::LeaveJobRequest* req,
-                                     tributary::v1::LeaveJobResponse* resp) override;
-  grpc::ServerUnaryReactor* RegisterBuffer(grpc::CallbackServerContext* ctx,
-                                           const tributary::v1::RegisterBufferRequest* req,
-                                           tributary::v1::RegisterBufferResponse* resp) override;
-  grpc::ServerUnaryReactor* UnregisterBuffer(
-      grpc::CallbackServerContext* ctx, const tributary::v1::UnregisterBufferRequest* req,
-      tributary::v1::UnregisterBufferResponse* resp) override;
-  grpc::ServerUnaryReactor* Submit(grpc::CallbackServerContext* ctx,
-                                   const tributary::v1::SubmitRequest* req,
-                                   tributary::v1::SubmitResponse* resp) override;
-  grpc::ServerUnaryReactor* Wait(grpc::CallbackServerContext* ctx,
-                                 const tributary::v1::WaitRequest* req,
-                                 tributary::v1::WaitResponse* resp) override;
+  // A session for a local process; fills the session id, global rank, world size and plan
+  // version. Errors as SessionRegistry::Join, UNAVAILABLE after Shutdown.
+  absl::Status Join(const tributary::v1::JoinJobRequest& req, tributary::v1::JoinJobResponse* resp);
+  // Runs `on_end` once when the session ends (the KeepAlive stream). NOT_FOUND when there is
+  // no such session or the service has shut down.
+  absl::Status WatchSession(const std::string& session_id, std::function<void()> on_end);
+  // Ends the session (`why` goes into the log and into the errors of the gathers that still
+  // miss its rank: ABORTED). Unknown ids are ignored, so it is idempotent.
+  void EndSession(const std::string& session_id, const std::string& why);
+  // Maps the process's shared-memory object and gives it a buffer id in its session.
+  absl::Status RegisterBuffer(const tributary::v1::RegisterBufferRequest& req,
+                              tributary::v1::RegisterBufferResponse* resp);
+  // Forgets the buffer (operations still running keep their own reference to the mapping).
+  // NOT_FOUND only for an unknown session.
+  absl::Status UnregisterBuffer(const tributary::v1::UnregisterBufferRequest& req);
+  // Validates the request (INVALID_ARGUMENT naming job and tensor; FAILED_PRECONDITION when the
+  // job is no longer planned here; RESOURCE_EXHAUSTED with too many unreported handles), adds
+  // it to its gather and sets the handle in `resp`.
+  absl::Status Submit(const tributary::v1::SubmitRequest& req, tributary::v1::SubmitResponse* resp);
+  // Answers `reply` about handle `handle_id` of the session: at once when the operation is
+  // done (then the handle is forgotten), when timeout_ms is 0 or after Shutdown; otherwise when
+  // the operation completes or timeout_ms (at most an hour) passes, seen by Tick. NOT_FOUND for
+  // an unknown session or handle. `reply` may run before Await returns.
+  void Await(const std::string& session_id, uint64_t handle_id, uint32_t timeout_ms, Reply reply);
 
  private:
-  class KeepAliveReactor;
-  struct Mapping;
-  struct OpHandle;
-  struct Session;
-  struct Submission;
-  struct Gather;
-  struct GatherKey {
-    std::string job_id;
-    std::string tensor;
-    uint64_t iteration;
-    friend auto operator<=>(const GatherKey&, const GatherKey&) = default;
-  };
-
-  absl::Status DoJoin(const tributary::v1::JoinJobRequest& req,
-                      tributary::v1::JoinJobResponse* resp);
-  absl::Status DoRegisterBuffer(const tributary::v1::RegisterBufferRequest& req,
-                                tributary::v1::RegisterBufferResponse* resp);
-  absl::Status DoSubmit(const tributary::v1::SubmitRequest& req,
-                        tributary::v1::SubmitResponse* resp);
   // Ends a session; gathers still missing its rank fail with ABORTED. mu_ held.
-  void EndSessionLocked(const std::string& session_id, const std::string& why,
-                        std::vector<std::function<void()>>& after);
-  // Fails every submission of a gather and tells the other nodes. mu_ held.
-  void FailGatherLocked(const GatherKey& key, Gather& gather, const absl::Status& status,
-                        std::vector<std::function<void()>>& after);
-  absl::StatusOr<std::shared_ptr<Session>> FindSessionLocked(const std::string& id);
-  // Answers a call about `handle_id` now if the operation is done (or timeout_ms is 0), else
-  // parks it until the operation completes or timeout_ms passes; `set_done` fills the reply.
-  grpc::ServerUnaryReactor* Park(grpc::CallbackServerContext* ctx, const std::string& session_id,
-                                 uint64_t handle_id, uint32_t timeout_ms,
-                                 std::function<void(bool)> set_done);
+  void EndSessionLocked(const std::string& session_id, const std::string& why, Deferred& after);
 
-  dataplane::NodeCollectives* collectives_;
   const common::Clock* clock_;
   mutable std::mutex mu_;
-  std::map<std::string, LocalJob> jobs_;
-  std::map<std::string, std::shared_ptr<Session>> sessions_;
-  std::map<GatherKey, std::unique_ptr<Gather>> gathers_;
-  // Local ranks whose session ended, per job, with why: a gather missing one of them can never
-  // complete. A new session for the rank clears it.
-  std::map<std::string, std::map<uint32_t, std::string>> departed_;
-  std::vector<KeepAliveReactor*> keepalives_;
-  bool shut_down_ = false;
+  SessionRegistry sessions_;  // Guarded by mu_.
+  LocalGather gather_;        // Guarded by mu_.
+  bool shut_down_ = false;    // Guarded by mu_.
 };
 
 }  // namespace tributary::agent

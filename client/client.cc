@@ -86,8 +86,15 @@ absl::Status Annotate(const absl::Status& status, const std::string& prefix) {
   return absl::Status(status.code(), absl::StrCat(prefix, status.message()));
 }
 
-int WireOp(ReduceOp op) {
-  return op == ReduceOp::kAverage ? v1::COLLECTIVE_OP_AVERAGE : v1::COLLECTIVE_OP_SUM;
+// The client's one conversion of its op; the agent validates and classifies what arrives.
+v1::CollectiveOp ToCollectiveOp(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return v1::COLLECTIVE_OP_SUM;
+    case ReduceOp::kAverage:
+      return v1::COLLECTIVE_OP_AVERAGE;
+  }
+  return v1::COLLECTIVE_OP_UNSPECIFIED;  // not a ReduceOp: the agent rejects it
 }
 
 absl::Status LeftError(const std::string& job_id) {
@@ -305,11 +312,12 @@ absl::StatusOr<std::shared_ptr<SharedBuffer>> Client::AllocateBuffer(size_t byte
 
 absl::StatusOr<Handle> Client::Submit(std::string_view name, const SharedBuffer& buffer,
                                       size_t offset_bytes, size_t count, common::DataType dtype,
-                                      int op, uint32_t root_rank, int32_t priority,
+                                      v1::CollectiveOp op, uint32_t root_rank, int32_t priority,
                                       milliseconds wait) {
   if (!session_->active()) return LeftError(job_id_);
+  // Only what concerns this client's own buffer is checked here; the agent validates the rest
+  // of the request (name, dtype, op, count) once, naming the job and the tensor.
   const std::string tensor(name);
-  if (tensor.empty()) return absl::InvalidArgumentError("tensor name must not be empty");
   if (buffer.session_ != session_ || buffer.id() == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor ", tensor, ": buffer ", buffer.name(),
@@ -343,7 +351,7 @@ absl::StatusOr<Handle> Client::Submit(std::string_view name, const SharedBuffer&
   request.set_offset_bytes(offset_bytes);
   request.set_count(count);
   request.set_dtype(static_cast<v1::DataType>(static_cast<int>(dtype)));
-  request.set_op(static_cast<v1::CollectiveOp>(op));
+  request.set_op(op);
   request.set_root_rank(root_rank);
   request.set_priority(priority);
   // A blocking call waits in the Submit itself (one round trip to the agent instead of two),
@@ -368,7 +376,8 @@ absl::StatusOr<Handle> Client::AllReduceAsync(std::string_view name, const Share
                                               size_t offset_bytes, size_t count,
                                               common::DataType dtype, ReduceOp op,
                                               int32_t priority) {
-  return Submit(name, buffer, offset_bytes, count, dtype, WireOp(op), /*root_rank=*/0, priority);
+  return Submit(name, buffer, offset_bytes, count, dtype, ToCollectiveOp(op), /*root_rank=*/0,
+                priority);
 }
 
 absl::StatusOr<Handle> Client::BroadcastAsync(std::string_view name, const SharedBuffer& buffer,
@@ -381,7 +390,7 @@ absl::StatusOr<Handle> Client::BroadcastAsync(std::string_view name, const Share
 
 absl::Status Client::SubmitAndWait(std::string_view name, const SharedBuffer& buffer,
                                    size_t offset_bytes, size_t count, common::DataType dtype,
-                                   int op, uint32_t root_rank, int32_t priority) {
+                                   v1::CollectiveOp op, uint32_t root_rank, int32_t priority) {
   const auto start = Clock::now();
   ASSIGN_OR_RETURN(Handle handle, Submit(name, buffer, offset_bytes, count, dtype, op, root_rank,
                                          priority, options_.op_timeout));
@@ -392,8 +401,8 @@ absl::Status Client::SubmitAndWait(std::string_view name, const SharedBuffer& bu
 absl::Status Client::AllReduce(std::string_view name, const SharedBuffer& buffer,
                                size_t offset_bytes, size_t count, common::DataType dtype,
                                ReduceOp op, int32_t priority) {
-  return SubmitAndWait(name, buffer, offset_bytes, count, dtype, WireOp(op), /*root_rank=*/0,
-                       priority);
+  return SubmitAndWait(name, buffer, offset_bytes, count, dtype, ToCollectiveOp(op),
+                       /*root_rank=*/0, priority);
 }
 
 absl::Status Client::Broadcast(std::string_view name, const SharedBuffer& buffer,

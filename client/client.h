@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "client/shm_buffer.h"
 #include "common/dtype.h"
+#include "tributary/v1/agent.pb.h"
 
 namespace tributary::client {
 
@@ -140,14 +141,14 @@ class Client {
          std::shared_ptr<internal::AgentSession> session);
 
   absl::StatusOr<Handle> Submit(std::string_view name, const SharedBuffer& buffer,
-                                size_t offset_bytes, size_t count, common::DataType dtype, int op,
-                                uint32_t root_rank, int32_t priority,
+                                size_t offset_bytes, size_t count, common::DataType dtype,
+                                v1::CollectiveOp op, uint32_t root_rank, int32_t priority,
                                 std::chrono::milliseconds wait = std::chrono::milliseconds(0));
   // A blocking collective: Submit waiting in the same call, then Wait for the rest of the
   // operation timeout.
   absl::Status SubmitAndWait(std::string_view name, const SharedBuffer& buffer, size_t offset_bytes,
-                             size_t count, common::DataType dtype, int op, uint32_t root_rank,
-                             int32_t priority);
+                             size_t count, common::DataType dtype, v1::CollectiveOp op,
+                             uint32_t root_rank, int32_t priority);
 
   const ClientOptions options_;
   const std::string job_id_;

@@ -1,4 +1,4 @@
-#include "agent/controller_client.h"
+#include "agent/grpc_controller_client.h"
 
 #include "common/logging.h"
 #include "grpcpp/grpcpp.h"
@@ -13,8 +13,7 @@ std::shared_ptr<spdlog::logger> Log() {
 
 }  // namespace
 
-ControllerClient::ControllerClient(Options options, PlansCallback on_plans, LoadFn load)
-    : options_(std::move(options)), on_plans_(std::move(on_plans)), load_(std::move(load)) {
+GrpcControllerClient::GrpcControllerClient(Options options) : options_(std::move(options)) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
@@ -23,13 +22,15 @@ ControllerClient::ControllerClient(Options options, PlansCallback on_plans, Load
   stub_ = tributary::v1::Controller::NewStub(channel_);
 }
 
-ControllerClient::~ControllerClient() { Stop(); }
+GrpcControllerClient::~GrpcControllerClient() { Stop(); }
 
-void ControllerClient::Start() {
+void GrpcControllerClient::Start(PlansCallback on_plans, LoadFn load) {
+  on_plans_ = std::move(on_plans);
+  load_ = std::move(load);
   thread_ = std::thread([this] { Run(); });
 }
 
-void ControllerClient::Stop() {
+void GrpcControllerClient::Stop() {
   {
     std::lock_guard lock(mu_);
     stop_ = true;
@@ -38,7 +39,7 @@ void ControllerClient::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void ControllerClient::RequestRefresh() {
+void GrpcControllerClient::RequestRefresh() {
   {
     std::lock_guard lock(mu_);
     refresh_ = true;
@@ -46,20 +47,20 @@ void ControllerClient::RequestRefresh() {
   cv_.notify_all();
 }
 
-bool ControllerClient::WaitFor(std::chrono::milliseconds d) {
+bool GrpcControllerClient::WaitFor(std::chrono::milliseconds d) {
   std::unique_lock lock(mu_);
   cv_.wait_for(lock, d, [this] { return stop_ || refresh_; });
   refresh_ = false;
   return !stop_;
 }
 
-std::unique_ptr<grpc::ClientContext> ControllerClient::Context() const {
+std::unique_ptr<grpc::ClientContext> GrpcControllerClient::Context() const {
   auto ctx = std::make_unique<grpc::ClientContext>();
   ctx->set_deadline(std::chrono::system_clock::now() + options_.rpc_timeout);
   return ctx;
 }
 
-void ControllerClient::Run() {
+void GrpcControllerClient::Run() {
   uint64_t incarnation = 0;
   uint64_t fetched_version = 0;
   auto interval = std::chrono::milliseconds(500);

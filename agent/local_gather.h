@@ -1,0 +1,103 @@
+// The local gather: the R local processes' submissions of one (tensor, iteration) of a job
+// must agree, and become one node-level operation handed to the data plane.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "agent/collective_runner.h"
+#include "agent/deferred.h"
+#include "agent/op_handle.h"
+#include "agent/session_registry.h"
+#include "agent/shm_mapping.h"
+#include "common/clock.h"
+#include "common/dtype.h"
+#include "tributary/v1/agent.pb.h"
+
+namespace tributary::agent {
+
+// The data plane's name for sum, average and broadcast.
+using OperationKind = dataplane::LocalOperation::Kind;
+
+// The one conversion of the API's op into the data plane's, and so the op's one validation:
+// INVALID_ARGUMENT "unknown op N" for a value the API does not define.
+absl::StatusOr<OperationKind> ToOperationKind(tributary::v1::CollectiveOp op);
+
+struct GatherKey {
+  std::string job_id;
+  std::string tensor;
+  uint64_t iteration = 0;
+  friend auto operator<=>(const GatherKey&, const GatherKey&) = default;
+};
+
+// One local process's part of a node-level operation, validated by LocalService.
+struct Submission {
+  uint32_t local_rank = 0;
+  std::shared_ptr<SharedMemoryMapping> mapping;
+  uint64_t offset = 0;  // bytes into `mapping`
+  uint64_t count = 0;   // elements
+  common::DataType dtype = common::DataType::kFloat32;
+  OperationKind kind = OperationKind::kSum;
+  uint32_t root = 0;  // broadcast: the root's global rank
+  int32_t priority = 0;
+  std::shared_ptr<OpHandle> handle;
+
+  // "4 x float32 sum", "4 x float32 broadcast from rank 3".
+  std::string Describe() const;
+  // Same count, dtype and op (and root, for a broadcast).
+  bool Agrees(const Submission& other) const;
+};
+
+// Not thread-safe: LocalService serializes every call under its mutex. Nothing here calls the
+// runner or completes a handle directly: that work goes into the caller's `Deferred`, to run
+// once the caller's lock is released.
+class LocalGather {
+ public:
+  // `runner` and `clock` must outlive the gather.
+  LocalGather(CollectiveRunner* runner, const common::Clock* clock);
+
+  // Adds `sub` to the gather of `key` (created on the first submission, timed from then).
+  // When all job.procs_per_node local ranks are in and agree, one node-level operation (every
+  // rank's buffer, the lowest priority number) is started on the runner; if they disagree,
+  // each submission fails with INVALID_ARGUMENT naming the first and the differing one. If
+  // the runner refuses the operation, every submission fails with its error and the other
+  // nodes are told (Abort). A gather still missing a rank that has ended fails with ABORTED.
+  void Add(const LocalJob& job, const GatherKey& key, Submission sub, Deferred& after);
+  // Local rank `rank` of `job_id` ended (`why`, for the message): gathers still missing it
+  // fail with ABORTED, now and whenever a later one misses it, until RankJoined.
+  void RankEnded(const std::string& job_id, uint32_t rank, const std::string& why, Deferred& after);
+  // A new session holds local rank `rank` of `job_id`.
+  void RankJoined(const std::string& job_id, uint32_t rank);
+  // Fails with DEADLINE_EXCEEDED, naming the missing local ranks, the gathers older than their
+  // job's op_timeout at `now`.
+  void Expire(common::Clock::TimePoint now, Deferred& after);
+
+  size_t size() const { return gathers_.size(); }
+
+ private:
+  struct Gather {
+    LocalJob job;
+    std::vector<std::optional<Submission>> slots;  // by local rank
+    uint32_t filled = 0;
+    common::Clock::TimePoint created;
+  };
+
+  // Fails every submission of `gather` with `status` and tells the other nodes.
+  void Fail(const GatherKey& key, Gather& gather, const absl::Status& status, Deferred& after);
+  // Every rank is in: check they agree, then start the node-level operation.
+  void Complete(const GatherKey& key, std::unique_ptr<Gather> gather, Deferred& after);
+
+  CollectiveRunner* runner_;
+  const common::Clock* clock_;
+  std::map<GatherKey, std::unique_ptr<Gather>> gathers_;
+  // Local ranks whose session ended, per job, with why: a gather missing one of them can never
+  // complete. A new session for the rank clears it.
+  std::map<std::string, std::map<uint32_t, std::string>> departed_;
+};
+
+}  // namespace tributary::agent

@@ -1,0 +1,135 @@
+#include "agent/local_grpc_service.h"
+
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "common/rpc/grpc_status.h"
+
+namespace tributary::agent {
+namespace {
+
+grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* ctx, const absl::Status& s) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(common::ToGrpcStatus(s));
+  return reactor;
+}
+
+// Finishes a parked call when LocalService replies, with `done` in the response.
+template <typename Response>
+LocalService::Reply ParkedReply(grpc::ServerUnaryReactor* reactor, Response* resp) {
+  return [reactor, resp](const absl::Status& status, bool done) {
+    resp->set_done(done);
+    reactor->Finish(common::ToGrpcStatus(status));
+  };
+}
+
+// Lets a KeepAlive stream be finished exactly once, by whichever side gets there first. The
+// mutex is recursive because Finish may run the reactor's OnDone inline.
+struct KeepAliveLink {
+  std::recursive_mutex mu;
+  grpc::ServerWriteReactor<tributary::v1::KeepAliveEvent>* reactor = nullptr;
+  bool finished = false;
+  void End(const grpc::Status& s) {
+    std::lock_guard lock(mu);
+    if (reactor == nullptr || finished) return;
+    finished = true;
+    reactor->Finish(s);
+  }
+  // Sends the response headers: the client sees the session is watched from now on.
+  void SendHeaders() {
+    std::lock_guard lock(mu);
+    if (reactor == nullptr || finished) return;
+    reactor->StartSendInitialMetadata();
+  }
+};
+
+}  // namespace
+
+class LocalGrpcService::KeepAliveReactor final
+    : public grpc::ServerWriteReactor<tributary::v1::KeepAliveEvent> {
+ public:
+  KeepAliveReactor(LocalService* service, std::string session_id,
+                   std::shared_ptr<KeepAliveLink> link)
+      : service_(service), session_id_(std::move(session_id)), link_(std::move(link)) {
+    std::lock_guard lock(link_->mu);
+    link_->reactor = this;
+  }
+  void OnCancel() override {
+    service_->EndSession(session_id_, "its process disconnected");
+    link_->End(grpc::Status::CANCELLED);
+  }
+  void OnDone() override {
+    {
+      std::lock_guard lock(link_->mu);
+      link_->reactor = nullptr;
+    }
+    delete this;
+  }
+
+ private:
+  LocalService* service_;
+  std::string session_id_;
+  std::shared_ptr<KeepAliveLink> link_;
+};
+
+grpc::ServerUnaryReactor* LocalGrpcService::JoinJob(grpc::CallbackServerContext* ctx,
+                                                    const tributary::v1::JoinJobRequest* req,
+                                                    tributary::v1::JoinJobResponse* resp) {
+  return Finish(ctx, service_->Join(*req, resp));
+}
+
+grpc::ServerWriteReactor<tributary::v1::KeepAliveEvent>* LocalGrpcService::KeepAlive(
+    grpc::CallbackServerContext*, const tributary::v1::KeepAliveRequest* req) {
+  auto link = std::make_shared<KeepAliveLink>();
+  auto* reactor = new KeepAliveReactor(service_, req->session_id(), link);
+  // The stream ends (OK) when the session does; a session that is gone ends it at once.
+  const absl::Status watched =
+      service_->WatchSession(req->session_id(), [link] { link->End(grpc::Status::OK); });
+  if (watched.ok()) {
+    link->SendHeaders();
+  } else {
+    link->End(common::ToGrpcStatus(watched));
+  }
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* LocalGrpcService::LeaveJob(grpc::CallbackServerContext* ctx,
+                                                     const tributary::v1::LeaveJobRequest* req,
+                                                     tributary::v1::LeaveJobResponse*) {
+  service_->EndSession(req->session_id(), "it left the job");
+  return Finish(ctx, absl::OkStatus());  // idempotent
+}
+
+grpc::ServerUnaryReactor* LocalGrpcService::RegisterBuffer(
+    grpc::CallbackServerContext* ctx, const tributary::v1::RegisterBufferRequest* req,
+    tributary::v1::RegisterBufferResponse* resp) {
+  return Finish(ctx, service_->RegisterBuffer(*req, resp));
+}
+
+grpc::ServerUnaryReactor* LocalGrpcService::UnregisterBuffer(
+    grpc::CallbackServerContext* ctx, const tributary::v1::UnregisterBufferRequest* req,
+    tributary::v1::UnregisterBufferResponse*) {
+  return Finish(ctx, service_->UnregisterBuffer(*req));
+}
+
+grpc::ServerUnaryReactor* LocalGrpcService::Submit(grpc::CallbackServerContext* ctx,
+                                                   const tributary::v1::SubmitRequest* req,
+                                                   tributary::v1::SubmitResponse* resp) {
+  const absl::Status submitted = service_->Submit(*req, resp);
+  if (!submitted.ok() || req->wait_timeout_ms() == 0) return Finish(ctx, submitted);
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  service_->Await(req->session_id(), resp->handle(), req->wait_timeout_ms(),
+                  ParkedReply(reactor, resp));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* LocalGrpcService::Wait(grpc::CallbackServerContext* ctx,
+                                                 const tributary::v1::WaitRequest* req,
+                                                 tributary::v1::WaitResponse* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  service_->Await(req->session_id(), req->handle(), req->timeout_ms(), ParkedReply(reactor, resp));
+  return reactor;
+}
+
+}  // namespace tributary::agent

@@ -1,0 +1,48 @@
+// The `tributary.v1.Agent` gRPC service for training processes: a thin adapter over
+// LocalService that finishes unary calls with the service's absl::Status as a grpc::Status
+// (same code and message), parks Submit/Wait reactors as LocalService replies, and holds each
+// session's KeepAlive stream open until the session ends (its response headers, sent once the
+// session is watched, tell the process so; its cancellation ends the session).
+#pragma once
+
+#include "agent/local_service.h"
+#include "tributary/v1/agent.grpc.pb.h"
+
+namespace tributary::agent {
+
+// Threading: handlers run on gRPC threads and never block; parked calls are finished by the
+// data plane's completion thread or the agent's tick thread. Holds no state of its own beyond
+// the KeepAlive reactors gRPC owns.
+class LocalGrpcService final : public tributary::v1::Agent::CallbackService {
+ public:
+  // `service` must outlive the gRPC server this is registered with.
+  explicit LocalGrpcService(LocalService* service) : service_(service) {}
+
+  grpc::ServerUnaryReactor* JoinJob(grpc::CallbackServerContext* ctx,
+                                    const tributary::v1::JoinJobRequest* req,
+                                    tributary::v1::JoinJobResponse* resp) override;
+  grpc::ServerWriteReactor<tributary::v1::KeepAliveEvent>* KeepAlive(
+      grpc::CallbackServerContext* ctx, const tributary::v1::KeepAliveRequest* req) override;
+  grpc::ServerUnaryReactor* LeaveJob(grpc::CallbackServerContext* ctx,
+                                     const tributary::v1::LeaveJobRequest* req,
+                                     tributary::v1::LeaveJobResponse* resp) override;
+  grpc::ServerUnaryReactor* RegisterBuffer(grpc::CallbackServerContext* ctx,
+                                           const tributary::v1::RegisterBufferRequest* req,
+                                           tributary::v1::RegisterBufferResponse* resp) override;
+  grpc::ServerUnaryReactor* UnregisterBuffer(
+      grpc::CallbackServerContext* ctx, const tributary::v1::UnregisterBufferRequest* req,
+      tributary::v1::UnregisterBufferResponse* resp) override;
+  grpc::ServerUnaryReactor* Submit(grpc::CallbackServerContext* ctx,
+                                   const tributary::v1::SubmitRequest* req,
+                                   tributary::v1::SubmitResponse* resp) override;
+  grpc::ServerUnaryReactor* Wait(grpc::CallbackServerContext* ctx,
+                                 const tributary::v1::WaitRequest* req,
+                                 tributary::v1::WaitResponse* resp) override;
+
+ private:
+  class KeepAliveReactor;
+
+  LocalService* service_;
+};
+
+}  // namespace tributary::agent

@@ -1,0 +1,125 @@
+#include "agent/node_collectives_runner.h"
+
+#include <chrono>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "dataplane/transport/paced/paced_transport.h"
+#include "dataplane/transport/ucx/ucx_transport.h"
+
+namespace tributary::agent {
+
+double MeasureSumRate(dataplane::Reducer& reducer) {
+  constexpr size_t kCount = 1 << 20;  // 4 MiB of float32
+  std::vector<float> a(kCount, 1.0f), b(kCount, 2.0f);
+  reducer.Sum(common::DataType::kFloat32, a.data(), b.data(), kCount);  // warm up
+  const auto start = std::chrono::steady_clock::now();
+  int rounds = 0;
+  std::chrono::duration<double> elapsed{};
+  do {
+    reducer.Sum(common::DataType::kFloat32, a.data(), b.data(), kCount);
+    ++rounds;
+    elapsed = std::chrono::steady_clock::now() - start;
+  } while (elapsed.count() < 0.03);
+  return rounds * kCount * sizeof(float) / elapsed.count();
+}
+
+absl::StatusOr<std::unique_ptr<NodeCollectivesRunner>> NodeCollectivesRunner::Create(
+    const Options& options, prometheus::Registry& registry, const common::Clock* clock) {
+  std::unique_ptr<NodeCollectivesRunner> r(new NodeCollectivesRunner());
+  r->reducer_ = std::make_unique<dataplane::CpuReducer>(options.reducer_threads);
+
+  dataplane::UcxTransportOptions ucx;
+  ucx.listen_host = options.listen_host;
+  ucx.port = options.port;
+  absl::StatusOr<std::unique_ptr<dataplane::UcxTransport>> transport =
+      dataplane::UcxTransport::Create(ucx);
+  if (!transport.ok()) {
+    return absl::Status(transport.status().code(),
+                        absl::StrCat("starting the UCX data plane on ", options.listen_host, ": ",
+                                     transport.status().message()));
+  }
+  std::unique_ptr<dataplane::Transport> inner;
+  if (options.paced_bytes_per_s > 0) {
+    inner = std::make_unique<dataplane::PacedTransport>(*std::move(transport),
+                                                        options.paced_bytes_per_s);
+  } else {
+    inner = *std::move(transport);
+  }
+  auto counting = std::make_unique<dataplane::CountingTransport>(std::move(inner));
+  r->counting_ = counting.get();
+  r->transport_ = std::move(counting);
+  r->node_ =
+      std::make_unique<dataplane::PushPullNode>(r->transport_.get(), r->reducer_.get(), clock);
+  r->engine_ =
+      std::make_unique<dataplane::CollectiveEngine>(r->transport_.get(), r->reducer_.get(), clock);
+  r->collectives_ = std::make_unique<dataplane::NodeCollectives>(r->node_.get(), r->engine_.get(),
+                                                                 r->reducer_.get());
+  r->metrics_ = std::make_unique<dataplane::DataPlaneMetrics>(registry);
+  r->collectives_->SetMetrics(r->metrics_.get(), clock);
+  r->stats_collector_ = std::make_shared<dataplane::DataPlaneStatsCollector>(&r->node_->stats(),
+                                                                             &r->engine_->stats());
+  return r;
+}
+
+NodeCollectivesRunner::~NodeCollectivesRunner() { Shutdown(); }
+
+std::string NodeCollectivesRunner::address() const { return transport_->Address(); }
+
+void NodeCollectivesRunner::SetCostModel(double alpha_seconds, double nic_bytes_per_s,
+                                         double sum_bytes_per_s) {
+  collectives_->SetCostModel(dataplane::CostModel{
+      .alpha_seconds = alpha_seconds,
+      .beta_seconds_per_byte = 1 / nic_bytes_per_s,
+      .gamma_seconds_per_byte = sum_bytes_per_s > 0 ? 1 / sum_bytes_per_s : 1 / 10e9});
+}
+
+absl::Status NodeCollectivesRunner::SetSelectorCalibration(std::string_view json) {
+  absl::StatusOr<dataplane::MeasuredThresholds> measured =
+      dataplane::ParseSelectorCalibration(json);
+  if (!measured.ok()) return absl::InvalidArgumentError(measured.status().message());
+  collectives_->SetMeasuredThresholds(*measured);
+  return absl::OkStatus();
+}
+
+void NodeCollectivesRunner::SetJob(const dataplane::JobView& view,
+                                   dataplane::AlgorithmChoice choice) {
+  collectives_->SetJob(view, choice);
+}
+
+void NodeCollectivesRunner::RemoveJob(const std::string& job_id) {
+  collectives_->RemoveJob(job_id);
+}
+
+absl::Status NodeCollectivesRunner::Start(const std::string& job_id, dataplane::LocalOperation op) {
+  return collectives_->Start(job_id, std::move(op));
+}
+
+void NodeCollectivesRunner::Abort(const std::string& job_id, const std::string& tensor,
+                                  uint64_t iteration, const absl::Status& reason) {
+  collectives_->Abort(job_id, tensor, iteration, reason);
+}
+
+void NodeCollectivesRunner::Tick() {
+  node_->ExpireStale();
+  engine_->ExpireStale();
+  collectives_->UpdatePendingMetrics();
+}
+
+std::map<std::string, JobObservation> NodeCollectivesRunner::TakeObservations() {
+  std::map<std::string, JobObservation> out;
+  for (const auto& [job_id, o] : collectives_->TakeObservations()) {
+    out[job_id] = JobObservation{o.bytes, o.seconds};
+  }
+  return out;
+}
+
+void NodeCollectivesRunner::SetPlanMissingCallback(std::function<void()> callback) {
+  node_->server().SetPlanMissingCallback(std::move(callback));
+}
+
+void NodeCollectivesRunner::Shutdown() {
+  if (transport_) transport_->Shutdown();
+}
+
+}  // namespace tributary::agent

@@ -1,0 +1,84 @@
+// The production CollectiveRunner: the node's whole data plane (UCX transport, optionally paced
+// to an emulated NIC, counted; CPU reducer; push/pull node; ring / halving-doubling engine)
+// behind `dataplane::NodeCollectives`.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "agent/collective_runner.h"
+#include "dataplane/collectives/algorithm_selector.h"
+#include "dataplane/collectives/allreduce_push_pull.h"
+#include "dataplane/collectives/collective_engine.h"
+#include "dataplane/collectives/dataplane_metrics.h"
+#include "dataplane/collectives/node_collectives.h"
+#include "dataplane/reduce/cpu/cpu_reducer.h"
+#include "dataplane/transport/counting_transport.h"
+#include "prometheus/collectable.h"
+#include "prometheus/registry.h"
+
+namespace tributary::agent {
+
+// Owns every data-plane object; thread-safe as CollectiveRunner requires.
+class NodeCollectivesRunner final : public CollectiveRunner {
+ public:
+  struct Options {
+    std::string listen_host = "127.0.0.1";  // UCX listener; peers dial this address
+    uint16_t port = 0;                      // 0 = ephemeral
+    // > 0: pace egress to this rate in bytes per second (a NIC emulated on loopback).
+    double paced_bytes_per_s = 0;
+    int reducer_threads = 0;  // 0 = all cores
+  };
+
+  // Starts the UCX transport and builds the data plane on it; its metrics go into `registry`,
+  // times come from `clock` (both must outlive the runner). UNAVAILABLE-style errors of UCX
+  // name the listen host.
+  static absl::StatusOr<std::unique_ptr<NodeCollectivesRunner>> Create(
+      const Options& options, prometheus::Registry& registry, const common::Clock* clock);
+  ~NodeCollectivesRunner() override;
+
+  // The UCX address peers dial.
+  std::string address() const;
+  dataplane::Reducer& reducer() { return *reducer_; }
+  // ALGORITHM_AUTO's cost model for jobs set from now on: `alpha_seconds` per message, the NIC's
+  // and the summation's rates in bytes per second (a non-positive summation rate counts as
+  // 10 GB/s).
+  void SetCostModel(double alpha_seconds, double nic_bytes_per_s, double sum_bytes_per_s);
+  // Thresholds measured by bench/suite/run.py (selector_calibration.json's text) replace the
+  // cost model's for jobs set from now on. INVALID_ARGUMENT when the text does not parse.
+  absl::Status SetSelectorCalibration(std::string_view json);
+  // The scrape-time collector of the data plane's statistics.
+  std::shared_ptr<prometheus::Collectable> stats_collector() const { return stats_collector_; }
+
+  void SetJob(const dataplane::JobView& view, dataplane::AlgorithmChoice choice) override;
+  void RemoveJob(const std::string& job_id) override;
+  absl::Status Start(const std::string& job_id, dataplane::LocalOperation op) override;
+  void Abort(const std::string& job_id, const std::string& tensor, uint64_t iteration,
+             const absl::Status& reason) override;
+  void Tick() override;
+  std::map<std::string, JobObservation> TakeObservations() override;
+  uint64_t bytes_sent() const override { return counting_->bytes_sent(); }
+  uint64_t bytes_received() const override { return counting_->bytes_received(); }
+  void SetPlanMissingCallback(std::function<void()> callback) override;
+  void Shutdown() override;
+
+ private:
+  NodeCollectivesRunner() = default;
+
+  std::unique_ptr<dataplane::DataPlaneMetrics> metrics_;
+  std::shared_ptr<prometheus::Collectable> stats_collector_;
+  std::unique_ptr<dataplane::CpuReducer> reducer_;
+  std::unique_ptr<dataplane::Transport> transport_;
+  dataplane::CountingTransport* counting_ = nullptr;  // the outermost transport (transport_)
+  std::unique_ptr<dataplane::PushPullNode> node_;
+  std::unique_ptr<dataplane::CollectiveEngine> engine_;
+  std::unique_ptr<dataplane::NodeCollectives> collectives_;
+};
+
+// Measures this CPU's fp32 summation rate (bytes of input added per second).
+double MeasureSumRate(dataplane::Reducer& reducer);
+
+}  // namespace tributary::agent

@@ -1,0 +1,84 @@
+#include "agent/session_registry.h"
+
+#include <mutex>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace tributary::agent {
+namespace {
+
+std::string NewSessionId() {
+  static std::mutex mu;
+  static std::mt19937_64 rng(std::random_device{}());
+  std::lock_guard lock(mu);
+  return absl::StrFormat("%016x", rng());
+}
+
+}  // namespace
+
+void SessionRegistry::SetJobs(const std::vector<LocalJob>& jobs) {
+  jobs_.clear();
+  for (const LocalJob& j : jobs) jobs_[j.job_id] = j;
+}
+
+const LocalJob* SessionRegistry::FindJob(const std::string& job_id) const {
+  auto it = jobs_.find(job_id);
+  return it == jobs_.end() ? nullptr : &it->second;
+}
+
+absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Join(const std::string& job_id,
+                                                               uint32_t local_rank,
+                                                               uint32_t local_size) {
+  const LocalJob* job = FindJob(job_id);
+  if (job == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", job_id,
+        "' has no plan on this node yet: create it with this node as a worker, then retry"));
+  }
+  if (local_size != job->procs_per_node) {
+    return absl::InvalidArgumentError(absl::StrCat("job '", job_id, "' runs ", job->procs_per_node,
+                                                   " processes per node; local_size is ",
+                                                   local_size));
+  }
+  if (local_rank >= local_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("local_rank ", local_rank, " is not below local_size ", local_size));
+  }
+  for (const auto& [id, s] : sessions_) {
+    if (s->job_id == job_id && s->local_rank == local_rank) {
+      return absl::AlreadyExistsError(absl::StrCat("local rank ", local_rank, " of job '", job_id,
+                                                   "' is taken by session ", id));
+    }
+  }
+  auto session = std::make_shared<Session>();
+  session->id = NewSessionId();
+  session->job_id = job_id;
+  session->local_rank = local_rank;
+  session->local_size = local_size;
+  sessions_[session->id] = session;
+  return session;
+}
+
+absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Find(
+    const std::string& session_id) const {
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("session '", session_id,
+                     "' not found: call JoinJob first (sessions end when the process "
+                     "disconnects or leaves)"));
+  }
+  return it->second;
+}
+
+std::shared_ptr<Session> SessionRegistry::Remove(const std::string& session_id) {
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) return nullptr;
+  std::shared_ptr<Session> session = std::move(it->second);
+  sessions_.erase(it);
+  return session;
+}
+
+}  // namespace tributary::agent

@@ -1,0 +1,70 @@
+// The jobs this node works for and the sessions of its local training processes.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "agent/op_handle.h"
+#include "agent/shm_mapping.h"
+
+namespace tributary::agent {
+
+// What the local service needs to know of a job this node works for.
+struct LocalJob {
+  std::string job_id;
+  uint64_t plan_version = 0;
+  uint32_t node_rank = 0;
+  uint32_t num_nodes = 0;
+  uint32_t procs_per_node = 1;
+  std::chrono::milliseconds op_timeout{30000};
+};
+
+// One local process in one job: from JoinJob until LeaveJob, the end of its KeepAlive stream
+// or the agent's shutdown.
+struct Session {
+  std::string id;
+  std::string job_id;
+  uint32_t local_rank = 0;
+  uint32_t local_size = 0;
+  std::map<uint64_t, std::shared_ptr<SharedMemoryMapping>> buffers;  // by buffer id
+  uint64_t next_buffer = 1;
+  std::map<std::string, uint64_t> iterations;             // per tensor name: the next iteration
+  std::map<uint64_t, std::shared_ptr<OpHandle>> handles;  // by handle id, until reported
+  uint64_t next_handle = 1;
+  std::vector<std::function<void()>> on_end;  // run once when the session ends
+};
+
+// Not thread-safe: LocalService serializes every call under its mutex.
+class SessionRegistry {
+ public:
+  // Replaces the set of jobs this node works for.
+  void SetJobs(const std::vector<LocalJob>& jobs);
+  // Null when the node has no plan for `job_id`.
+  const LocalJob* FindJob(const std::string& job_id) const;
+
+  // A new session for local rank `local_rank` of `local_size` in `job_id`. FAILED_PRECONDITION
+  // when the node has no plan for the job, INVALID_ARGUMENT when local_size is not the job's
+  // procs_per_node or local_rank is not below it, ALREADY_EXISTS when another session holds
+  // the rank.
+  absl::StatusOr<std::shared_ptr<Session>> Join(const std::string& job_id, uint32_t local_rank,
+                                                uint32_t local_size);
+  // NOT_FOUND (telling the process to join first) when there is no such session.
+  absl::StatusOr<std::shared_ptr<Session>> Find(const std::string& session_id) const;
+  // Forgets the session and returns it; null when there is none.
+  std::shared_ptr<Session> Remove(const std::string& session_id);
+
+  const std::map<std::string, std::shared_ptr<Session>>& sessions() const { return sessions_; }
+  size_t size() const { return sessions_.size(); }
+
+ private:
+  std::map<std::string, LocalJob> jobs_;
+  std::map<std::string, std::shared_ptr<Session>> sessions_;
+};
+
+}  // namespace tributary::agent

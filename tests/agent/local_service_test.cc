@@ -1,0 +1,576 @@
+// LocalService without gRPC: sessions, shared-memory buffers, the local gather and its
+// failures, against a FakeCollectiveRunner and a FakeClock.
+#include "agent/local_service.h"
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "agent/fake_collective_runner.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/agent/shm_test_util.h"
+
+namespace tributary::agent {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+using testing::LeftoverShm;
+using ::testing::MatchesRegex;
+using testing::ScopedShm;
+using namespace std::chrono_literals;
+
+// However the tests end, no shared-memory object of theirs is left behind.
+class NoShmLeftovers : public ::testing::Environment {
+ public:
+  void TearDown() override { EXPECT_THAT(LeftoverShm(), IsEmpty()); }
+};
+const auto* const kNoShmLeftovers = ::testing::AddGlobalTestEnvironment(new NoShmLeftovers);
+
+// This node is worker 1 of 2, with 2 processes: global ranks 2 and 3 of 4.
+LocalJob TwoByTwoJob(const std::string& job_id = "job") {
+  return LocalJob{.job_id = job_id,
+                  .plan_version = 7,
+                  .node_rank = 1,
+                  .num_nodes = 2,
+                  .procs_per_node = 2,
+                  .op_timeout = 1000ms};
+}
+
+// What a Reply got, if it ran.
+struct Answer {
+  bool answered = false;
+  absl::Status status;
+  bool done = false;
+};
+
+class LocalServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override { service_.SetJobs({TwoByTwoJob()}); }
+
+  absl::StatusOr<tributary::v1::JoinJobResponse> JoinAs(uint32_t local_rank,
+                                                        uint32_t local_size = 2,
+                                                        const std::string& job_id = "job") {
+    tributary::v1::JoinJobRequest req;
+    req.set_job_id(job_id);
+    req.set_local_rank(local_rank);
+    req.set_local_size(local_size);
+    tributary::v1::JoinJobResponse resp;
+    absl::Status s = service_.Join(req, &resp);
+    if (!s.ok()) return s;
+    return resp;
+  }
+  std::string Join(uint32_t local_rank) {
+    auto resp = JoinAs(local_rank);
+    EXPECT_TRUE(resp.ok()) << resp.status();
+    return resp.ok() ? resp->session_id() : "";
+  }
+  absl::StatusOr<uint64_t> Register(const std::string& session, const std::string& name,
+                                    uint64_t size) {
+    tributary::v1::RegisterBufferRequest req;
+    req.set_session_id(session);
+    req.set_shm_name(name);
+    req.set_size_bytes(size);
+    tributary::v1::RegisterBufferResponse resp;
+    absl::Status s = service_.RegisterBuffer(req, &resp);
+    if (!s.ok()) return s;
+    return resp.buffer_id();
+  }
+  static tributary::v1::SubmitRequest Request(
+      const std::string& session, const std::string& tensor, uint64_t buffer, uint64_t count = 16,
+      tributary::v1::CollectiveOp op = tributary::v1::COLLECTIVE_OP_SUM) {
+    tributary::v1::SubmitRequest req;
+    req.set_session_id(session);
+    req.set_tensor_name(tensor);
+    req.set_buffer_id(buffer);
+    req.set_count(count);
+    req.set_dtype(tributary::v1::DATA_TYPE_FLOAT32);
+    req.set_op(op);
+    return req;
+  }
+  absl::StatusOr<uint64_t> Submit(const tributary::v1::SubmitRequest& req) {
+    tributary::v1::SubmitResponse resp;
+    absl::Status s = service_.Submit(req, &resp);
+    if (!s.ok()) return s;
+    return resp.handle();
+  }
+  // Waits with `timeout_ms`; the answer fills in when the service replies.
+  std::shared_ptr<Answer> Await(const std::string& session, uint64_t handle,
+                                uint32_t timeout_ms = 0) {
+    auto answer = std::make_shared<Answer>();
+    service_.Await(session, handle, timeout_ms, [answer](const absl::Status& s, bool done) {
+      EXPECT_FALSE(answer->answered) << "answered twice";
+      answer->answered = true;
+      answer->status = s;
+      answer->done = done;
+    });
+    return answer;
+  }
+  // The result of a finished operation (answered at once, done).
+  absl::Status Result(const std::string& session, uint64_t handle) {
+    auto answer = Await(session, handle);
+    EXPECT_TRUE(answer->answered);
+    EXPECT_TRUE(answer->done) << "handle " << handle << " still running";
+    return answer->status;
+  }
+  // Two sessions (local ranks 0 and 1) with one 4 KiB buffer each.
+  void JoinBoth() {
+    s0_ = Join(0);
+    s1_ = Join(1);
+    auto b0 = Register(s0_, shm0_.name(), shm0_.size());
+    auto b1 = Register(s1_, shm1_.name(), shm1_.size());
+    ASSERT_TRUE(b0.ok()) << b0.status();
+    ASSERT_TRUE(b1.ok()) << b1.status();
+    b0_ = *b0;
+    b1_ = *b1;
+  }
+
+  common::FakeClock clock_;
+  FakeCollectiveRunner runner_;
+  LocalService service_{&runner_, &clock_};
+  ScopedShm shm0_{4096}, shm1_{4096};
+  std::string s0_, s1_;
+  uint64_t b0_ = 0, b1_ = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Sessions
+
+TEST_F(LocalServiceTest, JoinGivesGlobalRankWorldSizeAndPlanVersion) {
+  auto r0 = JoinAs(0);
+  auto r1 = JoinAs(1);
+  ASSERT_TRUE(r0.ok()) << r0.status();
+  ASSERT_TRUE(r1.ok()) << r1.status();
+  EXPECT_EQ(r0->global_rank(), 2u);
+  EXPECT_EQ(r1->global_rank(), 3u);
+  EXPECT_EQ(r1->world_size(), 4u);
+  EXPECT_EQ(r1->plan_version(), 7u);
+  EXPECT_THAT(r0->session_id(), MatchesRegex("[0-9a-f]{16}"));
+  EXPECT_NE(r0->session_id(), r1->session_id());
+  EXPECT_EQ(service_.num_sessions(), 2u);
+}
+
+TEST_F(LocalServiceTest, JoinRejectsUnplannedJobsWrongSizesAndTakenRanks) {
+  auto unknown = JoinAs(0, 2, "other");
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(unknown.status().message(),
+            "job 'other' has no plan on this node yet: create it with this node as a worker, "
+            "then retry");
+  auto size = JoinAs(0, 3);
+  EXPECT_EQ(size.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(size.status().message(), "job 'job' runs 2 processes per node; local_size is 3");
+  auto rank = JoinAs(2);
+  EXPECT_EQ(rank.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(rank.status().message(), "local_rank 2 is not below local_size 2");
+
+  const std::string first = Join(1);
+  auto duplicate = JoinAs(1);
+  EXPECT_EQ(duplicate.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(duplicate.status().message(), "local rank 1 of job 'job' is taken by session " + first);
+  EXPECT_EQ(service_.num_sessions(), 1u);
+}
+
+TEST_F(LocalServiceTest, LeavingFreesTheRankAndEndsTheSessionOnce) {
+  const std::string session = Join(0);
+  int ended = 0;
+  ASSERT_TRUE(service_.WatchSession(session, [&] { ++ended; }).ok());
+  service_.EndSession(session, "it left the job");
+  service_.EndSession(session, "it left the job");  // idempotent
+  EXPECT_EQ(ended, 1);
+  EXPECT_EQ(service_.num_sessions(), 0u);
+
+  auto submit = Submit(Request(session, "t", 1));
+  EXPECT_EQ(submit.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(submit.status().message(),
+            "session '" + session +
+                "' not found: call JoinJob first (sessions end when the process disconnects or "
+                "leaves)");
+  absl::Status watch = service_.WatchSession(session, [] {});
+  EXPECT_EQ(watch.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(watch.message(), "session '" + session + "' not found");
+  EXPECT_TRUE(JoinAs(0).ok());  // the rank is free again
+}
+
+TEST_F(LocalServiceTest, KeepAliveEndFailsTheGathersMissingThatRank) {
+  ASSERT_NO_FATAL_FAILURE(JoinBoth());
+  auto grad = Submit(Request(s0_, "grad", b0_));
+  ASSERT_TRUE(grad.ok()) << grad.status();
+  EXPECT_FALSE(Await(s0_, *grad)->done);
+
+  service_.EndSession(s1_, "its process disconnected");
+  const absl::Status aborted = Result(s0_, *grad);
+  EXPECT_EQ(aborted.code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(aborted.message(),
+            "job 'job' tensor 'grad' iteration 0: local rank 1 ended (its process disconnected) "
+            "before submitting it");
+  // The other nodes are told.
+  ASSERT_EQ(runner_.aborts().size(), 1u);
+  EXPECT_EQ(runner_.aborts()[0].job_id, "job");
+  EXPECT_EQ(runner_.aborts()[0].tensor, "grad");
+  EXPECT_EQ(runner_.aborts()[0].iteration, 0u);
+  EXPECT_EQ(runner_.aborts()[0].reason, aborted);
+
+  // A later gather that needs the departed rank fails at once, not at the deadline.
+  auto bias = Submit(Request(s0_, "bias", b0_));
+  ASSERT_TRUE(bias.ok());
+  const absl::Status at_once = Result(s0_, *bias);
+  EXPECT_EQ(at_once.code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(at_once.message(),
+            "job 'job' tensor 'bias' iteration 0: local rank 1 ended (its process disconnected) "
+            "and cannot submit it");
+  EXPECT_EQ(runner_.aborts().size(), 2u);
+
+  // A new process for rank 1 clears it.
+  Join(1);
+  auto next = Submit(Request(s0_, "bias", b0_));
+  ASSERT_TRUE(next.ok());
+  EXPECT_FALSE(Await(s0_, *next)->done);
+  EXPECT_EQ(runner_.aborts().size(), 2u);
+  EXPECT_EQ(runner_.num_starts(), 0u);
+}
+
+TEST_F(LocalServiceTest, ShutdownEndsSessionsParkedWaitsAndNewJoins) {
+  // One process per node: its operation goes to the data plane at once and stays there.
+  LocalJob solo = TwoByTwoJob("solo");
+  solo.procs_per_node = 1;
+  service_.SetJobs({TwoByTwoJob(), solo});
+  auto joined = JoinAs(0, 1, "solo");
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  const std::string session = joined->session_id();
+  auto buffer = Register(session, shm0_.name(), shm0_.size());
+  ASSERT_TRUE(buffer.ok());
+  bool ended = false;
+  ASSERT_TRUE(service_.WatchSession(session, [&] { ended = true; }).ok());
+  auto handle = Submit(Request(session, "grad", *buffer));
+  ASSERT_TRUE(handle.ok());
+  EXPECT_EQ(runner_.num_starts(), 1u);
+  auto parked = Await(session, *handle, /*timeout_ms=*/60000);
+  EXPECT_FALSE(parked->answered);
+
+  service_.Shutdown();
+  EXPECT_TRUE(ended);
+  EXPECT_TRUE(parked->answered);
+  EXPECT_TRUE(parked->status.ok());
+  EXPECT_FALSE(parked->done);
+  EXPECT_EQ(service_.num_sessions(), 0u);
+  auto join = JoinAs(0);
+  EXPECT_EQ(join.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(join.status().message(), "the agent is shutting down");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Buffers
+
+TEST_F(LocalServiceTest, RegisteredBuffersMapTheProcesssMemory) {
+  const std::string session = Join(0);
+  Join(1);
+  auto first = Register(session, shm0_.name(), 4096);
+  auto second = Register(session, shm1_.name(), 1024);  // a prefix of the object is fine
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(*first, 1u);
+  EXPECT_EQ(*second, 2u);
+
+  // The operation's buffer is the process's memory: what the test writes, the agent reads.
+  for (int i = 0; i < 16; ++i) shm0_.as<float>()[64 + i] = static_cast<float>(i) + 0.5f;
+  auto req = Request(session, "grad", *first);
+  req.set_offset_bytes(64 * sizeof(float));
+  ASSERT_TRUE(Submit(req).ok());
+
+  tributary::v1::UnregisterBufferRequest unregister;
+  unregister.set_session_id(session);
+  unregister.set_buffer_id(*first);
+  EXPECT_TRUE(service_.UnregisterBuffer(unregister).ok());
+  EXPECT_TRUE(service_.UnregisterBuffer(unregister).ok());  // unknown ids are ignored
+  auto gone = Submit(Request(session, "grad", *first));
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(gone.status().message(),
+            "job 'job' tensor 'grad': buffer 1 is not registered in this session");
+  unregister.set_session_id("nobody");
+  EXPECT_EQ(service_.UnregisterBuffer(unregister).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(LocalServiceTest, RegisterRejectsSmallMissingAndMisnamedObjects) {
+  const std::string session = Join(0);
+  ScopedShm small(1024);
+  auto too_small = Register(session, small.name(), 4096);
+  EXPECT_EQ(too_small.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(too_small.status().message(),
+            "shared memory '" + small.name() + "' has 1024 bytes, fewer than the 4096 declared");
+
+  const std::string missing = "/" + testing::ShmPrefix() + "never-created";
+  auto unknown = Register(session, missing, 64);
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(unknown.status().message(),
+            "shm_open('" + missing + "') failed: No such file or directory");
+
+  auto unnamed = Register(session, "no-slash", 64);
+  EXPECT_EQ(unnamed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(unnamed.status().message(),
+            "shm_name 'no-slash' must be '/' followed by up to 254 characters without '/'");
+  auto empty = Register(session, small.name(), 0);
+  EXPECT_EQ(empty.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(empty.status().message(),
+            "buffer '" + small.name() + "': size_bytes 0 is not in [1, 1 TiB]");
+  auto no_session = Register("nobody", small.name(), 64);
+  EXPECT_EQ(no_session.status().code(), absl::StatusCode::kNotFound);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Submit's validation: once, here, naming job and tensor
+
+TEST_F(LocalServiceTest, SubmitValidatesTheRequestOnce) {
+  ASSERT_NO_FATAL_FAILURE(JoinBoth());
+  auto expect_invalid = [&](tributary::v1::SubmitRequest req, const std::string& message) {
+    auto s = Submit(req);
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << message;
+    EXPECT_EQ(s.status().message(), message);
+  };
+  auto req = Request(s0_, "t", b0_);
+  req.set_op(static_cast<tributary::v1::CollectiveOp>(7));
+  expect_invalid(req, "job 'job' tensor 't': unknown op 7");
+  req = Request(s0_, "t", b0_);
+  req.set_op(tributary::v1::COLLECTIVE_OP_UNSPECIFIED);
+  expect_invalid(req, "job 'job' tensor 't': unknown op 0");
+  req = Request(s0_, "t", b0_);
+  req.set_dtype(tributary::v1::DATA_TYPE_UNSPECIFIED);
+  expect_invalid(req, "job 'job' tensor 't': unknown dtype 0");
+  expect_invalid(Request(s0_, "", b0_),
+                 "job 'job' tensor '': tensor names must have 1 to 1024 bytes");
+  expect_invalid(Request(s0_, "t", b0_, 0),
+                 "job 'job' tensor 't': count 0 must be in [1, 2^40 bytes / element]");
+  expect_invalid(Request(s0_, "t", b0_, 1025),
+                 "job 'job' tensor 't': bytes [0, 4100) do not fit buffer 1 of 4096 bytes");
+  req = Request(s0_, "t", b0_, 16, tributary::v1::COLLECTIVE_OP_BROADCAST);
+  req.set_root_rank(4);
+  expect_invalid(req, "job 'job' tensor 't': root rank 4 is not below world size 4");
+  // None of them reached the gather or the data plane.
+  EXPECT_EQ(runner_.num_starts(), 0u);
+  EXPECT_THAT(runner_.aborts(), IsEmpty());
+
+  service_.SetJobs({});
+  auto unplanned = Submit(Request(s0_, "t", b0_));
+  EXPECT_EQ(unplanned.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(unplanned.status().message(),
+            "job 'job' tensor 't': the job is no longer planned on this node");
+}
+
+TEST(ToOperationKindTest, ConvertsEachApiOpAndRejectsTheRest) {
+  EXPECT_EQ(*ToOperationKind(tributary::v1::COLLECTIVE_OP_SUM), OperationKind::kSum);
+  EXPECT_EQ(*ToOperationKind(tributary::v1::COLLECTIVE_OP_AVERAGE), OperationKind::kAverage);
+  EXPECT_EQ(*ToOperationKind(tributary::v1::COLLECTIVE_OP_BROADCAST), OperationKind::kBroadcast);
+  auto unspecified = ToOperationKind(tributary::v1::COLLECTIVE_OP_UNSPECIFIED);
+  EXPECT_EQ(unspecified.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(unspecified.status().message(), "unknown op 0");
+  EXPECT_EQ(ToOperationKind(static_cast<tributary::v1::CollectiveOp>(-1)).status().message(),
+            "unknown op -1");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The local gather
+
+TEST_F(LocalServiceTest, LocalRanksBecomeOneNodeOperation) {
+  ASSERT_NO_FATAL_FAILURE(JoinBoth());
+  for (int i = 0; i < 16; ++i) {
+    shm0_.as<float>()[i] = static_cast<float>(i);
+    shm1_.as<float>()[8 + i] = static_cast<float>(100 + i);
+  }
+  auto req0 = Request(s0_, "grad", b0_, 16, tributary::v1::COLLECTIVE_OP_AVERAGE);
+  req0.set_priority(5);
+  auto req1 = Request(s1_, "grad", b1_, 16, tributary::v1::COLLECTIVE_OP_AVERAGE);
+  req1.set_offset_bytes(8 * sizeof(float));
+  req1.set_priority(-2);
+  auto h0 = Submit(req0);
+  ASSERT_TRUE(h0.ok()) << h0.status();
+  EXPECT_EQ(runner_.num_starts(), 0u);  // waits for local rank 1
+  auto h1 = Submit(req1);
+  ASSERT_TRUE(h1.ok()) << h1.status();
+  ASSERT_EQ(runner_.num_starts(), 1u);
+
+  const FakeCollectiveRunner::StartCall call = runner_.start(0);
+  EXPECT_EQ(call.job_id, "job");
+  EXPECT_EQ(call.op.tensor_name, "grad");
+  EXPECT_EQ(call.op.iteration, 0u);
+  EXPECT_EQ(call.op.dtype, common::DataType::kFloat32);
+  EXPECT_EQ(call.op.count, 16u);
+  EXPECT_EQ(call.op.kind, OperationKind::kAverage);
+  EXPECT_EQ(call.op.priority, -2);  // the most urgent rank's
+  ASSERT_EQ(call.op.buffers.size(), 2u);
+  // Rank order, each at its own offset in its own process's memory.
+  EXPECT_EQ(reinterpret_cast<const float*>(call.op.buffers[0])[3], 3.0f);
+  EXPECT_EQ(reinterpret_cast<const float*>(call.op.buffers[1])[3], 103.0f);
+  EXPECT_NE(call.op.keepalive, nullptr);
+  EXPECT_FALSE(Await(s0_, *h0)->done);
+
+  runner_.Complete(0, absl::OkStatus());
+  EXPECT_TRUE(Result(s0_, *h0).ok());
+  EXPECT_TRUE(Result(s1_, *h1).ok());
+  // Reported results are forgotten.
+  auto again = Await(s0_, *h0);
+  EXPECT_EQ(again->status.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(again->status.message(),
+            "handle 1 is unknown in this session (its result was already reported?)");
+
+  // The next submission of the name is its next iteration.
+  ASSERT_TRUE(Submit(Request(s0_, "grad", b0_)).ok());
+  ASSERT_TRUE(Submit(Request(s1_, "grad", b1_)).ok());
+  ASSERT_EQ(runner_.num_starts(), 2u);
+  EXPECT_EQ(runner_.start(1).op.iteration, 1u);
+  EXPECT_EQ(runner_.start(1).op.kind, OperationKind::kSum);
+  EXPECT_THAT(runner_.aborts(), IsEmpty());
+}
+
+TEST_F(LocalServiceTest, BroadcastRootBecomesNodeAndLocalIndex) {
+  ASSERT_NO_FATAL_FAILURE(JoinBoth());
+  for (const auto& [session, buffer] : {std::pair{s0_, b0_}, std::pair{s1_, b1_}}) {
+    auto req = Request(session, "emb", buffer, 16, tributary::v1::COLLECTIVE_OP_BROADCAST);
+    req.set_root_rank(3);  // node 1, local rank 1
+    ASSERT_TRUE(Submit(req).ok());
+  }
+  ASSERT_EQ(runner_.num_starts(), 1u);
+  EXPECT_EQ(runner_.start(0).op.kind, OperationKind::kBroadcast);
+  EXPECT_EQ(runner_.start(0).op.root_node, 1u);
+  EXPECT_EQ(runner_.start(0).op.root_local, 1u);
+}
+
+// Each case: what local rank 1 submits after rank 0's 16 x float32 sum, and the error.
+struct MismatchCase {
+  std::string name;
+  uint64_t count;
+  tributary::v1::DataType dtype;
+  tributary::v1::CollectiveOp op;
+  uint32_t root;
+  std::string rank0;
+  std::string rank1;
+};
+
+class LocalGatherMismatchTest : public LocalServiceTest,
+                                public ::testing::WithParamInterface<MismatchCase> {};
+
+TEST_P(LocalGatherMismatchTest, FailsEveryLocalRankWithInvalidArgument) {
+  const MismatchCase& c = GetParam();
+  ASSERT_NO_FATAL_FAILURE(JoinBoth());
+  auto first = Request(s0_, "grad", b0_, 16,
+                       c.op == tributary::v1::COLLECTIVE_OP_BROADCAST
+                           ? tributary::v1::COLLECTIVE_OP_BROADCAST
+                           : tributary::v1::COLLECTIVE_OP_SUM);
+  auto second = Request(s1_, "grad", b1_, c.count, c.op);
+  second.set_dtype(c.dtype);
+  second.set_root_rank(c.root);
+  auto h0 = Submit(first);
+  auto h1 = Submit(second);
+  ASSERT_TRUE(h0.ok()) << h0.status();
+  ASSERT_TRUE(h1.ok()) << h1.status();
+  const std::string message = "job 'job' tensor 'grad' iteration 0: local rank 0 submitted " +
+                              c.rank0 + " but local rank 1 submitted " + c.rank1;
+  for (const auto& [session, handle] : {std::pair{s0_, *h0}, std::pair{s1_, *h1}}) {
+    const absl::Status s = Result(session, handle);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(s.message(), message);
+  }
+  EXPECT_EQ(runner_.num_starts(), 0u);
+  ASSERT_EQ(runner_.aborts().size(), 1u);
+  EXPECT_EQ(runner_.aborts()[0].reason.message(), message);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, LocalGatherMismatchTest,
+    ::testing::Values(
+        MismatchCase{"Count", 8, tributary::v1::DATA_TYPE_FLOAT32, tributary::v1::COLLECTIVE_OP_SUM,
+                     0, "16 x float32 sum", "8 x float32 sum"},
+        MismatchCase{"Dtype", 16, tributary::v1::DATA_TYPE_INT32, tributary::v1::COLLECTIVE_OP_SUM,
+                     0, "16 x float32 sum", "16 x int32 sum"},
+        MismatchCase{"Op", 16, tributary::v1::DATA_TYPE_FLOAT32,
+                     tributary::v1::COLLECTIVE_OP_AVERAGE, 0, "16 x float32 sum",
+                     "16 x float32 average"},
+        MismatchCase{"BroadcastRoot", 16, tributary::v1::DATA_TYPE_FLOAT32,
+                     tributary::v1::COLLECTIVE_OP_BROADCAST, 1,
+                     "16 x float32 broadcast from rank 0", "16 x float32 broadcast from rank 1"}),
+    [](const ::testing::TestParamInfo<MismatchCase>& info) { return info.param.name; });
+
+TEST_F(LocalServiceTest, GatherMissingARankFailsAtItsJobsTimeout) {
+  ASSERT_NO_FATAL_FAILURE(JoinBoth());
+  auto handle = Submit(Request(s1_, "grad", b1_));
+  ASSERT_TRUE(handle.ok());
+  clock_.Advance(999ms);
+  service_.Tick();
+  EXPECT_FALSE(Await(s1_, *handle)->done);
+  EXPECT_THAT(runner_.aborts(), IsEmpty());
+
+  clock_.Advance(1ms);
+  service_.Tick();
+  const absl::Status s = Result(s1_, *handle);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(s.message(),
+            "job 'job' tensor 'grad' iteration 0: local ranks [0] did not submit it within 1000 "
+            "ms");
+  ASSERT_EQ(runner_.aborts().size(), 1u);
+  EXPECT_EQ(runner_.aborts()[0].reason, s);
+}
+
+TEST_F(LocalServiceTest, RunnerStartErrorFailsEveryRankAndAbortsThePeers) {
+  ASSERT_NO_FATAL_FAILURE(JoinBoth());
+  const absl::Status refused = absl::NotFoundError("job 'job' is unknown to the data plane");
+  runner_.FailStartWith(refused);
+  auto h0 = Submit(Request(s0_, "grad", b0_));
+  auto h1 = Submit(Request(s1_, "grad", b1_));
+  ASSERT_TRUE(h0.ok());
+  ASSERT_TRUE(h1.ok());
+  EXPECT_EQ(Result(s0_, *h0), refused);
+  EXPECT_EQ(Result(s1_, *h1), refused);
+  ASSERT_EQ(runner_.aborts().size(), 1u);
+  EXPECT_EQ(runner_.aborts()[0].job_id, "job");
+  EXPECT_EQ(runner_.aborts()[0].tensor, "grad");
+  EXPECT_EQ(runner_.aborts()[0].iteration, 0u);
+  EXPECT_EQ(runner_.aborts()[0].reason, refused);
+}
+
+TEST_F(LocalServiceTest, DataPlaneErrorReachesEveryRank) {
+  ASSERT_NO_FATAL_FAILURE(JoinBoth());
+  auto h0 = Submit(Request(s0_, "grad", b0_));
+  auto h1 = Submit(Request(s1_, "grad", b1_));
+  ASSERT_TRUE(h0.ok());
+  ASSERT_TRUE(h1.ok());
+  const absl::Status failed = absl::AbortedError("node w1 died during the push");
+  runner_.Complete(0, failed);
+  EXPECT_EQ(Result(s0_, *h0), failed);
+  EXPECT_EQ(Result(s1_, *h1), failed);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Waits
+
+TEST_F(LocalServiceTest, ParkedWaitIsAnsweredByCompletionOrByTickAfterItsTimeout) {
+  ASSERT_NO_FATAL_FAILURE(JoinBoth());
+  auto h0 = Submit(Request(s0_, "grad", b0_));
+  ASSERT_TRUE(h0.ok());
+  auto timed = Await(s0_, *h0, /*timeout_ms=*/500);
+  clock_.Advance(499ms);
+  service_.Tick();
+  EXPECT_FALSE(timed->answered);
+  clock_.Advance(1ms);
+  service_.Tick();
+  ASSERT_TRUE(timed->answered);
+  EXPECT_TRUE(timed->status.ok());
+  EXPECT_FALSE(timed->done);
+
+  auto parked = Await(s0_, *h0, /*timeout_ms=*/500);
+  auto h1 = Submit(Request(s1_, "grad", b1_));
+  ASSERT_TRUE(h1.ok());
+  EXPECT_FALSE(parked->answered);
+  runner_.Complete(0, absl::OkStatus());
+  ASSERT_TRUE(parked->answered);
+  EXPECT_TRUE(parked->status.ok());
+  EXPECT_TRUE(parked->done);
+  // Delivered to a parked wait: the next Tick forgets the handle.
+  service_.Tick();
+  EXPECT_EQ(Await(s0_, *h0)->status.code(), absl::StatusCode::kNotFound);
+  // Not yet waited for: still there.
+  EXPECT_TRUE(Result(s1_, *h1).ok());
+}
+
+}  // namespace
+}  // namespace tributary::agent
