@@ -29,8 +29,8 @@
 #include "client/cluster/local_cluster.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "tests/observability/prometheus/dashboard_queries.h"
-#include "tests/observability/prometheus/prometheus_server.h"
+#include "tests/dashboards/dashboard_queries.h"
+#include "tests/dashboards/prometheus_server.h"
 
 namespace tributary::promtest {
 namespace {

@@ -1,4 +1,4 @@
-#include "tests/observability/prometheus/prometheus_server.h"
+#include "tests/dashboards/prometheus_server.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

@@ -1,4 +1,4 @@
-#include "tests/observability/prometheus/dashboard_queries.h"
+#include "tests/dashboards/dashboard_queries.h"
 
 #include <algorithm>
 #include <filesystem>
