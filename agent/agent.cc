@@ -85,17 +85,13 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& in) {
   auto counting = std::make_unique<dataplane::CountingTransport>(std::move(agent->transport_));
   agent->counting_ = counting.get();
   agent->transport_ = std::move(counting);
-  agent->node_ = std::make_unique<dataplane::PushPullNode>(
+  agent->collectives_ = std::make_unique<dataplane::DataPlaneNode>(
       agent->transport_.get(), agent->reducer_.get(), common::SystemClock::Get());
-  agent->engine_ = std::make_unique<dataplane::CollectiveEngine>(
-      agent->transport_.get(), agent->reducer_.get(), common::SystemClock::Get());
-  agent->collectives_ = std::make_unique<dataplane::NodeCollectives>(
-      agent->node_.get(), agent->engine_.get(), agent->reducer_.get());
   if (!options.registry) options.registry = std::make_shared<prometheus::Registry>();
   agent->metrics_ = std::make_unique<dataplane::DataPlaneMetrics>(*options.registry);
   agent->collectives_->SetMetrics(agent->metrics_.get(), common::SystemClock::Get());
-  agent->stats_collector_ = std::make_shared<dataplane::DataPlaneStatsCollector>(
-      &agent->node_->stats(), &agent->engine_->stats());
+  agent->stats_collector_ =
+      std::make_shared<dataplane::DataPlaneStatsCollector>(agent->collectives_.get());
 
   tributary::v1::NodeInventory& inv = agent->inventory_;
   inv.set_data_plane_address(agent->transport_->Address());
@@ -175,7 +171,7 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& in) {
       });
   agent->control_collector_ = std::make_shared<common::metrics::FunctionCollector>(
       [self] { return self->CollectControl(); });
-  agent->node_->server().SetPlanMissingCallback([self] { self->controller_->RequestRefresh(); });
+  agent->collectives_->SetPlanMissingCallback([self] { self->controller_->RequestRefresh(); });
   agent->controller_->Start();
   agent->tick_thread_ = std::thread([self] { self->TickLoop(); });
   Log()->info("agent {} up: data plane {}, local service {}, nic {:.0f} MB/s, sum {:.0f} MB/s",
@@ -245,7 +241,7 @@ void Agent::ApplyPlans(const std::vector<tributary::v1::JobPlan>& plans) {
     }
     now[plan.job_id()] = plan.version();
     if (applied_[plan.job_id()] != plan.version()) {
-      collectives_->SetJob(*view, static_cast<dataplane::AlgorithmChoice>(plan.algorithm()));
+      collectives_->SetJob(*view, static_cast<dataplane::Algorithm>(plan.algorithm()));
       Log()->info("job {} plan v{}: worker rank {}, server index {} of {}", plan.job_id(),
                   plan.version(), view->my_worker_rank, view->my_server_index,
                   view->server_addresses.size());
@@ -273,8 +269,7 @@ void Agent::TickLoop() {
     tick_cv_.wait_for(lock, options_.tick, [this] { return stopping_; });
     if (stopping_) break;
     lock.unlock();
-    node_->ExpireStale();
-    engine_->ExpireStale();
+    collectives_->ExpireStale();
     local_->Tick();
     collectives_->UpdatePendingMetrics();
     lock.lock();

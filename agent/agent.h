@@ -13,10 +13,8 @@
 #include "agent/controller_client.h"
 #include "agent/local_service.h"
 #include "agent/node_discovery.h"
-#include "dataplane/collectives/allreduce_push_pull.h"
-#include "dataplane/collectives/collective_engine.h"
+#include "dataplane/collectives/data_plane_node.h"
 #include "dataplane/collectives/dataplane_metrics.h"
-#include "dataplane/collectives/node_collectives.h"
 #include "dataplane/reduce/cpu/cpu_reducer.h"
 #include "dataplane/transport/counting_transport.h"
 #include "dataplane/transport/transport.h"
@@ -83,9 +81,7 @@ class Agent {
   std::shared_ptr<prometheus::Collectable> control_collector_;
   std::unique_ptr<dataplane::CpuReducer> reducer_;
   std::unique_ptr<dataplane::Transport> transport_;
-  std::unique_ptr<dataplane::PushPullNode> node_;
-  std::unique_ptr<dataplane::CollectiveEngine> engine_;
-  std::unique_ptr<dataplane::NodeCollectives> collectives_;
+  std::unique_ptr<dataplane::DataPlaneNode> collectives_;
   std::unique_ptr<LocalService> local_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<ControllerClient> controller_;

@@ -208,7 +208,7 @@ struct LocalService::Gather {
   common::Clock::TimePoint created;
 };
 
-LocalService::LocalService(dataplane::NodeCollectives* collectives, const common::Clock* clock)
+LocalService::LocalService(dataplane::DataPlaneNode* collectives, const common::Clock* clock)
     : collectives_(collectives), clock_(clock) {}
 
 LocalService::~LocalService() { Shutdown(); }
@@ -528,15 +528,15 @@ absl::Status LocalService::DoSubmit(const tributary::v1::SubmitRequest& req,
         return absl::OkStatus();  // the error travels through every handle
       }
     }
-    dataplane::LocalOperation op;
+    dataplane::Operation op;
     op.tensor_name = key.tensor;
     op.iteration = key.iteration;
     op.dtype = first.dtype;
     op.count = first.count;
-    op.kind = first.op == tributary::v1::COLLECTIVE_OP_SUM ? dataplane::LocalOperation::Kind::kSum
-              : first.op == tributary::v1::COLLECTIVE_OP_AVERAGE
-                  ? dataplane::LocalOperation::Kind::kAverage
-                  : dataplane::LocalOperation::Kind::kBroadcast;
+    op.reduction = first.op == tributary::v1::COLLECTIVE_OP_SUM ? dataplane::Reduction::kSum
+                   : first.op == tributary::v1::COLLECTIVE_OP_AVERAGE
+                       ? dataplane::Reduction::kAverage
+                       : dataplane::Reduction::kBroadcast;
     op.root_node = first.root / job.procs_per_node;
     op.root_local = first.root % job.procs_per_node;
     op.priority = first.priority;

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "common/clock.h"
-#include "dataplane/collectives/node_collectives.h"
+#include "dataplane/collectives/data_plane_node.h"
 #include "tributary/v1/agent.grpc.pb.h"
 
 namespace tributary::agent {
@@ -32,7 +32,7 @@ struct LocalJob {
 // data plane is called outside it.
 class LocalService final : public tributary::v1::Agent::CallbackService {
  public:
-  LocalService(dataplane::NodeCollectives* collectives, const common::Clock* clock);
+  LocalService(dataplane::DataPlaneNode* collectives, const common::Clock* clock);
   ~LocalService() override;
 
   // Replaces the set of jobs this node works for.
@@ -98,7 +98,7 @@ class LocalService final : public tributary::v1::Agent::CallbackService {
                                  uint64_t handle_id, uint32_t timeout_ms,
                                  std::function<void(bool)> set_done);
 
-  dataplane::NodeCollectives* collectives_;
+  dataplane::DataPlaneNode* collectives_;
   const common::Clock* clock_;
   mutable std::mutex mu_;
   std::map<std::string, LocalJob> jobs_;

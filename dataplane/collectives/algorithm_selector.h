@@ -12,15 +12,19 @@
 
 namespace tributary::dataplane {
 
-// The all-reduce algorithms of the data plane. Values travel on the wire (CollectiveHeader).
+// The collective algorithms of the data plane, and a job's choice among them. Values match
+// tributary.v1.Algorithm (api/tributary/v1/controller.proto) and travel on the wire
+// (WireHeader::algorithm, never kAuto there).
 enum class Algorithm : uint8_t {
-  kRing = 1,             // allreduce_ring.h: reduce-scatter + all-gather around a ring
-  kHalvingDoubling = 2,  // allreduce_halving_doubling.h: Rabenseifner
-  kPushPull = 3,         // allreduce_push_pull.h: summation servers (DESIGN §1.1)
+  kAuto = 0,             // a job's choice only: by size, from the selector's thresholds
+  kPushPull = 1,         // allreduce_push_pull.h: summation servers (DESIGN §1.1)
+  kRing = 2,             // allreduce_ring.h: reduce-scatter + all-gather around a ring
+  kHalvingDoubling = 3,  // allreduce_halving_doubling.h: Rabenseifner
 };
 
-// "ring", "halving_doubling", "push_pull".
+// "auto", "push_pull", "ring", "halving_doubling".
 std::string_view AlgorithmName(Algorithm a);
+// Whether `raw` names an algorithm that runs (kAuto excluded).
 bool IsValidAlgorithm(uint32_t raw);
 
 // Costs of the network and the CPU, per node. The defaults are a model of a 100 Gb/s NIC with a
