@@ -306,10 +306,12 @@ void CollectiveEngine::Abort(const std::string& job_id, const std::string& tenso
     WireHeader h;
     h.kind = static_cast<uint8_t>(MessageKind::kAbort);
     h.algorithm = static_cast<uint8_t>(Algorithm::kRing);
-    if (auto op = ops_.find(key); op != ops_.end()) {
-      h = op->second->descriptor;
+    if (auto it = ops_.find(key); it != ops_.end()) {
+      // A copy: failing the operation erases the map's reference.
+      const std::shared_ptr<OpState> op = it->second;
+      h = op->descriptor;
       h.kind = static_cast<uint8_t>(MessageKind::kAbort);
-      FailLocked(op->second, status, /*tell_peers=*/false, out, done);
+      FailLocked(op, status, /*tell_peers=*/false, out, done);
     } else {
       h.job = key.job;
       h.tensor = key.tensor;

@@ -355,7 +355,8 @@ TEST(PushPull, MemoryStaysWithinCreditAndShares) {
   }
 }
 
-// Records the (tensor, chunk) of every push a node sends.
+// Records the (tensor, chunk) of every push a node sends, and holds the send completions back
+// until Release: what is queued when the first completion returns credit is then up to the test.
 class RecordingTransport final : public Transport {
  public:
   explicit RecordingTransport(Transport* inner) : inner_(inner) {}
@@ -369,18 +370,38 @@ class RecordingTransport final : public Transport {
       std::lock_guard lock(mu_);
       if (h.kind == static_cast<uint8_t>(MessageKind::kPush)) sent_.emplace_back(h.tensor, h.chunk);
     }
-    inner_->Send(peer, header, payload, std::move(done));
+    inner_->Send(peer, header, payload, [this, done = std::move(done)](absl::Status s) mutable {
+      std::unique_lock lock(mu_);
+      if (holding_) {
+        held_.push_back([done = std::move(done), s]() mutable { done(s); });
+        return;
+      }
+      lock.unlock();
+      done(s);
+    });
   }
   void Shutdown() override { inner_->Shutdown(); }
   std::vector<std::pair<uint64_t, uint32_t>> sent() {
     std::lock_guard lock(mu_);
     return sent_;
   }
+  // Runs the completions held so far and lets every later one through.
+  void Release() {
+    std::vector<std::function<void()>> held;
+    {
+      std::lock_guard lock(mu_);
+      holding_ = false;
+      held.swap(held_);
+    }
+    for (auto& f : held) f();
+  }
 
  private:
   Transport* inner_;
   std::mutex mu_;
   std::vector<std::pair<uint64_t, uint32_t>> sent_;
+  bool holding_ = true;
+  std::vector<std::function<void()>> held_;
 };
 
 TEST(PushPull, LowerPriorityNumbersGoFirst) {
@@ -422,7 +443,9 @@ TEST(PushPull, LowerPriorityNumbersGoFirst) {
     high_done.set_value();
   };
   ASSERT_TRUE(worker.push_pull().worker().Start("j", std::move(op_low)).ok());
+  // Low's first chunk holds the whole credit until its send completes: high queues behind it.
   ASSERT_TRUE(worker.push_pull().worker().Start("j", std::move(op_high)).ok());
+  recorder.Release();
   network.SetFrozen("s", false);
   ASSERT_EQ(low_done.get_future().wait_for(kGuard), std::future_status::ready);
   ASSERT_EQ(high_done.get_future().wait_for(kGuard), std::future_status::ready);
