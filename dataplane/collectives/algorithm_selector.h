@@ -44,7 +44,7 @@ struct CostModel {
 //          is exposed)  + for n != p the fold: 2α + 2M·β + M·γ
 //   push/pull: 2(n+k-1)·α + 2n(n-1)/D·M·β with D = n² + kn - 2k (a message to and from every
 //          server; summation pipelined on the servers)
-// n == 1 costs 0 for every algorithm.
+// n == 1 costs 0 for every algorithm, and kAuto (not an algorithm that runs) costs 0.
 double PredictSeconds(Algorithm algorithm, uint64_t bytes, int n, int extra_servers,
                       const CostModel& model);
 
