@@ -44,7 +44,8 @@ struct Operation {
   // to the transport have completed.
   std::shared_ptr<void> keepalive;
   // Runs exactly once, without data-plane locks held, with the collective's result: on the
-  // calling thread of Start or on the transport's thread.
+  // thread that started it (DataPlaneNode::Start, CollectiveAlgorithm::Post) or on the
+  // transport's thread. Never runs when the start itself returned an error.
   std::function<void(absl::Status)> done;
 };
 
