@@ -8,8 +8,8 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "agent/data_plane_runner.h"
 #include "agent/grpc_controller_client.h"
-#include "agent/node_collectives_runner.h"
 #include "agent/node_discovery.h"
 #include "agent/plan_view.h"
 #include "common/logging.h"
@@ -50,14 +50,14 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& in) {
   }
   if (!options.registry) options.registry = std::make_shared<prometheus::Registry>();
 
-  NodeCollectivesRunner::Options data_plane;
+  DataPlaneRunner::Options data_plane;
   data_plane.listen_host = options.data_plane_host;
   data_plane.port = options.data_plane_port;
   data_plane.paced_bytes_per_s = options.emulate_nic ? options.nic_bytes_per_s : 0;
   data_plane.reducer_threads = options.reducer_threads;
   ASSIGN_OR_RETURN(
-      std::unique_ptr<NodeCollectivesRunner> runner,
-      NodeCollectivesRunner::Create(data_plane, *options.registry, common::SystemClock::Get()));
+      std::unique_ptr<DataPlaneRunner> runner,
+      DataPlaneRunner::Create(data_plane, *options.registry, common::SystemClock::Get()));
 
   inv.set_data_plane_address(runner->address());
   if (options.nic_bytes_per_s > 0) inv.set_nic_bytes_per_s(options.nic_bytes_per_s);
@@ -249,7 +249,7 @@ void Agent::ApplyPlans(const std::vector<tributary::v1::JobPlan>& plans) {
     }
     now[plan.job_id()] = plan.version();
     if (applied_[plan.job_id()] != plan.version()) {
-      runner_->SetJob(*view, static_cast<dataplane::AlgorithmChoice>(plan.algorithm()));
+      runner_->SetJob(*view, static_cast<dataplane::Algorithm>(plan.algorithm()));
       Log()->info("job {} plan v{}: worker rank {}, server index {} of {}", plan.job_id(),
                   plan.version(), view->my_worker_rank, view->my_server_index,
                   view->server_addresses.size());

@@ -1,10 +1,10 @@
 // What the agent needs from its node's data plane: jobs set and removed as plans change,
 // node-level operations started and aborted, a periodic sweep, and the traffic and per-job
 // observations its heartbeats report. The local gather and `Agent` talk to this interface
-// only; `NodeCollectivesRunner` (node_collectives_runner.h) is the production implementation,
+// only; `DataPlaneRunner` (data_plane_runner.h) is the production implementation,
 // `FakeCollectiveRunner` (fake_collective_runner.h) the one tests use.
 //
-// The data-plane types (`JobView`, `AlgorithmChoice`, `LocalOperation`) appear here, in the
+// The data-plane types (`JobView`, `Algorithm`, `Operation`) appear here, in the
 // implementations, in local_gather.{h,cc}, in plan_view.{h,cc} and in Agent::ApplyPlans, nowhere
 // else in agent/.
 #pragma once
@@ -15,8 +15,9 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "dataplane/collectives/allreduce_push_pull.h"
-#include "dataplane/collectives/node_collectives.h"
+#include "dataplane/collectives/algorithm_selector.h"
+#include "dataplane/collectives/job_view.h"
+#include "dataplane/collectives/operation.h"
 
 namespace tributary::agent {
 
@@ -32,14 +33,15 @@ class CollectiveRunner {
  public:
   virtual ~CollectiveRunner() = default;
 
-  // Adds or replaces the job's view (its plan seen from this node), run with `choice`.
-  virtual void SetJob(const dataplane::JobView& view, dataplane::AlgorithmChoice choice) = 0;
+  // Adds or replaces the job's view (its plan seen from this node), run with `algorithm`
+  // (kAuto: by size).
+  virtual void SetJob(const dataplane::JobView& view, dataplane::Algorithm algorithm) = 0;
   // Forgets the job; its running operations fail.
   virtual void RemoveJob(const std::string& job_id) = 0;
 
   // Starts a node-level operation of job `job_id`. On error `op.done` is never called; on OK
   // it is called exactly once, on a data-plane thread, with the operation's result.
-  virtual absl::Status Start(const std::string& job_id, dataplane::LocalOperation op) = 0;
+  virtual absl::Status Start(const std::string& job_id, dataplane::Operation op) = 0;
   // This node cannot take part in (tensor, iteration): fail it for the other nodes now.
   virtual void Abort(const std::string& job_id, const std::string& tensor, uint64_t iteration,
                      const absl::Status& reason) = 0;

@@ -17,11 +17,11 @@ class FakeCollectiveRunner final : public CollectiveRunner {
  public:
   struct SetJobCall {
     dataplane::JobView view;
-    dataplane::AlgorithmChoice choice;
+    dataplane::Algorithm algorithm;
   };
   struct StartCall {
     std::string job_id;
-    dataplane::LocalOperation op;
+    dataplane::Operation op;
   };
   struct AbortCall {
     std::string job_id;
@@ -95,15 +95,15 @@ class FakeCollectiveRunner final : public CollectiveRunner {
     return shut_down_;
   }
 
-  void SetJob(const dataplane::JobView& view, dataplane::AlgorithmChoice choice) override {
+  void SetJob(const dataplane::JobView& view, dataplane::Algorithm algorithm) override {
     std::lock_guard lock(mu_);
-    set_jobs_.push_back({view, choice});
+    set_jobs_.push_back({view, algorithm});
   }
   void RemoveJob(const std::string& job_id) override {
     std::lock_guard lock(mu_);
     removed_jobs_.push_back(job_id);
   }
-  absl::Status Start(const std::string& job_id, dataplane::LocalOperation op) override {
+  absl::Status Start(const std::string& job_id, dataplane::Operation op) override {
     std::lock_guard lock(mu_);
     if (!start_error_.ok()) return start_error_;
     starts_.push_back({job_id, std::move(op)});

@@ -14,47 +14,35 @@ std::shared_ptr<spdlog::logger> Log() {
   return logger;
 }
 
-const char* KindName(OperationKind kind) {
-  switch (kind) {
-    case OperationKind::kSum:
-      return "sum";
-    case OperationKind::kAverage:
-      return "average";
-    case OperationKind::kBroadcast:
-      return "broadcast";
-  }
-  return "unknown";
-}
-
 std::string What(const GatherKey& key) {
   return absl::StrCat("job '", key.job_id, "' tensor '", key.tensor, "'");
 }
 
 }  // namespace
 
-absl::StatusOr<OperationKind> ToOperationKind(tributary::v1::CollectiveOp op) {
+absl::StatusOr<dataplane::Reduction> ToReduction(tributary::v1::CollectiveOp op) {
   switch (op) {
     case tributary::v1::COLLECTIVE_OP_SUM:
-      return OperationKind::kSum;
+      return dataplane::Reduction::kSum;
     case tributary::v1::COLLECTIVE_OP_AVERAGE:
-      return OperationKind::kAverage;
+      return dataplane::Reduction::kAverage;
     case tributary::v1::COLLECTIVE_OP_BROADCAST:
-      return OperationKind::kBroadcast;
+      return dataplane::Reduction::kBroadcast;
     default:
       return absl::InvalidArgumentError(absl::StrCat("unknown op ", static_cast<int>(op)));
   }
 }
 
 std::string Submission::Describe() const {
-  std::string s =
-      absl::StrCat(count, " x ", std::string(common::DataTypeName(dtype)), " ", KindName(kind));
-  if (kind == OperationKind::kBroadcast) absl::StrAppend(&s, " from rank ", root);
+  std::string s = absl::StrCat(count, " x ", std::string(common::DataTypeName(dtype)), " ",
+                               std::string(dataplane::ReductionName(reduction)));
+  if (reduction == dataplane::Reduction::kBroadcast) absl::StrAppend(&s, " from rank ", root);
   return s;
 }
 
 bool Submission::Agrees(const Submission& o) const {
-  return count == o.count && dtype == o.dtype && kind == o.kind &&
-         (kind != OperationKind::kBroadcast || root == o.root);
+  return count == o.count && dtype == o.dtype && reduction == o.reduction &&
+         (reduction != dataplane::Reduction::kBroadcast || root == o.root);
 }
 
 LocalGather::LocalGather(CollectiveRunner* runner, const common::Clock* clock)
@@ -104,12 +92,12 @@ void LocalGather::Complete(const GatherKey& key, std::unique_ptr<Gather> gather,
     }
   }
   const uint32_t procs = gather->job.procs_per_node;
-  dataplane::LocalOperation op;
+  dataplane::Operation op;
   op.tensor_name = key.tensor;
   op.iteration = key.iteration;
   op.dtype = first.dtype;
   op.count = first.count;
-  op.kind = first.kind;
+  op.reduction = first.reduction;
   op.root_node = first.root / procs;
   op.root_local = first.root % procs;
   op.priority = first.priority;

@@ -21,12 +21,9 @@
 
 namespace tributary::agent {
 
-// The data plane's name for sum, average and broadcast.
-using OperationKind = dataplane::LocalOperation::Kind;
-
 // The one conversion of the API's op into the data plane's, and so the op's one validation:
 // INVALID_ARGUMENT "unknown op N" for a value the API does not define.
-absl::StatusOr<OperationKind> ToOperationKind(tributary::v1::CollectiveOp op);
+absl::StatusOr<dataplane::Reduction> ToReduction(tributary::v1::CollectiveOp op);
 
 struct GatherKey {
   std::string job_id;
@@ -42,7 +39,7 @@ struct Submission {
   uint64_t offset = 0;  // bytes into `mapping`
   uint64_t count = 0;   // elements
   common::DataType dtype = common::DataType::kFloat32;
-  OperationKind kind = OperationKind::kSum;
+  dataplane::Reduction reduction = dataplane::Reduction::kSum;
   uint32_t root = 0;  // broadcast: the root's global rank
   int32_t priority = 0;
   std::shared_ptr<OpHandle> handle;

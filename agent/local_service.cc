@@ -134,9 +134,9 @@ absl::Status LocalService::Submit(const tributary::v1::SubmitRequest& req,
     if (!common::IsValidDataType(req.dtype())) {
       return absl::InvalidArgumentError(absl::StrCat(what, ": unknown dtype ", req.dtype()));
     }
-    absl::StatusOr<OperationKind> kind = ToOperationKind(req.op());
-    if (!kind.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": ", kind.status().message()));
+    absl::StatusOr<dataplane::Reduction> reduction = ToReduction(req.op());
+    if (!reduction.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": ", reduction.status().message()));
     }
     const DataType dtype = static_cast<DataType>(req.dtype());
     const uint64_t esize = common::DataTypeSize(dtype);
@@ -157,7 +157,7 @@ absl::Status LocalService::Submit(const tributary::v1::SubmitRequest& req,
                        ") do not fit buffer ", req.buffer_id(), " of ", mapping->size(), " bytes"));
     }
     const uint32_t world = job->num_nodes * job->procs_per_node;
-    if (*kind == OperationKind::kBroadcast && req.root_rank() >= world) {
+    if (*reduction == dataplane::Reduction::kBroadcast && req.root_rank() >= world) {
       return absl::InvalidArgumentError(
           absl::StrCat(what, ": root rank ", req.root_rank(), " is not below world size ", world));
     }
@@ -172,7 +172,7 @@ absl::Status LocalService::Submit(const tributary::v1::SubmitRequest& req,
     sub.offset = req.offset_bytes();
     sub.count = req.count();
     sub.dtype = dtype;
-    sub.kind = *kind;
+    sub.reduction = *reduction;
     sub.root = req.root_rank();
     sub.priority = req.priority();
     sub.handle = std::make_shared<OpHandle>();

@@ -1,6 +1,7 @@
 #include "agent/plan_view.h"
 
 #include "absl/strings/str_cat.h"
+#include "dataplane/schedule/chunk_map.h"
 
 namespace tributary::agent {
 

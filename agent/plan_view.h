@@ -4,7 +4,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "dataplane/collectives/allreduce_push_pull.h"
+#include "dataplane/collectives/job_view.h"
 #include "tributary/v1/controller.pb.h"
 
 namespace tributary::agent {

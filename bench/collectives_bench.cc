@@ -21,11 +21,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
 #include "dataplane/collectives/algorithm_selector.h"
-#include "dataplane/collectives/allreduce_push_pull.h"
-#include "dataplane/collectives/collective_engine.h"
-#include "dataplane/reduce/cpu/cpu_reducer.h"
-#include "dataplane/schedule/chunk_map.h"
-#include "dataplane/transport/inprocess/inprocess_transport.h"
+#include "dataplane/collectives/data_plane_node.h"
+#include "tests/util/cluster_harness.h"
 
 namespace tributary::dataplane {
 namespace {
@@ -61,89 +58,43 @@ double TimeOne(const StartFn& start, std::vector<std::vector<std::byte>>& bufs, 
 
 int Main(int argc, char** argv) {
   const uint64_t max_bytes = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 16 << 20;
-  CpuReducer reducer(1);  // one thread per call: the rank's own (transport) thread
-  const common::Clock* clock = common::SystemClock::Get();
+  // Every rank is a worker and a summation server (k = 0, equal shares); the reducer uses one
+  // thread per call: the rank's own (transport) thread.
+  testing::ClusterOptions options;
+  options.workers = kRanks;
+  options.job_id = "bench";
+  options.partition_bytes = kPartitionBytes;
+  options.credit_bytes = 16 << 20;
+  options.op_timeout = std::chrono::milliseconds(60000);
+  options.clock = common::SystemClock::Get();
+  testing::Cluster cluster(options);
 
-  // Peer-to-peer engines.
-  InProcessNetwork p2p_net;
-  std::vector<std::unique_ptr<InProcessTransport>> p2p_transports;
-  std::vector<std::unique_ptr<CollectiveEngine>> engines;
-  RankView view;
-  view.job_id = "bench";
-  view.partition_bytes = kPartitionBytes;
-  view.op_timeout = std::chrono::milliseconds(60000);
-  for (int r = 0; r < kRanks; ++r) view.rank_addresses.push_back(absl::StrCat("p2p-", r));
-  for (int r = 0; r < kRanks; ++r) {
-    p2p_transports.push_back(p2p_net.CreateEndpoint(view.rank_addresses[r]));
-    engines.push_back(
-        std::make_unique<CollectiveEngine>(p2p_transports.back().get(), &reducer, clock));
-    CollectiveEngine* e = engines.back().get();
-    p2p_transports.back()->SetReceiveHandler(
-        [e](std::span<const std::byte> h, std::span<const std::byte> p) {
-          if (IsCollectiveMessage(h)) e->HandleMessage(h, p);
-        });
-    RankView v = view;
-    v.my_rank = r;
-    e->SetJob(v);
-  }
-
-  // Push/pull: every rank is a worker and a summation server (k = 0, equal shares).
-  InProcessNetwork pp_net;
-  std::vector<std::unique_ptr<InProcessTransport>> pp_transports;
-  std::vector<std::unique_ptr<PushPullNode>> nodes;
-  JobView job;
-  job.job_id = "bench";
-  job.partition_bytes = kPartitionBytes;
-  job.op_timeout = std::chrono::milliseconds(60000);
-  for (int r = 0; r < kRanks; ++r) {
-    const std::string addr = absl::StrCat("pp-", r);
-    job.worker_addresses.push_back(addr);
-    job.server_addresses.push_back(addr);
-    job.server_weights.push_back(
-        r + 1 == kRanks ? ChunkMap::kWeightTotal - (kRanks - 1) * (ChunkMap::kWeightTotal / kRanks)
-                        : ChunkMap::kWeightTotal / kRanks);
-    pp_transports.push_back(pp_net.CreateEndpoint(addr));
-    nodes.push_back(std::make_unique<PushPullNode>(pp_transports.back().get(), &reducer, clock));
-  }
-  for (int r = 0; r < kRanks; ++r) {
-    JobView v = job;
-    v.my_worker_rank = r;
-    v.my_server_index = r;
-    nodes[r]->SetJob(v);
-  }
-
-  const auto engine_start = [&](Algorithm alg) {
+  // Each algorithm posted straight to its implementation: no selection, no fallback.
+  const auto start_with = [&](Algorithm alg) {
     return [&, alg](int r, uint64_t it, std::byte* buf, uint64_t count,
                     std::function<void(absl::Status)> done) {
-      CollectiveOperation op;
+      Operation op;
       op.tensor_name = "t";
       op.iteration = it;
       op.dtype = common::DataType::kFloat32;
       op.count = count;
-      op.buffer = buf;
+      op.buffers = {buf};
       op.done = std::move(done);
-      return engines[r]->Start("bench", alg, std::move(op));
+      CollectiveAlgorithm& impl =
+          alg == Algorithm::kPushPull
+              ? static_cast<CollectiveAlgorithm&>(cluster.node(r).push_pull())
+              : cluster.node(r).engine();
+      return impl.Post("bench", alg, std::move(op));
     };
-  };
-  const StartFn push_pull = [&](int r, uint64_t it, std::byte* buf, uint64_t count,
-                                std::function<void(absl::Status)> done) {
-    LocalOperation op;
-    op.tensor_name = "t";
-    op.iteration = it;
-    op.dtype = common::DataType::kFloat32;
-    op.count = count;
-    op.buffers = {buf};
-    op.done = std::move(done);
-    return nodes[r]->worker().Start("bench", std::move(op));
   };
   struct Candidate {
     Algorithm alg;
     StartFn start;
   };
   const std::vector<Candidate> candidates = {
-      {Algorithm::kRing, engine_start(Algorithm::kRing)},
-      {Algorithm::kHalvingDoubling, engine_start(Algorithm::kHalvingDoubling)},
-      {Algorithm::kPushPull, push_pull}};
+      {Algorithm::kRing, start_with(Algorithm::kRing)},
+      {Algorithm::kHalvingDoubling, start_with(Algorithm::kHalvingDoubling)},
+      {Algorithm::kPushPull, start_with(Algorithm::kPushPull)}};
   const SelectorThresholds model = ModelThresholds(kRanks, 0);
 
   std::printf(
@@ -172,8 +123,6 @@ int Main(int argc, char** argv) {
                   iters, t * 1e6, algbw, busbw, Select(bytes, kRanks, model) == c.alg ? "*" : "");
     }
   }
-  for (auto& t : p2p_transports) t->Shutdown();
-  for (auto& t : pp_transports) t->Shutdown();
   return 0;
 }
 

@@ -46,6 +46,8 @@ Linear Model(Algorithm algorithm, int n, int k, const CostModel& m) {
       const double d = nd * nd + kd * nd - 2 * kd;
       return {2 * (nd + kd - 1) * m.alpha_seconds, 2 * nd * (nd - 1) / d * m.beta_seconds_per_byte};
     }
+    case Algorithm::kAuto:
+      break;
   }
   return {};
 }
@@ -69,6 +71,8 @@ std::string_view AlgorithmName(Algorithm a) {
       return "halving_doubling";
     case Algorithm::kPushPull:
       return "push_pull";
+    case Algorithm::kAuto:
+      return "auto";
   }
   return "unknown";
 }

@@ -12,15 +12,19 @@
 
 namespace tributary::dataplane {
 
-// The all-reduce algorithms of the data plane. Values travel on the wire (CollectiveHeader).
+// The collective algorithms of the data plane, and a job's choice among them. Values match
+// tributary.v1.Algorithm (api/tributary/v1/controller.proto) and travel on the wire
+// (WireHeader::algorithm, never kAuto there).
 enum class Algorithm : uint8_t {
-  kRing = 1,             // allreduce_ring.h: reduce-scatter + all-gather around a ring
-  kHalvingDoubling = 2,  // allreduce_halving_doubling.h: Rabenseifner
-  kPushPull = 3,         // allreduce_push_pull.h: summation servers (DESIGN §1.1)
+  kAuto = 0,             // a job's choice only: by size, from the selector's thresholds
+  kPushPull = 1,         // allreduce_push_pull.h: summation servers (DESIGN §1.1)
+  kRing = 2,             // allreduce_ring.h: reduce-scatter + all-gather around a ring
+  kHalvingDoubling = 3,  // allreduce_halving_doubling.h: Rabenseifner
 };
 
-// "ring", "halving_doubling", "push_pull".
+// "auto", "push_pull", "ring", "halving_doubling".
 std::string_view AlgorithmName(Algorithm a);
+// Whether `raw` names an algorithm that runs (kAuto excluded).
 bool IsValidAlgorithm(uint32_t raw);
 
 // Costs of the network and the CPU, per node. The defaults are a model of a 100 Gb/s NIC with a
@@ -40,7 +44,7 @@ struct CostModel {
 //          is exposed)  + for n != p the fold: 2α + 2M·β + M·γ
 //   push/pull: 2(n+k-1)·α + 2n(n-1)/D·M·β with D = n² + kn - 2k (a message to and from every
 //          server; summation pipelined on the servers)
-// n == 1 costs 0 for every algorithm.
+// n == 1 costs 0 for every algorithm, and kAuto (not an algorithm that runs) costs 0.
 double PredictSeconds(Algorithm algorithm, uint64_t bytes, int n, int extra_servers,
                       const CostModel& model);
 

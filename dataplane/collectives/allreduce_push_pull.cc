@@ -7,7 +7,6 @@
 #include "absl/strings/str_join.h"
 #include "common/hash.h"
 #include "common/logging.h"
-#include "dataplane/collectives/collective_engine.h"
 
 namespace tributary::dataplane {
 namespace {
@@ -42,17 +41,15 @@ bool SameDescriptor(const WireHeader& a, const WireHeader& b) {
 }
 
 std::string DescribeShape(const WireHeader& h) {
-  return absl::StrCat(h.tensor_count, " x ",
-                      std::string(common::DataTypeName(static_cast<DataType>(h.dtype))),
-                      h.reduce == static_cast<uint8_t>(ReduceKind::kBroadcast)
-                          ? absl::StrCat(" broadcast from rank ", h.root)
-                          : " sum",
-                      " (plan v", h.plan_version, ")");
+  return absl::StrCat(
+      h.tensor_count, " x ", std::string(common::DataTypeName(static_cast<DataType>(h.dtype))),
+      h.reduce == static_cast<uint8_t>(Reduction::kBroadcast)
+          ? absl::StrCat(" broadcast from rank ", h.root)
+          : absl::StrCat(" ", std::string(ReductionName(static_cast<Reduction>(h.reduce)))),
+      " (plan v", h.plan_version, ")");
 }
 
 }  // namespace
-
-uint64_t JobView::job_hash() const { return common::StableHash64(job_id); }
 
 // ---------------------------------------------------------------------------------------------
 // PushPullServer
@@ -178,7 +175,7 @@ void PushPullServer::HandlePushLocked(const JobView& job, const WireHeader& h,
       st.received.assign(n, false);
       st.started = clock_->Now();
     }
-    const bool broadcast = h.reduce == static_cast<uint8_t>(ReduceKind::kBroadcast);
+    const bool broadcast = h.reduce == static_cast<uint8_t>(Reduction::kBroadcast);
     if (!SameDescriptor(st.descriptor, h)) {
       FailLocked(job, h,
                  absl::InvalidArgumentError(absl::StrCat(
@@ -336,8 +333,8 @@ void PushPullServer::ExpireStale() {
 // ---------------------------------------------------------------------------------------------
 // PushPullWorker
 
-struct PushPullWorker::Operation {
-  LocalOperation op;
+struct PushPullWorker::OpState {
+  Operation op;
   std::shared_ptr<const JobView> job;
   uint64_t job_hash = 0;
   uint64_t tensor_hash = 0;
@@ -351,14 +348,15 @@ struct PushPullWorker::Operation {
   common::Clock::TimePoint deadline;
   bool finished = false;
 
-  Operation(ChunkMap m) : map(std::move(m)) {}
+  OpState(ChunkMap m) : map(std::move(m)) {}
 
-  bool is_broadcast() const { return op.kind == LocalOperation::Kind::kBroadcast; }
+  bool is_broadcast() const { return op.reduction == Reduction::kBroadcast; }
   WireHeader Header(uint32_t chunk) const {
     WireHeader h;
     h.kind = static_cast<uint8_t>(MessageKind::kPush);
     h.dtype = static_cast<uint8_t>(op.dtype);
-    h.reduce = static_cast<uint8_t>(is_broadcast() ? ReduceKind::kBroadcast : ReduceKind::kSum);
+    h.reduce = static_cast<uint8_t>(op.reduction);
+    h.algorithm = static_cast<uint8_t>(Algorithm::kPushPull);
     h.job = job_hash;
     h.tensor = tensor_hash;
     h.iteration = op.iteration;
@@ -405,7 +403,7 @@ void PushPullWorker::RemoveJob(uint64_t job_hash) {
   Flush({}, std::move(done));
 }
 
-void PushPullWorker::ReleaseCreditLocked(Operation& op, uint32_t chunk) {
+void PushPullWorker::ReleaseCreditLocked(OpState& op, uint32_t chunk) {
   const uint64_t bytes = op.ChunkBytes(chunk);
   in_flight_bytes_[op.job_hash] -= bytes;
   AddInFlight(-static_cast<int64_t>(bytes));
@@ -420,7 +418,7 @@ void PushPullWorker::AddInFlight(int64_t delta) {
   }
 }
 
-absl::Status PushPullWorker::Start(const std::string& job_id, LocalOperation op) {
+absl::Status PushPullWorker::Start(const std::string& job_id, Operation op) {
   const uint64_t job_hash = common::StableHash64(job_id);
   std::vector<std::function<void()>> sends;
   {
@@ -451,7 +449,7 @@ absl::Status PushPullWorker::Start(const std::string& job_id, LocalOperation op)
     if (std::find(op.buffers.begin(), op.buffers.end(), nullptr) != op.buffers.end()) {
       return absl::InvalidArgumentError(absl::StrCat(what, ": null buffer"));
     }
-    if (op.kind == LocalOperation::Kind::kBroadcast &&
+    if (op.reduction == Reduction::kBroadcast &&
         (op.root_node >= job->worker_addresses.size() || op.root_local >= op.buffers.size())) {
       return absl::InvalidArgumentError(absl::StrCat(what, ": broadcast root out of range"));
     }
@@ -466,7 +464,7 @@ absl::Status PushPullWorker::Start(const std::string& job_id, LocalOperation op)
       return absl::FailedPreconditionError(
           absl::StrCat("job '", job_id, "' has an invalid plan: ", map.status().message()));
     }
-    auto state = std::make_shared<Operation>(*std::move(map));
+    auto state = std::make_shared<OpState>(*std::move(map));
     state->job = job;
     state->job_hash = job_hash;
     state->tensor_hash = tensor_hash;
@@ -496,7 +494,7 @@ void PushPullWorker::PumpLocked(std::vector<std::function<void()>>& sends) {
       it = queue_.erase(it);
       continue;
     }
-    std::shared_ptr<Operation> op = op_it->second;
+    std::shared_ptr<OpState> op = op_it->second;
     const uint64_t bytes = op->ChunkBytes(it->chunk);
     uint64_t& in_flight = in_flight_bytes_[op->job_hash];
     if (in_flight > 0 && in_flight + bytes > op->job->credit_bytes) {
@@ -513,7 +511,7 @@ void PushPullWorker::PumpLocked(std::vector<std::function<void()>>& sends) {
   stats_->worker_queued_chunks = queue_.size();
 }
 
-void PushPullWorker::SendChunk(std::shared_ptr<Operation> op, uint32_t chunk) {
+void PushPullWorker::SendChunk(std::shared_ptr<OpState> op, uint32_t chunk) {
   const WireHeader h = op->Header(chunk);
   const uint64_t bytes = h.chunk_count * op->element_size;
   const uint64_t offset = h.chunk_offset * op->element_size;
@@ -556,7 +554,12 @@ void PushPullWorker::SendChunk(std::shared_ptr<Operation> op, uint32_t chunk) {
   const CollectiveKey key{op->job_hash, op->tensor_hash, op->op.iteration};
   transport_->Send(
       server, AsBytes(h), payload,
-      [this, op, chunk, staging, key, server, what = Describe(h)](absl::Status s) {
+      [this, op, chunk, staging = std::move(staging), key, server,
+       what = Describe(h)](absl::Status s) mutable {
+        // The transport is done with the payload: free the staging now, before more chunks are
+        // pumped below, not when the transport gets round to destroying this callback
+        // (staging stays within the credit window plus one chunk).
+        staging.reset();
         if (s.ok()) {
           // Sent: the credit covers only what waits to be sent, so that no worker waits for
           // another worker's pushes to free its own window (with different submission orders
@@ -597,7 +600,8 @@ void PushPullWorker::Abort(const std::string& job_id, const std::string& tensor_
   auto map = ChunkMap::Create(job->server_weights);
   if (!map.ok()) return;
   WireHeader h;
-  h.kind = static_cast<uint8_t>(MessageKind::kError);
+  h.kind = static_cast<uint8_t>(MessageKind::kAbort);
+  h.algorithm = static_cast<uint8_t>(Algorithm::kPushPull);
   h.job = job->job_hash();
   h.tensor = common::StableHash64(tensor_name);
   h.iteration = iteration;
@@ -614,7 +618,7 @@ void PushPullWorker::Abort(const std::string& job_id, const std::string& tensor_
 }
 
 void PushPullWorker::HandleResult(const WireHeader& h, std::span<const std::byte> payload) {
-  std::shared_ptr<Operation> op;
+  std::shared_ptr<OpState> op;
   {
     std::lock_guard lock(mu_);
     auto it = ops_.find(KeyOf(h));
@@ -653,7 +657,7 @@ void PushPullWorker::HandleResult(const WireHeader& h, std::span<const std::byte
     }
   } else {
     std::memcpy(buffers[0] + offset, payload.data(), payload.size());
-    if (op->op.kind == LocalOperation::Kind::kAverage) {
+    if (op->op.reduction == Reduction::kAverage) {
       reducer_->Divide(op->op.dtype, buffers[0] + offset, h.chunk_count, op->job->world_size());
     }
     for (size_t b = 1; b < buffers.size(); ++b) {
@@ -696,7 +700,7 @@ void PushPullWorker::FailLocked(const CollectiveKey& key, absl::Status status,
                                 std::vector<Completion>& done) {
   auto it = ops_.find(key);
   if (it == ops_.end()) return;
-  std::shared_ptr<Operation> op = it->second;
+  std::shared_ptr<OpState> op = it->second;
   ops_.erase(it);
   op->finished = true;
   for (uint32_t c = 0; c < op->num_chunks; ++c) {
@@ -750,64 +754,65 @@ void PushPullWorker::Flush(std::vector<std::function<void()>> sends, std::vector
 }
 
 // ---------------------------------------------------------------------------------------------
-// PushPullNode
+// PushPull
 
-PushPullNode::PushPullNode(Transport* transport, Reducer* reducer, const common::Clock* clock)
-    : transport_(transport),
-      server_(transport, reducer, clock, &stats_),
-      worker_(transport, reducer, clock, &stats_) {
-  transport_->SetReceiveHandler(
-      [this](std::span<const std::byte> header, std::span<const std::byte> payload) {
-        OnMessage(header, payload);
-      });
-}
+PushPull::PushPull(Transport* transport, Reducer* reducer, const common::Clock* clock)
+    : server_(transport, reducer, clock, &stats_), worker_(transport, reducer, clock, &stats_) {}
 
-void PushPullNode::SetJob(const JobView& in) {
-  JobView view = in;
-  if (metrics_ != nullptr) view.counters = metrics_->ForJob(view);
+void PushPull::SetJob(const JobView& view) {
   server_.SetJob(view);
   worker_.SetJob(view);
 }
 
-void PushPullNode::RemoveJob(uint64_t job_hash) {
+void PushPull::RemoveJob(uint64_t job_hash) {
   server_.RemoveJob(job_hash);
   worker_.RemoveJob(job_hash);
 }
 
-void PushPullNode::ExpireStale() {
+absl::Status PushPull::CanServe(Algorithm algorithm, const Operation&) const {
+  if (algorithm != Algorithm::kPushPull) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(std::string(AlgorithmName(algorithm)),
+                     " runs among the worker nodes, not on summation servers"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PushPull::Post(const std::string& job_id, Algorithm algorithm, Operation op) {
+  if (absl::Status s = CanServe(algorithm, op); !s.ok()) return s;
+  return worker_.Start(job_id, std::move(op));
+}
+
+void PushPull::ExpireStale() {
   server_.ExpireStale();
   worker_.ExpireStale();
 }
 
-void PushPullNode::OnMessage(std::span<const std::byte> header,
-                             std::span<const std::byte> payload) {
-  if (CollectiveEngine* engine = engine_.load(); engine != nullptr && IsCollectiveMessage(header)) {
-    engine->HandleMessage(header, payload);
-    return;
-  }
-  absl::StatusOr<WireHeader> h = ParseHeader(header, payload.size());
-  if (!h.ok()) {
-    stats_.malformed_messages++;
-    Log()->warn("malformed data-plane message dropped: {}", h.status().message());
-    return;
-  }
-  switch (static_cast<MessageKind>(h->kind)) {
+void PushPull::Abort(const std::string& job_id, const std::string& tensor_name, uint64_t iteration,
+                     const absl::Status& reason) {
+  worker_.Abort(job_id, tensor_name, iteration, reason);
+}
+
+void PushPull::HandleMessage(const WireHeader& h, std::span<const std::byte> payload) {
+  const std::string_view message(reinterpret_cast<const char*>(payload.data()), payload.size());
+  switch (static_cast<MessageKind>(h.kind)) {
     case MessageKind::kPush:
-      server_.HandlePush(*h, payload);
-      break;
+      server_.HandlePush(h, payload);
+      return;
     case MessageKind::kResult:
-      worker_.HandleResult(*h, payload);
+      worker_.HandleResult(h, payload);
+      return;
+    case MessageKind::kError:
+      worker_.HandleError(h, message);
+      return;
+    case MessageKind::kAbort:
+      server_.HandleAbort(h, message);
+      return;
+    case MessageKind::kData:
       break;
-    case MessageKind::kError: {
-      const std::string_view message(reinterpret_cast<const char*>(payload.data()), payload.size());
-      if (h->sender == WireHeader::kFromServer) {
-        worker_.HandleError(*h, message);
-      } else {
-        server_.HandleAbort(*h, message);
-      }
-      break;
-    }
   }
+  stats_.malformed_messages++;
+  Log()->warn("{} message of kind {} dropped: not a push/pull message", Describe(h), h.kind);
 }
 
 }  // namespace tributary::dataplane

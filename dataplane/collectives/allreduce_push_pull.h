@@ -3,7 +3,8 @@
 // every worker. Broadcast uses the same path with one contributing worker.
 //
 // PushPullServer is the summation-service (SS) role, PushPullWorker the communication-service
-// (CS) role; PushPullNode wires both to one Transport. All three are thread-safe.
+// (CS) role; PushPull is both behind the CollectiveAlgorithm interface (DataPlaneNode routes
+// their messages to it). All three are thread-safe.
 #pragma once
 
 #include <atomic>
@@ -21,38 +22,16 @@
 #include "absl/status/status.h"
 #include "common/clock.h"
 #include "common/dtype.h"
+#include "dataplane/collectives/collective_algorithm.h"
 #include "dataplane/collectives/dataplane_metrics.h"
+#include "dataplane/collectives/job_view.h"
+#include "dataplane/collectives/operation.h"
 #include "dataplane/collectives/wire.h"
 #include "dataplane/reduce/reducer.h"
 #include "dataplane/schedule/chunk_map.h"
 #include "dataplane/transport/transport.h"
 
 namespace tributary::dataplane {
-
-// What one node knows about a job from the job's current plan.
-struct JobView {
-  std::string job_id;
-  uint64_t plan_version = 0;
-  std::vector<std::string> worker_addresses;    // data-plane address of each worker node, by rank
-  std::vector<std::string> server_addresses;    // summation servers, by server index
-  std::vector<uint64_t> server_weights;         // sum to exactly 2^32 (see ChunkMap)
-  uint32_t procs_per_node = 1;                  // training processes on each worker node
-  uint64_t partition_bytes = 4 << 20;           // largest chunk, bytes
-  uint64_t credit_bytes = 16 << 20;             // bytes a worker node may have being sent
-  std::chrono::milliseconds op_timeout{30000};  // deadline of one collective
-  int my_worker_rank = -1;                      // this node's worker rank, -1 if it is not a worker
-  int my_server_index = -1;  // this node's server index, -1 if it is not a server
-  // Node ids for metric labels, parallel to the address lists (may be empty: addresses are used).
-  std::vector<std::string> worker_node_ids;
-  std::vector<std::string> server_node_ids;
-  // Per-peer byte counters (PushPullNode::SetJob fills them when metrics are attached).
-  std::shared_ptr<const JobPeerCounters> counters;
-
-  uint64_t job_hash() const;
-  uint32_t world_size() const {
-    return static_cast<uint32_t>(worker_addresses.size()) * procs_per_node;
-  }
-};
 
 // Counters for tests and metrics. Monotonic unless noted.
 struct PushPullStats {
@@ -161,26 +140,6 @@ class PushPullServer {
   std::function<void()> on_plan_missing_;
 };
 
-// One collective as the local training processes submitted it: in place on their buffers.
-struct LocalOperation {
-  enum class Kind { kSum, kAverage, kBroadcast };
-  std::string tensor_name;
-  uint64_t iteration = 0;  // n-th submission of this name in the job, same on every node
-  common::DataType dtype = common::DataType::kFloat32;
-  uint64_t count = 0;  // elements per buffer
-  Kind kind = Kind::kSum;
-  uint32_t root_node = 0;   // broadcast: worker rank of the node holding the root process
-  uint32_t root_local = 0;  // broadcast on the root node: index in `buffers` of the root
-  // One buffer per local training process (procs_per_node of them), count elements each; the
-  // result is written into every one. Sum and average read all of them, broadcast the root's.
-  std::vector<std::byte*> buffers;
-  int32_t priority = 0;  // lower goes first
-  // Keeps `buffers` valid until `done` has run (e.g. shared-memory mappings).
-  std::shared_ptr<void> keepalive;
-  // Runs exactly once, on an internal thread, with the collective's result.
-  std::function<void(absl::Status)> done;
-};
-
 // The communication service of one worker node: cuts local operations into chunks, aggregates
 // the local buffers chunk by chunk into staging (at most the credit window), pushes, and writes
 // the pulled sums back. Chunks of all operations are sent in priority order (lower first, then
@@ -203,7 +162,7 @@ class PushPullWorker {
   // Starts `op`. Returns an error (and never calls op.done) when it cannot start: unknown job
   // (NOT_FOUND), this node is not a worker (FAILED_PRECONDITION), bad sizes or buffers
   // (INVALID_ARGUMENT), the same tensor and iteration already running (ALREADY_EXISTS).
-  absl::Status Start(const std::string& job_id, LocalOperation op);
+  absl::Status Start(const std::string& job_id, Operation op);
 
   // Tells the collective's home server (the owner of chunk 0, whatever the tensor's size) that
   // this node cannot take part in (tensor, iteration), so every worker fails at once.
@@ -216,7 +175,7 @@ class PushPullWorker {
   void ExpireStale();
 
  private:
-  struct Operation;
+  struct OpState;
   struct QueuedChunk {
     int32_t priority;
     uint64_t seq;
@@ -231,10 +190,10 @@ class PushPullWorker {
   void PumpLocked(std::vector<std::function<void()>>& sends);
   void FailLocked(const CollectiveKey& key, absl::Status status, std::vector<Completion>& done);
   void Flush(std::vector<std::function<void()>> sends, std::vector<Completion> done);
-  void SendChunk(std::shared_ptr<Operation> op, uint32_t chunk);
+  void SendChunk(std::shared_ptr<OpState> op, uint32_t chunk);
   void AddInFlight(int64_t delta);
   // Returns a chunk's bytes to its job's credit window. mu_ held.
-  void ReleaseCreditLocked(Operation& op, uint32_t chunk);
+  void ReleaseCreditLocked(OpState& op, uint32_t chunk);
 
   Transport* transport_;
   Reducer* reducer_;
@@ -242,39 +201,35 @@ class PushPullWorker {
   PushPullStats* stats_;
   std::mutex mu_;
   std::map<uint64_t, std::shared_ptr<const JobView>> jobs_;
-  std::map<CollectiveKey, std::shared_ptr<Operation>> ops_;
+  std::map<CollectiveKey, std::shared_ptr<OpState>> ops_;
   std::set<QueuedChunk> queue_;
   std::map<uint64_t, uint64_t> in_flight_bytes_;  // per job
   uint64_t next_seq_ = 0;
 };
 
-// Both roles of one node on one transport: routes incoming messages by kind and drops (and
-// counts) malformed ones.
-class PushPullNode {
+// Both roles of one node as one CollectiveAlgorithm: the server takes pushes and aborts, the
+// worker posts operations and takes results and errors. Serves Algorithm::kPushPull only, and
+// declines nothing else it is asked (sizes are checked at Post).
+class PushPull : public CollectiveAlgorithm {
  public:
-  PushPullNode(Transport* transport, Reducer* reducer, const common::Clock* clock);
+  PushPull(Transport* transport, Reducer* reducer, const common::Clock* clock);
 
-  void SetJob(const JobView& view);
-  void RemoveJob(uint64_t job_hash);
-  void ExpireStale();
-
-  // Messages of the ring / halving-doubling engine (see IsCollectiveMessage) go to `engine`.
-  void SetCollectiveEngine(class CollectiveEngine* engine) { engine_ = engine; }
-  // Attaches per-peer byte counters to the jobs set from now on. Call before the first SetJob;
-  // `metrics` must outlive this node.
-  void SetMetrics(DataPlaneMetrics* metrics) { metrics_ = metrics; }
+  void SetJob(const JobView& view) override;
+  void RemoveJob(uint64_t job_hash) override;
+  absl::Status CanServe(Algorithm algorithm, const Operation& op) const override;
+  absl::Status Post(const std::string& job_id, Algorithm algorithm, Operation op) override;
+  void HandleMessage(const WireHeader& h, std::span<const std::byte> payload) override;
+  void ExpireStale() override;
+  // Tells the collective's home server, which fails it for every worker (see
+  // PushPullWorker::Abort).
+  void Abort(const std::string& job_id, const std::string& tensor_name, uint64_t iteration,
+             const absl::Status& reason) override;
 
   PushPullServer& server() { return server_; }
   PushPullWorker& worker() { return worker_; }
   const PushPullStats& stats() const { return stats_; }
-  Transport* transport() const { return transport_; }
 
  private:
-  void OnMessage(std::span<const std::byte> header, std::span<const std::byte> payload);
-
-  Transport* transport_;
-  std::atomic<class CollectiveEngine*> engine_{nullptr};
-  DataPlaneMetrics* metrics_ = nullptr;
   PushPullStats stats_;
   PushPullServer server_;
   PushPullWorker worker_;

@@ -26,96 +26,24 @@ uint64_t NumChunks(uint64_t count, uint64_t chunk_elems) {
   return count == 0 ? 1 : (count + chunk_elems - 1) / chunk_elems;
 }
 
-std::string KindName(CollectiveKind k) {
-  switch (k) {
-    case CollectiveKind::kSum:
-      return "sum";
-    case CollectiveKind::kAverage:
-      return "average";
-    case CollectiveKind::kBroadcast:
-      return "broadcast";
-  }
-  return "unknown";
-}
-
 // "42 x float32 average by ring over 4 ranks (plan v7)".
-std::string DescribeShape(const CollectiveHeader& h) {
+std::string DescribeShape(const WireHeader& h) {
   return absl::StrCat(
       h.tensor_count, " x ", std::string(common::DataTypeName(static_cast<DataType>(h.dtype))), " ",
-      KindName(static_cast<CollectiveKind>(h.op)),
-      h.op == static_cast<uint8_t>(CollectiveKind::kBroadcast) ? absl::StrCat(" from rank ", h.root)
-                                                               : "",
+      std::string(ReductionName(static_cast<Reduction>(h.reduce))),
+      h.reduce == static_cast<uint8_t>(Reduction::kBroadcast) ? absl::StrCat(" from rank ", h.root)
+                                                              : "",
       " by ", std::string(AlgorithmName(static_cast<Algorithm>(h.algorithm))), " over ",
       h.world_size, " ranks (plan v", h.plan_version, ")");
 }
 
-bool SameDescriptor(const CollectiveHeader& a, const CollectiveHeader& b) {
-  return a.dtype == b.dtype && a.algorithm == b.algorithm && a.op == b.op &&
+bool SameDescriptor(const WireHeader& a, const WireHeader& b) {
+  return a.dtype == b.dtype && a.algorithm == b.algorithm && a.reduce == b.reduce &&
          a.plan_version == b.plan_version && a.tensor_count == b.tensor_count &&
          a.world_size == b.world_size && a.root == b.root;
 }
 
 }  // namespace
-
-// ---------------------------------------------------------------------------------------------
-// Wire format
-
-bool IsCollectiveMessage(std::span<const std::byte> header) {
-  if (header.size() < 6) return false;
-  uint32_t magic;
-  std::memcpy(&magic, header.data(), sizeof(magic));
-  return magic == WireHeader::kMagic && static_cast<uint8_t>(header[5]) >= kFirstCollectiveKind;
-}
-
-absl::StatusOr<CollectiveHeader> ParseCollectiveHeader(std::span<const std::byte> header,
-                                                       size_t payload_bytes) {
-  if (header.size() != sizeof(CollectiveHeader)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("header of ", header.size(), " bytes, expected ", sizeof(CollectiveHeader)));
-  }
-  CollectiveHeader h;
-  std::memcpy(&h, header.data(), sizeof(h));
-  if (h.magic != WireHeader::kMagic) return absl::InvalidArgumentError("bad magic");
-  if (h.version != CollectiveHeader::kVersion) {
-    return absl::InvalidArgumentError(absl::StrCat("unsupported version ", h.version));
-  }
-  if (h.world_size == 0 || h.sender >= h.world_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("sender ", h.sender, " of a world of ", h.world_size));
-  }
-  if (h.kind == static_cast<uint8_t>(CollectiveMessageKind::kError)) {
-    if (h.error_code == 0 || h.error_code > 16) {
-      return absl::InvalidArgumentError(absl::StrCat("bad error code ", h.error_code));
-    }
-    return h;
-  }
-  if (h.kind != static_cast<uint8_t>(CollectiveMessageKind::kData)) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown message kind ", h.kind));
-  }
-  if (!common::IsValidDataType(h.dtype)) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown dtype ", h.dtype));
-  }
-  if (h.algorithm != static_cast<uint8_t>(Algorithm::kRing) &&
-      h.algorithm != static_cast<uint8_t>(Algorithm::kHalvingDoubling)) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown algorithm ", h.algorithm));
-  }
-  if (h.op < 1 || h.op > 3) return absl::InvalidArgumentError(absl::StrCat("unknown op ", h.op));
-  if (h.root >= h.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("root ", h.root, " of ", h.world_size));
-  }
-  if (h.tensor_count == 0 || h.num_chunks == 0 || h.chunk >= h.num_chunks ||
-      h.offset > h.tensor_count || h.count > h.tensor_count - h.offset) {
-    return absl::InvalidArgumentError(absl::StrCat("sub-chunk ", h.chunk, "/", h.num_chunks, " [",
-                                                   h.offset, ", +", h.count, ") of a tensor of ",
-                                                   h.tensor_count, " elements is out of range"));
-  }
-  const uint64_t want = h.count * DataTypeSize(static_cast<DataType>(h.dtype));
-  if (payload_bytes != want) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("payload of ", payload_bytes, " bytes, expected ", want, " (truncated?)"));
-  }
-  return h;
-}
 
 BlockRange GetBlock(uint64_t count, uint64_t num_blocks, uint64_t index) {
   const uint64_t q = count / num_blocks;
@@ -123,14 +51,12 @@ BlockRange GetBlock(uint64_t count, uint64_t num_blocks, uint64_t index) {
   return {index * q + std::min(index, rem), q + (index < rem ? 1 : 0)};
 }
 
-uint64_t RankView::job_hash() const { return common::StableHash64(job_id); }
-
 // ---------------------------------------------------------------------------------------------
 // Engine state
 
 struct CollectiveEngine::Outgoing {
   std::string address;
-  CollectiveHeader header;
+  WireHeader header;
   std::span<const std::byte> payload;
   std::shared_ptr<OpState> op;  // data: completion goes to it
   int peer = -1;
@@ -139,10 +65,11 @@ struct CollectiveEngine::Outgoing {
 
 struct CollectiveEngine::OpState {
   CollectiveKey key;
-  std::shared_ptr<const RankView> view;
-  CollectiveOperation op;
+  std::shared_ptr<const JobView> view;
+  Operation op;
+  std::byte* buffer = nullptr;  // the one of op.buffers that takes part among the nodes
   Algorithm algorithm = Algorithm::kRing;
-  CollectiveHeader descriptor;  // data header of this rank, without step/chunk fields
+  WireHeader descriptor;  // data header of this rank, without step/chunk fields
   std::vector<ScheduleStep> steps;
   size_t elem_size = 0;
   uint64_t chunk_elems = 1;
@@ -157,9 +84,9 @@ struct CollectiveEngine::OpState {
   bool finished = false;
 
   std::string Name() const {
-    return absl::StrCat(std::string(AlgorithmName(algorithm)), " ", KindName(op.kind),
-                        " of tensor '", op.tensor_name, "' iteration ", op.iteration, " (job ",
-                        view->job_id, ")");
+    return absl::StrCat(std::string(AlgorithmName(algorithm)), " ",
+                        std::string(ReductionName(op.reduction)), " of tensor '", op.tensor_name,
+                        "' iteration ", op.iteration, " (job ", view->job_id, ")");
   }
   uint64_t SendChunks(size_t s) const { return NumChunks(steps[s].send_count, chunk_elems); }
   uint64_t RecvChunks(size_t s) const { return NumChunks(steps[s].recv_count, chunk_elems); }
@@ -171,13 +98,12 @@ CollectiveEngine::CollectiveEngine(Transport* transport, Reducer* reducer,
 
 CollectiveEngine::~CollectiveEngine() = default;
 
-void CollectiveEngine::SetJob(const RankView& view) {
+void CollectiveEngine::SetJob(const JobView& view) {
   std::lock_guard lock(mu_);
-  jobs_[view.job_hash()] = std::make_shared<const RankView>(view);
+  jobs_[view.job_hash()] = std::make_shared<const JobView>(view);
 }
 
-void CollectiveEngine::RemoveJob(const std::string& job_id) {
-  const uint64_t job = common::StableHash64(job_id);
+void CollectiveEngine::RemoveJob(uint64_t job) {
   std::vector<Outgoing> out;
   std::vector<Completion> done;
   {
@@ -193,8 +119,7 @@ void CollectiveEngine::RemoveJob(const std::string& job_id) {
     }
     for (auto it = early_.begin(); it != early_.end();) {
       if (it->first.job == job) {
-        for (const Early& e : it->second)
-          early_bytes_ -= e.payload.size() + sizeof(CollectiveHeader);
+        for (const Early& e : it->second) early_bytes_ -= e.payload.size() + sizeof(WireHeader);
         it = early_.erase(it);
       } else {
         ++it;
@@ -209,58 +134,88 @@ size_t CollectiveEngine::active_operations() const {
   return ops_.size();
 }
 
-absl::Status CollectiveEngine::CanServe(Algorithm algorithm, const CollectiveOperation& op,
-                                        int world_size) {
+absl::Status CollectiveEngine::CanServe(Algorithm algorithm, const Operation& op) const {
   switch (algorithm) {
     case Algorithm::kRing:
       return absl::OkStatus();
     case Algorithm::kHalvingDoubling:
-      if (op.kind == CollectiveKind::kBroadcast) {
+      if (op.reduction == Reduction::kBroadcast) {
         return absl::UnimplementedError("halving-doubling does not implement broadcast");
       }
       return absl::OkStatus();
     case Algorithm::kPushPull:
       return absl::FailedPreconditionError(
-          "push/pull runs on summation servers (PushPullWorker), not on the peer-to-peer engine");
+          "push/pull runs on summation servers (PushPull), not on the peer-to-peer engine");
+    case Algorithm::kAuto:
+      break;
   }
-  (void)world_size;
-  return absl::InvalidArgumentError("unknown algorithm");
+  return absl::InvalidArgumentError(
+      absl::StrCat("no such algorithm: ", std::string(AlgorithmName(algorithm))));
 }
 
-absl::Status CollectiveEngine::Start(const std::string& job_id, Algorithm algorithm,
-                                     CollectiveOperation op) {
-  if (op.count == 0) return absl::InvalidArgumentError("an operation needs at least one element");
-  if (op.buffer == nullptr) return absl::InvalidArgumentError("no buffer");
-  if (!common::IsValidDataType(static_cast<uint32_t>(op.dtype))) {
-    return absl::InvalidArgumentError("unknown dtype");
+absl::Status CollectiveEngine::Post(const std::string& job_id, Algorithm algorithm, Operation op) {
+  const std::string what = absl::StrCat("job '", job_id, "' tensor '", op.tensor_name, "'");
+  if (op.buffers.empty() || op.count == 0 ||
+      !common::IsValidDataType(static_cast<uint32_t>(op.dtype))) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": empty operation"));
   }
-  if (!op.done) return absl::InvalidArgumentError("no done callback");
+  if (std::find(op.buffers.begin(), op.buffers.end(), nullptr) != op.buffers.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": null buffer"));
+  }
+  const bool broadcast = op.reduction == Reduction::kBroadcast;
+  if (broadcast && op.root_local >= op.buffers.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": broadcast root out of range"));
+  }
+  if (!op.done) return absl::InvalidArgumentError(absl::StrCat(what, ": no done callback"));
+  if (absl::Status s = CanServe(algorithm, op); !s.ok()) return s;
   const uint64_t job = common::StableHash64(job_id);
-  std::vector<Outgoing> out;
-  std::vector<Completion> done;
+  std::shared_ptr<const JobView> view;
   {
     std::lock_guard lock(mu_);
     auto job_it = jobs_.find(job);
     if (job_it == jobs_.end()) {
       return absl::NotFoundError(absl::StrCat("job ", job_id, " is not known here"));
     }
-    const std::shared_ptr<const RankView> view = job_it->second;
-    const int n = view->world_size();
-    if (view->my_rank < 0 || view->my_rank >= n) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("this node has no rank in job ", job_id, " (rank ", view->my_rank, ")"));
+    view = job_it->second;
+  }
+  const int n = view->num_workers();
+  if (view->my_worker_rank < 0 || view->my_worker_rank >= n) {
+    return absl::FailedPreconditionError(absl::StrCat("this node has no rank in job ", job_id,
+                                                      " (rank ", view->my_worker_rank, ")"));
+  }
+  if (broadcast && op.root_node >= static_cast<uint32_t>(n)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("broadcast root ", op.root_node, " of a world of ", n));
+  }
+  // The buffer that takes part among the nodes: the root's for a broadcast, else the first one
+  // with every local contribution added in (the result replaces the input anyway). Summed here,
+  // before the engine's lock: it is this caller's work, not the transport thread's.
+  const size_t lead = broadcast ? op.root_local : 0;
+  if (!broadcast) {
+    for (size_t b = 1; b < op.buffers.size(); ++b) {
+      reducer_->Sum(op.dtype, op.buffers[0], op.buffers[b], op.count);
     }
-    if (op.kind == CollectiveKind::kBroadcast && op.root >= static_cast<uint32_t>(n)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("broadcast root ", op.root, " of a world of ", n));
-    }
-    if (absl::Status s = CanServe(algorithm, op, n); !s.ok()) {
-      if (!CanServe(Algorithm::kRing, op, n).ok()) return s;
-      Log()->debug("{} of tensor '{}' falls back to ring: {}", AlgorithmName(algorithm),
-                   op.tensor_name, s.message());
-      stats_.fallbacks++;
-      algorithm = Algorithm::kRing;
-    }
+  }
+  if (op.reduction == Reduction::kAverage || op.buffers.size() > 1) {
+    // Average and the copy to the other local buffers happen once the nodes agree on the sum,
+    // outside the engine's lock.
+    op.done = [this, dtype = op.dtype, count = op.count, buffers = op.buffers, lead,
+               average = op.reduction == Reduction::kAverage, world = view->world_size(),
+               done = std::move(op.done)](absl::Status s) {
+      if (s.ok()) {
+        if (average) reducer_->Divide(dtype, buffers[lead], count, world);
+        const size_t bytes = count * DataTypeSize(dtype);
+        for (size_t b = 0; b < buffers.size(); ++b) {
+          if (b != lead) std::memcpy(buffers[b], buffers[lead], bytes);
+        }
+      }
+      done(std::move(s));
+    };
+  }
+  std::vector<Outgoing> out;
+  std::vector<Completion> done;
+  {
+    std::lock_guard lock(mu_);
     const CollectiveKey key{job, common::StableHash64(op.tensor_name), op.iteration};
     if (ops_.contains(key)) {
       return absl::AlreadyExistsError(absl::StrCat("tensor '", op.tensor_name, "' iteration ",
@@ -270,21 +225,22 @@ absl::Status CollectiveEngine::Start(const std::string& job_id, Algorithm algori
     state->key = key;
     state->view = view;
     state->algorithm = algorithm;
+    state->buffer = op.buffers[lead];
     state->elem_size = DataTypeSize(op.dtype);
     state->chunk_elems = std::max<uint64_t>(1, view->partition_bytes / state->elem_size);
-    const int rank = view->my_rank;
-    if (op.kind == CollectiveKind::kBroadcast) {
-      state->steps = RingBroadcastSchedule(op.count, n, rank, static_cast<int>(op.root));
+    const int rank = view->my_worker_rank;
+    if (broadcast) {
+      state->steps = RingBroadcastSchedule(op.count, n, rank, static_cast<int>(op.root_node));
     } else if (algorithm == Algorithm::kHalvingDoubling) {
       state->steps = HalvingDoublingSchedule(op.count, n, rank);
     } else {
       state->steps = RingAllReduceSchedule(op.count, n, rank);
     }
-    CollectiveHeader& d = state->descriptor;
-    d.kind = static_cast<uint8_t>(CollectiveMessageKind::kData);
+    WireHeader& d = state->descriptor;
+    d.kind = static_cast<uint8_t>(MessageKind::kData);
     d.dtype = static_cast<uint8_t>(op.dtype);
     d.algorithm = static_cast<uint8_t>(algorithm);
-    d.op = static_cast<uint8_t>(op.kind);
+    d.reduce = static_cast<uint8_t>(op.reduction);
     d.job = key.job;
     d.tensor = key.tensor;
     d.iteration = key.iteration;
@@ -292,7 +248,7 @@ absl::Status CollectiveEngine::Start(const std::string& job_id, Algorithm algori
     d.tensor_count = op.count;
     d.world_size = static_cast<uint32_t>(n);
     d.sender = static_cast<uint32_t>(rank);
-    d.root = op.kind == CollectiveKind::kBroadcast ? op.root : 0;
+    d.root = broadcast ? op.root_node : 0;
     for (size_t s = 0; s < state->steps.size(); ++s) {
       const uint64_t chunks = state->steps[s].recv_peer >= 0 ? state->RecvChunks(s) : 0;
       state->received.emplace_back(chunks, false);
@@ -306,7 +262,7 @@ absl::Status CollectiveEngine::Start(const std::string& job_id, Algorithm algori
     stats_.ops_started++;
 
     if (auto t = tombstones_.find(key); t != tombstones_.end() && !t->second.status.ok()) {
-      // Another rank already failed this collective.
+      // Another rank already failed or aborted this collective (or this one aborted it).
       state->finished = true;
       stats_.ops_failed++;
       done.emplace_back(std::move(state->op.done), t->second.status);
@@ -316,7 +272,7 @@ absl::Status CollectiveEngine::Start(const std::string& job_id, Algorithm algori
       if (auto e = early_.find(key); e != early_.end()) {
         std::deque<Early> early = std::move(e->second);
         early_.erase(e);
-        for (const Early& m : early) early_bytes_ -= m.payload.size() + sizeof(CollectiveHeader);
+        for (const Early& m : early) early_bytes_ -= m.payload.size() + sizeof(WireHeader);
         for (const Early& m : early) {
           if (state->finished) break;
           DeliverLocked(state, m.header, m.payload, out, done);
@@ -328,22 +284,67 @@ absl::Status CollectiveEngine::Start(const std::string& job_id, Algorithm algori
   return absl::OkStatus();
 }
 
-void CollectiveEngine::HandleMessage(std::span<const std::byte> header,
-                                     std::span<const std::byte> payload) {
-  absl::StatusOr<CollectiveHeader> parsed = ParseCollectiveHeader(header, payload.size());
-  if (!parsed.ok()) {
-    stats_.malformed_messages++;
-    Log()->warn("malformed collective message dropped: {}", parsed.status().message());
-    return;
+void CollectiveEngine::Abort(const std::string& job_id, const std::string& tensor_name,
+                             uint64_t iteration, const absl::Status& reason) {
+  const CollectiveKey key{common::StableHash64(job_id), common::StableHash64(tensor_name),
+                          iteration};
+  std::vector<Outgoing> out;
+  std::vector<Completion> done;
+  {
+    std::lock_guard lock(mu_);
+    auto job_it = jobs_.find(key.job);
+    if (job_it == jobs_.end()) return;
+    const JobView& view = *job_it->second;
+    const int n = view.num_workers();
+    const int rank = view.my_worker_rank;
+    if (rank < 0 || rank >= n) return;
+    const absl::Status status(
+        reason.ok() ? absl::StatusCode::kAborted : reason.code(),
+        absl::StrCat("rank ", rank, " aborted tensor '", tensor_name, "' iteration ", iteration,
+                     " (job ", job_id, "): ", reason.message()));
+    Log()->warn("{}", status.message());
+    WireHeader h;
+    h.kind = static_cast<uint8_t>(MessageKind::kAbort);
+    h.algorithm = static_cast<uint8_t>(Algorithm::kRing);
+    if (auto it = ops_.find(key); it != ops_.end()) {
+      // A copy: failing the operation erases the map's reference.
+      const std::shared_ptr<OpState> op = it->second;
+      h = op->descriptor;
+      h.kind = static_cast<uint8_t>(MessageKind::kAbort);
+      FailLocked(op, status, /*tell_peers=*/false, out, done);
+    } else {
+      h.job = key.job;
+      h.tensor = key.tensor;
+      h.iteration = key.iteration;
+      h.plan_version = view.plan_version;
+      h.world_size = static_cast<uint32_t>(n);
+      h.sender = static_cast<uint32_t>(rank);
+      tombstones_[key] = {status, clock_->Now() + kTombstoneTtl};
+    }
+    h.error_code = static_cast<uint32_t>(status.code());
+    auto message = std::make_shared<const std::string>(std::string(status.message()));
+    for (int r = 0; r < n; ++r) {
+      if (r == rank) continue;
+      Outgoing o;
+      o.address = view.worker_addresses[r];
+      o.header = h;
+      o.payload = {reinterpret_cast<const std::byte*>(message->data()), message->size()};
+      o.message = message;
+      out.push_back(std::move(o));
+    }
   }
-  const CollectiveHeader& h = *parsed;
+  Flush(std::move(out), std::move(done));
+}
+
+void CollectiveEngine::HandleMessage(const WireHeader& h, std::span<const std::byte> payload) {
   stats_.messages_received++;
   stats_.bytes_received += payload.size();
   if (Log()->should_log(spdlog::level::debug)) {
     Log()->debug(
-        "received job {:016x} tensor {:016x} iteration {} step {} chunk {}/{} ({} bytes) "
+        "received kind {} job {:016x} tensor {:016x} iteration {} step {} chunk {}/{} ({} bytes) "
         "from rank {}",
-        h.job, h.tensor, h.iteration, h.step, h.chunk, h.num_chunks, payload.size(), h.sender);
+        h.kind, h.job, h.tensor, h.iteration, h.step, h.chunk, h.num_chunks, payload.size(),
+        h.sender);
   }
   const CollectiveKey key = {h.job, h.tensor, h.iteration};
   std::vector<Outgoing> out;
@@ -353,33 +354,42 @@ void CollectiveEngine::HandleMessage(std::span<const std::byte> header,
     auto op_it = ops_.find(key);
     // A copy: completing or failing the operation erases the map's reference.
     const std::shared_ptr<OpState> op = op_it == ops_.end() ? nullptr : op_it->second;
-    if (h.kind == static_cast<uint8_t>(CollectiveMessageKind::kError)) {
+    if (h.kind == static_cast<uint8_t>(MessageKind::kError) ||
+        h.kind == static_cast<uint8_t>(MessageKind::kAbort)) {
       const std::string reason(reinterpret_cast<const char*>(payload.data()), payload.size());
+      // An abort names its rank already; an error is this rank's own failure, reported.
       absl::Status status(static_cast<absl::StatusCode>(h.error_code),
-                          absl::StrCat("rank ", h.sender, " reported: ", reason));
+                          h.kind == static_cast<uint8_t>(MessageKind::kAbort)
+                              ? reason
+                              : absl::StrCat("rank ", h.sender, " reported: ", reason));
       if (op) {
         FailLocked(op, status, false, out, done);
       } else if (!tombstones_.contains(key)) {
         tombstones_[key] = {status, clock_->Now() + kTombstoneTtl};
       }
+    } else if (h.kind != static_cast<uint8_t>(MessageKind::kData)) {
+      stats_.malformed_messages++;
+      Log()->warn("message of kind {} for tensor {:016x} iteration {} dropped: not a {} message",
+                  h.kind, h.tensor, h.iteration,
+                  AlgorithmName(static_cast<Algorithm>(h.algorithm)));
     } else if (op) {
       DeliverLocked(op, h, payload, out, done);
     } else if (tombstones_.contains(key)) {
       stats_.late_messages++;
-    } else if (early_bytes_ + payload.size() + sizeof(CollectiveHeader) > kMaxEarlyBytes) {
+    } else if (early_bytes_ + payload.size() + sizeof(WireHeader) > kMaxEarlyBytes) {
       stats_.early_dropped++;
       Log()->warn("early message for tensor {:016x} iteration {} dropped: {} bytes already held",
                   h.tensor, h.iteration, early_bytes_);
     } else {
       stats_.early_messages++;
-      early_bytes_ += payload.size() + sizeof(CollectiveHeader);
+      early_bytes_ += payload.size() + sizeof(WireHeader);
       early_[key].push_back(Early{h, {payload.begin(), payload.end()}, clock_->Now()});
     }
   }
   Flush(std::move(out), std::move(done));
 }
 
-void CollectiveEngine::DeliverLocked(const std::shared_ptr<OpState>& op, const CollectiveHeader& h,
+void CollectiveEngine::DeliverLocked(const std::shared_ptr<OpState>& op, const WireHeader& h,
                                      std::span<const std::byte> payload, std::vector<Outgoing>& out,
                                      std::vector<Completion>& done) {
   if (op->finished) return;
@@ -401,8 +411,8 @@ void CollectiveEngine::DeliverLocked(const std::shared_ptr<OpState>& op, const C
   if (step.recv_peer != static_cast<int>(h.sender)) return malformed("unexpected sender");
   const uint64_t chunks = op->RecvChunks(h.step);
   const uint64_t begin = std::min(step.recv_count, uint64_t{h.chunk} * op->chunk_elems);
-  if (h.num_chunks != chunks || h.offset != step.recv_offset + begin ||
-      h.count != std::min(op->chunk_elems, step.recv_count - begin)) {
+  if (h.num_chunks != chunks || h.chunk_offset != step.recv_offset + begin ||
+      h.chunk_count != std::min(op->chunk_elems, step.recv_count - begin)) {
     return malformed("sub-chunk does not match the schedule");
   }
   if (op->received[h.step][h.chunk]) return malformed("duplicate");
@@ -428,13 +438,13 @@ void CollectiveEngine::DeliverLocked(const std::shared_ptr<OpState>& op, const C
   AdvanceLocked(op, out, done);
 }
 
-void CollectiveEngine::ApplyLocked(OpState& op, const CollectiveHeader& h,
+void CollectiveEngine::ApplyLocked(OpState& op, const WireHeader& h,
                                    std::span<const std::byte> payload) {
   const ScheduleStep& step = op.steps[h.step];
-  std::byte* dst = op.op.buffer + h.offset * op.elem_size;
-  if (h.count > 0) {
+  std::byte* dst = op.buffer + h.chunk_offset * op.elem_size;
+  if (h.chunk_count > 0) {
     if (step.action == ScheduleStep::Action::kReduce) {
-      reducer_->Sum(op.op.dtype, dst, payload.data(), h.count);
+      reducer_->Sum(op.op.dtype, dst, payload.data(), h.chunk_count);
     } else {
       std::memcpy(dst, payload.data(), payload.size());
     }
@@ -447,7 +457,7 @@ void CollectiveEngine::ApplyLocked(OpState& op, const CollectiveHeader& h,
 void CollectiveEngine::AdvanceLocked(const std::shared_ptr<OpState>& op, std::vector<Outgoing>& out,
                                      std::vector<Completion>& done) {
   if (op->finished) return;
-  const RankView& view = *op->view;
+  const JobView& view = *op->view;
   while (op->send_step < op->steps.size()) {
     const size_t s = op->send_step;
     const ScheduleStep& step = op->steps[s];
@@ -475,14 +485,14 @@ void CollectiveEngine::AdvanceLocked(const std::shared_ptr<OpState>& op, std::ve
         const uint64_t begin = std::min(step.send_count, c * op->chunk_elems);
         const uint64_t count = std::min(op->chunk_elems, step.send_count - begin);
         Outgoing o;
-        o.address = view.rank_addresses[step.send_peer];
+        o.address = view.worker_addresses[step.send_peer];
         o.header = op->descriptor;
         o.header.step = static_cast<uint32_t>(s);
         o.header.chunk = static_cast<uint32_t>(c);
         o.header.num_chunks = static_cast<uint32_t>(chunks);
-        o.header.offset = step.send_offset + begin;
-        o.header.count = count;
-        o.payload = {op->op.buffer + o.header.offset * op->elem_size, count * op->elem_size};
+        o.header.chunk_offset = step.send_offset + begin;
+        o.header.chunk_count = count;
+        o.payload = {op->buffer + o.header.chunk_offset * op->elem_size, count * op->elem_size};
         o.op = op;
         o.peer = step.send_peer;
         op->sends_outstanding++;
@@ -494,11 +504,7 @@ void CollectiveEngine::AdvanceLocked(const std::shared_ptr<OpState>& op, std::ve
     op->send_cursor = 0;
   }
   if (op->recv_step < op->steps.size() || op->sends_outstanding > 0) return;
-  // Done: every receive applied, every send completed.
-  if (op->op.kind == CollectiveKind::kAverage && view.world_size() > 1) {
-    reducer_->Divide(op->op.dtype, op->op.buffer, op->op.count,
-                     static_cast<uint64_t>(view.world_size()));
-  }
+  // Done: every receive applied, every send completed (average divides in op.done, see Post).
   op->finished = true;
   ops_.erase(op->key);
   tombstones_[op->key] = {absl::OkStatus(), clock_->Now() + kTombstoneTtl};
@@ -518,12 +524,12 @@ void CollectiveEngine::FailLocked(const std::shared_ptr<OpState>& op, absl::Stat
   Log()->warn("{}", status.message());
   if (tell_peers) {
     auto message = std::make_shared<const std::string>(std::string(status.message()));
-    for (int r = 0; r < op->view->world_size(); ++r) {
-      if (r == op->view->my_rank) continue;
+    for (int r = 0; r < op->view->num_workers(); ++r) {
+      if (r == op->view->my_worker_rank) continue;
       Outgoing o;
-      o.address = op->view->rank_addresses[r];
+      o.address = op->view->worker_addresses[r];
       o.header = op->descriptor;
-      o.header.kind = static_cast<uint8_t>(CollectiveMessageKind::kError);
+      o.header.kind = static_cast<uint8_t>(MessageKind::kError);
       o.header.error_code = static_cast<uint32_t>(status.code());
       o.payload = {reinterpret_cast<const std::byte*>(message->data()), message->size()};
       o.message = message;
@@ -544,7 +550,7 @@ void CollectiveEngine::OnSendDone(const std::shared_ptr<OpState>& op, int peer,
       stats_.send_failures++;
       FailLocked(op,
                  absl::UnavailableError(absl::StrCat(op->Name(), ": send to rank ", peer, " (",
-                                                     op->view->rank_addresses[peer],
+                                                     op->view->worker_addresses[peer],
                                                      ") failed: ", status.message())),
                  true, out, done);
     } else {
@@ -598,7 +604,7 @@ void CollectiveEngine::ExpireStale() {
           ++missing;
         }
         waiting = absl::StrCat("waiting for rank ", step.recv_peer, " (",
-                               op->view->rank_addresses[step.recv_peer], ") to send sub-chunk ",
+                               op->view->worker_addresses[step.recv_peer], ") to send sub-chunk ",
                                missing, "/", op->RecvChunks(op->recv_step));
       } else {
         waiting = absl::StrCat(op->sends_outstanding, " sends not completed by the transport");
@@ -613,7 +619,7 @@ void CollectiveEngine::ExpireStale() {
     for (auto it = early_.begin(); it != early_.end();) {
       auto& q = it->second;
       while (!q.empty() && now - q.front().arrived > kTombstoneTtl) {
-        early_bytes_ -= q.front().payload.size() + sizeof(CollectiveHeader);
+        early_bytes_ -= q.front().payload.size() + sizeof(WireHeader);
         stats_.early_dropped++;
         q.pop_front();
       }

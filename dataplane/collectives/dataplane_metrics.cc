@@ -1,8 +1,7 @@
 #include "dataplane/collectives/dataplane_metrics.h"
 
 #include "common/metrics/metrics.h"
-#include "dataplane/collectives/allreduce_push_pull.h"
-#include "dataplane/collectives/collective_engine.h"
+#include "dataplane/collectives/data_plane_node.h"
 
 namespace tributary::dataplane {
 namespace {
@@ -122,8 +121,8 @@ std::vector<prometheus::MetricFamily> DataPlaneStatsCollector::Collect() const {
     out.push_back(MakeFamily(name, help, type));
     AddSample(out.back(), v);
   };
-  const PushPullStats& p = *push_pull_;
-  const CollectiveEngineStats& e = *engine_;
+  const PushPullStats& p = node_->push_pull().stats();
+  const CollectiveEngineStats& e = node_->engine().stats();
   add("tributary_dataplane_chunks_in_flight",
       "Worker role: chunks handed to the transport and not yet sent (they hold credit).",
       MetricType::Gauge, p.worker_chunks_in_flight.load());
@@ -142,7 +141,7 @@ std::vector<prometheus::MetricFamily> DataPlaneStatsCollector::Collect() const {
       MetricType::Counter, p.send_failures.load() + e.send_failures.load());
   add("tributary_dataplane_malformed_messages_total",
       "Incoming data-plane messages dropped as malformed.", MetricType::Counter,
-      p.malformed_messages.load() + e.malformed_messages.load());
+      node_->malformed_messages());
   add("tributary_dataplane_p2p_sent_bytes_total",
       "Ring / halving-doubling engine: payload bytes sent.", MetricType::Counter,
       e.bytes_sent.load());

@@ -18,8 +18,7 @@
 namespace tributary::dataplane {
 
 struct JobView;
-struct PushPullStats;
-struct CollectiveEngineStats;
+class DataPlaneNode;
 
 // Per-peer byte counters of one job, resolved once per plan so that the per-chunk path only
 // increments: indexed by server index (worker role) and by worker rank (server role).
@@ -66,17 +65,15 @@ class DataPlaneMetrics {
   prometheus::Counter* completed_by_alg_[4] = {};
 };
 
-// Scrape-time view of the push/pull and engine counters (flow control, malformed messages,
-// transport errors, p2p bytes). Borrows both stats objects; they must outlive any scrape.
+// Scrape-time view of a node's push/pull and engine counters (flow control, malformed messages,
+// transport errors, p2p bytes). Borrows the node; it must outlive any scrape.
 class DataPlaneStatsCollector : public prometheus::Collectable {
  public:
-  DataPlaneStatsCollector(const PushPullStats* push_pull, const CollectiveEngineStats* engine)
-      : push_pull_(push_pull), engine_(engine) {}
+  explicit DataPlaneStatsCollector(const DataPlaneNode* node) : node_(node) {}
   std::vector<prometheus::MetricFamily> Collect() const override;
 
  private:
-  const PushPullStats* push_pull_;
-  const CollectiveEngineStats* engine_;
+  const DataPlaneNode* node_;
 };
 
 }  // namespace tributary::dataplane

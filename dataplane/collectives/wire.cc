@@ -7,34 +7,18 @@
 #include "dataplane/schedule/chunk_map.h"
 
 namespace tributary::dataplane {
+namespace {
 
-absl::StatusOr<WireHeader> ParseHeader(std::span<const std::byte> header, size_t payload_bytes) {
-  if (header.size() != sizeof(WireHeader)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("header of ", header.size(), " bytes, expected ", sizeof(WireHeader)));
-  }
-  WireHeader h;
-  std::memcpy(&h, header.data(), sizeof(h));
-  if (h.magic != WireHeader::kMagic) return absl::InvalidArgumentError("bad magic");
-  if (h.version != WireHeader::kVersion) {
-    return absl::InvalidArgumentError(absl::StrCat("unsupported version ", h.version));
-  }
-  if (h.kind < 1 || h.kind > 3) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown message kind ", h.kind));
-  }
-  if (h.kind == static_cast<uint8_t>(MessageKind::kError)) {
-    if (h.error_code == 0 || h.error_code > 16) {
-      return absl::InvalidArgumentError(absl::StrCat("bad error code ", h.error_code));
-    }
-    return h;
-  }
-  if (!common::IsValidDataType(h.dtype)) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown dtype ", h.dtype));
-  }
-  if (h.reduce != static_cast<uint8_t>(ReduceKind::kSum) &&
-      h.reduce != static_cast<uint8_t>(ReduceKind::kBroadcast)) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown reduction ", h.reduce));
-  }
+using common::DataType;
+using common::DataTypeSize;
+
+bool IsPushPullKind(uint8_t kind) {
+  return kind == static_cast<uint8_t>(MessageKind::kPush) ||
+         kind == static_cast<uint8_t>(MessageKind::kResult);
+}
+
+// Push and result: a chunk of the push/pull chunk map.
+absl::Status ValidatePushPull(const WireHeader& h, size_t payload_bytes) {
   if (h.tensor_count == 0 || h.num_chunks == 0 || h.num_chunks > h.tensor_count ||
       h.chunk >= h.num_chunks) {
     return absl::InvalidArgumentError(absl::StrCat("chunk ", h.chunk, "/", h.num_chunks,
@@ -47,16 +31,84 @@ absl::StatusOr<WireHeader> ParseHeader(std::span<const std::byte> header, size_t
                                                    ", +", h.chunk_count, "), expected [",
                                                    expected.offset, ", +", expected.count, ")"));
   }
-  const uint64_t bytes =
-      h.chunk_count * common::DataTypeSize(static_cast<common::DataType>(h.dtype));
+  const uint64_t bytes = h.chunk_count * DataTypeSize(static_cast<DataType>(h.dtype));
   const bool empty_broadcast_push = h.kind == static_cast<uint8_t>(MessageKind::kPush) &&
-                                    h.reduce == static_cast<uint8_t>(ReduceKind::kBroadcast) &&
+                                    h.reduce == static_cast<uint8_t>(Reduction::kBroadcast) &&
                                     h.sender != h.root;
   const uint64_t want = empty_broadcast_push ? 0 : bytes;
   if (payload_bytes != want) {
     return absl::InvalidArgumentError(
         absl::StrCat("payload of ", payload_bytes, " bytes, expected ", want, " (truncated?)"));
   }
+  return absl::OkStatus();
+}
+
+// Data: a sub-chunk of a step of a ring / halving-doubling schedule.
+absl::Status ValidateData(const WireHeader& h, size_t payload_bytes) {
+  if (h.root >= h.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("root ", h.root, " of ", h.world_size));
+  }
+  if (h.tensor_count == 0 || h.num_chunks == 0 || h.chunk >= h.num_chunks ||
+      h.chunk_offset > h.tensor_count || h.chunk_count > h.tensor_count - h.chunk_offset) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sub-chunk ", h.chunk, "/", h.num_chunks, " [", h.chunk_offset, ", +", h.chunk_count,
+        ") of a tensor of ", h.tensor_count, " elements is out of range"));
+  }
+  const uint64_t want = h.chunk_count * DataTypeSize(static_cast<DataType>(h.dtype));
+  if (payload_bytes != want) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("payload of ", payload_bytes, " bytes, expected ", want, " (truncated?)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<WireHeader> ParseHeader(std::span<const std::byte> header, size_t payload_bytes) {
+  if (header.size() != sizeof(WireHeader)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("header of ", header.size(), " bytes, expected ", sizeof(WireHeader)));
+  }
+  WireHeader h;
+  std::memcpy(&h, header.data(), sizeof(h));
+  if (h.magic != WireHeader::kMagic) return absl::InvalidArgumentError("bad magic");
+  if (h.version != WireHeader::kVersion) {
+    return absl::InvalidArgumentError(absl::StrCat("unsupported version ", h.version));
+  }
+  if (h.kind < 1 || h.kind > 5) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown message kind ", h.kind));
+  }
+  if (!IsValidAlgorithm(h.algorithm)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown algorithm ", h.algorithm));
+  }
+  const bool push_pull = h.algorithm == static_cast<uint8_t>(Algorithm::kPushPull);
+  if (IsPushPullKind(h.kind) != push_pull && h.kind != static_cast<uint8_t>(MessageKind::kError) &&
+      h.kind != static_cast<uint8_t>(MessageKind::kAbort)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("message kind ", h.kind, " does not belong to ",
+                     std::string(AlgorithmName(Algorithm{h.algorithm}))));
+  }
+  // Ring and halving-doubling messages name their sender's rank.
+  if (!push_pull && (h.world_size == 0 || h.sender >= h.world_size)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sender ", h.sender, " of a world of ", h.world_size));
+  }
+  if (h.kind == static_cast<uint8_t>(MessageKind::kError) ||
+      h.kind == static_cast<uint8_t>(MessageKind::kAbort)) {
+    if (h.error_code == 0 || h.error_code > 16) {
+      return absl::InvalidArgumentError(absl::StrCat("bad error code ", h.error_code));
+    }
+    return h;
+  }
+  if (!common::IsValidDataType(h.dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown dtype ", h.dtype));
+  }
+  if (!IsValidReduction(h.reduce)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown reduction ", h.reduce));
+  }
+  absl::Status valid =
+      push_pull ? ValidatePushPull(h, payload_bytes) : ValidateData(h, payload_bytes);
+  if (!valid.ok()) return valid;
   return h;
 }
 

@@ -1,5 +1,7 @@
-// The push/pull protocol's message header. Fixed layout, little-endian hosts only, validated on
-// receipt: a malformed or truncated message from a peer is rejected, never trusted.
+// The data plane's one message header, for every algorithm and every message: push/pull pushes
+// and results, ring / halving-doubling sub-chunks, errors and aborts. Fixed layout, little-endian
+// hosts only, validated on receipt by ParseHeader: a malformed or truncated message from a peer
+// is rejected, never trusted. DataPlaneNode routes a parsed message by its `algorithm`.
 #pragma once
 
 #include <cstdint>
@@ -8,46 +10,54 @@
 
 #include "absl/status/statusor.h"
 #include "common/dtype.h"
+#include "dataplane/collectives/algorithm_selector.h"
+#include "dataplane/collectives/operation.h"
+#include "dataplane/transport/transport.h"
 
 namespace tributary::dataplane {
 
 enum class MessageKind : uint8_t {
-  kPush = 1,    // worker -> server: this worker's contribution to one chunk
-  kResult = 2,  // server -> worker: the reduced chunk
-  kError = 3,   // server -> worker: the (tensor, iteration) failed; payload is the reason
-};
-
-enum class ReduceKind : uint8_t {
-  kSum = 1,        // the server adds every worker's chunk (average divides on the workers)
-  kBroadcast = 2,  // the server forwards the root worker's chunk; others push empty chunks
+  kPush = 1,    // push/pull, worker -> server: this worker's contribution to one chunk
+  kResult = 2,  // push/pull, server -> worker: the reduced chunk
+  kError = 3,   // the collective failed at the sender (push/pull server -> worker, or ring /
+                // halving-doubling rank -> every other rank); payload: the reason (text)
+  kData = 4,    // ring / halving-doubling, rank -> rank: one sub-chunk of one step
+  kAbort = 5,   // a participant gives up on the collective (push/pull: worker -> the tensor's
+                // home server, which fails it for every worker; ring / halving-doubling: rank ->
+                // every other rank); payload: the reason (text)
 };
 
 #pragma pack(push, 1)
 struct WireHeader {
   static constexpr uint32_t kMagic = 0x42495254;  // "TRIB"
-  static constexpr uint8_t kVersion = 1;
+  static constexpr uint8_t kVersion = 2;
   static constexpr uint32_t kFromServer = UINT32_MAX;
 
   uint32_t magic = kMagic;
   uint8_t version = kVersion;
-  uint8_t kind = 0;        // MessageKind
-  uint8_t dtype = 0;       // common::DataType
-  uint8_t reduce = 0;      // ReduceKind
+  uint8_t kind = 0;       // MessageKind
+  uint8_t dtype = 0;      // common::DataType
+  uint8_t reduce = 0;     // Reduction
+  uint8_t algorithm = 0;  // Algorithm, never kAuto
+  uint8_t reserved0[3] = {0, 0, 0};
   uint64_t job = 0;        // StableHash64(job id)
   uint64_t tensor = 0;     // StableHash64(tensor name)
   uint64_t iteration = 0;  // n-th submission of this tensor name in the job
   uint64_t plan_version = 0;
   uint64_t tensor_count = 0;  // elements in the whole tensor
-  uint32_t num_chunks = 0;
-  uint32_t chunk = 0;
-  uint64_t chunk_offset = 0;  // first element of this chunk
-  uint64_t chunk_count = 0;   // elements in this chunk
-  uint32_t sender = 0;        // worker rank, or kFromServer
-  uint32_t root = 0;          // broadcast: rank of the root worker node
-  uint32_t error_code = 0;    // absl::StatusCode, kError only
-  uint32_t reserved = 0;
+  uint32_t world_size = 0;    // ring / halving-doubling: ranks in the collective
+  uint32_t sender = 0;        // worker rank, or kFromServer (push/pull server)
+  uint32_t root = 0;          // broadcast: worker rank of the root node; 0 otherwise
+  uint32_t step = 0;          // ring / halving-doubling: index into the receiver's schedule
+  uint32_t num_chunks = 0;    // push/pull: chunks of the tensor; else sub-chunks of the step
+  uint32_t chunk = 0;         // index of this chunk (sub-chunk)
+  uint64_t chunk_offset = 0;  // first element of this chunk in the tensor
+  uint64_t chunk_count = 0;   // elements in this chunk (ring / HD: 0 when the step's range is)
+  uint32_t error_code = 0;    // absl::StatusCode, kError and kAbort only
+  uint32_t reserved1 = 0;
 };
 #pragma pack(pop)
+static_assert(sizeof(WireHeader) <= Transport::kMaxHeaderBytes);
 
 // Identifies one collective: sums never mix jobs, tensors or iterations.
 struct CollectiveKey {
@@ -64,8 +74,9 @@ inline std::span<const std::byte> AsBytes(const WireHeader& h) {
   return {reinterpret_cast<const std::byte*>(&h), sizeof(h)};
 }
 
-// Parses and validates a header against the payload that came with it: magic, version, kinds,
-// dtype, chunk index and range, payload length. INVALID_ARGUMENT naming the field otherwise.
+// Parses and validates a header against the payload that came with it: size, magic, version,
+// kind, algorithm (and that the kind belongs to it), error code, dtype, reduction, ranks, chunk
+// index and range, payload length. INVALID_ARGUMENT naming the field otherwise.
 absl::StatusOr<WireHeader> ParseHeader(std::span<const std::byte> header, size_t payload_bytes);
 
 // "tensor 0x.. iteration 3 chunk 2/5" for messages.

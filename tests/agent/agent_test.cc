@@ -108,7 +108,7 @@ TEST_F(AgentTest, PlansSetJobsOnTheDataPlaneAndTheLocalService) {
   EXPECT_THAT(set.view.worker_addresses, ElementsAre("addr-n0", "addr-n1"));
   EXPECT_EQ(set.view.procs_per_node, 2u);
   EXPECT_EQ(set.view.op_timeout, 1500ms);
-  EXPECT_EQ(set.choice, dataplane::AlgorithmChoice::kRing);
+  EXPECT_EQ(set.algorithm, dataplane::Algorithm::kRing);
   EXPECT_THAT(agent_->applied_plans(), ElementsAre(Pair("a", 3u)));
 
   // The local service now knows the job: worker 1 of 2 nodes, 2 processes each.
@@ -128,7 +128,7 @@ TEST_F(AgentTest, OnlyANewPlanVersionIsSetAgain) {
   ASSERT_EQ(runner_->set_jobs().size(), 2u);
   EXPECT_EQ(runner_->set_jobs()[1].view.plan_version, 4u);
   EXPECT_EQ(runner_->set_jobs()[1].view.my_server_index, -1);
-  EXPECT_EQ(runner_->set_jobs()[1].choice, dataplane::AlgorithmChoice::kHalvingDoubling);
+  EXPECT_EQ(runner_->set_jobs()[1].algorithm, dataplane::Algorithm::kHalvingDoubling);
   EXPECT_THAT(agent_->applied_plans(), ElementsAre(Pair("a", 4u)));
   EXPECT_THAT(runner_->removed_jobs(), IsEmpty());
 }

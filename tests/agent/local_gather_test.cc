@@ -39,7 +39,7 @@ TEST(LocalGatherTest, ThreeRanksInAnyOrderBecomeOneOperationInRankOrder) {
     sub.mapping = *mapping;
     sub.offset = rank * 8 * sizeof(float);
     sub.count = 8;
-    sub.kind = OperationKind::kSum;
+    sub.reduction = dataplane::Reduction::kSum;
     sub.priority = static_cast<int32_t>(10 - rank);
     sub.handle = std::make_shared<OpHandle>();
     handles.push_back(sub.handle);

@@ -358,14 +358,14 @@ TEST_F(LocalServiceTest, SubmitValidatesTheRequestOnce) {
             "job 'job' tensor 't': the job is no longer planned on this node");
 }
 
-TEST(ToOperationKindTest, ConvertsEachApiOpAndRejectsTheRest) {
-  EXPECT_EQ(*ToOperationKind(tributary::v1::COLLECTIVE_OP_SUM), OperationKind::kSum);
-  EXPECT_EQ(*ToOperationKind(tributary::v1::COLLECTIVE_OP_AVERAGE), OperationKind::kAverage);
-  EXPECT_EQ(*ToOperationKind(tributary::v1::COLLECTIVE_OP_BROADCAST), OperationKind::kBroadcast);
-  auto unspecified = ToOperationKind(tributary::v1::COLLECTIVE_OP_UNSPECIFIED);
+TEST(ToReductionTest, ConvertsEachApiOpAndRejectsTheRest) {
+  EXPECT_EQ(*ToReduction(tributary::v1::COLLECTIVE_OP_SUM), dataplane::Reduction::kSum);
+  EXPECT_EQ(*ToReduction(tributary::v1::COLLECTIVE_OP_AVERAGE), dataplane::Reduction::kAverage);
+  EXPECT_EQ(*ToReduction(tributary::v1::COLLECTIVE_OP_BROADCAST), dataplane::Reduction::kBroadcast);
+  auto unspecified = ToReduction(tributary::v1::COLLECTIVE_OP_UNSPECIFIED);
   EXPECT_EQ(unspecified.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(unspecified.status().message(), "unknown op 0");
-  EXPECT_EQ(ToOperationKind(static_cast<tributary::v1::CollectiveOp>(-1)).status().message(),
+  EXPECT_EQ(ToReduction(static_cast<tributary::v1::CollectiveOp>(-1)).status().message(),
             "unknown op -1");
 }
 
@@ -396,7 +396,7 @@ TEST_F(LocalServiceTest, LocalRanksBecomeOneNodeOperation) {
   EXPECT_EQ(call.op.iteration, 0u);
   EXPECT_EQ(call.op.dtype, common::DataType::kFloat32);
   EXPECT_EQ(call.op.count, 16u);
-  EXPECT_EQ(call.op.kind, OperationKind::kAverage);
+  EXPECT_EQ(call.op.reduction, dataplane::Reduction::kAverage);
   EXPECT_EQ(call.op.priority, -2);  // the most urgent rank's
   ASSERT_EQ(call.op.buffers.size(), 2u);
   // Rank order, each at its own offset in its own process's memory.
@@ -419,7 +419,7 @@ TEST_F(LocalServiceTest, LocalRanksBecomeOneNodeOperation) {
   ASSERT_TRUE(Submit(Request(s1_, "grad", b1_)).ok());
   ASSERT_EQ(runner_.num_starts(), 2u);
   EXPECT_EQ(runner_.start(1).op.iteration, 1u);
-  EXPECT_EQ(runner_.start(1).op.kind, OperationKind::kSum);
+  EXPECT_EQ(runner_.start(1).op.reduction, dataplane::Reduction::kSum);
   EXPECT_THAT(runner_.aborts(), IsEmpty());
 }
 
@@ -431,7 +431,7 @@ TEST_F(LocalServiceTest, BroadcastRootBecomesNodeAndLocalIndex) {
     ASSERT_TRUE(Submit(req).ok());
   }
   ASSERT_EQ(runner_.num_starts(), 1u);
-  EXPECT_EQ(runner_.start(0).op.kind, OperationKind::kBroadcast);
+  EXPECT_EQ(runner_.start(0).op.reduction, dataplane::Reduction::kBroadcast);
   EXPECT_EQ(runner_.start(0).op.root_node, 1u);
   EXPECT_EQ(runner_.start(0).op.root_local, 1u);
 }

@@ -8,10 +8,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/hash.h"
+#include "dataplane/collectives/data_plane_node.h"
 #include "dataplane/reduce/cpu/cpu_reducer.h"
 #include "dataplane/transport/inprocess/inprocess_transport.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/util/cluster_harness.h"
 #include "tests/util/typed_values.h"
 
 namespace tributary::dataplane {
@@ -27,80 +29,28 @@ void Put(DataType t, std::byte* base, uint64_t i, double v) { testing::PutValue(
 
 double Get(DataType t, const std::byte* base, uint64_t i) { return testing::GetValue(t, base, i); }
 
-// n worker nodes and k server-only nodes on one in-process network.
-class Cluster {
- public:
-  Cluster(int n, int k, uint32_t procs_per_node, uint64_t partition_bytes = 1024,
-          uint64_t credit_bytes = 4096)
-      : n_(n), reducer_(2, 4096) {
-    view_.job_id = "job-a";
-    view_.plan_version = 7;
-    view_.procs_per_node = procs_per_node;
-    view_.partition_bytes = partition_bytes;
-    view_.credit_bytes = credit_bytes;
-    view_.op_timeout = std::chrono::milliseconds(5000);
-    const int servers = (n + k);
-    for (int i = 0; i < n + k; ++i) {
-      const std::string addr = absl::StrCat("node-", i);
-      transports_.push_back(network_.CreateEndpoint(addr));
-      nodes_.push_back(
-          std::make_unique<PushPullNode>(transports_.back().get(), &reducer_, &clock_));
-      if (i < n) view_.worker_addresses.push_back(addr);
-      view_.server_addresses.push_back(addr);
-    }
-    // Uneven weights on purpose: server s gets a weight proportional to s + 1.
-    uint64_t total = 0;
-    for (int s = 0; s < servers; ++s) total += s + 1;
-    uint64_t assigned = 0;
-    for (int s = 0; s < servers; ++s) {
-      uint64_t w = s + 1 == servers ? ChunkMap::kWeightTotal - assigned
-                                    : ChunkMap::kWeightTotal / total * (s + 1);
-      view_.server_weights.push_back(w);
-      assigned += w;
-    }
-    for (int i = 0; i < n + k; ++i) {
-      JobView v = view_;
-      v.my_worker_rank = i < n ? i : -1;
-      v.my_server_index = i;
-      nodes_[i]->SetJob(v);
-    }
-  }
+using testing::Await;
+using testing::Cluster;
+using testing::ClusterOptions;
+using testing::MakeOp;
 
-  ~Cluster() {
-    for (auto& t : transports_) t->Shutdown();
-  }
-
-  // Starts `op` on worker node `rank`; the future resolves with its result.
-  std::future<absl::Status> Start(int rank, LocalOperation op) {
-    auto promise = std::make_shared<std::promise<absl::Status>>();
-    auto future = promise->get_future();
-    op.done = [promise](absl::Status s) { promise->set_value(std::move(s)); };
-    absl::Status started = nodes_[rank]->worker().Start(view_.job_id, std::move(op));
-    if (!started.ok()) promise->set_value(started);
-    return future;
-  }
-
-  PushPullNode& node(int i) { return *nodes_[i]; }
-  InProcessNetwork& network() { return network_; }
-  common::FakeClock& clock() { return clock_; }
-  const JobView& view() const { return view_; }
-  int n() const { return n_; }
-
- private:
-  int n_;
-  InProcessNetwork network_;
-  CpuReducer reducer_;
-  common::FakeClock clock_;
-  JobView view_;
-  std::vector<std::unique_ptr<InProcessTransport>> transports_;
-  std::vector<std::unique_ptr<PushPullNode>> nodes_;
-};
-
-absl::Status Await(std::future<absl::Status>& f) {
-  if (f.wait_for(kGuard) != std::future_status::ready) {
-    return absl::InternalError("test guard: the collective neither finished nor failed");
-  }
-  return f.get();
+// n worker nodes and k server-only nodes running push/pull (every node is also a server, with
+// uneven weights on purpose: server s gets a weight proportional to s + 1).
+ClusterOptions PushPullCluster(int n, int k, uint32_t procs_per_node,
+                               uint64_t partition_bytes = 1024, uint64_t credit_bytes = 4096) {
+  ClusterOptions o;
+  o.workers = n;
+  o.spare_servers = k;
+  o.procs_per_node = procs_per_node;
+  o.job_id = "job-a";
+  o.plan_version = 7;
+  o.algorithm = Algorithm::kPushPull;
+  o.partition_bytes = partition_bytes;
+  o.credit_bytes = credit_bytes;
+  o.uneven_weights = true;
+  o.reducer_threads = 2;
+  o.reducer_min_bytes_per_thread = 4096;
+  return o;
 }
 
 // Buffers of every process of every node: [node][proc] -> bytes.
@@ -116,18 +66,6 @@ Buffers MakeBuffers(int n, uint32_t r, DataType t, uint64_t count,
     }
   }
   return b;
-}
-
-LocalOperation MakeOp(const std::string& name, uint64_t iteration, DataType t, uint64_t count,
-                      LocalOperation::Kind kind, std::vector<std::vector<std::byte>>& bufs) {
-  LocalOperation op;
-  op.tensor_name = name;
-  op.iteration = iteration;
-  op.dtype = t;
-  op.count = count;
-  op.kind = kind;
-  for (auto& b : bufs) op.buffers.push_back(b.data());
-  return op;
 }
 
 // Counts elements that differ from `expected`; every element of every process is checked.
@@ -148,7 +86,7 @@ class PushPullSweep : public ::testing::TestWithParam<Shape> {};
 
 TEST_P(PushPullSweep, SumAverageAndBroadcastAreExact) {
   const auto [n, k, r, count, dtype] = GetParam();
-  Cluster cluster(n, k, r);
+  Cluster cluster(PushPullCluster(n, k, r));
   const int world = n * static_cast<int>(r);
   auto input = [](int g, uint64_t i) { return static_cast<double>((g + 1) * (i % 7 + 1)); };
 
@@ -167,8 +105,7 @@ TEST_P(PushPullSweep, SumAverageAndBroadcastAreExact) {
   Buffers b = MakeBuffers(n, r, dtype, count, sum_input);
   std::vector<std::future<absl::Status>> f;
   for (int node = 0; node < n; ++node) {
-    f.push_back(
-        cluster.Start(node, MakeOp("grad", 0, dtype, count, LocalOperation::Kind::kSum, b[node])));
+    f.push_back(cluster.Start(node, MakeOp("grad", 0, dtype, count, Reduction::kSum, b[node])));
   }
   for (auto& x : f) ASSERT_TRUE(Await(x).ok());
   EXPECT_EQ(CountWrong(dtype, b, count, sum_expected), 0);
@@ -180,8 +117,7 @@ TEST_P(PushPullSweep, SumAverageAndBroadcastAreExact) {
   b = MakeBuffers(n, r, dtype, count, avg_input);
   f.clear();
   for (int node = 0; node < n; ++node) {
-    f.push_back(cluster.Start(
-        node, MakeOp("grad", 1, dtype, count, LocalOperation::Kind::kAverage, b[node])));
+    f.push_back(cluster.Start(node, MakeOp("grad", 1, dtype, count, Reduction::kAverage, b[node])));
   }
   for (auto& x : f) ASSERT_TRUE(Await(x).ok());
   EXPECT_EQ(CountWrong(dtype, b, count,
@@ -195,8 +131,7 @@ TEST_P(PushPullSweep, SumAverageAndBroadcastAreExact) {
   b = MakeBuffers(n, r, dtype, count, input);
   f.clear();
   for (int node = 0; node < n; ++node) {
-    LocalOperation op =
-        MakeOp("weights", 0, dtype, count, LocalOperation::Kind::kBroadcast, b[node]);
+    Operation op = MakeOp("weights", 0, dtype, count, Reduction::kBroadcast, b[node]);
     op.root_node = root / r;
     op.root_local = root % r;
     f.push_back(cluster.Start(node, std::move(op)));
@@ -227,14 +162,14 @@ INSTANTIATE_TEST_SUITE_P(
     ShapeName);
 
 TEST(PushPull, MismatchedSizesFailEveryWorkerWithoutADeadline) {
-  Cluster cluster(3, 2, 1);
+  Cluster cluster(PushPullCluster(3, 2, 1));
   Buffers b = MakeBuffers(3, 1, DataType::kFloat32, 3000, [](int, uint64_t) { return 1; });
   std::vector<std::future<absl::Status>> f;
   for (int node = 0; node < 3; ++node) {
     // Rank 2 believes the tensor is shorter: a different chunk layout.
     const uint64_t count = node == 2 ? 1000 : 3000;
     f.push_back(cluster.Start(
-        node, MakeOp("grad", 0, DataType::kFloat32, count, LocalOperation::Kind::kSum, b[node])));
+        node, MakeOp("grad", 0, DataType::kFloat32, count, Reduction::kSum, b[node])));
   }
   for (auto& x : f) {
     absl::Status s = Await(x);  // the fake clock never moves: no deadline can fire
@@ -245,36 +180,36 @@ TEST(PushPull, MismatchedSizesFailEveryWorkerWithoutADeadline) {
 }
 
 TEST(PushPull, MismatchedDtypesFailEveryWorker) {
-  Cluster cluster(2, 1, 2);
+  Cluster cluster(PushPullCluster(2, 1, 2));
   Buffers b = MakeBuffers(2, 2, DataType::kFloat32, 500, [](int, uint64_t) { return 1; });
   std::vector<std::future<absl::Status>> f;
   for (int node = 0; node < 2; ++node) {
     f.push_back(
         cluster.Start(node, MakeOp("grad", 0, node == 0 ? DataType::kFloat32 : DataType::kInt32,
-                                   500, LocalOperation::Kind::kSum, b[node])));
+                                   500, Reduction::kSum, b[node])));
   }
   for (auto& x : f) EXPECT_EQ(Await(x).code(), absl::StatusCode::kInvalidArgument);
   // The cluster keeps serving: the next iteration with agreeing inputs works.
   f.clear();
   for (int node = 0; node < 2; ++node) {
-    f.push_back(cluster.Start(
-        node, MakeOp("grad", 1, DataType::kFloat32, 500, LocalOperation::Kind::kSum, b[node])));
+    f.push_back(
+        cluster.Start(node, MakeOp("grad", 1, DataType::kFloat32, 500, Reduction::kSum, b[node])));
   }
   for (auto& x : f) EXPECT_TRUE(Await(x).ok());
 }
 
 TEST(PushPull, MissingWorkerTimesOutNamingIt) {
-  Cluster cluster(3, 1, 1);
+  Cluster cluster(PushPullCluster(3, 1, 1));
   Buffers b = MakeBuffers(3, 1, DataType::kFloat32, 100, [](int, uint64_t) { return 1; });
   std::vector<std::future<absl::Status>> f;
   for (int node = 0; node < 2; ++node) {  // rank 2 never submits
-    f.push_back(cluster.Start(
-        node, MakeOp("grad", 0, DataType::kFloat32, 100, LocalOperation::Kind::kSum, b[node])));
+    f.push_back(
+        cluster.Start(node, MakeOp("grad", 0, DataType::kFloat32, 100, Reduction::kSum, b[node])));
   }
   for (auto& x : f)
     EXPECT_EQ(x.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);
   cluster.clock().Advance(std::chrono::seconds(6));
-  for (int i = 0; i < 4; ++i) cluster.node(i).server().ExpireStale();
+  for (int i = 0; i < 4; ++i) cluster.node(i).push_pull().server().ExpireStale();
   for (auto& x : f) {
     absl::Status s = Await(x);
     EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
@@ -283,15 +218,14 @@ TEST(PushPull, MissingWorkerTimesOutNamingIt) {
 }
 
 TEST(PushPull, AbortFromOneWorkerFailsEveryWorkerAtOnce) {
-  Cluster cluster(3, 2, 1);
+  Cluster cluster(PushPullCluster(3, 2, 1));
   Buffers b = MakeBuffers(3, 1, DataType::kFloat32, 5000, [](int, uint64_t) { return 1; });
   std::vector<std::future<absl::Status>> f;
   for (int node = 0; node < 2; ++node) {
-    f.push_back(cluster.Start(
-        node, MakeOp("grad", 4, DataType::kFloat32, 5000, LocalOperation::Kind::kSum, b[node])));
+    f.push_back(
+        cluster.Start(node, MakeOp("grad", 4, DataType::kFloat32, 5000, Reduction::kSum, b[node])));
   }
-  cluster.node(2).worker().Abort("job-a", "grad", 4,
-                                 absl::AbortedError("local rank 1 disconnected"));
+  cluster.node(2).Abort("job-a", "grad", 4, absl::AbortedError("local rank 1 disconnected"));
   for (auto& x : f) {
     absl::Status s = Await(x);  // no clock movement: this is not a deadline
     EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
@@ -300,26 +234,26 @@ TEST(PushPull, AbortFromOneWorkerFailsEveryWorkerAtOnce) {
 }
 
 TEST(PushPull, WorkerDeadlineFiresWhenServersAreSilent) {
-  Cluster cluster(2, 1, 1);
+  Cluster cluster(PushPullCluster(2, 1, 1));
   cluster.network().SetFrozen("node-2", true);
   cluster.network().SetFrozen("node-1", true);
   cluster.network().SetFrozen("node-0", true);
   Buffers b = MakeBuffers(2, 1, DataType::kFloat32, 100, [](int, uint64_t) { return 1; });
-  auto f = cluster.Start(
-      0, MakeOp("grad", 0, DataType::kFloat32, 100, LocalOperation::Kind::kSum, b[0]));
+  auto f = cluster.Start(0, MakeOp("grad", 0, DataType::kFloat32, 100, Reduction::kSum, b[0]));
   cluster.clock().Advance(std::chrono::seconds(6));
-  cluster.node(0).worker().ExpireStale();
+  cluster.node(0).push_pull().worker().ExpireStale();
   absl::Status s = Await(f);
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(s.message(), HasSubstr("waiting on summation servers"));
 }
 
 TEST(PushPull, MalformedMessagesAreDroppedAndServiceContinues) {
-  Cluster cluster(2, 1, 1);
+  Cluster cluster(PushPullCluster(2, 1, 1));
   WireHeader h;
   h.kind = static_cast<uint8_t>(MessageKind::kPush);
   h.dtype = static_cast<uint8_t>(DataType::kFloat32);
-  h.reduce = static_cast<uint8_t>(ReduceKind::kSum);
+  h.reduce = static_cast<uint8_t>(Reduction::kSum);
+  h.algorithm = static_cast<uint8_t>(Algorithm::kPushPull);
   h.job = common::StableHash64("job-a");
   h.tensor_count = 10;
   h.num_chunks = 1;
@@ -337,50 +271,51 @@ TEST(PushPull, MalformedMessagesAreDroppedAndServiceContinues) {
       MakeBuffers(2, 1, DataType::kFloat32, 100, [](int g, uint64_t i) { return g + i % 3; });
   std::vector<std::future<absl::Status>> f;
   for (int node = 0; node < 2; ++node) {
-    f.push_back(cluster.Start(
-        node, MakeOp("grad", 0, DataType::kFloat32, 100, LocalOperation::Kind::kSum, b[node])));
+    f.push_back(
+        cluster.Start(node, MakeOp("grad", 0, DataType::kFloat32, 100, Reduction::kSum, b[node])));
   }
   for (auto& x : f) ASSERT_TRUE(Await(x).ok());
   EXPECT_EQ(CountWrong(DataType::kFloat32, b, 100, [](uint64_t i) { return 1.0 + 2 * (i % 3); }),
             0);
-  EXPECT_EQ(cluster.node(2).stats().malformed_messages.load(), 4u);
+  EXPECT_EQ(cluster.node(2).malformed_messages(), 4u);
 }
 
 TEST(PushPull, RejectsBadOperations) {
-  Cluster cluster(2, 0, 2);
+  Cluster cluster(PushPullCluster(2, 0, 2));
   std::vector<std::vector<std::byte>> two(2, std::vector<std::byte>(64));
   std::vector<std::vector<std::byte>> one(1, std::vector<std::byte>(64));
-  auto op = MakeOp("t", 0, DataType::kFloat32, 0, LocalOperation::Kind::kSum, two);
-  EXPECT_EQ(cluster.node(0).worker().Start("job-a", op).code(), absl::StatusCode::kInvalidArgument);
-  op = MakeOp("t", 0, DataType::kFloat32, uint64_t{1} << 62, LocalOperation::Kind::kSum, two);
-  EXPECT_EQ(cluster.node(0).worker().Start("job-a", op).code(), absl::StatusCode::kInvalidArgument);
-  op = MakeOp("t", 0, DataType::kFloat32, 4, LocalOperation::Kind::kSum, one);
-  EXPECT_EQ(cluster.node(0).worker().Start("job-a", op).code(), absl::StatusCode::kInvalidArgument);
-  op = MakeOp("t", 0, DataType::kFloat32, 4, LocalOperation::Kind::kSum, two);
-  EXPECT_EQ(cluster.node(0).worker().Start("nope", op).code(), absl::StatusCode::kNotFound);
-  op = MakeOp("t", 0, DataType::kFloat32, 4, LocalOperation::Kind::kBroadcast, two);
+  auto op = MakeOp("t", 0, DataType::kFloat32, 0, Reduction::kSum, two);
+  EXPECT_EQ(cluster.node(0).push_pull().worker().Start("job-a", op).code(),
+            absl::StatusCode::kInvalidArgument);
+  op = MakeOp("t", 0, DataType::kFloat32, uint64_t{1} << 62, Reduction::kSum, two);
+  EXPECT_EQ(cluster.node(0).push_pull().worker().Start("job-a", op).code(),
+            absl::StatusCode::kInvalidArgument);
+  op = MakeOp("t", 0, DataType::kFloat32, 4, Reduction::kSum, one);
+  EXPECT_EQ(cluster.node(0).push_pull().worker().Start("job-a", op).code(),
+            absl::StatusCode::kInvalidArgument);
+  op = MakeOp("t", 0, DataType::kFloat32, 4, Reduction::kSum, two);
+  EXPECT_EQ(cluster.node(0).push_pull().worker().Start("nope", op).code(),
+            absl::StatusCode::kNotFound);
+  op = MakeOp("t", 0, DataType::kFloat32, 4, Reduction::kBroadcast, two);
   op.root_node = 9;
-  EXPECT_EQ(cluster.node(0).worker().Start("job-a", op).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(cluster.node(0).push_pull().worker().Start("job-a", op).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // Credit is held only while a chunk is being sent. Were it held until the sum came back, node 0
 // (filling its window with "a") and node 1 (with "b") would each wait for the other's pushes.
 TEST(PushPull, WorkersSubmittingInDifferentOrdersDoNotDeadlock) {
   const uint64_t partition = 1024, credit = 2048;  // two chunks of the 16 per tensor
-  Cluster cluster(2, 0, 1, partition, credit);
+  Cluster cluster(PushPullCluster(2, 0, 1, partition, credit));
   const uint64_t count = 4096;
   auto value = [](int g, uint64_t i) { return static_cast<double>(g + 1 + i % 5); };
   Buffers a = MakeBuffers(2, 1, DataType::kFloat32, count, value);
   Buffers b = MakeBuffers(2, 1, DataType::kFloat32, count, value);
   std::vector<std::future<absl::Status>> f;
-  f.push_back(cluster.Start(
-      0, MakeOp("a", 0, DataType::kFloat32, count, LocalOperation::Kind::kSum, a[0])));
-  f.push_back(cluster.Start(
-      0, MakeOp("b", 0, DataType::kFloat32, count, LocalOperation::Kind::kSum, b[0])));
-  f.push_back(cluster.Start(
-      1, MakeOp("b", 0, DataType::kFloat32, count, LocalOperation::Kind::kSum, b[1])));
-  f.push_back(cluster.Start(
-      1, MakeOp("a", 0, DataType::kFloat32, count, LocalOperation::Kind::kSum, a[1])));
+  f.push_back(cluster.Start(0, MakeOp("a", 0, DataType::kFloat32, count, Reduction::kSum, a[0])));
+  f.push_back(cluster.Start(0, MakeOp("b", 0, DataType::kFloat32, count, Reduction::kSum, b[0])));
+  f.push_back(cluster.Start(1, MakeOp("b", 0, DataType::kFloat32, count, Reduction::kSum, b[1])));
+  f.push_back(cluster.Start(1, MakeOp("a", 0, DataType::kFloat32, count, Reduction::kSum, a[1])));
   for (auto& x : f) ASSERT_TRUE(Await(x).ok());
   auto expected = [](uint64_t i) { return static_cast<double>(3 + 2 * (i % 5)); };
   EXPECT_EQ(CountWrong(DataType::kFloat32, a, count, expected), 0);
@@ -389,13 +324,13 @@ TEST(PushPull, WorkersSubmittingInDifferentOrdersDoNotDeadlock) {
 
 TEST(PushPull, MemoryStaysWithinCreditAndShares) {
   const uint64_t partition = 1024, credit = 4096;
-  Cluster cluster(3, 2, 2, partition, credit);
+  Cluster cluster(PushPullCluster(3, 2, 2, partition, credit));
   const uint64_t count = 100000;  // 400 KB of float32: ~400 chunks
   Buffers b = MakeBuffers(3, 2, DataType::kFloat32, count, [](int g, uint64_t) { return g; });
   std::vector<std::future<absl::Status>> f;
   for (int node = 0; node < 3; ++node) {
-    f.push_back(cluster.Start(
-        node, MakeOp("big", 0, DataType::kFloat32, count, LocalOperation::Kind::kSum, b[node])));
+    f.push_back(
+        cluster.Start(node, MakeOp("big", 0, DataType::kFloat32, count, Reduction::kSum, b[node])));
   }
   for (auto& x : f) ASSERT_TRUE(Await(x).ok());
   EXPECT_EQ(CountWrong(DataType::kFloat32, b, count, [](uint64_t) { return 15.0; }), 0);
@@ -409,7 +344,7 @@ TEST(PushPull, MemoryStaysWithinCreditAndShares) {
         GetChunk(count, chunks, c).count * 4;
   }
   for (int i = 0; i < 5; ++i) {
-    const PushPullStats& s = cluster.node(i).stats();
+    const PushPullStats& s = cluster.node(i).push_pull().stats();
     // DESIGN: a summation server holds at most twice the bytes it owns.
     EXPECT_LE(s.server_peak_bytes_held.load(), 2 * owned[i]) << "server " << i;
     // A worker never has more than its credit in flight (one chunk may exceed a full window).
@@ -420,7 +355,8 @@ TEST(PushPull, MemoryStaysWithinCreditAndShares) {
   }
 }
 
-// Records the (tensor, chunk) of every push a node sends.
+// Records the (tensor, chunk) of every push a node sends, and holds the send completions back
+// until Release: what is queued when the first completion returns credit is then up to the test.
 class RecordingTransport final : public Transport {
  public:
   explicit RecordingTransport(Transport* inner) : inner_(inner) {}
@@ -434,18 +370,38 @@ class RecordingTransport final : public Transport {
       std::lock_guard lock(mu_);
       if (h.kind == static_cast<uint8_t>(MessageKind::kPush)) sent_.emplace_back(h.tensor, h.chunk);
     }
-    inner_->Send(peer, header, payload, std::move(done));
+    inner_->Send(peer, header, payload, [this, done = std::move(done)](absl::Status s) mutable {
+      std::unique_lock lock(mu_);
+      if (holding_) {
+        held_.push_back([done = std::move(done), s]() mutable { done(s); });
+        return;
+      }
+      lock.unlock();
+      done(s);
+    });
   }
   void Shutdown() override { inner_->Shutdown(); }
   std::vector<std::pair<uint64_t, uint32_t>> sent() {
     std::lock_guard lock(mu_);
     return sent_;
   }
+  // Runs the completions held so far and lets every later one through.
+  void Release() {
+    std::vector<std::function<void()>> held;
+    {
+      std::lock_guard lock(mu_);
+      holding_ = false;
+      held.swap(held_);
+    }
+    for (auto& f : held) f();
+  }
 
  private:
   Transport* inner_;
   std::mutex mu_;
   std::vector<std::pair<uint64_t, uint32_t>> sent_;
+  bool holding_ = true;
+  std::vector<std::function<void()>> held_;
 };
 
 TEST(PushPull, LowerPriorityNumbersGoFirst) {
@@ -455,8 +411,8 @@ TEST(PushPull, LowerPriorityNumbersGoFirst) {
   RecordingTransport recorder(worker_ep.get());
   CpuReducer reducer(1, 1 << 20);
   common::FakeClock clock;
-  PushPullNode worker(&recorder, &reducer, &clock);
-  PushPullNode server(server_ep.get(), &reducer, &clock);
+  DataPlaneNode worker(&recorder, &reducer, &clock);
+  DataPlaneNode server(server_ep.get(), &reducer, &clock);
   JobView v;
   v.job_id = "j";
   v.worker_addresses = {"w"};
@@ -465,29 +421,31 @@ TEST(PushPull, LowerPriorityNumbersGoFirst) {
   v.partition_bytes = 400;  // 100 floats per chunk
   v.credit_bytes = 400;     // one chunk in flight
   v.my_worker_rank = 0;
-  worker.SetJob(v);
+  worker.SetJob(v, Algorithm::kPushPull);
   v.my_worker_rank = -1;
   v.my_server_index = 0;
-  server.SetJob(v);
+  server.SetJob(v, Algorithm::kPushPull);
 
   network.SetFrozen("s", true);
   std::vector<std::vector<std::byte>> low(1, std::vector<std::byte>(4000));
   std::vector<std::vector<std::byte>> high(1, std::vector<std::byte>(800));
   std::promise<void> low_done, high_done;
-  auto op_low = MakeOp("low", 0, DataType::kFloat32, 1000, LocalOperation::Kind::kSum, low);
+  auto op_low = MakeOp("low", 0, DataType::kFloat32, 1000, Reduction::kSum, low);
   op_low.priority = 5;
   op_low.done = [&](absl::Status s) {
     EXPECT_TRUE(s.ok());
     low_done.set_value();
   };
-  auto op_high = MakeOp("high", 0, DataType::kFloat32, 200, LocalOperation::Kind::kSum, high);
+  auto op_high = MakeOp("high", 0, DataType::kFloat32, 200, Reduction::kSum, high);
   op_high.priority = -1;
   op_high.done = [&](absl::Status s) {
     EXPECT_TRUE(s.ok());
     high_done.set_value();
   };
-  ASSERT_TRUE(worker.worker().Start("j", std::move(op_low)).ok());
-  ASSERT_TRUE(worker.worker().Start("j", std::move(op_high)).ok());
+  ASSERT_TRUE(worker.push_pull().worker().Start("j", std::move(op_low)).ok());
+  // Low's first chunk holds the whole credit until its send completes: high queues behind it.
+  ASSERT_TRUE(worker.push_pull().worker().Start("j", std::move(op_high)).ok());
+  recorder.Release();
   network.SetFrozen("s", false);
   ASSERT_EQ(low_done.get_future().wait_for(kGuard), std::future_status::ready);
   ASSERT_EQ(high_done.get_future().wait_for(kGuard), std::future_status::ready);
@@ -506,10 +464,10 @@ TEST(PushPull, PushesAheadOfTheServersPlanAreParkedAndReplayed) {
   auto server_ep = network.CreateEndpoint("s");
   CpuReducer reducer(1, 1 << 20);
   common::FakeClock clock;
-  PushPullNode worker(worker_ep.get(), &reducer, &clock);
-  PushPullNode server(server_ep.get(), &reducer, &clock);
+  DataPlaneNode worker(worker_ep.get(), &reducer, &clock);
+  DataPlaneNode server(server_ep.get(), &reducer, &clock);
   std::atomic<int> missing{0};
-  server.server().SetPlanMissingCallback([&] { missing++; });
+  server.push_pull().server().SetPlanMissingCallback([&] { missing++; });
   JobView v;
   v.job_id = "j";
   v.plan_version = 3;
@@ -518,23 +476,23 @@ TEST(PushPull, PushesAheadOfTheServersPlanAreParkedAndReplayed) {
   v.server_weights = {ChunkMap::kWeightTotal};
   v.partition_bytes = 64;
   v.my_worker_rank = 0;
-  worker.SetJob(v);
+  worker.SetJob(v, Algorithm::kPushPull);
   std::vector<std::vector<std::byte>> bufs(1, std::vector<std::byte>(400));
   for (int i = 0; i < 100; ++i) Put(DataType::kFloat32, bufs[0].data(), i, i);
   std::promise<absl::Status> done;
-  auto op = MakeOp("t", 0, DataType::kFloat32, 100, LocalOperation::Kind::kSum, bufs);
+  auto op = MakeOp("t", 0, DataType::kFloat32, 100, Reduction::kSum, bufs);
   op.done = [&](absl::Status s) { done.set_value(s); };
-  ASSERT_TRUE(worker.worker().Start("j", std::move(op)).ok());
+  ASSERT_TRUE(worker.push_pull().worker().Start("j", std::move(op)).ok());
   auto f = done.get_future();
   EXPECT_EQ(f.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);
   // The server learns of an older plan first: still parked. Then the worker's plan.
   v.my_worker_rank = -1;
   v.my_server_index = 0;
   v.plan_version = 2;
-  server.SetJob(v);
+  server.SetJob(v, Algorithm::kPushPull);
   EXPECT_EQ(f.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);
   v.plan_version = 3;
-  server.SetJob(v);
+  server.SetJob(v, Algorithm::kPushPull);
   ASSERT_EQ(f.wait_for(kGuard), std::future_status::ready);
   EXPECT_TRUE(f.get().ok());
   EXPECT_GT(missing.load(), 0);
@@ -544,7 +502,7 @@ TEST(PushPull, PushesAheadOfTheServersPlanAreParkedAndReplayed) {
 }
 
 TEST(PushPull, HundredIterationsOfSeveralTensorsWithPriorities) {
-  Cluster cluster(3, 2, 2, 512, 2048);
+  Cluster cluster(PushPullCluster(3, 2, 2, 512, 2048));
   const std::vector<std::pair<std::string, uint64_t>> tensors = {
       {"conv1.weight", 1}, {"fc.bias", 37}, {"layer4.weight", 3001}};
   for (uint64_t it = 0; it < 100; ++it) {
@@ -557,7 +515,7 @@ TEST(PushPull, HundredIterationsOfSeveralTensorsWithPriorities) {
     for (size_t t = 0; t < tensors.size(); ++t) {
       for (int node = 0; node < 3; ++node) {
         auto op = MakeOp(tensors[t].first, it, DataType::kFloat32, tensors[t].second,
-                         LocalOperation::Kind::kSum, bufs[t][node]);
+                         Reduction::kSum, bufs[t][node]);
         op.priority = static_cast<int32_t>(tensors.size() - t);
         f.push_back(cluster.Start(node, std::move(op)));
       }

@@ -8,15 +8,17 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "common/hash.h"
 #include "dataplane/collectives/algorithm_selector.h"
 #include "dataplane/collectives/allreduce_halving_doubling.h"
 #include "dataplane/collectives/allreduce_ring.h"
 #include "dataplane/collectives/collective_engine.h"
-#include "dataplane/collectives/node_collectives.h"
+#include "dataplane/collectives/data_plane_node.h"
 #include "dataplane/reduce/cpu/cpu_reducer.h"
 #include "dataplane/transport/inprocess/inprocess_transport.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/util/cluster_harness.h"
 #include "tests/util/typed_values.h"
 
 namespace tributary::dataplane {
@@ -32,89 +34,50 @@ void Put(DataType t, std::byte* base, uint64_t i, double v) { testing::PutValue(
 
 double Get(DataType t, const std::byte* base, uint64_t i) { return testing::GetValue(t, base, i); }
 
-// n ranks on one in-process network, each with a CollectiveEngine behind a small dispatcher
-// (the rule of IsCollectiveMessage; other messages are only counted).
-class Ring {
+using testing::Await;
+
+// n ranks (worker nodes "rank-0".. of job "job-r") on one in-process network, each a
+// DataPlaneNode; tests post to the engine with the algorithm they choose, or start through the
+// node with the job's algorithm.
+class Ring : public testing::Cluster {
  public:
-  explicit Ring(int n, uint64_t partition_bytes = 16) : n_(n), reducer_(1) {
-    view_.job_id = "job-r";
-    view_.plan_version = 3;
-    view_.partition_bytes = partition_bytes;
-    view_.op_timeout = std::chrono::milliseconds(5000);
-    for (int i = 0; i < n; ++i) view_.rank_addresses.push_back(absl::StrCat("rank-", i));
-    for (int i = 0; i < n; ++i) {
-      transports_.push_back(network_.CreateEndpoint(view_.rank_addresses[i]));
-      engines_.push_back(
-          std::make_unique<CollectiveEngine>(transports_.back().get(), &reducer_, &clock_));
-      CollectiveEngine* engine = engines_.back().get();
-      transports_.back()->SetReceiveHandler(
-          [this, engine](std::span<const std::byte> header, std::span<const std::byte> payload) {
-            if (IsCollectiveMessage(header)) {
-              engine->HandleMessage(header, payload);
-            } else {
-              other_messages_++;
-            }
-          });
-      RankView v = view_;
-      v.my_rank = i;
-      engine->SetJob(v);
-    }
-  }
-  ~Ring() {
-    for (auto& t : transports_) t->Shutdown();
-  }
+  explicit Ring(int n, uint64_t partition_bytes = 16, Algorithm job_algorithm = Algorithm::kRing)
+      : Cluster(Options(n, partition_bytes, job_algorithm)) {}
 
-  std::future<absl::Status> Start(int rank, Algorithm alg, CollectiveOperation op) {
-    auto promise = std::make_shared<std::promise<absl::Status>>();
-    auto future = promise->get_future();
-    op.done = [promise](absl::Status s) { promise->set_value(std::move(s)); };
-    absl::Status started = engines_[rank]->Start(view_.job_id, alg, std::move(op));
-    if (!started.ok()) promise->set_value(started);
-    return future;
-  }
-
-  CollectiveEngine& engine(int i) { return *engines_[i]; }
-  InProcessNetwork& network() { return network_; }
-  common::FakeClock& clock() { return clock_; }
-  const RankView& view() const { return view_; }
-  int n() const { return n_; }
-  int other_messages() const { return other_messages_; }
+  CollectiveEngine& engine(int i) { return node(i).engine(); }
+  int n() const { return workers(); }
 
  private:
-  int n_;
-  InProcessNetwork network_;
-  CpuReducer reducer_;
-  common::FakeClock clock_;
-  RankView view_;
-  std::vector<std::unique_ptr<InProcessTransport>> transports_;
-  std::vector<std::unique_ptr<CollectiveEngine>> engines_;
-  std::atomic<int> other_messages_{0};
+  static testing::ClusterOptions Options(int n, uint64_t partition_bytes, Algorithm algorithm) {
+    testing::ClusterOptions o;
+    o.workers = n;
+    o.job_id = "job-r";
+    o.plan_version = 3;
+    o.algorithm = algorithm;
+    o.partition_bytes = partition_bytes;
+    o.address_prefix = "rank-";
+    return o;
+  }
 };
 
-absl::Status Await(std::future<absl::Status>& f) {
-  if (f.wait_for(kGuard) != std::future_status::ready) {
-    return absl::InternalError("test guard: the collective neither finished nor failed");
-  }
-  return f.get();
-}
-
-CollectiveOperation MakeOp(const std::string& name, uint64_t iteration, DataType t, uint64_t count,
-                           CollectiveKind kind, std::vector<std::byte>& buffer, uint32_t root = 0) {
-  CollectiveOperation op;
+// One rank's operation on one buffer.
+Operation MakeOp(const std::string& name, uint64_t iteration, DataType t, uint64_t count,
+                 Reduction reduction, std::vector<std::byte>& buffer, uint32_t root = 0) {
+  Operation op;
   op.tensor_name = name;
   op.iteration = iteration;
   op.dtype = t;
   op.count = count;
-  op.kind = kind;
-  op.root = root;
-  op.buffer = buffer.data();
+  op.reduction = reduction;
+  op.root_node = root;
+  op.buffers = {buffer.data()};
   return op;
 }
 
 // Runs one collective on every rank and counts wrong elements over all ranks.
 // value(rank, i) is the input, expect(i) the result.
 uint64_t RunAndCount(Ring& ring, Algorithm alg, const std::string& name, uint64_t iteration,
-                     DataType t, uint64_t count, CollectiveKind kind, uint32_t root,
+                     DataType t, uint64_t count, Reduction kind, uint32_t root,
                      const std::function<double(int, uint64_t)>& value,
                      const std::function<double(uint64_t)>& expect) {
   const size_t es = common::DataTypeSize(t);
@@ -124,7 +87,7 @@ uint64_t RunAndCount(Ring& ring, Algorithm alg, const std::string& name, uint64_
   }
   std::vector<std::future<absl::Status>> futures;
   for (int r = 0; r < ring.n(); ++r) {
-    futures.push_back(ring.Start(r, alg, MakeOp(name, iteration, t, count, kind, bufs[r], root)));
+    futures.push_back(ring.Post(r, alg, MakeOp(name, iteration, t, count, kind, bufs[r], root)));
   }
   uint64_t wrong = 0;
   for (int r = 0; r < ring.n(); ++r) {
@@ -218,7 +181,7 @@ TEST_P(AllReduceTest, SumEveryDtypeAndSizeIsExactOnEveryRank) {
   for (DataType t : common::kAllDataTypes) {
     for (uint64_t count : {1, 2, 7, 13, 97, 1031}) {
       const uint64_t wrong = RunAndCount(
-          ring, alg, "grad", iteration++, t, count, CollectiveKind::kSum, 0,
+          ring, alg, "grad", iteration++, t, count, Reduction::kSum, 0,
           [](int r, uint64_t i) { return (r + 1) + static_cast<double>(i % 7); },
           [n](uint64_t i) { return n * (n + 1) / 2.0 + n * static_cast<double>(i % 7); });
       EXPECT_EQ(wrong, 0u) << AlgorithmName(alg) << " n " << n << " " << common::DataTypeName(t)
@@ -236,7 +199,7 @@ TEST_P(AllReduceTest, AverageEveryDtype) {
   for (DataType t : common::kAllDataTypes) {
     for (uint64_t count : {1, 31, 300}) {
       const uint64_t wrong = RunAndCount(
-          ring, alg, "avg", iteration++, t, count, CollectiveKind::kAverage, 0,
+          ring, alg, "avg", iteration++, t, count, Reduction::kAverage, 0,
           [](int r, uint64_t i) { return static_cast<double>(i % 5) + 2 * r; },
           [n](uint64_t i) { return static_cast<double>(i % 5) + (n - 1); });
       EXPECT_EQ(wrong, 0u) << AlgorithmName(alg) << " n " << n << " " << common::DataTypeName(t)
@@ -258,8 +221,8 @@ TEST(AllReduceTest, LargePartitionsAndSingleMessageSteps) {
   Ring ring(4, /*partition_bytes=*/4 << 20);
   for (Algorithm alg : {Algorithm::kRing, Algorithm::kHalvingDoubling}) {
     const uint64_t wrong = RunAndCount(
-        ring, alg, "big", static_cast<uint64_t>(alg), DataType::kFloat32, 100000,
-        CollectiveKind::kSum, 0, [](int r, uint64_t i) { return r + static_cast<double>(i % 100); },
+        ring, alg, "big", static_cast<uint64_t>(alg), DataType::kFloat32, 100000, Reduction::kSum,
+        0, [](int r, uint64_t i) { return r + static_cast<double>(i % 100); },
         [](uint64_t i) { return 6 + 4 * static_cast<double>(i % 100); });
     EXPECT_EQ(wrong, 0u) << AlgorithmName(alg);
   }
@@ -276,8 +239,7 @@ TEST(BroadcastTest, FromSeveralRootsEveryDtype) {
       for (DataType t : common::kAllDataTypes) {
         for (uint64_t count : {1, 13, 1031}) {
           const uint64_t wrong = RunAndCount(
-              ring, Algorithm::kRing, "weights", iteration++, t, count, CollectiveKind::kBroadcast,
-              root,
+              ring, Algorithm::kRing, "weights", iteration++, t, count, Reduction::kBroadcast, root,
               [root](int r, uint64_t i) {
                 return r == static_cast<int>(root) ? 1 + static_cast<double>(i % 200) : 0;
               },
@@ -291,19 +253,33 @@ TEST(BroadcastTest, FromSeveralRootsEveryDtype) {
 }
 
 TEST(BroadcastTest, HalvingDoublingDeclinesAndFallsBackToRing) {
-  CollectiveOperation op;
-  op.kind = CollectiveKind::kBroadcast;
-  EXPECT_EQ(CollectiveEngine::CanServe(Algorithm::kHalvingDoubling, op, 4).code(),
+  Ring ring(4, /*partition_bytes=*/16, Algorithm::kHalvingDoubling);
+  Operation op;
+  op.reduction = Reduction::kBroadcast;
+  EXPECT_EQ(ring.engine(0).CanServe(Algorithm::kHalvingDoubling, op).code(),
             absl::StatusCode::kUnimplemented);
-  EXPECT_EQ(CollectiveEngine::CanServe(Algorithm::kPushPull, op, 4).code(),
+  EXPECT_EQ(ring.engine(0).CanServe(Algorithm::kPushPull, op).code(),
             absl::StatusCode::kFailedPrecondition);
-  Ring ring(4);
-  const uint64_t wrong = RunAndCount(
-      ring, Algorithm::kHalvingDoubling, "b", 0, DataType::kInt32, 50, CollectiveKind::kBroadcast,
-      2, [](int r, uint64_t i) { return r == 2 ? static_cast<double>(i) : 0; },
-      [](uint64_t i) { return static_cast<double>(i); });
-  EXPECT_EQ(wrong, 0u);
-  for (int r = 0; r < 4; ++r) EXPECT_EQ(ring.engine(r).stats().fallbacks, 1u);
+  EXPECT_EQ(ring.node(0).push_pull().CanServe(Algorithm::kRing, op).code(),
+            absl::StatusCode::kFailedPrecondition);
+  // Posted to the engine as halving-doubling, it is refused; started through the node, the
+  // selector falls back to ring.
+  std::vector<std::byte> unused(4 * 50);
+  auto refused = ring.Post(0, Algorithm::kHalvingDoubling,
+                           MakeOp("b", 0, DataType::kInt32, 50, Reduction::kBroadcast, unused, 2));
+  EXPECT_EQ(Await(refused).code(), absl::StatusCode::kUnimplemented);
+  std::vector<std::vector<std::byte>> bufs(4, std::vector<std::byte>(4 * 50));
+  for (uint64_t i = 0; i < 50; ++i) Put(DataType::kInt32, bufs[2].data(), i, i);
+  std::vector<std::future<absl::Status>> futures;
+  for (int r = 0; r < 4; ++r) {
+    futures.push_back(
+        ring.Start(r, MakeOp("b", 0, DataType::kInt32, 50, Reduction::kBroadcast, bufs[r], 2)));
+  }
+  for (auto& f : futures) ASSERT_TRUE(Await(f).ok());
+  for (int r = 0; r < 4; ++r) {
+    for (uint64_t i = 0; i < 50; ++i) EXPECT_EQ(Get(DataType::kInt32, bufs[r].data(), i), i);
+    EXPECT_EQ(ring.node(r).stats().fallbacks, 1u);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -319,8 +295,8 @@ TEST_P(MismatchTest, CountMismatchFailsEveryRankWithoutADeadline) {
     std::vector<std::future<absl::Status>> futures;
     for (int r = 0; r < n; ++r) {
       const uint64_t count = r == n - 1 ? 63 : 64;
-      futures.push_back(ring.Start(
-          r, GetParam(), MakeOp("g", 0, DataType::kFloat32, count, CollectiveKind::kSum, bufs[r])));
+      futures.push_back(ring.Post(
+          r, GetParam(), MakeOp("g", 0, DataType::kFloat32, count, Reduction::kSum, bufs[r])));
     }
     for (int r = 0; r < n; ++r) {
       absl::Status s = Await(futures[r]);
@@ -337,8 +313,7 @@ TEST_P(MismatchTest, DtypeMismatchFailsEveryRank) {
   std::vector<std::future<absl::Status>> futures;
   for (int r = 0; r < n; ++r) {
     const DataType t = r == 1 ? DataType::kFloat64 : DataType::kFloat32;
-    futures.push_back(
-        ring.Start(r, GetParam(), MakeOp("g", 0, t, 64, CollectiveKind::kSum, bufs[r])));
+    futures.push_back(ring.Post(r, GetParam(), MakeOp("g", 0, t, 64, Reduction::kSum, bufs[r])));
   }
   for (int r = 0; r < n; ++r) {
     absl::Status s = Await(futures[r]);
@@ -357,9 +332,8 @@ TEST(DeadlineTest, MissingRankTurnsIntoDeadlineExceededNamingStepAndPeer) {
   std::vector<std::vector<std::byte>> bufs(n, std::vector<std::byte>(40 * 4));
   std::vector<std::future<absl::Status>> futures;
   for (int r = 0; r < n - 1; ++r) {  // rank 3 never starts
-    futures.push_back(
-        ring.Start(r, Algorithm::kRing,
-                   MakeOp("g", 0, DataType::kFloat32, 40, CollectiveKind::kSum, bufs[r])));
+    futures.push_back(ring.Post(r, Algorithm::kRing,
+                                MakeOp("g", 0, DataType::kFloat32, 40, Reduction::kSum, bufs[r])));
   }
   ring.engine(0).ExpireStale();  // not yet due
   for (auto& f : futures) {
@@ -379,38 +353,123 @@ TEST(DeadlineTest, MissingRankTurnsIntoDeadlineExceededNamingStepAndPeer) {
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Abort: the fake clock never moves and ExpireStale never runs, so no deadline can be what fails
+// the other ranks; only the abort messages can.
+
+class AbortTest : public ::testing::TestWithParam<Algorithm> {};
+
+TEST_P(AbortTest, ARankThatAbortsFailsEveryOtherRankAtOnce) {
+  const int n = 4;
+  Ring ring(n, /*partition_bytes=*/16, GetParam());
+  const common::Clock::TimePoint t0 = ring.clock().Now();
+  std::vector<std::vector<std::byte>> bufs(n, std::vector<std::byte>(64 * 4));
+  std::vector<std::future<absl::Status>> futures;
+  for (int r = 0; r < n - 1; ++r) {  // rank 3 aborts instead of taking part
+    futures.push_back(
+        ring.Start(r, MakeOp("g", 7, DataType::kFloat32, 64, Reduction::kSum, bufs[r])));
+  }
+  ring.node(3).Abort("job-r", "g", 7, absl::UnavailableError("local process 1 died"));
+  for (int r = 0; r < n - 1; ++r) {
+    absl::Status s = Await(futures[r]);
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << "rank " << r << ": " << s;
+    EXPECT_EQ(s.message(),
+              "rank 3 aborted tensor 'g' iteration 7 (job job-r): local process 1 died");
+  }
+  // Rank 3 itself fails the operation at once if it starts it after all.
+  auto late = ring.Start(3, MakeOp("g", 7, DataType::kFloat32, 64, Reduction::kSum, bufs[3]));
+  ASSERT_EQ(late.wait_for(std::chrono::seconds(0)), std::future_status::ready);
+  EXPECT_EQ(late.get().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(ring.clock().Now(), t0);
+  for (int r = 0; r < n; ++r) EXPECT_EQ(ring.engine(r).active_operations(), 0u) << r;
+}
+
+TEST_P(AbortTest, AnAbortThatArrivesBeforeTheOperationFailsItWhenItStarts) {
+  const int n = 4;
+  Ring ring(n, /*partition_bytes=*/16, GetParam());
+  const common::Clock::TimePoint t0 = ring.clock().Now();
+  // Deterministically first: rank 0's abort, as it arrives at rank 1, before rank 1 starts.
+  WireHeader h;
+  h.kind = static_cast<uint8_t>(MessageKind::kAbort);
+  // An auto job's tensor runs with a concrete algorithm: the one the header names.
+  h.algorithm = static_cast<uint8_t>(GetParam() == Algorithm::kAuto ? Algorithm::kHalvingDoubling
+                                                                    : GetParam());
+  h.job = common::StableHash64("job-r");
+  h.tensor = common::StableHash64("g");
+  h.iteration = 2;
+  h.world_size = n;
+  h.sender = 0;
+  h.error_code = static_cast<uint32_t>(absl::StatusCode::kCancelled);
+  const std::string reason = "rank 0 aborted tensor 'g' iteration 2 (job job-r): client left";
+  const std::span<const std::byte> payload(reinterpret_cast<const std::byte*>(reason.data()),
+                                           reason.size());
+  absl::StatusOr<WireHeader> parsed = ParseHeader(AsBytes(h), payload.size());
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ring.engine(1).HandleMessage(*parsed, payload);
+  std::vector<std::byte> buf(64 * 4);
+  auto f = ring.Start(1, MakeOp("g", 2, DataType::kFloat32, 64, Reduction::kSum, buf));
+  ASSERT_EQ(f.wait_for(std::chrono::seconds(0)), std::future_status::ready);  // no message needed
+  absl::Status s = f.get();
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
+  EXPECT_EQ(s.message(), reason);
+
+  // The same end to end: rank 0 aborts before any rank starts; whenever the abort reaches each
+  // other rank (before or after its start), its operation fails with the reason.
+  ring.node(0).Abort("job-r", "h", 3, absl::CancelledError("client left"));
+  std::vector<std::vector<std::byte>> bufs(n, std::vector<std::byte>(64 * 4));
+  std::vector<std::future<absl::Status>> futures;
+  for (int r = 1; r < n; ++r) {
+    futures.push_back(
+        ring.Start(r, MakeOp("h", 3, DataType::kFloat32, 64, Reduction::kSum, bufs[r])));
+  }
+  for (auto& x : futures) {
+    absl::Status st = Await(x);
+    EXPECT_EQ(st.code(), absl::StatusCode::kCancelled) << st;
+    EXPECT_EQ(st.message(), "rank 0 aborted tensor 'h' iteration 3 (job job-r): client left");
+  }
+  EXPECT_EQ(ring.clock().Now(), t0);
+}
+
+// kAuto: the 256-byte tensors of these tests go to halving-doubling by size at n = 4 (and the
+// abort goes to the push/pull home server as well).
+INSTANTIATE_TEST_SUITE_P(Algorithms, AbortTest,
+                         ::testing::Values(Algorithm::kRing, Algorithm::kHalvingDoubling,
+                                           Algorithm::kAuto),
+                         [](const auto& info) { return std::string(AlgorithmName(info.param)); });
+
 TEST(MalformedTest, BadMessagesAreDroppedAndCounted) {
   Ring ring(2);
-  const std::string addr = ring.view().rank_addresses[1];
-  // Push/pull kinds go elsewhere.
-  WireHeader w;
-  w.kind = static_cast<uint8_t>(MessageKind::kPush);
-  EXPECT_FALSE(IsCollectiveMessage(AsBytes(w)));
-  CollectiveHeader h;
-  h.kind = static_cast<uint8_t>(CollectiveMessageKind::kData);
-  EXPECT_TRUE(IsCollectiveMessage(AsBytes(h)));
-  // Truncated header, bad dtype, payload of the wrong size.
+  const std::string addr = ring.view().worker_addresses[1];
+  WireHeader h;
+  h.kind = static_cast<uint8_t>(MessageKind::kData);
+  h.algorithm = static_cast<uint8_t>(Algorithm::kRing);
+  // Truncated header, bad dtype, payload of the wrong size, a push/pull kind sent as ring.
   ring.network().Inject(addr, AsBytes(h).first(10), {});
   h.dtype = 99;
   h.world_size = 2;
   ring.network().Inject(addr, AsBytes(h), {});
   h.dtype = static_cast<uint8_t>(DataType::kFloat32);
-  h.algorithm = static_cast<uint8_t>(Algorithm::kRing);
-  h.op = static_cast<uint8_t>(CollectiveKind::kSum);
+  h.reduce = static_cast<uint8_t>(Reduction::kSum);
   h.tensor_count = 8;
   h.num_chunks = 1;
-  h.count = 4;
+  h.chunk_count = 4;
   std::vector<std::byte> three_floats(12);
   ring.network().Inject(addr, AsBytes(h), three_floats);
-  ring.network().Inject(addr, AsBytes(w), {});
+  WireHeader push = h;
+  push.kind = static_cast<uint8_t>(MessageKind::kPush);
+  std::vector<std::byte> four_floats(16);
+  EXPECT_THAT(ParseHeader(AsBytes(push), four_floats.size()).status().message(),
+              HasSubstr("does not belong to ring"));
+  ring.network().Inject(addr, AsBytes(push), four_floats);
   // A collective still works afterwards.
   const uint64_t wrong = RunAndCount(
-      ring, Algorithm::kRing, "after", 0, DataType::kInt64, 9, CollectiveKind::kSum, 0,
+      ring, Algorithm::kRing, "after", 0, DataType::kInt64, 9, Reduction::kSum, 0,
       [](int r, uint64_t i) { return r + static_cast<double>(i); },
       [](uint64_t i) { return 1 + 2 * static_cast<double>(i); });
   EXPECT_EQ(wrong, 0u);
-  EXPECT_EQ(ring.engine(1).stats().malformed_messages, 3u);
-  EXPECT_EQ(ring.other_messages(), 1);
+  EXPECT_EQ(ring.node(1).stats().malformed_messages, 4u);
+  EXPECT_EQ(ring.node(1).malformed_messages(), 4u);
+  EXPECT_EQ(ring.engine(1).stats().malformed_messages, 0u);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -427,7 +486,7 @@ TEST(EarlyMessagesTest, ARankThatStartsFirstIsBufferedUntilThePeerStarts) {
     }
     std::vector<std::future<absl::Status>> futures;
     futures.push_back(
-        ring.Start(0, alg, MakeOp("e", 5, DataType::kInt32, count, CollectiveKind::kSum, bufs[0])));
+        ring.Post(0, alg, MakeOp("e", 5, DataType::kInt32, count, Reduction::kSum, bufs[0])));
     // Rank 0's first step reaches rank 1 (ring) or rank 2 (halving-doubling) before it starts.
     const int first_peer = alg == Algorithm::kRing ? 1 : 2;
     const auto until = std::chrono::steady_clock::now() + kGuard;
@@ -437,8 +496,8 @@ TEST(EarlyMessagesTest, ARankThatStartsFirstIsBufferedUntilThePeerStarts) {
     }
     EXPECT_GT(ring.engine(first_peer).stats().early_messages, 0u);
     for (int r = n - 1; r >= 1; --r) {
-      futures.push_back(ring.Start(
-          r, alg, MakeOp("e", 5, DataType::kInt32, count, CollectiveKind::kSum, bufs[r])));
+      futures.push_back(
+          ring.Post(r, alg, MakeOp("e", 5, DataType::kInt32, count, Reduction::kSum, bufs[r])));
     }
     for (auto& f : futures) EXPECT_TRUE(Await(f).ok());
     for (int r = 0; r < n; ++r) {
@@ -456,14 +515,14 @@ TEST(BackToBackTest, FiftyIterationsOfThreeTensorsNeverMix) {
   struct Tensor {
     std::string name;
     Algorithm alg;
-    CollectiveKind kind;
+    Reduction kind;
     DataType dtype;
     uint64_t count;
   };
   const std::vector<Tensor> tensors = {
-      {"conv1", Algorithm::kRing, CollectiveKind::kSum, DataType::kFloat32, 37},
-      {"fc", Algorithm::kHalvingDoubling, CollectiveKind::kSum, DataType::kInt64, 101},
-      {"bn", Algorithm::kRing, CollectiveKind::kAverage, DataType::kBFloat16, 11}};
+      {"conv1", Algorithm::kRing, Reduction::kSum, DataType::kFloat32, 37},
+      {"fc", Algorithm::kHalvingDoubling, Reduction::kSum, DataType::kInt64, 101},
+      {"bn", Algorithm::kRing, Reduction::kAverage, DataType::kBFloat16, 11}};
   // bufs[rank][iteration * 3 + tensor]
   std::vector<std::vector<std::vector<std::byte>>> bufs(n);
   const auto value = [](int r, int it, int k, uint64_t i) {
@@ -488,7 +547,7 @@ TEST(BackToBackTest, FiftyIterationsOfThreeTensorsNeverMix) {
         for (int j = 0; j < 3; ++j) {
           const int k = (j + r) % 3;
           const Tensor& t = tensors[k];
-          futures[r].push_back(ring.Start(
+          futures[r].push_back(ring.Post(
               r, t.alg, MakeOp(t.name, it, t.dtype, t.count, t.kind, bufs[r][it * 3 + k])));
         }
       }
@@ -504,7 +563,7 @@ TEST(BackToBackTest, FiftyIterationsOfThreeTensorsNeverMix) {
         for (uint64_t i = 0; i < t.count; ++i) {
           double sum = 0;
           for (int q = 0; q < n; ++q) sum += value(q, it, k, i);
-          const double want = t.kind == CollectiveKind::kAverage ? sum / n : sum;
+          const double want = t.kind == Reduction::kAverage ? sum / n : sum;
           if (Get(t.dtype, bufs[r][it * 3 + k].data(), i) != want) ++wrong;
         }
       }
@@ -518,22 +577,23 @@ TEST(BackToBackTest, FiftyIterationsOfThreeTensorsNeverMix) {
 TEST(StartTest, RejectsWhatItCannotStart) {
   Ring ring(2);
   std::vector<std::byte> buf(16);
-  CollectiveOperation op = MakeOp("x", 0, DataType::kFloat32, 4, CollectiveKind::kSum, buf);
+  Operation op = MakeOp("x", 0, DataType::kFloat32, 4, Reduction::kSum, buf);
   op.done = [](absl::Status) {};
-  EXPECT_EQ(ring.engine(0).Start("nope", Algorithm::kRing, op).code(), absl::StatusCode::kNotFound);
-  CollectiveOperation zero = op;
+  EXPECT_EQ(ring.engine(0).Post("nope", Algorithm::kRing, op).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ring.node(0).Start("nope", op).code(), absl::StatusCode::kNotFound);
+  Operation zero = op;
   zero.count = 0;
-  EXPECT_EQ(ring.engine(0).Start("job-r", Algorithm::kRing, zero).code(),
+  EXPECT_EQ(ring.engine(0).Post("job-r", Algorithm::kRing, zero).code(),
             absl::StatusCode::kInvalidArgument);
-  CollectiveOperation bad_root = op;
-  bad_root.kind = CollectiveKind::kBroadcast;
-  bad_root.root = 2;
-  EXPECT_EQ(ring.engine(0).Start("job-r", Algorithm::kRing, bad_root).code(),
+  Operation bad_root = op;
+  bad_root.reduction = Reduction::kBroadcast;
+  bad_root.root_node = 2;
+  EXPECT_EQ(ring.engine(0).Post("job-r", Algorithm::kRing, bad_root).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(ring.engine(0).Start("job-r", Algorithm::kRing, op).ok());
-  EXPECT_EQ(ring.engine(0).Start("job-r", Algorithm::kRing, op).code(),
+  EXPECT_TRUE(ring.engine(0).Post("job-r", Algorithm::kRing, op).ok());
+  EXPECT_EQ(ring.engine(0).Post("job-r", Algorithm::kRing, op).code(),
             absl::StatusCode::kAlreadyExists);
-  ring.engine(0).RemoveJob("job-r");
+  ring.node(0).RemoveJob("job-r");
   EXPECT_EQ(ring.engine(0).active_operations(), 0u);
 }
 
@@ -577,9 +637,10 @@ TEST(SelectorTest, ConfiguredThresholdsAndFallback) {
   EXPECT_EQ(Select(1000, 4, t), Algorithm::kRing);
   EXPECT_EQ(Select(4999, 4, t), Algorithm::kRing);
   EXPECT_EQ(Select(5000, 4, t), Algorithm::kPushPull);
-  CollectiveOperation bcast;
-  bcast.kind = CollectiveKind::kBroadcast;
-  auto engine_only = [&](Algorithm a) { return CollectiveEngine::CanServe(a, bcast, 4); };
+  Operation bcast;
+  bcast.reduction = Reduction::kBroadcast;
+  Ring ring(1);
+  auto engine_only = [&](Algorithm a) { return ring.engine(0).CanServe(a, bcast); };
   EXPECT_EQ(*SelectServable(10, 4, t, engine_only), Algorithm::kRing);
   EXPECT_EQ(*SelectServable(9000, 4, t, engine_only), Algorithm::kRing);
   auto nothing = [](Algorithm) { return absl::UnimplementedError("no"); };
@@ -587,13 +648,13 @@ TEST(SelectorTest, ConfiguredThresholdsAndFallback) {
 }
 
 // Worker 0 of a job with `workers` worker nodes (also servers) and `spares` spare servers, equal
-// shares, on an in-process transport: enough to ask NodeCollectives which algorithm it picks.
+// shares, on an in-process transport: enough to ask a DataPlaneNode which algorithm it picks.
 class SelectorNode {
  public:
   SelectorNode() : transport_(network_.CreateEndpoint("w0")), reducer_(1) {}
   ~SelectorNode() { transport_->Shutdown(); }
 
-  NodeCollectives& collectives() { return collectives_; }
+  DataPlaneNode& collectives() { return node_; }
   void SetAutoJob(const std::string& job_id, int workers, int spares) {
     JobView view;
     view.job_id = job_id;
@@ -607,7 +668,7 @@ class SelectorNode {
     }
     view.my_worker_rank = 0;
     view.my_server_index = 0;
-    collectives_.SetJob(view, AlgorithmChoice::kAuto);
+    node_.SetJob(view, Algorithm::kAuto);
   }
 
  private:
@@ -615,15 +676,13 @@ class SelectorNode {
   std::unique_ptr<Transport> transport_;
   CpuReducer reducer_;
   common::FakeClock clock_;
-  PushPullNode node_{transport_.get(), &reducer_, &clock_};
-  CollectiveEngine engine_{transport_.get(), &reducer_, &clock_};
-  NodeCollectives collectives_{&node_, &engine_, &reducer_};
+  DataPlaneNode node_{transport_.get(), &reducer_, &clock_};
 };
 
-TEST(SelectorTest, NodeCollectivesFollowTheirCostModel) {
+TEST(SelectorTest, NodesFollowTheirCostModel) {
   // 4 worker nodes + 4 spare servers; a 500 Mbit/s NIC; the suite-fitted per-message cost.
   SelectorNode node;
-  NodeCollectives& collectives = node.collectives();
+  DataPlaneNode& collectives = node.collectives();
   const CostModel model{.alpha_seconds = 200e-6,
                         .beta_seconds_per_byte = 1 / 62.5e6,
                         .gamma_seconds_per_byte = 1 / 4e9};
@@ -673,9 +732,9 @@ TEST(SelectorTest, MeasuredThresholdsFromTheSuitesCalibration) {
       ::testing::HasSubstr("'two' is not k=N"));
 }
 
-TEST(SelectorTest, NodeCollectivesPreferMeasuredThresholds) {
+TEST(SelectorTest, NodesPreferMeasuredThresholds) {
   SelectorNode node;
-  NodeCollectives& collectives = node.collectives();
+  DataPlaneNode& collectives = node.collectives();
   MeasuredThresholds m;
   m.ring_beats_halving_doubling_from = 1 << 20;
   m.push_pull_beats_ring_from = {{0, UINT64_MAX}, {2, 16 << 20}};

@@ -7,10 +7,11 @@
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
 #include "common/metrics/metrics.h"
-#include "dataplane/collectives/node_collectives.h"
+#include "dataplane/collectives/data_plane_node.h"
 #include "dataplane/reduce/cpu/cpu_reducer.h"
 #include "dataplane/transport/inprocess/inprocess_transport.h"
 #include "gtest/gtest.h"
+#include "tests/util/cluster_harness.h"
 
 namespace tributary::dataplane {
 namespace {
@@ -27,81 +28,38 @@ double Value(const std::vector<prometheus::MetricFamily>& families, const std::s
 }
 
 // n push/pull worker nodes (each also a summation server), each with its own registry.
-class MetricsCluster {
+class MetricsCluster : public testing::Cluster {
  public:
-  explicit MetricsCluster(int n) : reducer_(1, 4096) {
-    JobView view;
-    view.job_id = "job-m";
-    view.plan_version = 3;
-    view.partition_bytes = 1024;
-    view.credit_bytes = 4096;
-    view.op_timeout = std::chrono::milliseconds(5000);
-    for (int i = 0; i < n; ++i) {
-      const std::string addr = absl::StrCat("addr-", i);
-      view.worker_addresses.push_back(addr);
-      view.server_addresses.push_back(addr);
-      view.worker_node_ids.push_back(absl::StrCat("node-", i));
-      view.server_node_ids.push_back(absl::StrCat("node-", i));
-      view.server_weights.push_back(ChunkMap::kWeightTotal / n +
-                                    (i == 0 ? ChunkMap::kWeightTotal % n : 0));
-    }
-    for (int i = 0; i < n; ++i) {
-      auto node = std::make_unique<Node>();
-      node->transport = network_.CreateEndpoint(view.worker_addresses[i]);
-      node->push_pull = std::make_unique<PushPullNode>(node->transport.get(), &reducer_, &clock_);
-      node->engine = std::make_unique<CollectiveEngine>(node->transport.get(), &reducer_, &clock_);
-      node->collectives =
-          std::make_unique<NodeCollectives>(node->push_pull.get(), node->engine.get(), &reducer_);
-      node->metrics = std::make_unique<DataPlaneMetrics>(node->registry);
-      node->collectives->SetMetrics(node->metrics.get(), &clock_);
-      JobView v = view;
-      v.my_worker_rank = i;
-      v.my_server_index = i;
-      node->collectives->SetJob(v, AlgorithmChoice::kPushPull);
-      nodes_.push_back(std::move(node));
-    }
-  }
-  ~MetricsCluster() {
-    for (auto& n : nodes_) n->transport->Shutdown();
-  }
+  explicit MetricsCluster(int n) : Cluster(Options(n)) {}
 
   std::future<absl::Status> Start(int rank, std::vector<float>& data, uint64_t iteration = 0) {
-    auto promise = std::make_shared<std::promise<absl::Status>>();
-    auto future = promise->get_future();
-    LocalOperation op;
+    Operation op;
     op.tensor_name = "grad";
     op.iteration = iteration;
     op.dtype = common::DataType::kFloat32;
     op.count = data.size();
     op.buffers = {reinterpret_cast<std::byte*>(data.data())};
-    op.done = [promise](absl::Status s) { promise->set_value(std::move(s)); };
-    absl::Status s = nodes_[rank]->collectives->Start("job-m", std::move(op));
-    if (!s.ok()) promise->set_value(s);
-    return future;
+    return Cluster::Start(rank, std::move(op));
   }
 
   std::vector<prometheus::MetricFamily> Collect(int rank) {
-    nodes_[rank]->collectives->UpdatePendingMetrics();
-    return nodes_[rank]->registry.Collect();
+    node(rank).UpdatePendingMetrics();
+    return registry(rank).Collect();
   }
-  PushPullNode& push_pull(int rank) { return *nodes_[rank]->push_pull; }
-  NodeCollectives& collectives(int rank) { return *nodes_[rank]->collectives; }
-  const CollectiveEngine& engine(int rank) { return *nodes_[rank]->engine; }
-  common::FakeClock& clock() { return clock_; }
 
  private:
-  struct Node {
-    prometheus::Registry registry;
-    std::unique_ptr<InProcessTransport> transport;
-    std::unique_ptr<PushPullNode> push_pull;
-    std::unique_ptr<CollectiveEngine> engine;
-    std::unique_ptr<NodeCollectives> collectives;
-    std::unique_ptr<DataPlaneMetrics> metrics;
-  };
-  common::FakeClock clock_;
-  CpuReducer reducer_;
-  InProcessNetwork network_;
-  std::vector<std::unique_ptr<Node>> nodes_;
+  static testing::ClusterOptions Options(int n) {
+    testing::ClusterOptions o;
+    o.workers = n;
+    o.job_id = "job-m";
+    o.plan_version = 3;
+    o.algorithm = Algorithm::kPushPull;
+    o.address_prefix = "addr-";
+    o.node_ids = true;
+    o.metrics = true;
+    o.reducer_min_bytes_per_thread = 4096;
+    return o;
+  }
 };
 
 TEST(DataPlaneMetricsTest, SizeClassesAreBounded) {
@@ -171,7 +129,7 @@ TEST(DataPlaneMetricsTest, PushPullMovesByteAndOperationCounters) {
   EXPECT_EQ(served_total, 2 * 4096 * 4);  // the sum back to both workers
 
   // The scrape-time collector sees the same stats.
-  DataPlaneStatsCollector collector(&cluster.push_pull(0).stats(), &cluster.engine(0).stats());
+  DataPlaneStatsCollector collector(&cluster.node(0));
   const auto f = collector.Collect();
   EXPECT_EQ(Value(f, "tributary_dataplane_chunks_in_flight"), 0);
   EXPECT_EQ(Value(f, "tributary_dataplane_bytes_in_flight"), 0);
@@ -179,10 +137,10 @@ TEST(DataPlaneMetricsTest, PushPullMovesByteAndOperationCounters) {
   // 16 KiB with a 4 KiB credit window: the worker waited for credit.
   EXPECT_GT(Value(f, "tributary_dataplane_credit_waits_total"), 0);
 
-  const auto obs = cluster.collectives(0).TakeObservations();
+  const auto obs = cluster.node(0).TakeObservations();
   ASSERT_EQ(obs.count("job-m"), 1u);
   EXPECT_EQ(obs.at("job-m").bytes, 4096u * 4);
-  EXPECT_TRUE(cluster.collectives(0).TakeObservations().empty());
+  EXPECT_TRUE(cluster.node(0).TakeObservations().empty());
 }
 
 TEST(DataPlaneMetricsTest, StuckOperationAgesAndFailsWithReason) {
@@ -201,7 +159,7 @@ TEST(DataPlaneMetricsTest, StuckOperationAgesAndFailsWithReason) {
 
   // Past the 5 s deadline the operation fails with DEADLINE_EXCEEDED.
   cluster.clock().Advance(std::chrono::seconds(4));
-  cluster.push_pull(0).ExpireStale();
+  cluster.node(0).push_pull().ExpireStale();
   ASSERT_EQ(fa.wait_for(kGuard), std::future_status::ready);
   EXPECT_EQ(fa.get().code(), absl::StatusCode::kDeadlineExceeded);
   f = cluster.Collect(0);

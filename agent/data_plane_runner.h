@@ -1,6 +1,6 @@
 // The production CollectiveRunner: the node's whole data plane (UCX transport, optionally paced
-// to an emulated NIC, counted; CPU reducer; push/pull node; ring / halving-doubling engine)
-// behind `dataplane::NodeCollectives`.
+// to an emulated NIC, counted; CPU reducer; the `dataplane::DataPlaneNode` that routes push/pull,
+// ring and halving-doubling).
 #pragma once
 
 #include <memory>
@@ -11,10 +11,8 @@
 #include "absl/status/statusor.h"
 #include "agent/collective_runner.h"
 #include "dataplane/collectives/algorithm_selector.h"
-#include "dataplane/collectives/allreduce_push_pull.h"
-#include "dataplane/collectives/collective_engine.h"
+#include "dataplane/collectives/data_plane_node.h"
 #include "dataplane/collectives/dataplane_metrics.h"
-#include "dataplane/collectives/node_collectives.h"
 #include "dataplane/reduce/cpu/cpu_reducer.h"
 #include "dataplane/transport/counting_transport.h"
 #include "prometheus/collectable.h"
@@ -23,7 +21,7 @@
 namespace tributary::agent {
 
 // Owns every data-plane object; thread-safe as CollectiveRunner requires.
-class NodeCollectivesRunner final : public CollectiveRunner {
+class DataPlaneRunner final : public CollectiveRunner {
  public:
   struct Options {
     std::string listen_host = "127.0.0.1";  // UCX listener; peers dial this address
@@ -36,9 +34,10 @@ class NodeCollectivesRunner final : public CollectiveRunner {
   // Starts the UCX transport and builds the data plane on it; its metrics go into `registry`,
   // times come from `clock` (both must outlive the runner). UNAVAILABLE-style errors of UCX
   // name the listen host.
-  static absl::StatusOr<std::unique_ptr<NodeCollectivesRunner>> Create(
-      const Options& options, prometheus::Registry& registry, const common::Clock* clock);
-  ~NodeCollectivesRunner() override;
+  static absl::StatusOr<std::unique_ptr<DataPlaneRunner>> Create(const Options& options,
+                                                                 prometheus::Registry& registry,
+                                                                 const common::Clock* clock);
+  ~DataPlaneRunner() override;
 
   // The UCX address peers dial.
   std::string address() const;
@@ -53,9 +52,9 @@ class NodeCollectivesRunner final : public CollectiveRunner {
   // The scrape-time collector of the data plane's statistics.
   std::shared_ptr<prometheus::Collectable> stats_collector() const { return stats_collector_; }
 
-  void SetJob(const dataplane::JobView& view, dataplane::AlgorithmChoice choice) override;
+  void SetJob(const dataplane::JobView& view, dataplane::Algorithm algorithm) override;
   void RemoveJob(const std::string& job_id) override;
-  absl::Status Start(const std::string& job_id, dataplane::LocalOperation op) override;
+  absl::Status Start(const std::string& job_id, dataplane::Operation op) override;
   void Abort(const std::string& job_id, const std::string& tensor, uint64_t iteration,
              const absl::Status& reason) override;
   void Tick() override;
@@ -66,16 +65,14 @@ class NodeCollectivesRunner final : public CollectiveRunner {
   void Shutdown() override;
 
  private:
-  NodeCollectivesRunner() = default;
+  DataPlaneRunner() = default;
 
   std::unique_ptr<dataplane::DataPlaneMetrics> metrics_;
   std::shared_ptr<prometheus::Collectable> stats_collector_;
   std::unique_ptr<dataplane::CpuReducer> reducer_;
   std::unique_ptr<dataplane::Transport> transport_;
   dataplane::CountingTransport* counting_ = nullptr;  // the outermost transport (transport_)
-  std::unique_ptr<dataplane::PushPullNode> node_;
-  std::unique_ptr<dataplane::CollectiveEngine> engine_;
-  std::unique_ptr<dataplane::NodeCollectives> collectives_;
+  std::unique_ptr<dataplane::DataPlaneNode> node_;
 };
 
 // Measures this CPU's fp32 summation rate (bytes of input added per second).

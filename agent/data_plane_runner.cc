@@ -1,4 +1,4 @@
-#include "agent/node_collectives_runner.h"
+#include "agent/data_plane_runner.h"
 
 #include <chrono>
 #include <vector>
@@ -24,9 +24,9 @@ double MeasureSumRate(dataplane::Reducer& reducer) {
   return rounds * kCount * sizeof(float) / elapsed.count();
 }
 
-absl::StatusOr<std::unique_ptr<NodeCollectivesRunner>> NodeCollectivesRunner::Create(
+absl::StatusOr<std::unique_ptr<DataPlaneRunner>> DataPlaneRunner::Create(
     const Options& options, prometheus::Registry& registry, const common::Clock* clock) {
-  std::unique_ptr<NodeCollectivesRunner> r(new NodeCollectivesRunner());
+  std::unique_ptr<DataPlaneRunner> r(new DataPlaneRunner());
   r->reducer_ = std::make_unique<dataplane::CpuReducer>(options.reducer_threads);
 
   dataplane::UcxTransportOptions ucx;
@@ -50,75 +50,66 @@ absl::StatusOr<std::unique_ptr<NodeCollectivesRunner>> NodeCollectivesRunner::Cr
   r->counting_ = counting.get();
   r->transport_ = std::move(counting);
   r->node_ =
-      std::make_unique<dataplane::PushPullNode>(r->transport_.get(), r->reducer_.get(), clock);
-  r->engine_ =
-      std::make_unique<dataplane::CollectiveEngine>(r->transport_.get(), r->reducer_.get(), clock);
-  r->collectives_ = std::make_unique<dataplane::NodeCollectives>(r->node_.get(), r->engine_.get(),
-                                                                 r->reducer_.get());
+      std::make_unique<dataplane::DataPlaneNode>(r->transport_.get(), r->reducer_.get(), clock);
   r->metrics_ = std::make_unique<dataplane::DataPlaneMetrics>(registry);
-  r->collectives_->SetMetrics(r->metrics_.get(), clock);
-  r->stats_collector_ = std::make_shared<dataplane::DataPlaneStatsCollector>(&r->node_->stats(),
-                                                                             &r->engine_->stats());
+  r->node_->SetMetrics(r->metrics_.get(), clock);
+  r->stats_collector_ = std::make_shared<dataplane::DataPlaneStatsCollector>(r->node_.get());
   return r;
 }
 
-NodeCollectivesRunner::~NodeCollectivesRunner() { Shutdown(); }
+DataPlaneRunner::~DataPlaneRunner() { Shutdown(); }
 
-std::string NodeCollectivesRunner::address() const { return transport_->Address(); }
+std::string DataPlaneRunner::address() const { return transport_->Address(); }
 
-void NodeCollectivesRunner::SetCostModel(double alpha_seconds, double nic_bytes_per_s,
-                                         double sum_bytes_per_s) {
-  collectives_->SetCostModel(dataplane::CostModel{
+void DataPlaneRunner::SetCostModel(double alpha_seconds, double nic_bytes_per_s,
+                                   double sum_bytes_per_s) {
+  node_->SetCostModel(dataplane::CostModel{
       .alpha_seconds = alpha_seconds,
       .beta_seconds_per_byte = 1 / nic_bytes_per_s,
       .gamma_seconds_per_byte = sum_bytes_per_s > 0 ? 1 / sum_bytes_per_s : 1 / 10e9});
 }
 
-absl::Status NodeCollectivesRunner::SetSelectorCalibration(std::string_view json) {
+absl::Status DataPlaneRunner::SetSelectorCalibration(std::string_view json) {
   absl::StatusOr<dataplane::MeasuredThresholds> measured =
       dataplane::ParseSelectorCalibration(json);
   if (!measured.ok()) return absl::InvalidArgumentError(measured.status().message());
-  collectives_->SetMeasuredThresholds(*measured);
+  node_->SetMeasuredThresholds(*measured);
   return absl::OkStatus();
 }
 
-void NodeCollectivesRunner::SetJob(const dataplane::JobView& view,
-                                   dataplane::AlgorithmChoice choice) {
-  collectives_->SetJob(view, choice);
+void DataPlaneRunner::SetJob(const dataplane::JobView& view, dataplane::Algorithm algorithm) {
+  node_->SetJob(view, algorithm);
 }
 
-void NodeCollectivesRunner::RemoveJob(const std::string& job_id) {
-  collectives_->RemoveJob(job_id);
+void DataPlaneRunner::RemoveJob(const std::string& job_id) { node_->RemoveJob(job_id); }
+
+absl::Status DataPlaneRunner::Start(const std::string& job_id, dataplane::Operation op) {
+  return node_->Start(job_id, std::move(op));
 }
 
-absl::Status NodeCollectivesRunner::Start(const std::string& job_id, dataplane::LocalOperation op) {
-  return collectives_->Start(job_id, std::move(op));
+void DataPlaneRunner::Abort(const std::string& job_id, const std::string& tensor,
+                            uint64_t iteration, const absl::Status& reason) {
+  node_->Abort(job_id, tensor, iteration, reason);
 }
 
-void NodeCollectivesRunner::Abort(const std::string& job_id, const std::string& tensor,
-                                  uint64_t iteration, const absl::Status& reason) {
-  collectives_->Abort(job_id, tensor, iteration, reason);
-}
-
-void NodeCollectivesRunner::Tick() {
+void DataPlaneRunner::Tick() {
   node_->ExpireStale();
-  engine_->ExpireStale();
-  collectives_->UpdatePendingMetrics();
+  node_->UpdatePendingMetrics();
 }
 
-std::map<std::string, JobObservation> NodeCollectivesRunner::TakeObservations() {
+std::map<std::string, JobObservation> DataPlaneRunner::TakeObservations() {
   std::map<std::string, JobObservation> out;
-  for (const auto& [job_id, o] : collectives_->TakeObservations()) {
+  for (const auto& [job_id, o] : node_->TakeObservations()) {
     out[job_id] = JobObservation{o.bytes, o.seconds};
   }
   return out;
 }
 
-void NodeCollectivesRunner::SetPlanMissingCallback(std::function<void()> callback) {
-  node_->server().SetPlanMissingCallback(std::move(callback));
+void DataPlaneRunner::SetPlanMissingCallback(std::function<void()> callback) {
+  node_->SetPlanMissingCallback(std::move(callback));
 }
 
-void NodeCollectivesRunner::Shutdown() {
+void DataPlaneRunner::Shutdown() {
   if (transport_) transport_->Shutdown();
 }
 

@@ -1,0 +1,209 @@
+#include "dataplane/collectives/data_plane_node.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/hash.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+
+namespace tributary::dataplane {
+namespace {
+
+std::shared_ptr<spdlog::logger> Log() {
+  static auto logger = common::Logger("dataplane");
+  return logger;
+}
+
+}  // namespace
+
+DataPlaneNode::DataPlaneNode(Transport* transport, Reducer* reducer, const common::Clock* clock)
+    : transport_(transport),
+      push_pull_(transport, reducer, clock),
+      engine_(transport, reducer, clock) {
+  transport_->SetReceiveHandler(
+      [this](std::span<const std::byte> header, std::span<const std::byte> payload) {
+        OnMessage(header, payload);
+      });
+}
+
+DataPlaneNode::~DataPlaneNode() = default;
+
+void DataPlaneNode::OnMessage(std::span<const std::byte> header,
+                              std::span<const std::byte> payload) {
+  absl::StatusOr<WireHeader> h = ParseHeader(header, payload.size());
+  if (!h.ok()) {
+    stats_.malformed_messages++;
+    Log()->warn("malformed data-plane message dropped: {}", h.status().message());
+    return;
+  }
+  // ParseHeader admits only algorithms that run (never kAuto).
+  For(static_cast<Algorithm>(h->algorithm)).HandleMessage(*h, payload);
+}
+
+CollectiveAlgorithm& DataPlaneNode::For(Algorithm algorithm) {
+  if (algorithm == Algorithm::kPushPull) return push_pull_;
+  return engine_;
+}
+
+uint64_t DataPlaneNode::malformed_messages() const {
+  return stats_.malformed_messages.load() + push_pull_.stats().malformed_messages.load() +
+         engine_.stats().malformed_messages.load();
+}
+
+void DataPlaneNode::SetJob(const JobView& in, Algorithm algorithm) {
+  JobView view = in;
+  if (metrics_ != nullptr) view.counters = metrics_->ForJob(view);
+  push_pull_.SetJob(view);
+  // Ring and halving-doubling run among the worker nodes only.
+  if (view.my_worker_rank >= 0) engine_.SetJob(view);
+  const int n = view.num_workers();
+  const int spares = std::max(0, static_cast<int>(view.server_addresses.size()) - n);
+  std::lock_guard lock(mu_);
+  jobs_[view.job_id] = JobEntry{algorithm, n,
+                                measured_ ? MeasuredSelectorThresholds(*measured_, n, spares)
+                                          : ModelThresholds(n, spares, cost_model_)};
+}
+
+void DataPlaneNode::RemoveJob(const std::string& job_id) {
+  const uint64_t job_hash = common::StableHash64(job_id);
+  push_pull_.RemoveJob(job_hash);
+  engine_.RemoveJob(job_hash);
+  std::lock_guard lock(mu_);
+  jobs_.erase(job_id);
+}
+
+void DataPlaneNode::SetMeasuredThresholds(const MeasuredThresholds& measured) {
+  std::lock_guard lock(mu_);
+  measured_ = measured;
+}
+
+void DataPlaneNode::SetCostModel(const CostModel& model) {
+  std::lock_guard lock(mu_);
+  cost_model_ = model;
+}
+
+absl::StatusOr<Algorithm> DataPlaneNode::AlgorithmFor(const std::string& job_id,
+                                                      uint64_t bytes) const {
+  std::lock_guard lock(mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("job '", job_id, "' has no plan on this node"));
+  }
+  if (it->second.algorithm != Algorithm::kAuto) return it->second.algorithm;
+  return Select(bytes, it->second.num_workers, it->second.thresholds);
+}
+
+void DataPlaneNode::Abort(const std::string& job_id, const std::string& tensor_name,
+                          uint64_t iteration, const absl::Status& in) {
+  const absl::Status reason = in.ok() ? absl::AbortedError("aborted") : in;
+  Algorithm algorithm = Algorithm::kAuto;
+  {
+    std::lock_guard lock(mu_);
+    if (auto it = jobs_.find(job_id); it != jobs_.end()) algorithm = it->second.algorithm;
+  }
+  // A kAuto job's tensor may run with any algorithm (the pick depends on its size): tell both.
+  if (algorithm == Algorithm::kAuto || algorithm == Algorithm::kPushPull) {
+    push_pull_.Abort(job_id, tensor_name, iteration, reason);
+  }
+  if (algorithm != Algorithm::kPushPull) engine_.Abort(job_id, tensor_name, iteration, reason);
+}
+
+void DataPlaneNode::ExpireStale() {
+  push_pull_.ExpireStale();
+  engine_.ExpireStale();
+}
+
+void DataPlaneNode::SetMetrics(DataPlaneMetrics* metrics, const common::Clock* clock) {
+  metrics_ = metrics;
+  metrics_clock_ = clock;
+}
+
+absl::Status DataPlaneNode::Start(const std::string& job_id, Operation op) {
+  if (metrics_ == nullptr) return StartUninstrumented(job_id, std::move(op));
+  const uint64_t bytes = op.count * common::DataTypeSize(op.dtype);
+  absl::StatusOr<Algorithm> algorithm = AlgorithmFor(job_id, bytes);
+  if (!algorithm.ok()) return algorithm.status();
+  uint64_t id;
+  const common::Clock::TimePoint started = metrics_clock_->Now();
+  {
+    std::lock_guard lock(pending_mu_);
+    id = next_pending_++;
+    pending_[id] = Pending{job_id, started};
+  }
+  // The wrapper may run before Start returns (on this thread): the entry exists already.
+  op.done = [this, id, job_id, bytes, started, alg = *algorithm,
+             done = std::move(op.done)](absl::Status s) {
+    const double seconds = std::chrono::duration<double>(metrics_clock_->Now() - started).count();
+    {
+      std::lock_guard lock(pending_mu_);
+      pending_.erase(id);
+      if (s.ok()) {
+        Observation& o = observations_[job_id];
+        o.bytes += bytes;
+        o.seconds += seconds;
+      }
+    }
+    metrics_->OperationFinished(alg, bytes, seconds, s);
+    if (done) done(std::move(s));
+  };
+  metrics_->OperationStarted(*algorithm);
+  absl::Status s = StartUninstrumented(job_id, std::move(op));
+  if (!s.ok()) {
+    {
+      std::lock_guard lock(pending_mu_);
+      pending_.erase(id);
+    }
+    metrics_->OperationRefused(*algorithm, s);
+  }
+  return s;
+}
+
+absl::Status DataPlaneNode::StartUninstrumented(const std::string& job_id, Operation op) {
+  ASSIGN_OR_RETURN(const Algorithm picked,
+                   AlgorithmFor(job_id, op.count * common::DataTypeSize(op.dtype)));
+  Algorithm algorithm = picked;
+  if (absl::Status declined = For(picked).CanServe(picked, op); !declined.ok()) {
+    // The selector's fallback order (SelectServable): ring, halving-doubling, push/pull.
+    bool served = false;
+    for (Algorithm a : {Algorithm::kRing, Algorithm::kHalvingDoubling, Algorithm::kPushPull}) {
+      if (a != picked && For(a).CanServe(a, op).ok()) {
+        algorithm = a;
+        served = true;
+        break;
+      }
+    }
+    if (!served) return declined;
+    stats_.fallbacks++;
+    Log()->debug("{} of tensor '{}' falls back to {}: {}", AlgorithmName(picked), op.tensor_name,
+                 AlgorithmName(algorithm), declined.message());
+  }
+  return For(algorithm).Post(job_id, algorithm, std::move(op));
+}
+
+void DataPlaneNode::UpdatePendingMetrics() {
+  if (metrics_ == nullptr) return;
+  std::map<std::string, std::pair<size_t, double>> by_job;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& [job_id, entry] : jobs_) by_job[job_id] = {0, 0.0};
+  }
+  const common::Clock::TimePoint now = metrics_clock_->Now();
+  {
+    std::lock_guard lock(pending_mu_);
+    for (const auto& [id, p] : pending_) {
+      auto& [n, oldest] = by_job[p.job_id];
+      ++n;
+      oldest = std::max(oldest, std::chrono::duration<double>(now - p.started).count());
+    }
+  }
+  for (const auto& [job_id, v] : by_job) metrics_->SetPending(job_id, v.first, v.second);
+}
+
+std::map<std::string, DataPlaneNode::Observation> DataPlaneNode::TakeObservations() {
+  std::lock_guard lock(pending_mu_);
+  return std::exchange(observations_, {});
+}
+
+}  // namespace tributary::dataplane

@@ -1,0 +1,141 @@
+// The data plane of one node: owns the transport's receive handler and routes every message to
+// the algorithm it belongs to; picks the algorithm of each operation (the job's choice, or by
+// size from the selector's thresholds) and falls back when the pick declines the input; counts
+// operations into the metrics. Push/pull (PushPull) and ring / halving-doubling
+// (CollectiveEngine) sit behind one interface, CollectiveAlgorithm.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/clock.h"
+#include "dataplane/collectives/algorithm_selector.h"
+#include "dataplane/collectives/allreduce_push_pull.h"
+#include "dataplane/collectives/collective_algorithm.h"
+#include "dataplane/collectives/collective_engine.h"
+#include "dataplane/collectives/dataplane_metrics.h"
+#include "dataplane/collectives/job_view.h"
+#include "dataplane/collectives/operation.h"
+#include "dataplane/reduce/reducer.h"
+#include "dataplane/transport/transport.h"
+
+namespace tributary::dataplane {
+
+// Counters of the node's own work (routing and selection). Monotonic.
+struct DataPlaneNodeStats {
+  std::atomic<uint64_t> malformed_messages{0};  // dropped: the header did not parse
+  std::atomic<uint64_t> fallbacks{0};           // an operation ran another algorithm than picked
+};
+
+// Ownership: borrows the transport, reducer and clock (they outlive the node; shut the transport
+// down before destroying the node); owns both algorithms. Installs the transport's receive
+// handler at construction.
+// Threading: thread-safe. Messages are parsed once (ParseHeader) on the transport thread and
+// handed to PushPull (algorithm push_pull) or CollectiveEngine (ring, halving_doubling).
+class DataPlaneNode {
+ public:
+  DataPlaneNode(Transport* transport, Reducer* reducer, const common::Clock* clock);
+  ~DataPlaneNode();
+  DataPlaneNode(const DataPlaneNode&) = delete;
+  DataPlaneNode& operator=(const DataPlaneNode&) = delete;
+
+  // Adds or replaces a job's view with the job's algorithm (kAuto: by size from the selector's
+  // thresholds, push/pull only with spare servers). Ring and halving-doubling run among the
+  // worker nodes.
+  void SetJob(const JobView& view, Algorithm algorithm = Algorithm::kAuto);
+  // Forgets the job; its running operations fail with CANCELLED.
+  void RemoveJob(const std::string& job_id);
+
+  // Starts `op` with the algorithm AlgorithmFor picks; when that one declines the input
+  // (CanServe), with the first of ring, halving-doubling, push/pull that accepts it (counted in
+  // stats().fallbacks). Errors as CollectiveAlgorithm::Post; NOT_FOUND for an unknown job.
+  absl::Status Start(const std::string& job_id, Operation op);
+
+  // This node cannot take part in (tensor, iteration) of the job: fails it on every node now,
+  // whatever the algorithm — push/pull through the tensor's home server, ring and
+  // halving-doubling by an abort to every other rank (kAuto jobs: both). Every participant's
+  // done, and this node's if it started the operation, gets `reason`'s code and message; one
+  // that starts it later fails at once.
+  void Abort(const std::string& job_id, const std::string& tensor_name, uint64_t iteration,
+             const absl::Status& reason);
+
+  // Fails operations past their deadline and forgets expired state, in every algorithm. Call
+  // periodically (the agent's tick).
+  void ExpireStale();
+
+  // The cost model behind ALGORITHM_AUTO's size thresholds (ModelThresholds) for jobs set from
+  // now on. The agent builds it from its NIC, its summation rate and --selector-alpha-us.
+  void SetCostModel(const CostModel& model);
+  // Thresholds measured by the benchmark suite replace the cost model's for jobs set from now on
+  // (the agent's --selector-calibration).
+  void SetMeasuredThresholds(const MeasuredThresholds& measured);
+
+  // The algorithm `Start` picks for `bytes` in this job (before any fallback).
+  absl::StatusOr<Algorithm> AlgorithmFor(const std::string& job_id, uint64_t bytes) const;
+
+  // Records operation counts, durations and pending ages into `metrics` from now on, timed by
+  // `clock`, and attaches per-peer byte counters to the jobs set from now on. Call before the
+  // first SetJob; both must outlive this node.
+  void SetMetrics(DataPlaneMetrics* metrics, const common::Clock* clock);
+  // Refreshes the pending-operation gauges of every job (the agent's tick calls it).
+  void UpdatePendingMetrics();
+  // Bytes and summed seconds of the operations completed OK since the last call, per job (for
+  // the controller's observed-vs-predicted comparison).
+  struct Observation {
+    uint64_t bytes = 0;
+    double seconds = 0;
+  };
+  std::map<std::string, Observation> TakeObservations();
+
+  // Called (on the transport thread, without locks held) when a push arrives for a plan this
+  // node does not have yet, so that the owner can fetch plans at once.
+  void SetPlanMissingCallback(std::function<void()> cb) {
+    push_pull_.server().SetPlanMissingCallback(std::move(cb));
+  }
+
+  const DataPlaneNodeStats& stats() const { return stats_; }
+  // Messages dropped as malformed anywhere in this node (parse, push/pull, engine).
+  uint64_t malformed_messages() const;
+  PushPull& push_pull() { return push_pull_; }
+  CollectiveEngine& engine() { return engine_; }
+  const PushPull& push_pull() const { return push_pull_; }
+  const CollectiveEngine& engine() const { return engine_; }
+  Transport* transport() const { return transport_; }
+
+ private:
+  struct JobEntry {
+    Algorithm algorithm = Algorithm::kAuto;
+    int num_workers = 0;
+    SelectorThresholds thresholds;
+  };
+  struct Pending {
+    std::string job_id;
+    common::Clock::TimePoint started;
+  };
+
+  void OnMessage(std::span<const std::byte> header, std::span<const std::byte> payload);
+  CollectiveAlgorithm& For(Algorithm algorithm);
+  absl::Status StartUninstrumented(const std::string& job_id, Operation op);
+
+  Transport* transport_;
+  DataPlaneNodeStats stats_;
+  PushPull push_pull_;
+  CollectiveEngine engine_;
+  mutable std::mutex mu_;
+  std::map<std::string, JobEntry> jobs_;        // Guarded by mu_.
+  CostModel cost_model_;                        // Guarded by mu_.
+  std::optional<MeasuredThresholds> measured_;  // Guarded by mu_.
+  DataPlaneMetrics* metrics_ = nullptr;
+  const common::Clock* metrics_clock_ = nullptr;
+  std::mutex pending_mu_;  // guards the three below
+  std::map<uint64_t, Pending> pending_;
+  uint64_t next_pending_ = 0;
+  std::map<std::string, Observation> observations_;
+};
+
+}  // namespace tributary::dataplane

@@ -1,0 +1,43 @@
+// What one node knows about a job from the job's current plan: the one view every algorithm of
+// the data plane reads (push/pull uses workers and servers, ring and halving-doubling the
+// workers as ranks).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace tributary::dataplane {
+
+struct JobPeerCounters;  // dataplane_metrics.h
+
+struct JobView {
+  std::string job_id;
+  uint64_t plan_version = 0;
+  std::vector<std::string> worker_addresses;    // data-plane address of each worker node, by rank
+  std::vector<std::string> server_addresses;    // summation servers, by server index
+  std::vector<uint64_t> server_weights;         // sum to exactly 2^32 (see ChunkMap)
+  uint32_t procs_per_node = 1;                  // training processes on each worker node
+  uint64_t partition_bytes = 4 << 20;           // largest chunk (one message), bytes
+  uint64_t credit_bytes = 16 << 20;             // bytes a worker node may have being sent
+  std::chrono::milliseconds op_timeout{30000};  // deadline of one collective
+  int my_worker_rank = -1;                      // this node's worker rank, -1 if it is not a worker
+  int my_server_index = -1;  // this node's server index, -1 if it is not a server
+  // Node ids for metric labels, parallel to the address lists (may be empty: addresses are used).
+  std::vector<std::string> worker_node_ids;
+  std::vector<std::string> server_node_ids;
+  // Per-peer byte counters (DataPlaneNode::SetJob fills them when metrics are attached).
+  std::shared_ptr<const JobPeerCounters> counters;
+
+  uint64_t job_hash() const;
+  // Worker nodes: the ranks of ring and halving-doubling.
+  int num_workers() const { return static_cast<int>(worker_addresses.size()); }
+  // Training processes in the job: what an average divides by.
+  uint32_t world_size() const {
+    return static_cast<uint32_t>(worker_addresses.size()) * procs_per_node;
+  }
+};
+
+}  // namespace tributary::dataplane

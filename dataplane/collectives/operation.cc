@@ -1,0 +1,24 @@
+#include "dataplane/collectives/operation.h"
+
+#include "common/hash.h"
+#include "dataplane/collectives/job_view.h"
+
+namespace tributary::dataplane {
+
+std::string_view ReductionName(Reduction r) {
+  switch (r) {
+    case Reduction::kSum:
+      return "sum";
+    case Reduction::kAverage:
+      return "average";
+    case Reduction::kBroadcast:
+      return "broadcast";
+  }
+  return "unknown";
+}
+
+bool IsValidReduction(uint32_t raw) { return raw >= 1 && raw <= 3; }
+
+uint64_t JobView::job_hash() const { return common::StableHash64(job_id); }
+
+}  // namespace tributary::dataplane

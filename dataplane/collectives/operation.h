@@ -1,0 +1,52 @@
+// One collective as a node submits it, from the agent down to the wire.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/dtype.h"
+
+namespace tributary::dataplane {
+
+// What a collective computes. Values match tributary.v1.CollectiveOp and travel on the wire
+// (WireHeader::reduce) for every algorithm.
+enum class Reduction : uint8_t {
+  kSum = 1,
+  kAverage = 2,    // the sum divided by the job's number of training processes
+  kBroadcast = 3,  // the root process's buffer copied to every process
+};
+
+// "sum", "average", "broadcast".
+std::string_view ReductionName(Reduction r);
+bool IsValidReduction(uint32_t raw);
+
+// One collective as the local training processes submitted it: in place on their buffers.
+struct Operation {
+  std::string tensor_name;
+  uint64_t iteration = 0;  // n-th submission of this name in the job, same on every node
+  common::DataType dtype = common::DataType::kFloat32;
+  uint64_t count = 0;  // elements per buffer, >= 1
+  Reduction reduction = Reduction::kSum;
+  uint32_t root_node = 0;   // broadcast: worker rank of the node holding the root process
+  uint32_t root_local = 0;  // broadcast on the root node: index in `buffers` of the root
+  // One buffer per local training process (procs_per_node of them for push/pull), count elements
+  // each; the result is written into every one. Sum and average read all of them, broadcast the
+  // root's.
+  std::vector<std::byte*> buffers;
+  int32_t priority = 0;  // lower goes first
+  // Keeps `buffers` valid until `done` has run and, after a failure, until sends already handed
+  // to the transport have completed.
+  std::shared_ptr<void> keepalive;
+  // Runs exactly once, without data-plane locks held, with the collective's result: on the
+  // thread that started it (DataPlaneNode::Start, CollectiveAlgorithm::Post) or on the
+  // transport's thread. Never runs when the start itself returned an error.
+  std::function<void(absl::Status)> done;
+};
+
+}  // namespace tributary::dataplane
