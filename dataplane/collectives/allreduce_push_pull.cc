@@ -14,10 +14,7 @@ namespace {
 using common::DataType;
 using common::DataTypeSize;
 
-std::shared_ptr<spdlog::logger> Log() {
-  static auto logger = common::Logger("dataplane");
-  return logger;
-}
+constexpr auto Log = common::ComponentLog<"dataplane">;
 
 void UpdatePeak(std::atomic<uint64_t>& peak, uint64_t value) {
   uint64_t prev = peak.load();
@@ -342,7 +339,8 @@ struct PushPullWorker::OpState {
   uint32_t num_chunks = 0;
   size_t element_size = 0;
   ChunkMap map;
-  // 0 queued; 1 being sent (holds credit); 3 sent, waiting for the sum; 2 done.
+  // 0 queued; 1 being sent (holds credit); 3 sent, waiting for the sum; 4 summed before its
+  // send completed (holds credit until then: the transport may still read the staging); 2 done.
   std::vector<uint8_t> chunk_state;
   uint32_t chunks_done = 0;
   common::Clock::TimePoint deadline;
@@ -552,40 +550,44 @@ void PushPullWorker::SendChunk(std::shared_ptr<OpState> op, uint32_t chunk) {
                  payload.size(), op->job->job_id, op->op.tensor_name, server);
   }
   const CollectiveKey key{op->job_hash, op->tensor_hash, op->op.iteration};
-  transport_->Send(
-      server, AsBytes(h), payload,
-      [this, op, chunk, staging = std::move(staging), key, server,
-       what = Describe(h)](absl::Status s) mutable {
-        // The transport is done with the payload: free the staging now, before more chunks are
-        // pumped below, not when the transport gets round to destroying this callback
-        // (staging stays within the credit window plus one chunk).
-        staging.reset();
-        if (s.ok()) {
-          // Sent: the credit covers only what waits to be sent, so that no worker waits for
-          // another worker's pushes to free its own window (with different submission orders
-          // that would deadlock), and later high-priority chunks still go first.
-          std::vector<std::function<void()>> sends;
-          {
-            std::lock_guard lock(mu_);
-            if (op->finished || op->chunk_state[chunk] != 1) return;
-            ReleaseCreditLocked(*op, chunk);
-            op->chunk_state[chunk] = 3;
-            PumpLocked(sends);
-          }
-          Flush(std::move(sends), {});
-          return;
-        }
-        stats_->send_failures++;
-        std::vector<Completion> done;
-        {
-          std::lock_guard lock(mu_);
-          FailLocked(key,
-                     absl::UnavailableError(absl::StrCat("push of ", what, " to summation server ",
-                                                         server, " failed: ", s.message())),
-                     done);
-        }
-        Flush({}, std::move(done));
-      });
+  transport_->Send(server, AsBytes(h), payload,
+                   [this, op, chunk, staging = std::move(staging), key, server,
+                    what = Describe(h)](absl::Status s) mutable {
+                     // The transport is done with the payload: free the staging now, before more
+                     // chunks are pumped below, not when the transport gets round to destroying
+                     // this callback (staging stays within the credit window plus one chunk).
+                     staging.reset();
+                     if (!s.ok()) stats_->send_failures++;
+                     std::vector<std::function<void()>> sends;
+                     std::vector<Completion> done;
+                     {
+                       std::lock_guard lock(mu_);
+                       uint8_t& state = op->chunk_state[chunk];
+                       if (state == 4) {
+                         // The sum overtook this completion: now the chunk is done.
+                         ReleaseCreditLocked(*op, chunk);
+                         ChunkDoneLocked(op, chunk, done);
+                         PumpLocked(sends);
+                       } else if (!op->finished && state == 1) {
+                         if (s.ok()) {
+                           // Sent: the credit covers only what waits to be sent, so that no worker
+                           // waits for another worker's pushes to free its own window (with
+                           // different submission orders that would deadlock), and later
+                           // high-priority chunks still go first.
+                           ReleaseCreditLocked(*op, chunk);
+                           state = 3;
+                           PumpLocked(sends);
+                         } else {
+                           FailLocked(key,
+                                      absl::UnavailableError(
+                                          absl::StrCat("push of ", what, " to summation server ",
+                                                       server, " failed: ", s.message())),
+                                      done);
+                         }
+                       }  // else the operation failed meanwhile: FailLocked returned the credit
+                     }
+                     Flush(std::move(sends), std::move(done));
+                   });
 }
 
 void PushPullWorker::Abort(const std::string& job_id, const std::string& tensor_name,
@@ -671,18 +673,26 @@ void PushPullWorker::HandleResult(const WireHeader& h, std::span<const std::byte
     if (op->finished || (op->chunk_state[h.chunk] != 1 && op->chunk_state[h.chunk] != 3)) {
       return;  // failed meanwhile
     }
-    // The sum can overtake the push's send completion: then the credit is returned here.
-    if (op->chunk_state[h.chunk] == 1) ReleaseCreditLocked(*op, h.chunk);
-    op->chunk_state[h.chunk] = 2;
-    if (++op->chunks_done == op->num_chunks) {
-      op->finished = true;
-      ops_.erase(KeyOf(h));
-      stats_->ops_completed++;
-      done.emplace_back(std::move(op->op.done), absl::OkStatus());
+    if (op->chunk_state[h.chunk] == 1) {
+      // The sum overtook the push's send completion: the chunk (its credit, and the staging the
+      // transport may still read) is done only at that completion.
+      op->chunk_state[h.chunk] = 4;
+    } else {
+      ChunkDoneLocked(op, h.chunk, done);
     }
     PumpLocked(sends);
   }
   Flush(std::move(sends), std::move(done));
+}
+
+void PushPullWorker::ChunkDoneLocked(const std::shared_ptr<OpState>& op, uint32_t chunk,
+                                     std::vector<Completion>& done) {
+  op->chunk_state[chunk] = 2;
+  if (++op->chunks_done < op->num_chunks) return;
+  op->finished = true;
+  ops_.erase(CollectiveKey{op->job_hash, op->tensor_hash, op->op.iteration});
+  stats_->ops_completed++;
+  done.emplace_back(std::move(op->op.done), absl::OkStatus());
 }
 
 void PushPullWorker::HandleError(const WireHeader& h, std::string_view message) {
@@ -704,7 +714,8 @@ void PushPullWorker::FailLocked(const CollectiveKey& key, absl::Status status,
   ops_.erase(it);
   op->finished = true;
   for (uint32_t c = 0; c < op->num_chunks; ++c) {
-    if (op->chunk_state[c] == 1) ReleaseCreditLocked(*op, c);
+    if (op->chunk_state[c] == 1 || op->chunk_state[c] == 4) ReleaseCreditLocked(*op, c);
+    if (op->chunk_state[c] == 4) op->chunk_state[c] = 2;
   }
   stats_->ops_failed++;
   Log()->warn("{} of tensor '{}' iteration {} failed: {}",
@@ -727,7 +738,7 @@ void PushPullWorker::ExpireStale() {
       auto op = ops_[key];
       std::set<std::string> waiting;
       for (uint32_t c = 0; c < op->num_chunks; ++c) {
-        if (op->chunk_state[c] != 2) {
+        if (op->chunk_state[c] != 2 && op->chunk_state[c] != 4) {  // 4: summed already
           waiting.insert(
               op->job->server_addresses[op->map.ServerOf(op->tensor_hash, op->num_chunks, c)]);
         }

@@ -194,6 +194,9 @@ class PushPullWorker {
   void AddInFlight(int64_t delta);
   // Returns a chunk's bytes to its job's credit window. mu_ held.
   void ReleaseCreditLocked(OpState& op, uint32_t chunk);
+  // Marks a chunk summed and its send complete; the operation completes with its last chunk.
+  void ChunkDoneLocked(const std::shared_ptr<OpState>& op, uint32_t chunk,
+                       std::vector<Completion>& done);
 
   Transport* transport_;
   Reducer* reducer_;
