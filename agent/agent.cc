@@ -22,10 +22,7 @@
 namespace tributary::agent {
 namespace {
 
-std::shared_ptr<spdlog::logger> Log() {
-  static auto logger = common::Logger("agent");
-  return logger;
-}
+constexpr auto Log = common::ComponentLog<"agent">;
 
 }  // namespace
 

@@ -9,10 +9,7 @@
 namespace tributary::agent {
 namespace {
 
-std::shared_ptr<spdlog::logger> Log() {
-  static auto logger = common::Logger("agent");
-  return logger;
-}
+constexpr auto Log = common::ComponentLog<"agent">;
 
 std::string What(const GatherKey& key) {
   return absl::StrCat("job '", key.job_id, "' tensor '", key.tensor, "'");

@@ -16,10 +16,7 @@ constexpr size_t kMaxTensorName = 1024;
 constexpr size_t kMaxHandlesPerSession = 1 << 16;
 constexpr uint32_t kMaxWaitMs = 3600000;
 
-std::shared_ptr<spdlog::logger> Log() {
-  static auto logger = common::Logger("agent");
-  return logger;
-}
+constexpr auto Log = common::ComponentLog<"agent">;
 
 }  // namespace
 

@@ -8,6 +8,7 @@
 #include "agent/agent.h"
 #include "common/logging.h"
 #include "common/metrics/metrics.h"
+#include "common/process_flags.h"
 
 namespace {
 volatile std::sig_atomic_t g_stop = 0;
@@ -19,8 +20,7 @@ int main(int argc, char** argv) {
   tributary::agent::AgentOptions options;
   double nic_gbps = 0, sum_gbps = 0;
   bool no_summation = false;
-  std::string log_level, log_format;
-  std::string metrics_listen = "0.0.0.0:9465", metrics_port_file;
+  tributary::common::ProcessFlags process_flags{.metrics_listen = "0.0.0.0:9465"};
   app.add_option("--node-id", options.node_id, "Node identity (default: hostname)");
   app.add_option("--controller", options.controller_address, "Controller address host:port");
   app.add_option("--data-plane-host", options.data_plane_host,
@@ -48,14 +48,9 @@ int main(int argc, char** argv) {
                  "selector_calibration.json from bench/suite/run.py: measured thresholds for the "
                  "automatic algorithm choice instead of the cost model's");
   app.add_option("--reducer-threads", options.reducer_threads, "Summation threads (0 = all)");
-  app.add_option("--log-level", log_level, "trace|debug|info|warn|error (or TRIBUTARY_LOG_LEVEL)");
-  app.add_option("--log-format", log_format, "text|json (or TRIBUTARY_LOG_FORMAT)");
-  app.add_option("--metrics-listen", metrics_listen,
-                 "Prometheus /metrics listener HOST:PORT (port 0 picks one; empty: off)");
-  app.add_option("--metrics-port-file", metrics_port_file,
-                 "Write the bound metrics port to this file");
+  tributary::common::AddProcessFlags(app, process_flags);
   CLI11_PARSE(app, argc, argv);
-  tributary::common::InitLogging(log_level, log_format);
+  tributary::common::InitLogging(process_flags.log_level, process_flags.log_format);
   options.nic_bytes_per_s = nic_gbps * 1e9 / 8;
   options.sum_bytes_per_s = sum_gbps * 1e9;
   options.offers_summation = !no_summation;
@@ -72,19 +67,19 @@ int main(int argc, char** argv) {
   // Lives as long as the exposer, which holds it weakly.
   auto process = std::make_shared<tributary::common::metrics::ProcessCollector>();
   std::unique_ptr<tributary::common::metrics::MetricsServer> metrics;
-  if (!metrics_listen.empty()) {
+  if (!process_flags.metrics_listen.empty()) {
     std::vector<std::weak_ptr<prometheus::Collectable>> collectables = (*agent)->collectables();
     collectables.push_back(process);
-    auto server = tributary::common::metrics::MetricsServer::Start(metrics_listen,
-                                                                   metrics_port_file, collectables);
+    auto server = tributary::common::metrics::MetricsServer::Start(
+        process_flags.metrics_listen, process_flags.metrics_port_file, collectables);
     if (!server.ok()) {
       tributary::common::Logger("agent")->critical("{}", server.status().message());
       (*agent)->Stop();
       return 1;
     }
     metrics = *std::move(server);
-    tributary::common::Logger("agent")->info("metrics on {} (port {})", metrics_listen,
-                                             metrics->port());
+    tributary::common::Logger("agent")->info("metrics on {} (port {})",
+                                             process_flags.metrics_listen, metrics->port());
   }
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);

@@ -21,6 +21,8 @@
 namespace tributary::client {
 namespace {
 
+constexpr auto Log = common::ComponentLog<"client">;
+
 // Wraps a failed syscall into a Status naming the call, the object and the reason.
 absl::Status ErrnoStatus(int err, const std::string& call, const std::string& name) {
   const std::string message = absl::StrCat(call, "(", name, ") failed: ", std::strerror(err));
@@ -99,16 +101,15 @@ SharedBuffer::~SharedBuffer() {
     auto context = session_->NewContext();
     grpc::Status status = session_->stub().UnregisterBuffer(context.get(), request, &response);
     if (!status.ok()) {
-      common::Logger("client")->warn("unregistering shared buffer {} (id {}) failed: {}", name_,
-                                     id_, common::FromGrpcStatus(status));
+      Log()->warn("unregistering shared buffer {} (id {}) failed: {}", name_, id_,
+                  common::FromGrpcStatus(status));
     }
   }
   if (munmap(data_, size_) != 0) {
-    common::Logger("client")->warn("munmap of shared buffer {} failed: {}", name_,
-                                   std::strerror(errno));
+    Log()->warn("munmap of shared buffer {} failed: {}", name_, std::strerror(errno));
   }
   if (shm_unlink(name_.c_str()) != 0 && errno != ENOENT) {
-    common::Logger("client")->warn("shm_unlink({}) failed: {}", name_, std::strerror(errno));
+    Log()->warn("shm_unlink({}) failed: {}", name_, std::strerror(errno));
   }
 }
 

@@ -8,6 +8,7 @@
 #include "CLI/CLI.hpp"
 #include "common/logging.h"
 #include "common/metrics/metrics.h"
+#include "common/process_flags.h"
 #include "common/rpc/grpc_status.h"
 #include "controller/cluster_state.h"
 #include "controller/controller_service.h"
@@ -25,8 +26,7 @@ void OnSignal(int) {
 int main(int argc, char** argv) {
   CLI::App app{"Tributary controller: node registry, jobs and plans"};
   std::string listen = "127.0.0.1:7070";
-  std::string log_level, log_format;
-  std::string metrics_listen = "0.0.0.0:9464", metrics_port_file;
+  tributary::common::ProcessFlags process_flags{.metrics_listen = "0.0.0.0:9464"};
   std::string port_file;
   int heartbeat_ms = 500, heartbeat_timeout_ms = 3000;
   app.add_option("--listen", listen, "gRPC listen address (host:port; port 0 picks one)");
@@ -34,14 +34,9 @@ int main(int argc, char** argv) {
   app.add_option("--heartbeat-ms", heartbeat_ms, "Heartbeat interval agents are told to use");
   app.add_option("--heartbeat-timeout-ms", heartbeat_timeout_ms,
                  "A node without a heartbeat for this long is dead");
-  app.add_option("--log-level", log_level, "trace|debug|info|warn|error (or TRIBUTARY_LOG_LEVEL)");
-  app.add_option("--log-format", log_format, "text|json (or TRIBUTARY_LOG_FORMAT)");
-  app.add_option("--metrics-listen", metrics_listen,
-                 "Prometheus /metrics listener HOST:PORT (port 0 picks one; empty: off)");
-  app.add_option("--metrics-port-file", metrics_port_file,
-                 "Write the bound metrics port to this file");
+  tributary::common::AddProcessFlags(app, process_flags);
   CLI11_PARSE(app, argc, argv);
-  tributary::common::InitLogging(log_level, log_format);
+  tributary::common::InitLogging(process_flags.log_level, process_flags.log_format);
   auto log = tributary::common::Logger("controller");
 
   tributary::controller::ClusterState::Options options;
@@ -54,15 +49,16 @@ int main(int argc, char** argv) {
   std::shared_ptr<prometheus::Collectable> state_collector = state.collector();
   auto process = std::make_shared<tributary::common::metrics::ProcessCollector>();
   std::unique_ptr<tributary::common::metrics::MetricsServer> metrics;
-  if (!metrics_listen.empty()) {
+  if (!process_flags.metrics_listen.empty()) {
     auto server = tributary::common::metrics::MetricsServer::Start(
-        metrics_listen, metrics_port_file, {registry, state_collector, process});
+        process_flags.metrics_listen, process_flags.metrics_port_file,
+        {registry, state_collector, process});
     if (!server.ok()) {
       log->critical("{}", server.status().message());
       return 1;
     }
     metrics = *std::move(server);
-    log->info("metrics on {} (port {})", metrics_listen, metrics->port());
+    log->info("metrics on {} (port {})", process_flags.metrics_listen, metrics->port());
   }
 
   tributary::common::EnableHealthAndReflection();

@@ -17,10 +17,7 @@ namespace {
 using common::DataType;
 using common::DataTypeSize;
 
-std::shared_ptr<spdlog::logger> Log() {
-  static auto logger = common::Logger("collectives");
-  return logger;
-}
+constexpr auto Log = common::ComponentLog<"collectives">;
 
 uint64_t NumChunks(uint64_t count, uint64_t chunk_elems) {
   return count == 0 ? 1 : (count + chunk_elems - 1) / chunk_elems;

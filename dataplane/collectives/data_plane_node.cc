@@ -11,10 +11,7 @@
 namespace tributary::dataplane {
 namespace {
 
-std::shared_ptr<spdlog::logger> Log() {
-  static auto logger = common::Logger("dataplane");
-  return logger;
-}
+constexpr auto Log = common::ComponentLog<"dataplane">;
 
 }  // namespace
 

@@ -13,6 +13,8 @@
 namespace tributary::dataplane {
 namespace {
 
+constexpr auto Log = common::ComponentLog<"dataplane">;
+
 using common::DataType;
 namespace ri = reduce_internal;
 
@@ -52,9 +54,8 @@ std::optional<CpuIsa> ParseIsa(std::string_view name) {
 CpuIsa Usable(CpuIsa requested) {
   const CpuIsa best = DetectCpuIsa();
   if (requested <= best) return requested;
-  common::Logger("dataplane")
-      ->warn("cpu reducer: isa {} is not supported by this cpu or build, using {}",
-             CpuIsaName(requested), CpuIsaName(best));
+  Log()->warn("cpu reducer: isa {} is not supported by this cpu or build, using {}",
+              CpuIsaName(requested), CpuIsaName(best));
   return best;
 }
 
@@ -62,8 +63,7 @@ CpuIsa IsaFromEnvironment() {
   const char* value = std::getenv(kIsaEnv);
   if (value == nullptr || *value == '\0') return DetectCpuIsa();
   if (std::optional<CpuIsa> isa = ParseIsa(value)) return Usable(*isa);
-  common::Logger("dataplane")
-      ->warn("cpu reducer: ignoring {}='{}'; use scalar, avx2 or avx512", kIsaEnv, value);
+  Log()->warn("cpu reducer: ignoring {}='{}'; use scalar, avx2 or avx512", kIsaEnv, value);
   return DetectCpuIsa();
 }
 
@@ -122,9 +122,8 @@ CpuReducer::CpuReducer(CpuIsa isa, int max_threads, size_t min_bytes_per_thread)
       max_threads_(ResolveThreads(max_threads)),
       min_bytes_per_thread_(std::max<size_t>(1, min_bytes_per_thread)),
       pool_(std::make_unique<WorkerPool>(max_threads_ - 1)) {
-  common::Logger("dataplane")
-      ->debug("cpu reducer: isa {}, up to {} threads, {} bytes per thread at least", kernels_->isa,
-              max_threads_, min_bytes_per_thread_);
+  Log()->debug("cpu reducer: isa {}, up to {} threads, {} bytes per thread at least", kernels_->isa,
+               max_threads_, min_bytes_per_thread_);
 }
 
 CpuReducer::~CpuReducer() = default;

@@ -75,10 +75,7 @@ bool TcpOnly() {
   return tls != nullptr && std::string_view(tls) == "tcp";
 }
 
-spdlog::logger& Log() {
-  static const std::shared_ptr<spdlog::logger> logger = common::Logger("transport");
-  return *logger;
-}
+constexpr auto Log = common::ComponentLog<"transport">;
 
 absl::Status ErrnoStatus(absl::string_view call) {
   return absl::InternalError(absl::StrCat(call, ": ", std::strerror(errno)));
@@ -249,7 +246,7 @@ class UcxTransport::Impl {
     }
     Wake();
     if (progress_thread_id_.load() == std::this_thread::get_id()) {
-      Log().warn(
+      Log()->warn(
           "ucx transport {}: shutdown called on its progress thread; it stops after the "
           "current callback",
           address_);
@@ -371,8 +368,8 @@ class UcxTransport::Impl {
       }
       const ucs_status_t modified = ucp_config_modify(config, setting.name, setting.value);
       if (modified != UCS_OK) {
-        Log().debug("ucx transport: cannot set {}={}: {}", setting.name, setting.value,
-                    ucs_status_string(modified));
+        Log()->debug("ucx transport: cannot set {}={}: {}", setting.name, setting.value,
+                     ucs_status_string(modified));
       }
     }
     const ucs_status_t initialized = ucp_init(&params, config, &context_);
@@ -443,7 +440,7 @@ class UcxTransport::Impl {
     RETURN_IF_ERROR(
         ucx::ToStatus(ucp_listener_query(listener_, &listener_attr), "ucp_listener_query"));
     address_ = FormatAddress(reinterpret_cast<const sockaddr*>(&listener_attr.sockaddr));
-    Log().debug("ucx transport listening on {}", address_);
+    Log()->debug("ucx transport listening on {}", address_);
     return absl::OkStatus();
   }
 
@@ -466,11 +463,11 @@ class UcxTransport::Impl {
       const ucs_status_t armed = ucp_worker_arm(worker_);
       if (armed == UCS_ERR_BUSY) continue;
       if (armed != UCS_OK) {
-        Log().error("ucx transport {}: ucp_worker_arm: {}", address_, ucs_status_string(armed));
+        Log()->error("ucx transport {}: ucp_worker_arm: {}", address_, ucs_status_string(armed));
       }
       const int n = epoll_wait(epoll_fd_, events, 2, NextTimeoutMs());
       if (n < 0 && errno != EINTR) {
-        Log().error("ucx transport {}: epoll_wait: {}", address_, std::strerror(errno));
+        Log()->error("ucx transport {}: epoll_wait: {}", address_, std::strerror(errno));
       }
       for (int i = 0; i < n; ++i) {
         if (events[i].data.fd == event_fd_) {
@@ -570,7 +567,7 @@ class UcxTransport::Impl {
     if (op->hello) {
       if (status == UCS_OK && !peer->failed) {
         peer->connected = true;
-        Log().debug("ucx transport {}: connected to {}", address_, peer->address);
+        Log()->debug("ucx transport {}: connected to {}", address_, peer->address);
       } else if (status != UCS_OK) {
         FailPeer(*peer, absl::StrCat("connect failed: ", ucs_status_string(status)));
       }
@@ -589,7 +586,7 @@ class UcxTransport::Impl {
     FailPeer(*peer, absl::StrCat("send failed: ", ucs_status_string(status)));
     absl::Status error =
         absl::UnavailableError(absl::StrCat("send to ", op->address, " failed: ", peer->failure));
-    Log().debug("{}", std::string(error.message()));
+    Log()->debug("{}", std::string(error.message()));
     Finish(std::move(op), std::move(error));
   }
 
@@ -613,8 +610,8 @@ class UcxTransport::Impl {
     const ucs_status_t status = ucp_ep_create(worker_, &params, &peer->ep);
     if (status != UCS_OK) {
       absl::Status error = ucx::ToStatus(status, "ucp_ep_create");
-      Log().warn("ucx transport {}: cannot connect to {}: {}", address_, address,
-                 std::string(error.message()));
+      Log()->warn("ucx transport {}: cannot connect to {}: {}", address_, address,
+                  std::string(error.message()));
       return absl::UnavailableError(
           absl::StrCat("send to ", address, " failed: ", error.message()));
     }
@@ -654,12 +651,12 @@ class UcxTransport::Impl {
     peer.failed = true;
     peer.failure = std::move(reason);
     if (!stopping_ && (peer.sends_in_flight > 0 || !peer.connected)) {
-      Log().warn("ucx transport {}: connection to {} failed with {} sends in flight: {}", address_,
-                 peer.address, peer.sends_in_flight, peer.failure);
+      Log()->warn("ucx transport {}: connection to {} failed with {} sends in flight: {}", address_,
+                  peer.address, peer.sends_in_flight, peer.failure);
     } else if (!stopping_) {
       // An idle connection closing (e.g. the peer shut down) fails no send: not a warning.
-      Log().info("ucx transport {}: connection to {} closed: {}", address_, peer.address,
-                 peer.failure);
+      Log()->info("ucx transport {}: connection to {} closed: {}", address_, peer.address,
+                  peer.failure);
     }
     if (auto it = peers_.find(peer.address); it != peers_.end() && it->second.get() == &peer) {
       peers_.erase(it);
@@ -719,11 +716,11 @@ class UcxTransport::Impl {
     params.err_handler.arg = conn.get();
     const ucs_status_t status = ucp_ep_create(worker_, &params, &conn->ep);
     if (status != UCS_OK) {
-      Log().warn("ucx transport {}: cannot accept connection from {}: {}", address_, conn->remote,
-                 ucs_status_string(status));
+      Log()->warn("ucx transport {}: cannot accept connection from {}: {}", address_, conn->remote,
+                  ucs_status_string(status));
       return;
     }
-    Log().debug("ucx transport {}: accepted connection from {}", address_, conn->remote);
+    Log()->debug("ucx transport {}: accepted connection from {}", address_, conn->remote);
     conn_by_ep_[conn->ep] = conn.get();
     const uint64_t id = conn->id;
     conns_.emplace(id, std::move(conn));
@@ -731,8 +728,8 @@ class UcxTransport::Impl {
 
   static void OnConnError(void* arg, ucp_ep_h ep, ucs_status_t status) {
     auto* conn = static_cast<Conn*>(arg);
-    Log().debug("ucx transport {}: connection from {} closed: {}", conn->impl->address_,
-                conn->remote, ucs_status_string(status));
+    Log()->debug("ucx transport {}: connection from {} closed: {}", conn->impl->address_,
+                 conn->remote, ucs_status_string(status));
     conn->impl->CloseConn(*conn);
   }
 
@@ -740,8 +737,8 @@ class UcxTransport::Impl {
     if (conn.closing) return;
     conn.closing = true;
     if (!conn.pending.empty() && !stopping_) {
-      Log().warn("ucx transport {}: dropping {} undelivered messages from {}", address_,
-                 conn.pending.size(), conn.remote);
+      Log()->warn("ucx transport {}: dropping {} undelivered messages from {}", address_,
+                  conn.pending.size(), conn.remote);
     }
     conn.pending.clear();
     conn_by_ep_.erase(conn.ep);
@@ -793,8 +790,8 @@ class UcxTransport::Impl {
     const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
     if (stopping_) return UCS_OK;  // Drops the message (a rendezvous one is not fetched).
     if (header_length < kSeqBytes) {
-      Log().warn("ucx transport {}: dropping message with a {}-byte header", address_,
-                 header_length);
+      Log()->warn("ucx transport {}: dropping message with a {}-byte header", address_,
+                  header_length);
       return UCS_OK;
     }
     uint64_t seq;
@@ -814,8 +811,8 @@ class UcxTransport::Impl {
       return StartRndv(0, seq, user_header, data, length);
     }
     if (seq < conn->next_seq || conn->pending.contains(seq)) {
-      Log().warn("ucx transport {}: dropping duplicate message {} from {}", address_, seq,
-                 conn->remote);
+      Log()->warn("ucx transport {}: dropping duplicate message {} from {}", address_, seq,
+                  conn->remote);
       return UCS_OK;
     }
     if (!rndv && seq == conn->next_seq) {
@@ -876,8 +873,8 @@ class UcxTransport::Impl {
     if (stopping_) return;
     auto it = conns_.find(recv->conn_id);
     if (status != UCS_OK) {
-      Log().warn("ucx transport {}: receive of a {}-byte message failed: {}", address_,
-                 recv->length, ucs_status_string(status));
+      Log()->warn("ucx transport {}: receive of a {}-byte message failed: {}", address_,
+                  recv->length, ucs_status_string(status));
       // The stream has a hole now; it cannot deliver in order any more.
       if (it != conns_.end()) CloseConn(*it->second);
       return;
@@ -914,8 +911,8 @@ class UcxTransport::Impl {
       handler = handler_;
     }
     if (handler == nullptr || !*handler) {
-      Log().warn("ucx transport {}: no receive handler; dropping a {}-byte message", address_,
-                 payload.size());
+      Log()->warn("ucx transport {}: no receive handler; dropping a {}-byte message", address_,
+                  payload.size());
       return;
     }
     (*handler)(header, payload);
@@ -963,8 +960,8 @@ class UcxTransport::Impl {
         }
       }
       if (!closing_.empty() || !in_flight_.empty()) {
-        Log().warn("ucx transport {}: {} endpoint closes and {} sends unfinished at shutdown",
-                   address_, closing_.size(), in_flight_.size());
+        Log()->warn("ucx transport {}: {} endpoint closes and {} sends unfinished at shutdown",
+                    address_, closing_.size(), in_flight_.size());
       }
       for (Closing& closing : closing_) ucp_request_free(closing.request);
       closing_.clear();
