@@ -17,12 +17,6 @@ using testing::Dgx1P100;
 using testing::Dgx1V100;
 using testing::kLink;
 
-std::string Name(const std::vector<int>& subset) {
-  std::string s = "{";
-  for (int v : subset) s += std::to_string(v) + ",";
-  return s + "}";
-}
-
 TEST(MaxFlowTest, SmallNetwork) {
   FlowNetwork network(4);
   network.AddArc(0, 1, 3);
@@ -65,15 +59,15 @@ TEST(BoundsTest, EverySubsetMatchesBruteForce) {
       for (int root = 0; root < n; ++root) {
         const double lambda = BroadcastBound(graph, root);
         EXPECT_NEAR(lambda, BruteForceBroadcastBound(graph, root), 1e-3)
-            << Name(subset) << " root " << root;
+            << testing::SubsetName(subset) << " root " << root;
         min_lambda = std::min(min_lambda, lambda);
       }
       const StrengthResult strength = GraphStrength(graph);
       const double sigma = BruteForceStrength(graph);
-      EXPECT_NEAR(strength.rate, sigma, 1e-3) << Name(subset);
+      EXPECT_NEAR(strength.rate, sigma, 1e-3) << testing::SubsetName(subset);
       // Bounds of DESIGN: lambda / 2 <= sigma <= lambda (every root).
-      EXPECT_LE(strength.rate, min_lambda + 1e-3) << Name(subset);
-      EXPECT_GE(strength.rate, min_lambda / 2 - 1e-3) << Name(subset);
+      EXPECT_LE(strength.rate, min_lambda + 1e-3) << testing::SubsetName(subset);
+      EXPECT_GE(strength.rate, min_lambda / 2 - 1e-3) << testing::SubsetName(subset);
       // The reported partition attains sigma.
       if (strength.rate > 0) {
         ASSERT_GE(strength.num_parts, 2);
@@ -84,7 +78,8 @@ TEST(BoundsTest, EverySubsetMatchesBruteForce) {
             if (strength.part[u] != strength.part[v]) crossing += cap[u][v];
           }
         }
-        EXPECT_NEAR(crossing / (strength.num_parts - 1), strength.rate, 1e-3) << Name(subset);
+        EXPECT_NEAR(crossing / (strength.num_parts - 1), strength.rate, 1e-3)
+            << testing::SubsetName(subset);
       }
     }
   }

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -36,6 +37,13 @@ inline GpuGraph MakeGraph(int n, const LinkList& links, double link_bytes_per_s 
     graph.arcs.push_back({v, u, count * link_bytes_per_s, count, LinkKind::kNvLink});
   }
   return graph;
+}
+
+// "{0,1,2,5,}" for messages.
+inline std::string SubsetName(const std::vector<int>& subset) {
+  std::string s = "{";
+  for (int v : subset) s += std::to_string(v) + ",";
+  return s + "}";
 }
 
 inline GpuGraph Dgx1P100() { return MakeGraph(8, kDgx1P100Links); }

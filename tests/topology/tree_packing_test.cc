@@ -14,12 +14,6 @@ using testing::Dgx1P100;
 using testing::Dgx1V100;
 using testing::kLink;
 
-std::string Name(const std::vector<int>& subset) {
-  std::string s = "{";
-  for (int v : subset) s += std::to_string(v) + ",";
-  return s + "}";
-}
-
 double SumOfWeights(const Packing& packing) {
   double sum = 0;
   for (const Tree& tree : packing.trees) sum += tree.weight;
@@ -82,7 +76,8 @@ TEST(TreePackingTest, EverySubsetFeasibleAndNearBound) {
       for (int root = 0; root < n; ++root) {
         absl::StatusOr<TreePlan> plan = PlanBroadcast(graph, root, options);
         ASSERT_TRUE(plan.ok()) << plan.status();
-        const std::string what = Name(subset) + " broadcast root " + std::to_string(root);
+        const std::string what =
+            testing::SubsetName(subset) + " broadcast root " + std::to_string(root);
         EXPECT_NEAR(plan->bound, BroadcastBound(graph, root), 1e-3) << what;
         ExpectGoodPlan(graph, *plan, false, options, what);
         if (plan->bound > 0) {
@@ -95,7 +90,7 @@ TEST(TreePackingTest, EverySubsetFeasibleAndNearBound) {
       absl::StatusOr<TreePlan> plan = PlanAllReduce(graph, options);
       ASSERT_TRUE(plan.ok()) << plan.status();
       EXPECT_NEAR(plan->bound, AllReduceBound(graph), 1e-3);
-      ExpectGoodPlan(graph, *plan, true, options, Name(subset) + " allreduce");
+      ExpectGoodPlan(graph, *plan, true, options, testing::SubsetName(subset) + " allreduce");
     }
   }
 }
@@ -196,7 +191,8 @@ TEST(RingTest, KnownCases) {
       const int v = ring.order[(i + 1) % n];
       EXPECT_FALSE(seen[u]);
       seen[u] = true;
-      EXPECT_GE(std::min(cap[u][v], cap[v][u]), ring.bottleneck_bytes_per_s - 1) << Name(subset);
+      EXPECT_GE(std::min(cap[u][v], cap[v][u]), ring.bottleneck_bytes_per_s - 1)
+          << testing::SubsetName(subset);
     }
   }
 }

@@ -24,10 +24,8 @@ using ::testing::HasSubstr;
 
 constexpr auto kGuard = std::chrono::seconds(20);  // a test-only bound on waiting for futures
 
-// Writes small integers (exact in every dtype) and reads them back as double.
-void Put(DataType t, std::byte* base, uint64_t i, double v) { testing::PutValue(t, base, i, v); }
-
-double Get(DataType t, const std::byte* base, uint64_t i) { return testing::GetValue(t, base, i); }
+using testing::GetValue;
+using testing::PutValue;
 
 using testing::Await;
 using testing::Cluster;
@@ -62,7 +60,8 @@ Buffers MakeBuffers(int n, uint32_t r, DataType t, uint64_t count,
   for (int node = 0; node < n; ++node) {
     for (uint32_t p = 0; p < r; ++p) {
       b[node].emplace_back(count * common::DataTypeSize(t));
-      for (uint64_t i = 0; i < count; ++i) Put(t, b[node][p].data(), i, value(node * r + p, i));
+      for (uint64_t i = 0; i < count; ++i)
+        PutValue(t, b[node][p].data(), i, value(node * r + p, i));
     }
   }
   return b;
@@ -74,7 +73,7 @@ int64_t CountWrong(DataType t, const Buffers& b, uint64_t count,
   int64_t wrong = 0;
   for (const auto& node : b) {
     for (const auto& proc : node) {
-      for (uint64_t i = 0; i < count; ++i) wrong += Get(t, proc.data(), i) != expected(i);
+      for (uint64_t i = 0; i < count; ++i) wrong += GetValue(t, proc.data(), i) != expected(i);
     }
   }
   return wrong;
@@ -478,7 +477,7 @@ TEST(PushPull, PushesAheadOfTheServersPlanAreParkedAndReplayed) {
   v.my_worker_rank = 0;
   worker.SetJob(v, Algorithm::kPushPull);
   std::vector<std::vector<std::byte>> bufs(1, std::vector<std::byte>(400));
-  for (int i = 0; i < 100; ++i) Put(DataType::kFloat32, bufs[0].data(), i, i);
+  for (int i = 0; i < 100; ++i) PutValue(DataType::kFloat32, bufs[0].data(), i, i);
   std::promise<absl::Status> done;
   auto op = MakeOp("t", 0, DataType::kFloat32, 100, Reduction::kSum, bufs);
   op.done = [&](absl::Status s) { done.set_value(s); };
@@ -496,7 +495,7 @@ TEST(PushPull, PushesAheadOfTheServersPlanAreParkedAndReplayed) {
   ASSERT_EQ(f.wait_for(kGuard), std::future_status::ready);
   EXPECT_TRUE(f.get().ok());
   EXPECT_GT(missing.load(), 0);
-  for (int i = 0; i < 100; ++i) EXPECT_EQ(Get(DataType::kFloat32, bufs[0].data(), i), i);
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(GetValue(DataType::kFloat32, bufs[0].data(), i), i);
   worker_ep->Shutdown();
   server_ep->Shutdown();
 }

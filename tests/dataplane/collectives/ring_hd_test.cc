@@ -29,10 +29,8 @@ using ::testing::HasSubstr;
 
 constexpr auto kGuard = std::chrono::seconds(20);  // a test-only bound on waiting for futures
 
-// Writes a small non-negative integer (exact in every dtype).
-void Put(DataType t, std::byte* base, uint64_t i, double v) { testing::PutValue(t, base, i, v); }
-
-double Get(DataType t, const std::byte* base, uint64_t i) { return testing::GetValue(t, base, i); }
+using testing::GetValue;
+using testing::PutValue;
 
 using testing::Await;
 
@@ -83,7 +81,7 @@ uint64_t RunAndCount(Ring& ring, Algorithm alg, const std::string& name, uint64_
   const size_t es = common::DataTypeSize(t);
   std::vector<std::vector<std::byte>> bufs(ring.n(), std::vector<std::byte>(count * es));
   for (int r = 0; r < ring.n(); ++r) {
-    for (uint64_t i = 0; i < count; ++i) Put(t, bufs[r].data(), i, value(r, i));
+    for (uint64_t i = 0; i < count; ++i) PutValue(t, bufs[r].data(), i, value(r, i));
   }
   std::vector<std::future<absl::Status>> futures;
   for (int r = 0; r < ring.n(); ++r) {
@@ -104,7 +102,7 @@ uint64_t RunAndCount(Ring& ring, Algorithm alg, const std::string& name, uint64_
     }
     if (!s.ok()) return count * ring.n();
     for (uint64_t i = 0; i < count; ++i) {
-      if (Get(t, bufs[r].data(), i) != expect(i)) ++wrong;
+      if (GetValue(t, bufs[r].data(), i) != expect(i)) ++wrong;
     }
   }
   return wrong;
@@ -269,7 +267,7 @@ TEST(BroadcastTest, HalvingDoublingDeclinesAndFallsBackToRing) {
                            MakeOp("b", 0, DataType::kInt32, 50, Reduction::kBroadcast, unused, 2));
   EXPECT_EQ(Await(refused).code(), absl::StatusCode::kUnimplemented);
   std::vector<std::vector<std::byte>> bufs(4, std::vector<std::byte>(4 * 50));
-  for (uint64_t i = 0; i < 50; ++i) Put(DataType::kInt32, bufs[2].data(), i, i);
+  for (uint64_t i = 0; i < 50; ++i) PutValue(DataType::kInt32, bufs[2].data(), i, i);
   std::vector<std::future<absl::Status>> futures;
   for (int r = 0; r < 4; ++r) {
     futures.push_back(
@@ -277,7 +275,7 @@ TEST(BroadcastTest, HalvingDoublingDeclinesAndFallsBackToRing) {
   }
   for (auto& f : futures) ASSERT_TRUE(Await(f).ok());
   for (int r = 0; r < 4; ++r) {
-    for (uint64_t i = 0; i < 50; ++i) EXPECT_EQ(Get(DataType::kInt32, bufs[r].data(), i), i);
+    for (uint64_t i = 0; i < 50; ++i) EXPECT_EQ(GetValue(DataType::kInt32, bufs[r].data(), i), i);
     EXPECT_EQ(ring.node(r).stats().fallbacks, 1u);
   }
 }
@@ -482,7 +480,7 @@ TEST(EarlyMessagesTest, ARankThatStartsFirstIsBufferedUntilThePeerStarts) {
     const uint64_t count = 100;
     std::vector<std::vector<std::byte>> bufs(n, std::vector<std::byte>(count * 4));
     for (int r = 0; r < n; ++r) {
-      for (uint64_t i = 0; i < count; ++i) Put(DataType::kInt32, bufs[r].data(), i, r + 1);
+      for (uint64_t i = 0; i < count; ++i) PutValue(DataType::kInt32, bufs[r].data(), i, r + 1);
     }
     std::vector<std::future<absl::Status>> futures;
     futures.push_back(
@@ -502,7 +500,7 @@ TEST(EarlyMessagesTest, ARankThatStartsFirstIsBufferedUntilThePeerStarts) {
     for (auto& f : futures) EXPECT_TRUE(Await(f).ok());
     for (int r = 0; r < n; ++r) {
       for (uint64_t i = 0; i < count; ++i) {
-        ASSERT_EQ(Get(DataType::kInt32, bufs[r].data(), i), 10) << AlgorithmName(alg);
+        ASSERT_EQ(GetValue(DataType::kInt32, bufs[r].data(), i), 10) << AlgorithmName(alg);
       }
     }
   }
@@ -534,7 +532,7 @@ TEST(BackToBackTest, FiftyIterationsOfThreeTensorsNeverMix) {
         const Tensor& t = tensors[k];
         bufs[r].emplace_back(t.count * common::DataTypeSize(t.dtype));
         for (uint64_t i = 0; i < t.count; ++i)
-          Put(t.dtype, bufs[r].back().data(), i, value(r, it, k, i));
+          PutValue(t.dtype, bufs[r].back().data(), i, value(r, it, k, i));
       }
     }
   }
@@ -564,7 +562,7 @@ TEST(BackToBackTest, FiftyIterationsOfThreeTensorsNeverMix) {
           double sum = 0;
           for (int q = 0; q < n; ++q) sum += value(q, it, k, i);
           const double want = t.kind == Reduction::kAverage ? sum / n : sum;
-          if (Get(t.dtype, bufs[r][it * 3 + k].data(), i) != want) ++wrong;
+          if (GetValue(t.dtype, bufs[r][it * 3 + k].data(), i) != want) ++wrong;
         }
       }
     }
