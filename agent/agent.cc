@@ -240,13 +240,15 @@ void Agent::ApplyPlans(const std::vector<tributary::v1::JobPlan>& plans) {
   std::map<std::string, uint64_t> now;
   for (const auto& plan : plans) {
     absl::StatusOr<dataplane::JobView> view = ToJobView(plan, node_id_);
-    if (!view.ok()) {
-      Log()->error("ignoring plan: {}", view.status().message());
+    absl::StatusOr<dataplane::Algorithm> algorithm = ToAlgorithm(plan.algorithm());
+    if (!view.ok() || !algorithm.ok()) {
+      Log()->error("ignoring plan v{} of job {}: {}", plan.version(), plan.job_id(),
+                   (view.ok() ? algorithm.status() : view.status()).message());
       continue;
     }
     now[plan.job_id()] = plan.version();
     if (applied_[plan.job_id()] != plan.version()) {
-      runner_->SetJob(*view, static_cast<dataplane::Algorithm>(plan.algorithm()));
+      runner_->SetJob(*view, *algorithm);
       Log()->info("job {} plan v{}: worker rank {}, server index {} of {}", plan.job_id(),
                   plan.version(), view->my_worker_rank, view->my_server_index,
                   view->server_addresses.size());

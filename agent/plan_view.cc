@@ -37,4 +37,20 @@ absl::StatusOr<dataplane::JobView> ToJobView(const tributary::v1::JobPlan& plan,
   return v;
 }
 
+absl::StatusOr<dataplane::Algorithm> ToAlgorithm(tributary::v1::Algorithm algorithm) {
+  switch (algorithm) {
+    case tributary::v1::ALGORITHM_AUTO:
+      return dataplane::Algorithm::kAuto;
+    case tributary::v1::ALGORITHM_PUSH_PULL:
+      return dataplane::Algorithm::kPushPull;
+    case tributary::v1::ALGORITHM_RING:
+      return dataplane::Algorithm::kRing;
+    case tributary::v1::ALGORITHM_HALVING_DOUBLING:
+      return dataplane::Algorithm::kHalvingDoubling;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown algorithm ", static_cast<int>(algorithm)));
+  }
+}
+
 }  // namespace tributary::agent

@@ -10,6 +10,7 @@
 
 #include "agent/fake_collective_runner.h"
 #include "agent/fake_controller_client.h"
+#include "agent/plan_view.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/agent/shm_test_util.h"
@@ -159,14 +160,29 @@ TEST_F(AgentTest, ServerOnlyJobsRunOnTheDataPlaneButTakeNoLocalProcesses) {
   EXPECT_EQ(join.status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+TEST(PlanViewTest, EveryPlanAlgorithmHasOneDataPlaneAlgorithm) {
+  EXPECT_EQ(*ToAlgorithm(tributary::v1::ALGORITHM_AUTO), dataplane::Algorithm::kAuto);
+  EXPECT_EQ(*ToAlgorithm(tributary::v1::ALGORITHM_PUSH_PULL), dataplane::Algorithm::kPushPull);
+  EXPECT_EQ(*ToAlgorithm(tributary::v1::ALGORITHM_RING), dataplane::Algorithm::kRing);
+  EXPECT_EQ(*ToAlgorithm(tributary::v1::ALGORITHM_HALVING_DOUBLING),
+            dataplane::Algorithm::kHalvingDoubling);
+  absl::StatusOr<dataplane::Algorithm> unknown =
+      ToAlgorithm(static_cast<tributary::v1::Algorithm>(7));
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(unknown.status().message(), "unknown algorithm 7");
+}
+
 TEST_F(AgentTest, UnusablePlansAreIgnored) {
   tributary::v1::JobPlan bad = Plan("bad", 1, {"n0", "n1"}, {"n0"});
   bad.mutable_servers(0)->set_weight(12);
-  controller_->DeliverPlans({bad, Plan("good", 1, {"n1"}, {"n1"})});
+  tributary::v1::JobPlan newer = Plan("newer", 1, {"n0", "n1"}, {"n0"});
+  newer.set_algorithm(static_cast<tributary::v1::Algorithm>(7));  // from a newer controller
+  controller_->DeliverPlans({bad, newer, Plan("good", 1, {"n1"}, {"n1"})});
   ASSERT_EQ(runner_->set_jobs().size(), 1u);
   EXPECT_EQ(runner_->set_jobs()[0].view.job_id, "good");
   EXPECT_THAT(agent_->applied_plans(), ElementsAre(Pair("good", 1u)));
   EXPECT_EQ(JoinAs("bad", 0).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(JoinAs("newer", 0).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_F(AgentTest, HeartbeatLoadCarriesDataPlaneRatesAndJobObservations) {
