@@ -1,5 +1,6 @@
 // One training process for the integration tests: joins a job through its node's agent, runs a
 // scenario, checks every element, and exits non-zero on any wrong element or unexpected error.
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -256,6 +257,9 @@ void Disconnect(Client& c, uint32_t procs_per_node) {
   Expect(s.ok(), absl::StrCat("warm-up: ", s.ToString()));
   if (c.global_rank() == 1) {
     std::fflush(stdout);
+    // A real crash would leave the shared-memory name behind (the agent keeps its mapping, so
+    // unlinking it changes nothing for the test); the test must not leave it in /dev/shm.
+    shm_unlink((*buf)->name().c_str());
     _exit(3);  // dies without leaving the job or submitting "d.lost"
   }
   const auto start = std::chrono::steady_clock::now();
