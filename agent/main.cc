@@ -9,6 +9,7 @@
 #include "common/logging.h"
 #include "common/metrics/metrics.h"
 #include "common/process_flags.h"
+#include "common/trace.h"
 
 namespace {
 volatile std::sig_atomic_t g_stop = 0;
@@ -47,6 +48,17 @@ int main(int argc, char** argv) {
   app.add_option("--selector-calibration", options.selector_calibration_file,
                  "selector_calibration.json from bench/suite/run.py: measured thresholds for the "
                  "automatic algorithm choice instead of the cost model's");
+  std::string trace_path;
+  app.add_option(
+      "--trace", trace_path,
+      "Write a Chrome trace (chrome://tracing, ui.perfetto.dev) of the data plane's "
+      "chunks to this file: per summation server, the wait for credit, the send, the "
+      "wait for the sum; on servers, each sum and each result sent. \"{node}\" in the path "
+      "becomes the node id");
+  app.add_option("--bundle-bytes", options.bundle_record_bytes,
+                 "Fusion on the wire: messages up to this many bytes to a peer that is still "
+                 "receiving an earlier one travel together in one message (0 = off)")
+      ->capture_default_str();
   app.add_option("--reducer-threads", options.reducer_threads, "Summation threads (0 = all)");
   tributary::common::AddProcessFlags(app, process_flags);
   CLI11_PARSE(app, argc, argv);
@@ -59,6 +71,17 @@ int main(int argc, char** argv) {
   setenv("UCX_NET_DEVICES", "lo", 0);
   setenv("UCX_TLS", "tcp", 0);
 
+  if (!trace_path.empty()) {
+    if (size_t at = trace_path.find("{node}"); at != std::string::npos) {
+      trace_path.replace(at, 6, options.node_id);
+    }
+    if (absl::Status s = tributary::common::Trace::Start(
+            trace_path, "tributary-agent " + (options.node_id.empty() ? "" : options.node_id));
+        !s.ok()) {
+      tributary::common::Logger("agent")->critical("--trace: {}", s.message());
+      return 1;
+    }
+  }
   auto agent = tributary::agent::Agent::Start(options);
   if (!agent.ok()) {
     tributary::common::Logger("agent")->critical("{}", agent.status().message());
@@ -85,5 +108,8 @@ int main(int argc, char** argv) {
   std::signal(SIGTERM, OnSignal);
   while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   (*agent)->Stop();
+  if (absl::Status s = tributary::common::Trace::Stop(); !s.ok()) {
+    tributary::common::Logger("agent")->error("--trace: {}", s.message());
+  }
   return 0;
 }

@@ -17,6 +17,7 @@
 #include "client/client.h"
 #include "common/dtype.h"
 #include "common/status_macros.h"
+#include "common/trace.h"
 
 namespace tributary::client::cli {
 namespace {
@@ -40,6 +41,8 @@ struct BenchFlags {
   // produces them (last layer first). See RunWorkload.
   std::string tensors;
   std::string workload_name = "workload";
+  // Chrome trace of this process's iterations and tensors (common/trace.h).
+  std::string trace;
 };
 
 struct WorkloadTensor {
@@ -109,6 +112,18 @@ absl::Status RunWorkload(Client& client, const BenchFlags& flags,
         return absl::Status(status.code(), absl::StrCat(flags.workload_name, " tensor ",
                                                         tensors[j].name, ": ", status.message()));
       }
+      if (common::Trace::enabled()) {
+        // Seen done by this thread, which waits in submission order: an upper bound for all but
+        // the tensor it waited on.
+        common::Trace::Async(
+            tensors[j].name, (static_cast<uint64_t>(it + flags.warmup) << 32) | j, start,
+            std::chrono::steady_clock::now(),
+            {{"bytes", static_cast<int64_t>(tensors[j].count * element)}, {"priority", n - 1 - j}});
+      }
+    }
+    if (common::Trace::enabled()) {
+      common::Trace::Span("iterations", absl::StrCat(flags.workload_name, " iteration ", it), start,
+                          std::chrono::steady_clock::now());
     }
     if (it < 0) continue;
     seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -309,7 +324,16 @@ void AddBenchRankCommand(CLI::App& app, GlobalOptions& global) {
       ->add_option("--op-timeout-ms", flags->op_timeout_ms,
                    "how long to wait for one collective, ms")
       ->capture_default_str();
-  SetAction(command, global, [flags] { return RunBenchRank(*flags); });
+  command->add_option("--trace", flags->trace,
+                      "write a Chrome trace (chrome://tracing, ui.perfetto.dev) of every iteration "
+                      "and tensor to this file");
+  SetAction(command, global, [flags]() -> absl::Status {
+    if (flags->trace.empty()) return RunBenchRank(*flags);
+    RETURN_IF_ERROR(common::Trace::Start(flags->trace, absl::StrCat("bench-rank ", flags->job)));
+    absl::Status status = RunBenchRank(*flags);
+    absl::Status stopped = common::Trace::Stop();
+    return status.ok() ? stopped : status;
+  });
 }
 
 }  // namespace tributary::client::cli

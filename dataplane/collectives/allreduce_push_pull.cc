@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "common/hash.h"
 #include "common/logging.h"
+#include "common/trace.h"
 
 namespace tributary::dataplane {
 namespace {
@@ -171,6 +172,7 @@ void PushPullServer::HandlePushLocked(const JobView& job, const WireHeader& h,
       st.descriptor = h;
       st.received.assign(n, false);
       st.started = clock_->Now();
+      if (common::Trace::enabled()) st.first_push_at = std::chrono::steady_clock::now();
     }
     const bool broadcast = h.reduce == static_cast<uint8_t>(Reduction::kBroadcast);
     if (!SameDescriptor(st.descriptor, h)) {
@@ -189,13 +191,21 @@ void PushPullServer::HandlePushLocked(const JobView& job, const WireHeader& h,
     } else {
       st.received[h.sender] = true;
       st.num_received++;
+
       if (!payload.empty()) {
         if (!st.sum) {
           st.sum = std::make_shared<std::vector<std::byte>>(payload.begin(), payload.end());
           AddHeld(static_cast<int64_t>(payload.size()));
         } else if (!broadcast) {
+          const auto t0 = common::Trace::enabled() ? std::chrono::steady_clock::now()
+                                                   : common::Trace::TimePoint{};
           reducer_->Sum(static_cast<DataType>(h.dtype), st.sum->data(), payload.data(),
                         h.chunk_count);
+          if (common::Trace::enabled()) {
+            common::Trace::Span("summation server: sum", "sum", t0,
+                                std::chrono::steady_clock::now(),
+                                {{"bytes", static_cast<int64_t>(payload.size())}});
+          }
         }
         stats_->bytes_summed += payload.size();
         if (job.counters && h.sender < job.counters->summed.size()) {
@@ -207,6 +217,12 @@ void PushPullServer::HandlePushLocked(const JobView& job, const WireHeader& h,
         }
       }
       if (st.num_received == n) {
+        if (common::Trace::enabled() && st.first_push_at.time_since_epoch().count() != 0) {
+          common::Trace::Async("summation server: first to last push",
+                               (h.tensor << 24) ^ (h.iteration << 16) ^ h.chunk, st.first_push_at,
+                               std::chrono::steady_clock::now(),
+                               {{"chunk", h.chunk}, {"last_rank", h.sender}});
+        }
         WireHeader r = st.descriptor;
         r.kind = static_cast<uint8_t>(MessageKind::kResult);
         r.sender = WireHeader::kFromServer;
@@ -255,14 +271,24 @@ void PushPullServer::SendAll(std::vector<Outgoing> out) {
     auto payload = o.payload;
     std::span<const std::byte> bytes;
     if (payload) bytes = *payload;
-    transport_->Send(o.address, AsBytes(o.header), bytes,
-                     [this, payload, addr = o.address, what = Describe(o.header)](absl::Status s) {
-                       if (!s.ok()) {
-                         stats_->send_failures++;
-                         Log()->warn("reply for {} to worker {} failed: {}", what, addr,
-                                     s.message());
-                       }
-                     });
+    const auto sent_at =
+        common::Trace::enabled() ? std::chrono::steady_clock::now() : common::Trace::TimePoint{};
+    transport_->Send(
+        o.address, AsBytes(o.header), bytes,
+        [this, payload, sent_at, addr = o.address, h = o.header,
+         what = Describe(o.header)](absl::Status s) {
+          if (common::Trace::enabled() && sent_at.time_since_epoch().count() != 0) {
+            common::Trace::Async(absl::StrCat("result to ", addr),
+                                 (h.tensor << 24) ^ (h.iteration << 16) ^ h.chunk, sent_at,
+                                 std::chrono::steady_clock::now(),
+                                 {{"chunk", h.chunk},
+                                  {"bytes", static_cast<int64_t>(payload ? payload->size() : 0)}});
+          }
+          if (!s.ok()) {
+            stats_->send_failures++;
+            Log()->warn("reply for {} to worker {} failed: {}", what, addr, s.message());
+          }
+        });
   }
 }
 
@@ -345,6 +371,9 @@ struct PushPullWorker::OpState {
   uint32_t chunks_done = 0;
   common::Clock::TimePoint deadline;
   bool finished = false;
+  // Wall-clock times for the trace (common/trace.h), kept only while one is recorded.
+  common::Trace::TimePoint started_at;
+  std::vector<common::Trace::TimePoint> sent_at, send_done_at;
 
   OpState(ChunkMap m) : map(std::move(m)) {}
 
@@ -472,7 +501,13 @@ absl::Status PushPullWorker::Start(const std::string& job_id, Operation op) {
         PushPullChunks(op.count, element_size, job->partition_bytes, state->map.num_servers());
     state->chunk_state.assign(state->num_chunks, 0);
     state->deadline = clock_->Now() + job->op_timeout;
-    const std::vector<uint32_t> order = state->map.SendOrder(tensor_hash, state->num_chunks);
+    if (common::Trace::enabled()) {
+      state->started_at = std::chrono::steady_clock::now();
+      state->sent_at.resize(state->num_chunks);
+      state->send_done_at.resize(state->num_chunks);
+    }
+    const std::vector<uint32_t> order = state->map.SendOrder(
+        tensor_hash, state->num_chunks, static_cast<uint32_t>(job->my_worker_rank));
     for (uint32_t p = 0; p < order.size(); ++p) {
       queue_.insert(QueuedChunk{op.priority, state->seq, p, order[p], key});
     }
@@ -503,6 +538,7 @@ void PushPullWorker::PumpLocked(std::vector<std::function<void()>>& sends) {
     in_flight += bytes;
     AddInFlight(static_cast<int64_t>(bytes));
     op->chunk_state[it->chunk] = 1;
+    if (!op->sent_at.empty()) op->sent_at[it->chunk] = std::chrono::steady_clock::now();
     sends.push_back([this, op, chunk = it->chunk] { SendChunk(op, chunk); });
     it = queue_.erase(it);
   }
@@ -563,6 +599,9 @@ void PushPullWorker::SendChunk(std::shared_ptr<OpState> op, uint32_t chunk) {
                      {
                        std::lock_guard lock(mu_);
                        uint8_t& state = op->chunk_state[chunk];
+                       if (!op->send_done_at.empty()) {
+                         op->send_done_at[chunk] = std::chrono::steady_clock::now();
+                       }
                        if (state == 4) {
                          // The sum overtook this completion: now the chunk is done.
                          ReleaseCreditLocked(*op, chunk);
@@ -673,6 +712,7 @@ void PushPullWorker::HandleResult(const WireHeader& h, std::span<const std::byte
     if (op->finished || (op->chunk_state[h.chunk] != 1 && op->chunk_state[h.chunk] != 3)) {
       return;  // failed meanwhile
     }
+    if (!op->sent_at.empty()) TraceChunkLocked(*op, h.chunk, server_index);
     if (op->chunk_state[h.chunk] == 1) {
       // The sum overtook the push's send completion: the chunk (its credit, and the staging the
       // transport may still read) is done only at that completion.
@@ -685,6 +725,24 @@ void PushPullWorker::HandleResult(const WireHeader& h, std::span<const std::byte
   Flush(std::move(sends), std::move(done));
 }
 
+void PushPullWorker::TraceChunkLocked(const OpState& op, uint32_t chunk, uint32_t server) {
+  // Per server, three phases of each chunk: waiting for credit (queued), handed to the transport
+  // until its send completed (on the NIC), and from there until the sum came back.
+  const auto now = std::chrono::steady_clock::now();
+  const int64_t bytes = static_cast<int64_t>(op.ChunkBytes(chunk));
+  const uint64_t id = (op.seq << 20) ^ chunk;
+  const std::string s = absl::StrCat(" s", server);
+  common::Trace::Async(absl::StrCat("credit wait", s), id, op.started_at, op.sent_at[chunk],
+                       {{"chunk", chunk}, {"bytes", bytes}});
+  const auto send_done = op.send_done_at[chunk].time_since_epoch().count() != 0
+                             ? op.send_done_at[chunk]
+                             : now;  // the sum overtook the send completion
+  common::Trace::Async(absl::StrCat("push", s), id, op.sent_at[chunk], send_done,
+                       {{"chunk", chunk}, {"bytes", bytes}});
+  common::Trace::Async(absl::StrCat("wait for sum", s), id, send_done, now,
+                       {{"chunk", chunk}, {"bytes", bytes}});
+}
+
 void PushPullWorker::ChunkDoneLocked(const std::shared_ptr<OpState>& op, uint32_t chunk,
                                      std::vector<Completion>& done) {
   op->chunk_state[chunk] = 2;
@@ -692,6 +750,13 @@ void PushPullWorker::ChunkDoneLocked(const std::shared_ptr<OpState>& op, uint32_
   op->finished = true;
   ops_.erase(CollectiveKey{op->job_hash, op->tensor_hash, op->op.iteration});
   stats_->ops_completed++;
+  if (!op->sent_at.empty()) {
+    common::Trace::Async(absl::StrCat("push/pull ", op->op.tensor_name), op->seq, op->started_at,
+                         std::chrono::steady_clock::now(),
+                         {{"bytes", static_cast<int64_t>(op->op.count * op->element_size)},
+                          {"chunks", op->num_chunks},
+                          {"iteration", static_cast<int64_t>(op->op.iteration)}});
+  }
   done.emplace_back(std::move(op->op.done), absl::OkStatus());
 }
 

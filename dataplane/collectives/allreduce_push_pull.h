@@ -97,6 +97,7 @@ class PushPullServer {
     uint32_t num_received = 0;
     std::shared_ptr<std::vector<std::byte>> sum;
     common::Clock::TimePoint started;
+    std::chrono::steady_clock::time_point first_push_at;  // for the trace only
   };
   struct ChunkKey {
     CollectiveKey key;
@@ -197,6 +198,8 @@ class PushPullWorker {
   // Marks a chunk summed and its send complete; the operation completes with its last chunk.
   void ChunkDoneLocked(const std::shared_ptr<OpState>& op, uint32_t chunk,
                        std::vector<Completion>& done);
+  // Records the chunk's phases in the trace (common/trace.h). mu_ held.
+  void TraceChunkLocked(const OpState& op, uint32_t chunk, uint32_t server);
 
   Transport* transport_;
   Reducer* reducer_;
