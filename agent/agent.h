@@ -48,7 +48,10 @@ struct AgentOptions {
   bool offers_summation = true;  // serve jobs this node is not a worker of
   // Pace data-plane egress to nic_bytes_per_s (a local cluster on loopback emulating NICs).
   bool emulate_nic = false;
-  int reducer_threads = 0;             // 0 = all cores
+  int reducer_threads = 0;  // 0 = all cores
+  // Messages up to this size to a busy peer share one transport message (fusion on the wire,
+  // dataplane/transport/bundling); 0 = off.
+  size_t bundle_record_bytes = 64 << 10;
   std::chrono::milliseconds tick{50};  // deadline sweep period
   // Where the agent's metrics go (dashboards/METRICS.md); null: a registry of its own.
   std::shared_ptr<prometheus::Registry> registry;

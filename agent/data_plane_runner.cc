@@ -46,6 +46,9 @@ absl::StatusOr<std::unique_ptr<DataPlaneRunner>> DataPlaneRunner::Create(
   } else {
     inner = *std::move(transport);
   }
+  if (options.bundling.max_record_bytes > 0) {
+    inner = std::make_unique<dataplane::BundlingTransport>(std::move(inner), options.bundling);
+  }
   auto counting = std::make_unique<dataplane::CountingTransport>(std::move(inner));
   r->counting_ = counting.get();
   r->transport_ = std::move(counting);

@@ -14,6 +14,7 @@
 #include "dataplane/collectives/data_plane_node.h"
 #include "dataplane/collectives/dataplane_metrics.h"
 #include "dataplane/reduce/cpu/cpu_reducer.h"
+#include "dataplane/transport/bundling/bundling_transport.h"
 #include "dataplane/transport/counting_transport.h"
 #include "prometheus/collectable.h"
 #include "prometheus/registry.h"
@@ -29,6 +30,8 @@ class DataPlaneRunner final : public CollectiveRunner {
     // > 0: pace egress to this rate in bytes per second (a NIC emulated on loopback).
     double paced_bytes_per_s = 0;
     int reducer_threads = 0;  // 0 = all cores
+    // Small messages to a busy peer travel together (dataplane/transport/bundling).
+    dataplane::BundlingOptions bundling;
   };
 
   // Starts the UCX transport and builds the data plane on it; its metrics go into `registry`,

@@ -74,7 +74,8 @@ uint32_t ChunkMap::ServerOf(uint64_t tensor_hash, uint32_t num_chunks, uint32_t 
 
 namespace tributary::dataplane {
 
-std::vector<uint32_t> ChunkMap::SendOrder(uint64_t tensor_hash, uint32_t num_chunks) const {
+std::vector<uint32_t> ChunkMap::SendOrder(uint64_t tensor_hash, uint32_t num_chunks,
+                                          uint32_t rotation) const {
   std::vector<std::vector<uint32_t>> by_server(num_servers());
   for (uint32_t i = 0; i < num_chunks; ++i) {
     by_server[ServerOf(tensor_hash, num_chunks, i)].push_back(i);
@@ -95,6 +96,14 @@ std::vector<uint32_t> ChunkMap::SendOrder(uint64_t tensor_hash, uint32_t num_chu
   std::sort(keys.begin(), keys.end(), [](const Key& a, const Key& b) {
     return a.position != b.position ? a.position < b.position : a.server < b.server;
   });
+  // Rotate each run of keys at one position by `rotation`.
+  for (size_t begin = 0; begin < keys.size();) {
+    size_t end = begin + 1;
+    while (end < keys.size() && keys[end].position == keys[begin].position) ++end;
+    std::rotate(keys.begin() + begin, keys.begin() + begin + rotation % (end - begin),
+                keys.begin() + end);
+    begin = end;
+  }
   std::vector<uint32_t> order;
   order.reserve(num_chunks);
   for (const Key& k : keys) order.push_back(k.chunk);

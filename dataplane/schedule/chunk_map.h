@@ -58,8 +58,12 @@ class ChunkMap {
   // The order in which to push a tensor's chunks: each server's chunks spread evenly over the
   // whole sequence (chunk j of the c_s owned by server s sits at (j + 1/2) / c_s), so that every
   // server receives work from the start instead of the last server's chunks all coming last.
-  // Deterministic: every worker sends in the same order. Returns chunk indices.
-  std::vector<uint32_t> SendOrder(uint64_t tensor_hash, uint32_t num_chunks) const;
+  // Chunks at the same position (servers with equal counts) are taken in server order rotated
+  // by `rotation` (the worker's rank): worker r starts with the r-th of them, so that n workers
+  // start on n different servers instead of all on the first one. Deterministic. Returns chunk
+  // indices.
+  std::vector<uint32_t> SendOrder(uint64_t tensor_hash, uint32_t num_chunks,
+                                  uint32_t rotation = 0) const;
 
  private:
   explicit ChunkMap(std::vector<uint64_t> cumulative) : cumulative_(std::move(cumulative)) {}

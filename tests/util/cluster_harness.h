@@ -25,6 +25,7 @@
 #include "dataplane/collectives/dataplane_metrics.h"
 #include "dataplane/reduce/cpu/cpu_reducer.h"
 #include "dataplane/schedule/chunk_map.h"
+#include "dataplane/transport/bundling/bundling_transport.h"
 #include "dataplane/transport/inprocess/inprocess_transport.h"
 #include "prometheus/registry.h"
 
@@ -51,6 +52,8 @@ struct ClusterOptions {
   size_t reducer_min_bytes_per_thread = size_t{1} << 20;
   // The nodes' clock; nullptr: the cluster's FakeClock.
   const common::Clock* clock = nullptr;
+  // Put a BundlingTransport (fusion on the wire) between each node and its endpoint.
+  bool bundling = false;
 };
 
 // Waits for a collective's future, bounded so that a hang fails instead of blocking the test.
@@ -103,8 +106,14 @@ class Cluster {
     for (int i = 0; i < size; ++i) {
       auto node = std::make_unique<Node>();
       node->transport = network_.CreateEndpoint(view_.server_addresses[i]);
-      node->data_plane =
-          std::make_unique<dataplane::DataPlaneNode>(node->transport.get(), &reducer_, clock);
+      dataplane::Transport* transport = node->transport.get();
+      if (options_.bundling) {
+        // The bundling layer borrows the endpoint (tests still reach it for fault injection).
+        node->bundling = std::make_unique<dataplane::BundlingTransport>(
+            std::make_unique<Borrowed>(transport), dataplane::BundlingOptions{});
+        transport = node->bundling.get();
+      }
+      node->data_plane = std::make_unique<dataplane::DataPlaneNode>(transport, &reducer_, clock);
       if (options_.metrics) {
         node->registry = std::make_unique<prometheus::Registry>();
         node->metrics = std::make_unique<dataplane::DataPlaneMetrics>(*node->registry);
@@ -158,11 +167,29 @@ class Cluster {
   const dataplane::JobView& view() const { return view_; }
   const std::string& address(int i) const { return view_.server_addresses[i]; }
   int workers() const { return options_.workers; }
+  const dataplane::BundlingTransport* bundling(int i) const { return nodes_[i]->bundling.get(); }
   int size() const { return static_cast<int>(nodes_.size()); }
 
  private:
+  // A Transport forwarding to one it does not own.
+  class Borrowed final : public dataplane::Transport {
+   public:
+    explicit Borrowed(dataplane::Transport* t) : t_(t) {}
+    std::string Address() const override { return t_->Address(); }
+    void SetReceiveHandler(ReceiveHandler h) override { t_->SetReceiveHandler(std::move(h)); }
+    void Send(const std::string& peer, std::span<const std::byte> header,
+              std::span<const std::byte> payload, SendCallback done) override {
+      t_->Send(peer, header, payload, std::move(done));
+    }
+    void Shutdown() override { t_->Shutdown(); }
+
+   private:
+    dataplane::Transport* t_;
+  };
+
   struct Node {
     std::unique_ptr<dataplane::InProcessTransport> transport;
+    std::unique_ptr<dataplane::BundlingTransport> bundling;  // over `transport`, or null
     std::unique_ptr<prometheus::Registry> registry;
     std::unique_ptr<dataplane::DataPlaneMetrics> metrics;
     std::unique_ptr<dataplane::DataPlaneNode> data_plane;

@@ -529,5 +529,51 @@ TEST(PushPull, HundredIterationsOfSeveralTensorsWithPriorities) {
   }
 }
 
+// A model's worth of small tensors (biases, norms) submitted at once, with fusion on the wire:
+// their chunks to one server share messages, and every tensor still gets its own exact sum.
+TEST(PushPull, ManySmallTensorsWithBundlingAreExactAndShareMessages) {
+  for (Algorithm algorithm : {Algorithm::kPushPull, Algorithm::kRing}) {
+    ClusterOptions o = PushPullCluster(3, 2, 2, 1024, 1 << 20);
+    o.algorithm = algorithm;
+    o.bundling = true;
+    Cluster cluster(o);
+    constexpr int kTensors = 120;
+    for (uint64_t it = 0; it < 3; ++it) {
+      std::vector<Buffers> bufs;
+      std::vector<uint64_t> counts;
+      std::vector<std::future<absl::Status>> f;
+      for (int t = 0; t < kTensors; ++t) {
+        counts.push_back(1 + (t * 37) % 300);
+        bufs.push_back(MakeBuffers(3, 2, DataType::kFloat32, counts[t], [&](int g, uint64_t i) {
+          return (g + 1) * ((i + t + it) % 7);
+        }));
+      }
+      for (int node = 0; node < 3; ++node) {
+        for (int t = 0; t < kTensors; ++t) {
+          auto op = MakeOp(absl::StrCat("t", t), it, DataType::kFloat32, counts[t], Reduction::kSum,
+                           bufs[t][node]);
+          op.priority = kTensors - t;
+          f.push_back(cluster.Start(node, std::move(op)));
+        }
+      }
+      for (auto& x : f) ASSERT_TRUE(Await(x).ok());
+      for (int t = 0; t < kTensors; ++t) {
+        ASSERT_EQ(CountWrong(DataType::kFloat32, bufs[t], counts[t],
+                             [&](uint64_t i) { return 21.0 * ((i + t + it) % 7); }),
+                  0)
+            << AlgorithmName(algorithm) << " tensor " << t << " iteration " << it;
+      }
+    }
+    uint64_t bundled = 0;
+    for (int node = 0; node < cluster.size(); ++node) {
+      bundled += cluster.bundling(node)->stats().messages_bundled;
+      EXPECT_EQ(cluster.bundling(node)->stats().malformed_bundles, 0u);
+    }
+    // 3 workers x 120 tensors submitted at once: many messages find their peer busy. (How many
+    // depends on thread timing; that some do is certain with this many.)
+    EXPECT_GT(bundled, 0u) << AlgorithmName(algorithm);
+  }
+}
+
 }  // namespace
 }  // namespace tributary::dataplane

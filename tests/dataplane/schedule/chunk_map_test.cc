@@ -141,6 +141,31 @@ TEST(ChunkMap, SendOrderIsAPermutationThatInterleavesServers) {
   }
 }
 
+TEST(ChunkMap, WorkersStartOnDifferentServers) {
+  const std::vector<uint64_t> w = WeightsFromFractions({0.25, 0.25, 0.25, 0.25});
+  auto map = ChunkMap::Create(w);
+  ASSERT_TRUE(map.ok());
+  const uint32_t chunks = 16;
+  std::set<uint32_t> first_servers;
+  for (uint32_t rank = 0; rank < 4; ++rank) {
+    const std::vector<uint32_t> order = map->SendOrder(99, chunks, rank);
+    std::vector<uint32_t> sorted = order;
+    std::sort(sorted.begin(), sorted.end());
+    for (uint32_t i = 0; i < chunks; ++i) ASSERT_EQ(sorted[i], i);
+    // At every step the four workers send to four different servers.
+    first_servers.insert(map->ServerOf(99, chunks, order[0]));
+    for (uint32_t other = 0; other < rank; ++other) {
+      const std::vector<uint32_t> o = map->SendOrder(99, chunks, other);
+      for (uint32_t i = 0; i < chunks; ++i) {
+        EXPECT_NE(map->ServerOf(99, chunks, order[i]), map->ServerOf(99, chunks, o[i]))
+            << "ranks " << rank << " and " << other << " at step " << i;
+      }
+    }
+  }
+  EXPECT_EQ(first_servers.size(), 4u);
+  EXPECT_EQ(map->SendOrder(99, chunks, 0), map->SendOrder(99, chunks, 4));
+}
+
 TEST(ChunkMap, SingleChunkTensorsSpreadByWeight) {
   const std::vector<uint64_t> w = WeightsFromFractions({0.5, 0.25, 0.25});
   auto map = ChunkMap::Create(w);
