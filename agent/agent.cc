@@ -143,7 +143,8 @@ Agent::~Agent() { Stop(); }
 
 absl::Status Agent::ServeLocal(const std::string& address) {
   common::EnableHealthAndReflection();
-  grpc_service_ = std::make_unique<LocalGrpcService>(local_.get());
+  rings_ = std::make_unique<ControlRings>(local_.get());
+  grpc_service_ = std::make_unique<LocalGrpcService>(local_.get(), rings_.get());
   grpc::ServerBuilder builder;
   int port = -1;
   if (address.rfind("unix:", 0) == 0) {
@@ -230,6 +231,7 @@ void Agent::Stop() {
   if (tick_thread_.joinable()) tick_thread_.join();
   controller_->Stop();
   local_->Shutdown();
+  if (rings_) rings_->Shutdown();  // after the sessions ended: their rings are stopping
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   runner_->Shutdown();
   Log()->info("agent {} stopped", node_id_);

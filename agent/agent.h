@@ -123,6 +123,7 @@ class Agent {
   const std::chrono::milliseconds tick_;
   std::unique_ptr<CollectiveRunner> runner_;
   std::unique_ptr<LocalService> local_;
+  std::unique_ptr<ControlRings> rings_;  // the local processes' fast path, from ServeLocal
   std::unique_ptr<LocalGrpcService> grpc_service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<ControllerClient> controller_;

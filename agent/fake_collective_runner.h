@@ -1,7 +1,10 @@
 // A CollectiveRunner for tests: records what it is asked, fails Start on demand, and leaves
-// every started operation pending until the test completes it.
+// every started operation pending until the test completes it -- or, with CompleteOnStart,
+// completes each at once as the data plane of a one-node job would (tests and benchmarks of the
+// local path).
 #pragma once
 
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
@@ -34,6 +37,15 @@ class FakeCollectiveRunner final : public CollectiveRunner {
   void FailStartWith(absl::Status status) {
     std::lock_guard lock(mu_);
     start_error_ = std::move(status);
+  }
+  // From now on Start computes each operation at once, on the starting thread, as a job of
+  // this one node would, and runs its `done`: sum and average of float32 buffers (written into
+  // every buffer), broadcast of the root's buffer (any dtype); a sum or average of another
+  // dtype completes with UNIMPLEMENTED. Such operations are counted (num_starts) but not kept
+  // (start(i) is not available for them).
+  void CompleteOnStart(bool on) {
+    std::lock_guard lock(mu_);
+    complete_on_start_ = on;
   }
   // Runs the `index`-th started operation's `done` with `status` (once).
   void Complete(size_t index, const absl::Status& status) {
@@ -75,7 +87,7 @@ class FakeCollectiveRunner final : public CollectiveRunner {
   }
   size_t num_starts() const {
     std::lock_guard lock(mu_);
-    return starts_.size();
+    return starts_.size() + completed_on_start_;
   }
   // A copy of the `index`-th Start call (its `done` is empty once completed).
   StartCall start(size_t index) const {
@@ -104,9 +116,16 @@ class FakeCollectiveRunner final : public CollectiveRunner {
     removed_jobs_.push_back(job_id);
   }
   absl::Status Start(const std::string& job_id, dataplane::Operation op) override {
-    std::lock_guard lock(mu_);
-    if (!start_error_.ok()) return start_error_;
-    starts_.push_back({job_id, std::move(op)});
+    {
+      std::lock_guard lock(mu_);
+      if (!start_error_.ok()) return start_error_;
+      if (!complete_on_start_) {
+        starts_.push_back({job_id, std::move(op)});
+        return absl::OkStatus();
+      }
+      ++completed_on_start_;
+    }
+    op.done(ComputeLocally(op));
     return absl::OkStatus();
   }
   void Abort(const std::string& job_id, const std::string& tensor, uint64_t iteration,
@@ -140,7 +159,31 @@ class FakeCollectiveRunner final : public CollectiveRunner {
   }
 
  private:
+  // The result of `op` on a job of one node, written into its buffers.
+  static absl::Status ComputeLocally(const dataplane::Operation& op) {
+    const size_t bytes = op.count * common::DataTypeSize(op.dtype);
+    if (op.reduction == dataplane::Reduction::kBroadcast) {
+      const std::byte* root = op.buffers.at(op.root_local);
+      for (std::byte* b : op.buffers) {
+        if (b != root) std::memcpy(b, root, bytes);
+      }
+      return absl::OkStatus();
+    }
+    if (op.dtype != common::DataType::kFloat32) {
+      return absl::UnimplementedError("the fake runner reduces float32 only");
+    }
+    for (uint64_t i = 0; i < op.count; ++i) {
+      float sum = 0;
+      for (const std::byte* b : op.buffers) sum += reinterpret_cast<const float*>(b)[i];
+      if (op.reduction == dataplane::Reduction::kAverage) sum /= op.buffers.size();
+      for (std::byte* b : op.buffers) reinterpret_cast<float*>(b)[i] = sum;
+    }
+    return absl::OkStatus();
+  }
+
   mutable std::mutex mu_;
+  bool complete_on_start_ = false;
+  size_t completed_on_start_ = 0;
   absl::Status start_error_;
   std::vector<SetJobCall> set_jobs_;
   std::vector<std::string> removed_jobs_;

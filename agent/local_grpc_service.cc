@@ -132,4 +132,14 @@ grpc::ServerUnaryReactor* LocalGrpcService::Wait(grpc::CallbackServerContext* ct
   return reactor;
 }
 
+grpc::ServerUnaryReactor* LocalGrpcService::AttachControlRing(
+    grpc::CallbackServerContext* ctx, const tributary::v1::AttachControlRingRequest* req,
+    tributary::v1::AttachControlRingResponse* resp) {
+  if (rings_ == nullptr) {
+    return Finish(ctx, absl::UnimplementedError("this agent serves no control rings"));
+  }
+  // Maps the object and starts the ring's thread: short, like RegisterBuffer's mapping.
+  return Finish(ctx, rings_->Attach(*req, resp));
+}
+
 }  // namespace tributary::agent

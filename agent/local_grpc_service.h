@@ -5,6 +5,7 @@
 // session is watched, tell the process so; its cancellation ends the session).
 #pragma once
 
+#include "agent/control_ring_host.h"
 #include "agent/local_service.h"
 #include "tributary/v1/agent.grpc.pb.h"
 
@@ -15,8 +16,11 @@ namespace tributary::agent {
 // the KeepAlive reactors gRPC owns.
 class LocalGrpcService final : public tributary::v1::Agent::CallbackService {
  public:
-  // `service` must outlive the gRPC server this is registered with.
-  explicit LocalGrpcService(LocalService* service) : service_(service) {}
+  // `service` (and `rings`, unless null) must outlive the gRPC server this is registered
+  // with. Without `rings` AttachControlRing answers UNIMPLEMENTED, as an agent without the fast
+  // path does, and clients keep to Submit/Wait.
+  explicit LocalGrpcService(LocalService* service, ControlRings* rings = nullptr)
+      : service_(service), rings_(rings) {}
 
   grpc::ServerUnaryReactor* JoinJob(grpc::CallbackServerContext* ctx,
                                     const tributary::v1::JoinJobRequest* req,
@@ -38,11 +42,15 @@ class LocalGrpcService final : public tributary::v1::Agent::CallbackService {
   grpc::ServerUnaryReactor* Wait(grpc::CallbackServerContext* ctx,
                                  const tributary::v1::WaitRequest* req,
                                  tributary::v1::WaitResponse* resp) override;
+  grpc::ServerUnaryReactor* AttachControlRing(
+      grpc::CallbackServerContext* ctx, const tributary::v1::AttachControlRingRequest* req,
+      tributary::v1::AttachControlRingResponse* resp) override;
 
  private:
   class KeepAliveReactor;
 
   LocalService* service_;
+  ControlRings* rings_;
 };
 
 }  // namespace tributary::agent

@@ -113,6 +113,17 @@ absl::Status LocalService::UnregisterBuffer(const tributary::v1::UnregisterBuffe
 
 absl::Status LocalService::Submit(const tributary::v1::SubmitRequest& req,
                                   tributary::v1::SubmitResponse* resp) {
+  return SubmitInternal(req, resp, nullptr);
+}
+
+absl::Status LocalService::SubmitWithCallback(const tributary::v1::SubmitRequest& req,
+                                              std::function<void(const absl::Status&)> on_done) {
+  return SubmitInternal(req, nullptr, std::move(on_done));
+}
+
+absl::Status LocalService::SubmitInternal(const tributary::v1::SubmitRequest& req,
+                                          tributary::v1::SubmitResponse* resp,
+                                          std::function<void(const absl::Status&)> on_done) {
   Deferred after;
   absl::Status result = [&]() -> absl::Status {
     std::lock_guard lock(mu_);
@@ -158,7 +169,7 @@ absl::Status LocalService::Submit(const tributary::v1::SubmitRequest& req,
       return absl::InvalidArgumentError(
           absl::StrCat(what, ": root rank ", req.root_rank(), " is not below world size ", world));
     }
-    if (session->handles.size() >= kMaxHandlesPerSession) {
+    if (resp != nullptr && session->handles.size() >= kMaxHandlesPerSession) {
       return absl::ResourceExhaustedError(absl::StrCat(
           what, ": ", kMaxHandlesPerSession, " operations not yet waited for; call Wait"));
     }
@@ -173,9 +184,20 @@ absl::Status LocalService::Submit(const tributary::v1::SubmitRequest& req,
     sub.root = req.root_rank();
     sub.priority = req.priority();
     sub.handle = std::make_shared<OpHandle>();
-    const uint64_t handle_id = session->next_handle++;
-    session->handles[handle_id] = sub.handle;
-    resp->set_handle(handle_id);
+    if (resp != nullptr) {
+      const uint64_t handle_id = session->next_handle++;
+      session->handles[handle_id] = sub.handle;
+      resp->set_handle(handle_id);
+    } else {
+      // A ring submission: not in the session's handles (nobody Waits on it); its one waiter
+      // never expires, so it is answered exactly once, by Complete.
+      OpHandle::Waiter waiter{
+          [on_done = std::move(on_done)](const absl::Status& status, bool done) {
+            if (done) on_done(status);
+          },
+          common::Clock::TimePoint::max()};
+      sub.handle->ResultOrPark(&waiter);
+    }
 
     const GatherKey key{session->job_id, req.tensor_name(),
                         session->iterations[req.tensor_name()]++};

@@ -61,6 +61,13 @@ class LocalService {
   // job is no longer planned here; RESOURCE_EXHAUSTED with too many unreported handles), adds
   // it to its gather and sets the handle in `resp`.
   absl::Status Submit(const tributary::v1::SubmitRequest& req, tributary::v1::SubmitResponse* resp);
+  // Submit for the control ring: validated and gathered exactly as Submit, but there is no
+  // handle to Wait on (nor a limit on unreported handles: the ring bounds what is in flight);
+  // `on_done` runs once with the operation's result, on the thread that completes it (possibly
+  // this one, before SubmitWithCallback returns), with no lock of the service held. When the
+  // submission itself is refused, its error is returned and `on_done` never runs.
+  absl::Status SubmitWithCallback(const tributary::v1::SubmitRequest& req,
+                                  std::function<void(const absl::Status&)> on_done);
   // Answers `reply` about handle `handle_id` of the session: at once when the operation is
   // done (then the handle is forgotten), when timeout_ms is 0 or after Shutdown; otherwise when
   // the operation completes or timeout_ms (at most an hour) passes, seen by Tick. NOT_FOUND for
@@ -68,6 +75,10 @@ class LocalService {
   void Await(const std::string& session_id, uint64_t handle_id, uint32_t timeout_ms, Reply reply);
 
  private:
+  // Submit (resp set) or SubmitWithCallback (resp null, on_done set).
+  absl::Status SubmitInternal(const tributary::v1::SubmitRequest& req,
+                              tributary::v1::SubmitResponse* resp,
+                              std::function<void(const absl::Status&)> on_done);
   // Ends a session; gathers still missing its rank fail with ABORTED. mu_ held.
   void EndSessionLocked(const std::string& session_id, const std::string& why, Deferred& after);
 

@@ -6,12 +6,14 @@
 #include <memory>
 #include <string>
 
+#include "client/control_ring.h"
 #include "grpcpp/grpcpp.h"
 #include "tributary/v1/agent.grpc.pb.h"
 
 namespace tributary::client::internal {
 
-// One joined session with the local agent: the channel, the stub and the session id.
+// One joined session with the local agent: the channel, the stub, the session id and, when the
+// agent serves one, the session's control ring (the fast path).
 //
 // Ownership: shared (std::shared_ptr) by the Client and by every SharedBuffer and Handle it
 // hands out, so that those may outlive the Client; after the Client leaves, they see
@@ -19,15 +21,18 @@ namespace tributary::client::internal {
 // Threading: every method is thread-safe (the stub is, the rest is immutable or atomic).
 class AgentSession {
  public:
-  // `rpc_timeout` is the deadline of every unary RPC that is not a Wait.
+  // `rpc_timeout` is the deadline of every unary RPC that is not a Wait. `ring` is the attached
+  // control ring, or null (the agent has none: Submit/Wait only).
   AgentSession(std::shared_ptr<grpc::Channel> channel, std::unique_ptr<v1::Agent::Stub> stub,
                std::string agent_address, std::string session_id,
-               std::chrono::milliseconds rpc_timeout);
+               std::chrono::milliseconds rpc_timeout, std::shared_ptr<ControlRing> ring = nullptr);
 
   v1::Agent::Stub& stub() const { return *stub_; }
   const std::string& agent_address() const { return agent_address_; }
   const std::string& session_id() const { return session_id_; }
   std::chrono::milliseconds rpc_timeout() const { return rpc_timeout_; }
+  // Null when the session has no control ring.
+  ControlRing* ring() const { return ring_.get(); }
 
   // A fresh context whose deadline is `timeout` from now.
   std::unique_ptr<grpc::ClientContext> NewContext(std::chrono::milliseconds timeout) const;
@@ -44,6 +49,7 @@ class AgentSession {
   const std::string agent_address_;
   const std::string session_id_;
   const std::chrono::milliseconds rpc_timeout_;
+  const std::shared_ptr<ControlRing> ring_;
   std::atomic<bool> active_{true};
 };
 

@@ -34,6 +34,13 @@ class KeepAliveReactor : public grpc::ClientReadReactor<v1::KeepAliveEvent> {
   }
 
   void OnDone(const grpc::Status& status) override {
+    if (ControlRing* ring = session_->ring(); ring != nullptr) {
+      // Wakes every waiter of the ring: their results can no longer come.
+      ring->Close(absl::UnavailableError(absl::StrCat(
+          "session ", session_->session_id(), " with agent ", session_->agent_address(),
+          " ended (keepalive stream: ", common::FromGrpcStatus(status).ToString(),
+          "); the operation's result is lost")));
+    }
     std::lock_guard lock(mu_);
     if (!cancelled_) {
       common::Logger("client")->warn(
@@ -71,7 +78,10 @@ class KeepAliveReactor : public grpc::ClientReadReactor<v1::KeepAliveEvent> {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using internal::ControlRing;
 using std::chrono::milliseconds;
+
+constexpr auto Log = common::ComponentLog<"client">;
 
 constexpr milliseconds kInitialJoinBackoff{50};
 constexpr milliseconds kMaxJoinBackoff{500};
@@ -97,6 +107,42 @@ v1::CollectiveOp ToCollectiveOp(ReduceOp op) {
   return v1::COLLECTIVE_OP_UNSPECIFIED;  // not a ReduceOp: the agent rejects it
 }
 
+// Creates the session's control ring and has the agent attach it; null (Submit/Wait only) when
+// the agent serves none (UNIMPLEMENTED: an older agent) or refuses this one.
+std::shared_ptr<ControlRing> AttachControlRing(v1::Agent::Stub& stub, const ClientOptions& options,
+                                               const std::string& session_id) {
+  absl::StatusOr<std::unique_ptr<ControlRing>> ring =
+      ControlRing::Create(options.control_ring_capacity);
+  if (!ring.ok()) {
+    Log()->warn("session {}: no control ring ({}); collectives go through Submit", session_id,
+                ring.status());
+    return nullptr;
+  }
+  v1::AttachControlRingRequest request;
+  request.set_session_id(session_id);
+  request.set_shm_name((*ring)->shm_name());
+  request.set_size_bytes((*ring)->size_bytes());
+  v1::AttachControlRingResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + options.rpc_timeout);
+  const absl::Status attached =
+      common::FromGrpcStatus(stub.AttachControlRing(&context, request, &response));
+  if (attached.code() == absl::StatusCode::kUnimplemented) {
+    Log()->info("agent {} serves no control ring; collectives go through Submit",
+                options.agent_address);
+    return nullptr;
+  }
+  if (!attached.ok()) {
+    Log()->warn(
+        "agent {} refused the control ring of session {} ({}); collectives go through "
+        "Submit",
+        options.agent_address, session_id, attached);
+    return nullptr;
+  }
+  (*ring)->Unlink();  // mapped on both sides: nothing is left behind if the process dies
+  return std::shared_ptr<ControlRing>(std::move(*ring));
+}
+
 absl::Status LeftError(const std::string& job_id) {
   return absl::FailedPreconditionError(
       absl::StrCat("the client has left job '", job_id, "'; connect again"));
@@ -110,12 +156,25 @@ absl::Status LeftError(const std::string& job_id) {
 struct Handle::State {
   uint64_t id = 0;
   std::string name;
+  std::shared_ptr<internal::RingSlot> slot;  // set when submitted through the control ring
   std::mutex mu;
   bool done = false;    // Guarded by mu.
   absl::Status result;  // Guarded by mu; meaningful when done.
 };
 
 uint64_t Handle::id() const { return state_ == nullptr ? 0 : state_->id; }
+
+bool Handle::via_control_ring() const { return state_ != nullptr && state_->slot != nullptr; }
+
+std::optional<absl::Status> Handle::WaitOnRing(Clock::time_point deadline) const {
+  std::optional<absl::Status> result = session_->ring()->Wait(*state_->slot, deadline);
+  if (result) {
+    std::lock_guard lock(state_->mu);
+    state_->done = true;
+    state_->result = *result;
+  }
+  return result;
+}
 
 const std::string& Handle::name() const {
   static const std::string kEmpty;
@@ -148,17 +207,22 @@ absl::Status Handle::Wait(milliseconds timeout) const {
   }
   const auto start = Clock::now();
   const auto deadline = start + std::max(timeout, milliseconds(0));
+  auto not_done = [&] {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "operation ", state_->name, " not done after ",
+        std::chrono::duration_cast<milliseconds>(Clock::now() - start).count(), " ms"));
+  };
+  if (state_->slot != nullptr) {
+    std::optional<absl::Status> result = WaitOnRing(deadline);
+    return result ? *result : not_done();
+  }
   while (true) {
     const auto remaining = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
     const milliseconds slice = std::clamp(remaining, milliseconds(0), kMaxWaitSlice);
     bool done = false;
     absl::Status status = WaitOnce(static_cast<uint32_t>(slice.count()), &done);
     if (done) return status;
-    if (Clock::now() >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "operation ", state_->name, " not done after ",
-          std::chrono::duration_cast<milliseconds>(Clock::now() - start).count(), " ms"));
-    }
+    if (Clock::now() >= deadline) return not_done();
   }
 }
 
@@ -170,6 +234,12 @@ absl::StatusOr<bool> Handle::Test() const {
       if (!state_->result.ok()) return state_->result;
       return true;
     }
+  }
+  if (state_->slot != nullptr) {
+    std::optional<absl::Status> result = WaitOnRing(Clock::now());  // polls once
+    if (!result) return false;
+    RETURN_IF_ERROR(*result);
+    return true;
   }
   bool done = false;
   RETURN_IF_ERROR(WaitOnce(0, &done));
@@ -189,6 +259,14 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   }
   if (options.rpc_timeout <= milliseconds(0)) {
     return absl::InvalidArgumentError("rpc_timeout must be positive");
+  }
+  const uint32_t capacity = options.control_ring_capacity;
+  if (options.control_ring &&
+      (capacity < common::shm_ring::kMinCapacity || capacity > common::shm_ring::kMaxCapacity ||
+       (capacity & (capacity - 1)) != 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("control_ring_capacity ", capacity, " must be a power of two in [",
+                     common::shm_ring::kMinCapacity, ", ", common::shm_ring::kMaxCapacity, "]"));
   }
 
   grpc::ChannelArguments args;
@@ -242,9 +320,11 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
     backoff = std::min(backoff * 2, kMaxJoinBackoff);
   }
 
+  std::shared_ptr<ControlRing> ring;
+  if (options.control_ring) ring = AttachControlRing(*stub, options, response.session_id());
   auto session = std::make_shared<internal::AgentSession>(
       std::move(channel), std::move(stub), options.agent_address, response.session_id(),
-      options.rpc_timeout);
+      options.rpc_timeout, std::move(ring));
   std::unique_ptr<Client> client(new Client(options, job_id, local_rank, local_size,
                                             response.global_rank(), response.world_size(),
                                             response.plan_version(), std::move(session)));
@@ -277,11 +357,14 @@ Client::~Client() {
 
 const std::string& Client::session_id() const { return session_->session_id(); }
 
+bool Client::has_control_ring() const { return session_->ring() != nullptr; }
+
 absl::Status Client::Leave() {
   std::lock_guard lock(leave_mu_);
   if (left_) return leave_status_;
   left_ = true;
   session_->MarkInactive();
+  if (ControlRing* ring = session_->ring(); ring != nullptr) ring->Close(LeftError(job_id_));
   v1::LeaveJobRequest request;
   request.set_session_id(session_->session_id());
   v1::LeaveJobResponse response;
@@ -344,13 +427,36 @@ absl::StatusOr<Handle> Client::Submit(std::string_view name, const SharedBuffer&
                                                    " is not below the world size ", world_size_));
   }
 
+  const auto dtype_value = static_cast<v1::DataType>(static_cast<int>(dtype));
+  if (ControlRing* ring = session_->ring(); ring != nullptr) {
+    internal::RingSubmission submission;
+    submission.tensor_name = tensor;
+    submission.buffer_id = buffer.id();
+    submission.offset_bytes = offset_bytes;
+    submission.count = count;
+    submission.dtype = dtype_value;
+    submission.op = op;
+    submission.root_rank = root_rank;
+    submission.priority = priority;
+    // Null when the name is too long for the ring or the ring is full: Submit below.
+    if (std::shared_ptr<internal::RingSlot> slot = ring->TrySubmit(submission)) {
+      Handle handle;
+      handle.session_ = session_;
+      handle.state_ = std::make_shared<Handle::State>();
+      handle.state_->id = slot->ticket;
+      handle.state_->name = tensor;
+      handle.state_->slot = std::move(slot);
+      return handle;
+    }
+  }
+
   v1::SubmitRequest request;
   request.set_session_id(session_->session_id());
   request.set_tensor_name(tensor);
   request.set_buffer_id(buffer.id());
   request.set_offset_bytes(offset_bytes);
   request.set_count(count);
-  request.set_dtype(static_cast<v1::DataType>(static_cast<int>(dtype)));
+  request.set_dtype(dtype_value);
   request.set_op(op);
   request.set_root_rank(root_rank);
   request.set_priority(priority);

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -34,6 +35,13 @@ struct ClientOptions {
   // op_timeout_ms (default 30 s) so that the agent's own error, which says what went wrong,
   // arrives before this client-side deadline.
   std::chrono::milliseconds op_timeout{120000};
+  // Submit collectives through the session's control ring (shared memory, no RPC per
+  // operation; see control_ring.h) when the agent serves one. Submissions still use the Submit
+  // RPC when the agent has no ring (UNIMPLEMENTED), for tensor names over 200 bytes, and while
+  // the ring already holds control_ring_capacity operations in flight.
+  bool control_ring = true;
+  // Entries per direction of the ring: a power of two in [2, 4096].
+  uint32_t control_ring_capacity = 256;
 };
 
 enum class ReduceOp { kSum, kAverage };
@@ -55,8 +63,11 @@ class Handle {
   absl::StatusOr<bool> Test() const;
 
   bool valid() const { return state_ != nullptr; }
-  // The agent's handle number.
+  // The agent's handle number, or for an operation submitted through the control ring its
+  // ticket in the ring.
   uint64_t id() const;
+  // True when the operation went through the control ring (false: the Submit RPC).
+  bool via_control_ring() const;
   // The tensor name it was submitted with.
   const std::string& name() const;
 
@@ -66,6 +77,8 @@ class Handle {
 
   // One Wait RPC with `timeout_ms`; sets *done.
   absl::Status WaitOnce(uint32_t timeout_ms, bool* done) const;
+  // Waits on the control ring until `deadline`; nullopt when it passed first.
+  std::optional<absl::Status> WaitOnRing(std::chrono::steady_clock::time_point deadline) const;
 
   std::shared_ptr<internal::AgentSession> session_;
   std::shared_ptr<State> state_;
@@ -108,6 +121,8 @@ class Client {
   uint32_t local_size() const { return local_size_; }
   // Version of the job's plan when the session joined.
   uint64_t plan_version() const { return plan_version_; }
+  // True when the agent attached this session's control ring (the fast path).
+  bool has_control_ring() const;
 
   // Creates a shared-memory buffer of `bytes` bytes and registers it with the agent.
   absl::StatusOr<std::shared_ptr<SharedBuffer>> AllocateBuffer(size_t bytes);

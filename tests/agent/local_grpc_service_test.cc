@@ -202,5 +202,18 @@ TEST_F(LocalGrpcServiceTest, KeepAliveForAnUnknownSessionEndsWithNotFound) {
   EXPECT_EQ(status.error_message(), "session 'nobody' not found");
 }
 
+TEST_F(LocalGrpcServiceTest, AttachControlRingIsUnimplementedWithoutRings) {
+  auto s0 = Join(0);
+  ASSERT_TRUE(s0.ok());
+  tributary::v1::AttachControlRingRequest req;
+  req.set_session_id(*s0);
+  req.set_shm_name("/tributary-ring");
+  req.set_size_bytes(4096);
+  tributary::v1::AttachControlRingResponse resp;
+  const grpc::Status status = stub_->AttachControlRing(Context().get(), req, &resp);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_EQ(status.error_message(), "this agent serves no control rings");
+}
+
 }  // namespace
 }  // namespace tributary::agent

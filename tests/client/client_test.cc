@@ -248,6 +248,7 @@ TEST_F(ClientTest, ConnectRetriesWhileTheAgentHasNoPlan) {
   EXPECT_EQ(client->global_rank(), 3u);
   EXPECT_EQ(client->world_size(), kWorldSize);
   EXPECT_EQ(client->plan_version(), 7u);
+  EXPECT_FALSE(client->has_control_ring());  // this fake agent lacks AttachControlRing
   EXPECT_EQ(client->local_rank(), 1u);
   EXPECT_EQ(client->local_size(), 2u);
   ASSERT_TRUE(agent_.WaitKeepAlive(/*open=*/true));

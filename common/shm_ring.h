@@ -1,0 +1,248 @@
+// The control ring: the per-session fast path between a training process and its agent, in
+// one POSIX shared-memory object. A submission queue (process -> agent) and a completion queue
+// (agent -> process), each a single-producer / single-consumer ring of fixed-size entries with
+// atomic head and tail counters, and a futex doorbell per direction with a "waiter present"
+// flag, so that a producer makes a system call only when its consumer sleeps.
+//
+// This header is the ONE definition of the layout; the client (client/control_ring.*) creates
+// and initialises the object, the agent (agent/control_ring_host.*) maps it after the
+// AttachControlRing RPC (api/tributary/v1/agent.proto). Both sides treat the other's writes as
+// untrusted: a consumer copies an entry out before looking at it, and both check every counter
+// they read against their own copy (RingResult::kCorrupt, never an out-of-range index).
+//
+// Layout (offsets in bytes, every part 64-byte aligned):
+//   [0, sizeof(ControlRingHeader))                 ControlRingHeader
+//   [SubmissionOffset(), + sq_capacity * 256)      SubmissionEntry slots
+//   [CompletionOffset(sq), + cq_capacity * 512)    CompletionEntry slots
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace tributary::common::shm_ring {
+
+static_assert(std::atomic<uint64_t>::is_always_lock_free,
+              "the ring needs lock-free 64-bit atomics");
+static_assert(std::atomic<uint32_t>::is_always_lock_free,
+              "the doorbells need lock-free 32-bit atomics");
+
+inline constexpr uint64_t kMagic = 0x474e495242495254;  // "TRIBRING" read little-endian
+inline constexpr uint32_t kVersion = 1;
+// Capacities are powers of two in [kMinCapacity, kMaxCapacity] entries.
+inline constexpr uint32_t kMinCapacity = 2;
+inline constexpr uint32_t kMaxCapacity = 4096;
+// Tensor names longer than this go through the Submit RPC.
+inline constexpr uint32_t kMaxTensorName = 200;
+// Error messages longer than this are cut to it (ending in "...").
+inline constexpr uint32_t kMaxMessage = 496;
+
+// One submission: what tributary.v1.SubmitRequest carries, minus the session (the ring is the
+// session's) and the wait (results always come back as completions).
+struct SubmissionEntry {
+  uint64_t ticket;  // chosen by the client; echoed in the completion
+  uint64_t buffer_id;
+  uint64_t offset_bytes;
+  uint64_t count;
+  int32_t dtype;  // tributary.v1.DataType
+  int32_t op;     // tributary.v1.CollectiveOp
+  uint32_t root_rank;
+  int32_t priority;
+  uint32_t name_bytes;  // valid bytes of `name`, 1..kMaxTensorName
+  uint32_t reserved;
+  char name[kMaxTensorName];  // not NUL-terminated
+};
+static_assert(sizeof(SubmissionEntry) == 256);
+static_assert(std::is_trivially_copyable_v<SubmissionEntry>);
+
+// One result: the ticket of its submission and the operation's status.
+struct CompletionEntry {
+  uint64_t ticket;
+  int32_t code;            // absl::StatusCode (== grpc::StatusCode)
+  uint32_t message_bytes;  // valid bytes of `message`, 0..kMaxMessage
+  char message[kMaxMessage];
+};
+static_assert(sizeof(CompletionEntry) == 512);
+static_assert(std::is_trivially_copyable_v<CompletionEntry>);
+
+// One direction's counters. `head` counts entries ever pushed (written by the producer only),
+// `tail` entries ever popped (written by the consumer only); slot of entry n is n % capacity.
+// The consumer sets `waiting` before it sleeps on `doorbell`; a producer that sees it bumps
+// `doorbell` and calls FUTEX_WAKE.
+struct RingCounters {
+  alignas(64) uint64_t head;
+  alignas(64) uint64_t tail;
+  alignas(64) uint32_t doorbell;
+  uint32_t waiting;
+};
+
+// At offset 0 of the object. Every field is accessed through std::atomic_ref; the
+// configuration fields are written once by the client before AttachControlRing and read once
+// by the agent, which keeps its own checked copy.
+struct ControlRingHeader {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t sq_capacity;
+  uint32_t cq_capacity;
+  uint32_t sq_entry_bytes;
+  uint32_t cq_entry_bytes;
+  uint32_t reserved;
+  uint64_t total_bytes;
+  // Set by the agent while it holds completions that did not fit the completion queue: the
+  // client then rings the submission doorbell after it frees completion slots.
+  alignas(64) uint32_t cq_blocked;
+  // Set by the agent when it stops serving the ring (the session ended); it then rings the
+  // completion doorbell.
+  uint32_t agent_closed;
+  RingCounters sq;  // process -> agent
+  RingCounters cq;  // agent -> process
+};
+static_assert(std::is_standard_layout_v<ControlRingHeader>);
+static_assert(std::is_trivially_copyable_v<ControlRingHeader>);
+
+inline constexpr size_t SubmissionOffset() { return (sizeof(ControlRingHeader) + 63) / 64 * 64; }
+inline constexpr size_t CompletionOffset(uint32_t sq_capacity) {
+  return SubmissionOffset() + size_t{sq_capacity} * sizeof(SubmissionEntry);
+}
+inline constexpr size_t TotalBytes(uint32_t sq_capacity, uint32_t cq_capacity) {
+  return CompletionOffset(sq_capacity) + size_t{cq_capacity} * sizeof(CompletionEntry);
+}
+
+// The configuration a side has checked and keeps (never re-read from shared memory).
+struct RingConfig {
+  uint32_t sq_capacity = 0;
+  uint32_t cq_capacity = 0;
+};
+
+// Writes a fresh header (zero counters) into `memory` of `bytes` bytes; the caller created it
+// zero-filled. INVALID_ARGUMENT when the capacities are not powers of two in range or `bytes`
+// is too small.
+absl::Status InitializeHeader(void* memory, size_t bytes, RingConfig config);
+
+// Reads the header of an object mapped with `mapped_bytes` bytes once and checks it: magic,
+// version, entry sizes, capacities, total size. INVALID_ARGUMENT naming the bad field.
+absl::StatusOr<RingConfig> ReadHeader(const void* memory, size_t mapped_bytes);
+
+enum class RingResult { kOk, kEmpty, kFull, kCorrupt };
+
+// FUTEX_WAIT on a word of a shared mapping (no FUTEX_PRIVATE_FLAG: it works across
+// processes): sleeps while *word == expected, at most `timeout`. Returns on a wake, on a
+// timeout, at once when the value differs, or spuriously; callers re-check their condition.
+void FutexWait(uint32_t* word, uint32_t expected, std::chrono::nanoseconds timeout);
+// Bumps *word and FUTEX_WAKEs every sleeper on it.
+void Ring(uint32_t* word);
+
+// The producer end of one direction. Keeps its own head; checks the consumer's tail.
+// Threading: one thread at a time (callers serialise pushes).
+template <typename Entry>
+class RingProducer {
+ public:
+  RingProducer() = default;
+  RingProducer(RingCounters* counters, Entry* slots, uint32_t capacity)
+      : c_(counters), slots_(slots), capacity_(capacity) {}
+
+  // Copies `entry` into the next slot and publishes it. kFull when the consumer has not freed
+  // a slot, kCorrupt when the consumer's tail is not within [head - capacity, head].
+  RingResult Push(const Entry& entry) {
+    const uint64_t tail = std::atomic_ref(c_->tail).load(std::memory_order_acquire);
+    if (head_ - tail > capacity_) return RingResult::kCorrupt;
+    if (head_ - tail == capacity_) return RingResult::kFull;
+    std::memcpy(&slots_[head_ & (capacity_ - 1)], &entry, sizeof(Entry));
+    ++head_;
+    // seq_cst: ordered before the load of `waiting` in Notify (the consumer stores `waiting`,
+    // then loads `head`), so one of the two sides always sees the other.
+    std::atomic_ref(c_->head).store(head_, std::memory_order_seq_cst);
+    return RingResult::kOk;
+  }
+  // Free slots as of the consumer's current tail (0 when it is corrupt).
+  uint32_t free_slots() const {
+    const uint64_t tail = std::atomic_ref(c_->tail).load(std::memory_order_acquire);
+    const uint64_t used = head_ - tail;
+    return used > capacity_ ? 0 : capacity_ - static_cast<uint32_t>(used);
+  }
+  // Wakes the consumer if it sleeps or is about to; no system call otherwise. True when it rang.
+  bool Notify() {
+    if (std::atomic_ref(c_->waiting).load(std::memory_order_seq_cst) == 0) return false;
+    Ring(&c_->doorbell);
+    return true;
+  }
+  uint64_t head() const { return head_; }
+
+ private:
+  RingCounters* c_ = nullptr;
+  Entry* slots_ = nullptr;
+  uint32_t capacity_ = 0;
+  uint64_t head_ = 0;
+};
+
+// The consumer end of one direction. Keeps its own tail; checks the producer's head.
+// Threading: one thread at a time.
+template <typename Entry>
+class RingConsumer {
+ public:
+  RingConsumer() = default;
+  RingConsumer(RingCounters* counters, Entry* slots, uint32_t capacity)
+      : c_(counters), slots_(slots), capacity_(capacity) {}
+
+  // Copies the oldest entry out (before the caller looks at it: the producer's memory is
+  // untrusted) and frees its slot. kEmpty when there is none, kCorrupt when the producer's
+  // head is not within [tail, tail + capacity].
+  RingResult Pop(Entry* out) {
+    const uint64_t head = std::atomic_ref(c_->head).load(std::memory_order_acquire);
+    if (head - tail_ > capacity_) return RingResult::kCorrupt;
+    if (head == tail_) return RingResult::kEmpty;
+    std::memcpy(out, &slots_[tail_ & (capacity_ - 1)], sizeof(Entry));
+    ++tail_;
+    std::atomic_ref(c_->tail).store(tail_, std::memory_order_seq_cst);
+    return RingResult::kOk;
+  }
+  // True when the producer has published entries not yet popped (or corrupted its head).
+  bool HasWork() const {
+    return std::atomic_ref(c_->head).load(std::memory_order_seq_cst) != tail_;
+  }
+  // Sleeps on the doorbell for at most `timeout` unless there is work or `wake_early()` is
+  // true once this consumer has announced itself. Returns without sleeping in those cases.
+  template <typename Predicate>
+  void Sleep(std::chrono::nanoseconds timeout, Predicate wake_early) {
+    std::atomic_ref(c_->waiting).store(1, std::memory_order_seq_cst);
+    const uint32_t seq = std::atomic_ref(c_->doorbell).load(std::memory_order_seq_cst);
+    if (!HasWork() && !wake_early()) FutexWait(&c_->doorbell, seq, timeout);
+    std::atomic_ref(c_->waiting).store(0, std::memory_order_seq_cst);
+  }
+  uint64_t tail() const { return tail_; }
+
+ private:
+  RingCounters* c_ = nullptr;
+  Entry* slots_ = nullptr;
+  uint32_t capacity_ = 0;
+  uint64_t tail_ = 0;
+};
+
+// The two directions of a mapped, checked ring.
+struct RingView {
+  ControlRingHeader* header = nullptr;
+  SubmissionEntry* sq = nullptr;
+  CompletionEntry* cq = nullptr;
+  RingConfig config;
+};
+inline RingView ViewOf(void* memory, RingConfig config) {
+  auto* base = static_cast<std::byte*>(memory);
+  return RingView{reinterpret_cast<ControlRingHeader*>(base),
+                  reinterpret_cast<SubmissionEntry*>(base + SubmissionOffset()),
+                  reinterpret_cast<CompletionEntry*>(base + CompletionOffset(config.sq_capacity)),
+                  config};
+}
+
+// A completion for `ticket` with `status`'s code and message (cut to kMaxMessage bytes, the
+// cut ones ending in "...").
+CompletionEntry MakeCompletion(uint64_t ticket, const absl::Status& status);
+// The status a completion carries (its code checked: an unknown code becomes INTERNAL).
+absl::Status StatusOf(const CompletionEntry& entry);
+
+}  // namespace tributary::common::shm_ring

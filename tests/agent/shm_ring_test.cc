@@ -1,0 +1,248 @@
+// The control ring's layout and its single-producer / single-consumer ends (common/shm_ring.h),
+// which the agent and the client share: header checks, wrap-around, full, empty, counters out
+// of range, a producer and a consumer thread with exact counts, and the doorbell across two
+// processes (the futex is not process-private).
+#include "common/shm_ring.h"
+
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tributary::common::shm_ring {
+namespace {
+
+using ::testing::HasSubstr;
+using namespace std::chrono_literals;
+
+// An anonymous shared mapping holding a ring (shared with a forked child, too).
+class Mapping {
+ public:
+  explicit Mapping(RingConfig config)
+      : config_(config), bytes_(TotalBytes(config.sq_capacity, config.cq_capacity)) {
+    void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    EXPECT_NE(p, MAP_FAILED);
+    data_ = p == MAP_FAILED ? nullptr : p;
+    if (data_ != nullptr) EXPECT_TRUE(InitializeHeader(data_, bytes_, config).ok());
+  }
+  ~Mapping() {
+    if (data_ != nullptr) munmap(data_, bytes_);
+  }
+  RingView view() const { return ViewOf(data_, config_); }
+  ControlRingHeader* header() const { return static_cast<ControlRingHeader*>(data_); }
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  RingConfig config_;
+  size_t bytes_;
+  void* data_ = nullptr;
+};
+
+SubmissionEntry Entry(uint64_t ticket) {
+  SubmissionEntry e{};
+  e.ticket = ticket;
+  e.count = ticket * 3;
+  e.name_bytes = 1;
+  e.name[0] = static_cast<char>('a' + ticket % 26);
+  return e;
+}
+
+TEST(ShmRingTest, HeaderRoundTripsAndBadHeadersAreRejectedByField) {
+  Mapping m({8, 16});
+  ASSERT_NE(m.data(), nullptr);
+  auto config = ReadHeader(m.data(), m.bytes());
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->sq_capacity, 8u);
+  EXPECT_EQ(config->cq_capacity, 16u);
+  EXPECT_EQ(m.bytes(), SubmissionOffset() + 8 * 256 + 16 * 512);
+
+  EXPECT_THAT(ReadHeader(m.data(), m.bytes() - 1).status().message(), HasSubstr("needs"));
+  m.header()->version = 2;
+  EXPECT_THAT(ReadHeader(m.data(), m.bytes()).status().message(),
+              HasSubstr("layout version 2 is not supported"));
+  m.header()->version = kVersion;
+  m.header()->sq_capacity = 6;
+  EXPECT_THAT(ReadHeader(m.data(), m.bytes()).status().message(),
+              HasSubstr("must be powers of two"));
+  m.header()->sq_capacity = 8;
+  m.header()->sq.head = 3;
+  EXPECT_THAT(ReadHeader(m.data(), m.bytes()).status().message(), HasSubstr("start at zero"));
+  m.header()->sq.head = 0;
+  m.header()->magic = 1;
+  EXPECT_EQ(ReadHeader(m.data(), m.bytes()).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(ReadHeader(m.data(), m.bytes()).status().message(), HasSubstr("bad magic"));
+  EXPECT_EQ(InitializeHeader(m.data(), m.bytes(), {8, 8192}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(InitializeHeader(m.data(), 100, {8, 8}).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ShmRingTest, EmptyFullAndWrapAround) {
+  Mapping m({4, 4});
+  RingView v = m.view();
+  RingProducer<SubmissionEntry> producer(&v.header->sq, v.sq, 4);
+  RingConsumer<SubmissionEntry> consumer(&v.header->sq, v.sq, 4);
+  SubmissionEntry out;
+  EXPECT_EQ(consumer.Pop(&out), RingResult::kEmpty);
+  EXPECT_FALSE(consumer.HasWork());
+
+  uint64_t pushed = 0, popped = 0;
+  // Eleven rounds of "fill up, drain three": the indices wrap around the 4 slots many times.
+  for (int round = 0; round < 11; ++round) {
+    while (producer.Push(Entry(pushed + 1)) == RingResult::kOk) ++pushed;
+    EXPECT_EQ(producer.Push(Entry(999)), RingResult::kFull);
+    EXPECT_EQ(producer.free_slots(), 0u);
+    EXPECT_EQ(pushed - popped, 4u);
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_EQ(consumer.Pop(&out), RingResult::kOk);
+      ++popped;
+      ASSERT_EQ(out.ticket, popped);
+      ASSERT_EQ(out.count, popped * 3);
+      ASSERT_EQ(out.name[0], static_cast<char>('a' + popped % 26));
+    }
+    EXPECT_EQ(producer.free_slots(), 3u);
+  }
+  while (consumer.Pop(&out) == RingResult::kOk) ASSERT_EQ(out.ticket, ++popped);
+  EXPECT_EQ(popped, pushed);
+  EXPECT_EQ(pushed, 4u + 10 * 3);  // 4, then 3 per round
+  EXPECT_EQ(v.header->sq.head, pushed);
+  EXPECT_EQ(v.header->sq.tail, popped);
+}
+
+TEST(ShmRingTest, CountersOutOfRangeAreCorruptNotIndices) {
+  Mapping m({4, 4});
+  RingView v = m.view();
+  RingConsumer<SubmissionEntry> consumer(&v.header->sq, v.sq, 4);
+  SubmissionEntry out;
+  v.header->sq.head = 5;  // more than capacity ahead of the consumer's tail 0
+  EXPECT_EQ(consumer.Pop(&out), RingResult::kCorrupt);
+  v.header->sq.head = ~uint64_t{0};  // "behind" the tail
+  EXPECT_EQ(consumer.Pop(&out), RingResult::kCorrupt);
+  EXPECT_EQ(consumer.tail(), 0u);
+
+  RingProducer<CompletionEntry> producer(&v.header->cq, v.cq, 4);
+  v.header->cq.tail = 1;  // the consumer claims to have popped what was never pushed
+  EXPECT_EQ(producer.Push(MakeCompletion(1, absl::OkStatus())), RingResult::kCorrupt);
+  EXPECT_EQ(producer.free_slots(), 0u);
+  EXPECT_EQ(producer.head(), 0u);
+}
+
+TEST(ShmRingTest, ProducerAndConsumerThreadsExchangeEveryEntryOnceInOrder) {
+  constexpr uint64_t kEntries = 200000;
+  Mapping m({8, 8});
+  RingView v = m.view();
+  std::atomic<uint64_t> rings{0};
+  std::thread producer_thread([&] {
+    RingProducer<SubmissionEntry> producer(&v.header->sq, v.sq, 8);
+    for (uint64_t t = 1; t <= kEntries;) {
+      if (producer.Push(Entry(t)) == RingResult::kOk) {
+        ++t;
+        if (producer.Notify()) ++rings;
+      } else {
+        std::this_thread::yield();
+      }
+    }
+  });
+  RingConsumer<SubmissionEntry> consumer(&v.header->sq, v.sq, 8);
+  uint64_t next = 1, sum = 0;
+  bool in_order = true;
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (next <= kEntries && std::chrono::steady_clock::now() < deadline) {
+    SubmissionEntry out;
+    const RingResult r = consumer.Pop(&out);
+    ASSERT_NE(r, RingResult::kCorrupt);
+    if (r == RingResult::kEmpty) {
+      consumer.Sleep(100ms, [] { return false; });
+      continue;
+    }
+    in_order = in_order && out.ticket == next && out.count == next * 3;
+    sum += out.ticket;
+    ++next;
+  }
+  producer_thread.join();
+  EXPECT_TRUE(in_order);
+  EXPECT_EQ(next, kEntries + 1);
+  EXPECT_EQ(sum, kEntries * (kEntries + 1) / 2);
+  // The producer rang only when the consumer had announced itself.
+  EXPECT_LE(rings.load(), kEntries);
+  EXPECT_EQ(v.header->sq.waiting, 0u);
+}
+
+TEST(ShmRingTest, DoorbellWakesAConsumerInAnotherProcess) {
+  constexpr uint64_t kEntries = 2000;
+  Mapping m({4, 4});
+  RingView v = m.view();
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // The producer, in its own process: pushes in bursts, ringing when the parent sleeps.
+    RingProducer<SubmissionEntry> producer(&v.header->sq, v.sq, 4);
+    for (uint64_t t = 1; t <= kEntries;) {
+      if (producer.Push(Entry(t)) == RingResult::kOk) {
+        ++t;
+        producer.Notify();
+      } else {
+        std::this_thread::yield();
+      }
+    }
+    _exit(0);
+  }
+  RingConsumer<SubmissionEntry> consumer(&v.header->sq, v.sq, 4);
+  uint64_t next = 1;
+  auto longest_sleep = std::chrono::steady_clock::duration::zero();
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  while (next <= kEntries && std::chrono::steady_clock::now() < deadline) {
+    SubmissionEntry out;
+    const RingResult r = consumer.Pop(&out);
+    ASSERT_NE(r, RingResult::kCorrupt);
+    if (r == RingResult::kEmpty) {
+      const auto start = std::chrono::steady_clock::now();
+      consumer.Sleep(20s, [] { return false; });
+      longest_sleep = std::max(longest_sleep, std::chrono::steady_clock::now() - start);
+      continue;
+    }
+    ASSERT_EQ(out.ticket, next);
+    ++next;
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_EQ(next, kEntries + 1);
+  // Every sleep ended by the other process's FUTEX_WAKE, none by the 20 s timeout (a
+  // process-private futex would not reach this process).
+  EXPECT_LT(longest_sleep, 10s);
+}
+
+TEST(ShmRingTest, CompletionsCarryCodeAndBoundedMessage) {
+  const CompletionEntry ok = MakeCompletion(7, absl::OkStatus());
+  EXPECT_EQ(ok.ticket, 7u);
+  EXPECT_TRUE(StatusOf(ok).ok());
+
+  const absl::Status aborted = absl::AbortedError("rank 3 left");
+  EXPECT_EQ(StatusOf(MakeCompletion(8, aborted)), aborted);
+
+  const std::string long_message(kMaxMessage + 100, 'x');
+  const absl::Status cut = StatusOf(MakeCompletion(9, absl::DataLossError(long_message)));
+  EXPECT_EQ(cut.code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(cut.message().size(), kMaxMessage);
+  EXPECT_EQ(cut.message().substr(kMaxMessage - 4), "x...");
+
+  CompletionEntry bad = MakeCompletion(10, aborted);
+  bad.code = 77;
+  bad.message_bytes = 100000;  // clamped to the entry
+  EXPECT_EQ(StatusOf(bad).code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(StatusOf(bad).message(), HasSubstr("unknown status code 77"));
+}
+
+}  // namespace
+}  // namespace tributary::common::shm_ring

@@ -1,0 +1,315 @@
+// The client's fast path against the real agent service (LocalService, ControlRings and
+// LocalGrpcService on a unix socket) with the fake data plane: collectives through the control
+// ring with exact sums, many waiting threads, agent errors, the gRPC fallback (full ring, long
+// names, an agent without the RPC) and waiters woken with an error when the session ends.
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "agent/control_ring_host.h"
+#include "agent/fake_collective_runner.h"
+#include "agent/local_grpc_service.h"
+#include "client/client.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+
+namespace tributary::client {
+namespace {
+
+using ::testing::HasSubstr;
+using namespace std::chrono_literals;
+
+class ControlRingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    runner_.CompleteOnStart(true);
+    service_.SetJobs({agent::LocalJob{.job_id = "pair", .num_nodes = 1, .procs_per_node = 2},
+                      agent::LocalJob{.job_id = "solo", .num_nodes = 1, .procs_per_node = 1}});
+    Serve(&rings_);
+  }
+  void TearDown() override { StopServing(); }
+
+  // Serves the agent's local service, with the fast path unless `rings` is null.
+  void Serve(agent::ControlRings* rings) {
+    static int next = 0;
+    socket_ = "/tmp/tributary-ring-test-" + std::to_string(getpid()) + "-" +
+              std::to_string(next++) + ".sock";
+    grpc_service_ = std::make_unique<agent::LocalGrpcService>(&service_, rings);
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("unix:" + socket_, grpc::InsecureServerCredentials());
+    builder.RegisterService(grpc_service_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    options_.agent_address = "unix:" + socket_;
+    options_.rpc_timeout = 5000ms;
+    options_.join_timeout = 5000ms;
+  }
+  void StopServing() {
+    clients_.clear();
+    rings_.Shutdown();
+    service_.Shutdown();
+    server_->Shutdown(std::chrono::system_clock::now() + 1s);
+    unlink(socket_.c_str());
+  }
+
+  Client* Connect(const std::string& job, uint32_t rank, uint32_t size) {
+    auto client = Client::Connect(options_, job, rank, size);
+    EXPECT_TRUE(client.ok()) << client.status();
+    if (!client.ok()) return nullptr;
+    clients_.push_back(std::move(*client));
+    return clients_.back().get();
+  }
+
+  common::FakeClock clock_;
+  agent::FakeCollectiveRunner runner_;
+  agent::LocalService service_{&runner_, &clock_};
+  agent::ControlRings rings_{&service_};
+  std::unique_ptr<agent::LocalGrpcService> grpc_service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string socket_;
+  ClientOptions options_;
+  std::vector<std::unique_ptr<Client>> clients_;
+};
+
+// Rank r, element i, iteration k: exact in float32, and different per rank and iteration.
+float Value(uint32_t rank, size_t i, int k) {
+  return static_cast<float>((rank + 1) * (i % 7 + 1) + k);
+}
+
+TEST_F(ControlRingTest, AllReduceThroughTheRingOfTwoProcessesSumsEveryElement) {
+  constexpr size_t kCount = 1024;
+  constexpr int kIterations = 50;
+  Client* c[2] = {Connect("pair", 0, 2), Connect("pair", 1, 2)};
+  ASSERT_TRUE(c[0] && c[1]);
+  ASSERT_TRUE(c[0]->has_control_ring());
+  ASSERT_TRUE(c[1]->has_control_ring());
+  std::atomic<int> wrong{0}, errors{0}, via_grpc{0};
+  std::vector<std::thread> ranks;
+  for (uint32_t r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      auto buffer = c[r]->AllocateBuffer(kCount * sizeof(float));
+      if (!buffer.ok()) {
+        ++errors;
+        return;
+      }
+      auto values = (*buffer)->as<float>();
+      for (int k = 0; k < kIterations; ++k) {
+        for (size_t i = 0; i < kCount; ++i) values[i] = Value(r, i, k);
+        auto handle = c[r]->AllReduceAsync("grad", **buffer, 0, kCount, common::DataType::kFloat32,
+                                           ReduceOp::kSum);
+        if (!handle.ok() || !handle->Wait(10s).ok()) {
+          ++errors;
+          continue;
+        }
+        if (!handle->via_control_ring()) ++via_grpc;
+        for (size_t i = 0; i < kCount; ++i) {
+          if (values[i] != Value(0, i, k) + Value(1, i, k)) ++wrong;
+        }
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  EXPECT_EQ(errors.load(), 0);
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(via_grpc.load(), 0);
+  EXPECT_EQ(runner_.num_starts(), static_cast<size_t>(kIterations));
+}
+
+TEST_F(ControlRingTest, ManyThreadsWaitOnTheirOwnHandles) {
+  constexpr int kThreads = 4;
+  constexpr int kIterations = 40;
+  constexpr size_t kCount = 64;
+  Client* c[2] = {Connect("pair", 0, 2), Connect("pair", 1, 2)};
+  ASSERT_TRUE(c[0] && c[1]);
+  std::atomic<int> wrong{0}, errors{0};
+  std::vector<std::thread> threads;
+  for (uint32_t r = 0; r < 2; ++r) {
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, r, t] {
+        auto buffer = c[r]->AllocateBuffer(kCount * sizeof(float));
+        if (!buffer.ok()) {
+          ++errors;
+          return;
+        }
+        auto values = (*buffer)->as<float>();
+        for (int k = 0; k < kIterations; ++k) {
+          for (size_t i = 0; i < kCount; ++i) values[i] = Value(r, i, k + t);
+          absl::Status s = c[r]->AllReduce("t" + std::to_string(t), **buffer, 0, kCount,
+                                           common::DataType::kFloat32, ReduceOp::kSum);
+          if (!s.ok()) ++errors;
+          for (size_t i = 0; i < kCount; ++i) {
+            if (values[i] != Value(0, i, k + t) + Value(1, i, k + t)) ++wrong;
+          }
+        }
+      });
+    }
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(errors.load(), 0);
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(runner_.num_starts(), static_cast<size_t>(kThreads * kIterations));
+}
+
+TEST_F(ControlRingTest, BroadcastAverageAndAgentErrorsThroughTheRing) {
+  Client* c = Connect("solo", 0, 1);
+  ASSERT_NE(c, nullptr);
+  auto buffer = c->AllocateBuffer(64);
+  ASSERT_TRUE(buffer.ok());
+  auto values = (*buffer)->as<float>();
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i);
+  auto bcast = c->BroadcastAsync("b", **buffer, 0, 16, common::DataType::kFloat32, 0);
+  ASSERT_TRUE(bcast.ok());
+  EXPECT_TRUE(bcast->via_control_ring());
+  EXPECT_TRUE(bcast->Wait(10s).ok());
+  EXPECT_EQ(*bcast->Test(), true);  // remembered
+  EXPECT_EQ(c->AllReduce("avg", **buffer, 0, 16, common::DataType::kFloat32, ReduceOp::kAverage),
+            absl::OkStatus());
+  for (size_t i = 0; i < values.size(); ++i) ASSERT_EQ(values[i], static_cast<float>(i));
+
+  // The fake data plane refuses float64 sums: the error crosses the ring with code and message.
+  auto f64 = c->AllReduceAsync("f64", **buffer, 0, 2, common::DataType::kFloat64, ReduceOp::kSum);
+  ASSERT_TRUE(f64.ok());
+  EXPECT_TRUE(f64->via_control_ring());
+  EXPECT_EQ(f64->Wait(10s), absl::UnimplementedError("the fake runner reduces float32 only"));
+  EXPECT_EQ(f64->Test().status().code(), absl::StatusCode::kUnimplemented);
+}
+
+TEST_F(ControlRingTest, AFullRingAndALongNameGoThroughSubmit) {
+  options_.control_ring_capacity = 2;
+  Client* c[2] = {Connect("pair", 0, 2), Connect("pair", 1, 2)};
+  ASSERT_TRUE(c[0] && c[1]);
+  std::shared_ptr<SharedBuffer> buf[2];
+  for (uint32_t r = 0; r < 2; ++r) {
+    auto b = c[r]->AllocateBuffer(4 * 4 * sizeof(float));
+    ASSERT_TRUE(b.ok());
+    buf[r] = *b;
+    auto v = buf[r]->as<float>();
+    for (size_t i = 0; i < v.size(); ++i) v[i] = Value(r, i, 0);
+  }
+  const std::string long_name(300, 'n');
+  const std::vector<std::string> names = {"a", "b", "c", long_name};
+  // Rank 0 alone: its operations wait for rank 1, so the ring fills after two.
+  std::vector<Handle> h0;
+  for (size_t n = 0; n < names.size(); ++n) {
+    auto h = c[0]->AllReduceAsync(names[n], *buf[0], n * 4 * sizeof(float), 4,
+                                  common::DataType::kFloat32, ReduceOp::kSum);
+    ASSERT_TRUE(h.ok()) << h.status();
+    h0.push_back(*h);
+  }
+  EXPECT_TRUE(h0[0].via_control_ring());
+  EXPECT_TRUE(h0[1].via_control_ring());
+  EXPECT_FALSE(h0[2].via_control_ring());  // ring full: Submit
+  EXPECT_FALSE(h0[3].via_control_ring());  // name too long for the ring
+  EXPECT_EQ(*h0[0].Test(), false);
+  for (size_t n = 0; n < names.size(); ++n) {
+    ASSERT_TRUE(c[1]->AllReduce(names[n], *buf[1], n * 4 * sizeof(float), 4,
+                                common::DataType::kFloat32, ReduceOp::kSum)
+                    .ok());
+  }
+  for (auto& h : h0) EXPECT_TRUE(h.Wait(10s).ok()) << h.name();
+  for (uint32_t r = 0; r < 2; ++r) {
+    auto v = buf[r]->as<float>();
+    for (size_t i = 0; i < v.size(); ++i) ASSERT_EQ(v[i], Value(0, i, 0) + Value(1, i, 0)) << i;
+  }
+}
+
+TEST_F(ControlRingTest, WaitersAreWokenWithAnErrorWhenTheSessionEnds) {
+  runner_.CompleteOnStart(false);  // started operations stay pending
+  Client* c = Connect("solo", 0, 1);
+  ASSERT_NE(c, nullptr);
+  auto buffer = c->AllocateBuffer(64);
+  ASSERT_TRUE(buffer.ok());
+  std::vector<Handle> handles;
+  for (const char* name : {"x", "y"}) {
+    auto h = c->AllReduceAsync(name, **buffer, 0, 4, common::DataType::kFloat32, ReduceOp::kSum);
+    ASSERT_TRUE(h.ok());
+    ASSERT_TRUE(h->via_control_ring());
+    handles.push_back(*h);
+  }
+  // Both taken by the agent (else the agent could answer one with "session not found").
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (runner_.num_starts() < 2 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+  }
+  ASSERT_EQ(runner_.num_starts(), 2u);
+  std::vector<absl::Status> results(handles.size());
+  std::vector<std::thread> waiters;
+  for (size_t i = 0; i < handles.size(); ++i) {
+    waiters.emplace_back([&, i] { results[i] = handles[i].Wait(60s); });
+  }
+  service_.EndSession(c->session_id(), "the test ended it");
+  for (auto& w : waiters) w.join();
+  for (const absl::Status& s : results) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+    EXPECT_THAT(s.message(), ::testing::AnyOf(HasSubstr("ended"), HasSubstr("closed")));
+  }
+  EXPECT_EQ(handles[0].Wait(1s).code(), absl::StatusCode::kUnavailable);  // remembered
+}
+
+TEST_F(ControlRingTest, LeaveFailsWaitersWithTheLeftError) {
+  Client* c = Connect("pair", 0, 2);
+  ASSERT_NE(c, nullptr);
+  auto buffer = c->AllocateBuffer(64);
+  ASSERT_TRUE(buffer.ok());
+  auto h = c->AllReduceAsync("x", **buffer, 0, 4, common::DataType::kFloat32, ReduceOp::kSum);
+  ASSERT_TRUE(h.ok());
+  absl::Status result;
+  std::thread waiter([&] { result = h->Wait(60s); });
+  EXPECT_TRUE(c->Leave().ok());
+  waiter.join();
+  EXPECT_EQ(result.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(result.message(), HasSubstr("has left job 'pair'"));
+}
+
+TEST(ControlRingFallbackTest, AnAgentWithoutTheRpcIsServedThroughSubmit) {
+  common::FakeClock clock;
+  agent::FakeCollectiveRunner runner;
+  runner.CompleteOnStart(true);
+  agent::LocalService service(&runner, &clock);
+  service.SetJobs({agent::LocalJob{.job_id = "solo", .num_nodes = 1, .procs_per_node = 1}});
+  agent::LocalGrpcService grpc_service(&service, /*rings=*/nullptr);  // answers UNIMPLEMENTED
+  const std::string socket = "/tmp/tributary-ring-test-" + std::to_string(getpid()) + "-old.sock";
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("unix:" + socket, grpc::InsecureServerCredentials());
+  builder.RegisterService(&grpc_service);
+  auto server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  {
+    ClientOptions options;
+    options.agent_address = "unix:" + socket;
+    options.join_timeout = 5000ms;
+    auto client = Client::Connect(options, "solo", 0, 1);
+    ASSERT_TRUE(client.ok()) << client.status();
+    EXPECT_FALSE((*client)->has_control_ring());
+    auto buffer = (*client)->AllocateBuffer(64);
+    ASSERT_TRUE(buffer.ok());
+    (*buffer)->as<float>()[0] = 3;
+    auto h =
+        (*client)->AllReduceAsync("x", **buffer, 0, 1, common::DataType::kFloat32, ReduceOp::kSum);
+    ASSERT_TRUE(h.ok());
+    EXPECT_FALSE(h->via_control_ring());
+    EXPECT_TRUE(h->Wait(10s).ok());
+    EXPECT_EQ((*buffer)->as<float>()[0], 3.0f);
+  }
+  service.Shutdown();
+  server->Shutdown(std::chrono::system_clock::now() + 1s);
+  unlink(socket.c_str());
+}
+
+TEST(ControlRingOptionsTest, ABadCapacityIsRejectedByConnect) {
+  ClientOptions options;
+  options.agent_address = "unix:/tmp/tributary-no-agent-" + std::to_string(getpid());
+  options.control_ring_capacity = 100;
+  auto client = Client::Connect(options, "job", 0, 1);
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(client.status().message(), HasSubstr("control_ring_capacity 100"));
+}
+
+}  // namespace
+}  // namespace tributary::client
