@@ -10,7 +10,10 @@ every configuration on it in one run, and writes a markdown table, a CSV and a P
 Configurations: Tributary push/pull with at most k = 0, 1, 2, 4 spare summation hosts, Tributary
 ring and halving-doubling, Gloo ring and halving-doubling, Open MPI default and forced ring.
 Times are rank 0's mean per all-reduce, as nccl-tests and `tributary bench-rank` report them;
-every element is checked after every timed iteration.
+every element is checked after every timed iteration. Every band of the sweep and every
+workload runs --repeats times, round-robin across the configurations; the report gives the
+median and its spread, next to the model (DESIGN.md §1.1) and the plain-TCP ceiling of the same
+traffic pattern, measured in the same run (see BENCHMARKS.md).
 
 Exit codes: 0 done (targets missed are reported, not failures), 1 an error or wrong results,
 77 skipped (not root, or network namespaces cannot be created here).
@@ -435,6 +438,11 @@ def probe_tcp(flows, host_bytes, launch, address, streams=1, timeout=120):
             if p.poll() is None:
                 p.kill()
             p.wait()
+            for pipe in (p.stdin, p.stdout):
+                try:
+                    pipe.close()
+                except OSError:  # the endpoint is gone: nothing left to flush
+                    pass
     want = sum(b for _, _, b in scaled)
     sent, received = sum(d["sent"] for d in done), sum(d["received"] for d in done)
     if sent != want or received != want:
@@ -711,10 +719,13 @@ def add_ceiling(r, ceilings, nbytes, rate_mbit):
     """Adds the ceiling columns to a row (or "-" where its pattern was not measured):
     ceiling_us = unit x bytes / R, efficiency_vs_ceiling = ceiling_us / median time, and the
     ceiling's rate per host relative to the model's B."""
+    if r.get("ceiling_from_csv"):
+        # A row of an earlier run (--merge, --from-results) keeps the ceiling of its own run.
+        r["efficiency_vs_ceiling"] = r["ceiling_us"] / r["time_us"] if r["time_us"] > 0 else 0.0
+        return
     c = ceilings.get(pattern_for(r["config"], r["spares_used"])) if ceilings else None
     if c is None or c["rate"] <= 0:
-        if "ceiling_us" not in r:  # a row loaded from a CSV keeps what was measured then
-            r["ceiling_us"], r["efficiency_vs_ceiling"], r["ceiling_pattern"] = None, None, ""
+        r["ceiling_us"], r["efficiency_vs_ceiling"], r["ceiling_pattern"] = None, None, ""
         return
     r["ceiling_pattern"] = c["pattern"]
     r["ceiling_us"] = c["unit"] * nbytes / c["rate"] * 1e6
@@ -1092,10 +1103,6 @@ def family_of(config):
             "mpi" if config.startswith("Open MPI") else "tributary")
 
 
-def optional_float(text):
-    return float(text) if text not in (None, "", "-") else None
-
-
 def repeats_from_csv(row):
     """time_stats of a CSV row: its repeats' times where the CSV has them (this script since
     --repeats), else the one time of an older CSV; the ceiling columns where present."""
@@ -1103,9 +1110,8 @@ def repeats_from_csv(row):
     stats = time_stats(times)
     stats["time_us"] = float(row["time_us"])  # the median as written (identical when recomputed)
     if row.get("ceiling_us") not in (None, "", "-"):
-        stats["ceiling_us"] = float(row["ceiling_us"])
-        stats["ceiling_pattern"] = row.get("ceiling_pattern", "")
-        stats["efficiency_vs_ceiling"] = optional_float(row.get("efficiency_vs_ceiling"))
+        stats.update(ceiling_us=float(row["ceiling_us"]), ceiling_from_csv=True,
+                     ceiling_pattern=row.get("ceiling_pattern", ""))
     return stats
 
 
@@ -1129,17 +1135,19 @@ def merge(results, path):
 
 
 CEILING_CSV_HEADER = ["pattern", "flows", "bytes_per_tensor_byte", "rate_mbit_per_host",
-                      "rate_vs_model", "probes_mbit"]
+                      "rate_vs_model", "probes_bytes_per_s"]
 
 
 def write_ceilings(ceilings, rate_mbit, path):
+    """emulated_ceiling.csv: every pattern's probes at full precision (a rebuilt report is
+    identical), with the median in Mbit/s and relative to the model's B for reading."""
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(CEILING_CSV_HEADER)
         for c in ceilings.values():
-            w.writerow([c["pattern"], c["flows"], f"{c['unit']:.6f}",
-                        f"{c['rate'] * 8 / 1e6:.2f}", f"{c['rate'] / model_rate(rate_mbit):.4f}",
-                        " ".join(f"{r * 8 / 1e6:.2f}" for r in c["rates"])])
+            w.writerow([c["pattern"], c["flows"], repr(c["unit"]),
+                        f"{c['rate'] * 8 / 1e6:.1f}", f"{c['rate'] / model_rate(rate_mbit):.4f}",
+                        " ".join(repr(r) for r in c["rates"])])
 
 
 def load_ceilings(path):
@@ -1149,10 +1157,10 @@ def load_ceilings(path):
     out = {}
     with open(path) as f:
         for row in csv.DictReader(f):
-            rates = [float(v) * 1e6 / 8 for v in row["probes_mbit"].split()]
+            rates = [float(v) for v in row["probes_bytes_per_s"].split()]
             out[row["pattern"]] = {"pattern": row["pattern"], "flows": int(row["flows"]),
                                    "unit": float(row["bytes_per_tensor_byte"]), "rates": rates,
-                                   "rate": float(row["rate_mbit_per_host"]) * 1e6 / 8}
+                                   "rate": statistics.median(rates) if rates else 0.0}
     return out
 
 
