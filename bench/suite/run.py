@@ -10,7 +10,10 @@ every configuration on it in one run, and writes a markdown table, a CSV and a P
 Configurations: Tributary push/pull with at most k = 0, 1, 2, 4 spare summation hosts, Tributary
 ring and halving-doubling, Gloo ring and halving-doubling, Open MPI default and forced ring.
 Times are rank 0's mean per all-reduce, as nccl-tests and `tributary bench-rank` report them;
-every element is checked after every timed iteration.
+every element is checked after every timed iteration. Every band of the sweep and every
+workload runs --repeats times, round-robin across the configurations; the report gives the
+median and its spread, next to the model (DESIGN.md §1.1) and the plain-TCP ceiling of the same
+traffic pattern, measured in the same run (see BENCHMARKS.md).
 
 Exit codes: 0 done (targets missed are reported, not failures), 1 an error or wrong results,
 77 skipped (not root, or network namespaces cannot be created here).
@@ -20,11 +23,15 @@ import csv
 import json
 import os
 import shutil
+import signal
+import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from typing import NamedTuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -229,7 +236,27 @@ def wait_all(procs, timeout):
     return codes
 
 
+class Band(NamedTuple):
+    """One process launch of the size sweep: these sizes, this many timed iterations each."""
+    sizes: str  # comma list of bytes, as bench-rank and the peers take it
+    iters: int
+
+
+class Workload(NamedTuple):
+    """One process launch of a model workload (the gradient list written by write_workload)."""
+    name: str
+    path: str
+    iters: int
+    warmup: int
+    bytes: int
+
+
 class Suite:
+    """Runs one piece (a Band or a Workload) of one configuration on the emulated cluster.
+
+    Every runner (tributary, gloo, mpi) takes the piece and returns rank 0's result: {size: row}
+    for a Band, the WCSV dict for a Workload (tributary: with the spares its plan used)."""
+
     def __init__(self, args, peers, bin_dir, work):
         self.args = args
         self.peers = peers
@@ -241,124 +268,198 @@ class Suite:
         self.counter = 0
 
     def bands(self):
-        """(sizes string, iters) bands: fewer iterations from --large-from."""
+        """The sweep's Bands: fewer iterations from --large-from."""
         sizes = parse_sizes(self.args.sizes)
         large = parse_size(self.args.large_from)
         small = [s for s in sizes if s < large]
         big = [s for s in sizes if s >= large]
         out = []
         if small:
-            out.append((",".join(map(str, small)), self.args.iters))
+            out.append(Band(",".join(map(str, small)), self.args.iters))
         if big:
-            out.append((",".join(map(str, big)), self.args.large_iters))
+            out.append(Band(",".join(map(str, big)), self.args.large_iters))
         return out
 
-    def runs(self, workload):
-        """(sizes, iters) per process launch: the bands, or (None, iters) for a workload."""
-        return self.bands() if workload is None else [(None, workload[2])]
-
-    def what(self, sizes, iters, workload, peer):
+    def what(self, piece, peer):
         """The arguments that say what to run, shared by bench-rank and the peers (which also
         take --large-iters: the bands already chose the iteration count)."""
-        if workload is not None:
-            return ["--tensors", workload[1], "--workload-name", workload[0], "--iters",
-                    str(iters), "--warmup", str(workload[3])]
-        return (["--sizes", sizes, "--iters", str(iters)] +
-                (["--large-iters", str(iters)] if peer else []) +
+        if isinstance(piece, Workload):
+            return ["--tensors", piece.path, "--workload-name", piece.name, "--iters",
+                    str(piece.iters), "--warmup", str(piece.warmup)]
+        return (["--sizes", piece.sizes, "--iters", str(piece.iters)] +
+                (["--large-iters", str(piece.iters)] if peer else []) +
                 ["--warmup", str(self.args.warmup)])
+
+    def extra_bench_rank_args(self, algorithm, k, piece):
+        """Arguments appended to every `tributary bench-rank` of a Tributary configuration: the
+        hook for options of Tributary's side only (--bench-rank-arg on the command line)."""
+        del algorithm, k, piece  # the same for every configuration today
+        return list(self.args.bench_rank_arg)
 
     def cli(self):
         """`tributary` against the suite's controller."""
         return [os.path.join(self.bin, "tributary"), "--controller", self.controller,
                 "--rpc-timeout-ms", "30000"]
 
-    def tributary(self, algorithm, k, workload=None):
-        """The sweep (workload None) or one model workload (name, path, iters, warmup, bytes)."""
-        rows, spares_used = {}, 0
+    def create_job(self, job, algorithm, k, model_bytes):
+        """Creates a Tributary job over the workers; returns its JSON (plan included)."""
         workers = ",".join(f"h{i}" for i in range(self.n))
-        for sizes, iters in self.runs(workload):
-            self.counter += 1
-            job = f"suite-{algorithm}-{k}-{self.counter}"
-            largest = (max(int(s) for s in sizes.split(",")) if sizes else workload[4])
-            r = run(self.cli() + ["create-job", job, "--workers", workers, "--procs-per-node",
-                                  "1", "--spares", str(k), "--algorithm", CLI_ALGORITHM[algorithm],
-                                  "--model-bytes", str(largest), "--timeout-ms", "300000",
-                                  "--partition-bytes", str(self.args.partition_bytes),
-                                  "--credit-bytes", str(self.args.credit_bytes), "--json"],
-                    check=False)
-            if r.returncode != 0:
-                raise RuntimeError(f"create job {job}: {r.stderr.strip()}")
-            spares_used = spares_in_plan(r.stdout)
-            what = self.what(sizes, iters, workload, peer=False)
-            procs, logs = [], []
-            for i in range(self.n):
-                path = os.path.join(self.work, f"{job}-{i}.out")
-                logs.append(path)
-                procs.append(subprocess.Popen(
-                    ["ip", "netns", "exec", f"{NS}{i}", "env", "UCX_TLS=tcp",
-                     "UCX_NET_DEVICES=eth0", os.path.join(self.bin, "tributary"), "bench-rank",
-                     "--agent", f"unix:{self.args.run_dir}/sock/h{i}.sock", "--job", job] +
-                    what + ["--csv", "--log-level", "warn", "--op-timeout-ms", "300000"],
-                    stdout=open(path, "w"), stderr=subprocess.STDOUT))
-            codes = wait_all(procs, self.args.timeout)
-            run(self.cli() + ["delete-job", job], check=False)
-            if any(codes):
-                raise RuntimeError(f"{job}: exit codes {codes}; rank 0 says:\n" +
-                                   open(logs[0]).read()[-2000:])
-            if workload is not None:
-                return parse_wcsv(open(logs[0]).read()), spares_used
-            rows.update(parse_csv_lines(open(logs[0]).read()))
-        return rows, spares_used
+        r = run(self.cli() + ["create-job", job, "--workers", workers, "--procs-per-node", "1",
+                              "--spares", str(k), "--algorithm", CLI_ALGORITHM[algorithm],
+                              "--model-bytes", str(model_bytes), "--timeout-ms", "300000",
+                              "--partition-bytes", str(self.args.partition_bytes),
+                              "--credit-bytes", str(self.args.credit_bytes), "--json"],
+                check=False)
+        if r.returncode != 0:
+            raise RuntimeError(f"create job {job}: {r.stderr.strip()}")
+        return r.stdout
 
-    def gloo(self, algorithm, workload=None):
-        rows = {}
-        for sizes, iters in self.runs(workload):
-            store = tempfile.mkdtemp(prefix="gloo-store-", dir=self.work)
-            what = self.what(sizes, iters, workload, peer=True)
-            procs, logs = [], []
-            for i in range(self.n):
-                path = os.path.join(self.work, f"gloo-{algorithm}-{i}-{self.counter}.out")
-                self.counter += 1
-                logs.append(path)
-                procs.append(subprocess.Popen(
-                    ["ip", "netns", "exec", f"{NS}{i}", self.peers["gloo"], "--rank", str(i),
-                     "--size", str(self.n), "--store-dir", store, "--hostname",
-                     f"{SUBNET}.{i + 1}", "--algorithm", algorithm] + what,
-                    stdout=open(path, "w"), stderr=subprocess.STDOUT))
-            codes = wait_all(procs, self.args.timeout)
-            if any(codes):
-                raise RuntimeError(f"gloo {algorithm}: exit codes {codes}:\n" +
-                                   open(logs[0]).read()[-2000:])
-            if workload is not None:
-                return parse_wcsv(open(logs[0]).read())
-            rows.update(parse_csv_lines(open(logs[0]).read()))
-        return rows
+    def tributary(self, algorithm, k, piece):
+        """(result, spares the plan used) of `tributary bench-rank` on every worker."""
+        self.counter += 1
+        job = f"suite-{algorithm}-{k}-{self.counter}"
+        largest = (piece.bytes if isinstance(piece, Workload) else
+                   max(int(s) for s in piece.sizes.split(",")))
+        spares_used = spares_in_plan(self.create_job(job, algorithm, k, largest))
+        what = self.what(piece, peer=False)
+        extra = self.extra_bench_rank_args(algorithm, k, piece)
+        procs, logs = [], []
+        for i in range(self.n):
+            path = os.path.join(self.work, f"{job}-{i}.out")
+            logs.append(path)
+            procs.append(subprocess.Popen(
+                ["ip", "netns", "exec", f"{NS}{i}", "env", "UCX_TLS=tcp",
+                 "UCX_NET_DEVICES=eth0", os.path.join(self.bin, "tributary"), "bench-rank",
+                 "--agent", f"unix:{self.args.run_dir}/sock/h{i}.sock", "--job", job] +
+                what + ["--csv", "--log-level", "warn", "--op-timeout-ms", "300000"] + extra,
+                stdout=open(path, "w"), stderr=subprocess.STDOUT))
+        codes = wait_all(procs, self.args.timeout)
+        run(self.cli() + ["delete-job", job], check=False)
+        if any(codes):
+            raise RuntimeError(f"{job}: exit codes {codes}; rank 0 says:\n" +
+                               open(logs[0]).read()[-2000:])
+        return parse_result(open(logs[0]).read(), piece), spares_used
 
-    def mpi(self, algorithm, workload=None):
-        rows = {}
+    def gloo(self, algorithm, piece):
+        self.counter += 1
+        store = tempfile.mkdtemp(prefix="gloo-store-", dir=self.work)
+        what = self.what(piece, peer=True)
+        procs, logs = [], []
+        for i in range(self.n):
+            path = os.path.join(self.work, f"gloo-{algorithm}-{i}-{self.counter}.out")
+            logs.append(path)
+            procs.append(subprocess.Popen(
+                ["ip", "netns", "exec", f"{NS}{i}", self.peers["gloo"], "--rank", str(i),
+                 "--size", str(self.n), "--store-dir", store, "--hostname",
+                 f"{SUBNET}.{i + 1}", "--algorithm", algorithm] + what,
+                stdout=open(path, "w"), stderr=subprocess.STDOUT))
+        codes = wait_all(procs, self.args.timeout)
+        if any(codes):
+            raise RuntimeError(f"gloo {algorithm}: exit codes {codes}:\n" +
+                               open(logs[0]).read()[-2000:])
+        return parse_result(open(logs[0]).read(), piece)
+
+    def mpi(self, algorithm, piece):
         forced = []
         if algorithm == "ring":
             forced = ["--mca", "coll_tuned_use_dynamic_rules", "1", "--mca",
                       "coll_tuned_allreduce_algorithm", "4"]
-        for sizes, iters in self.runs(workload):
-            what = self.what(sizes, iters, workload, peer=True)
-            cmd = (["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(self.n),
-                    "--host", ",".join(f"{NS}{i}" for i in range(self.n)),
-                    "--mca", "plm_rsh_agent", os.path.join(HERE, "netns_rsh.sh"),
-                    "--mca", "oob_tcp_if_include", f"{SUBNET}.0/24",
-                    "--mca", "pml", "ob1", "--mca", "btl", "tcp,self",
-                    "--mca", "btl_tcp_if_include", f"{SUBNET}.0/24",
-                    "--mca", "mpi_yield_when_idle", "1"] + forced +
-                   [self.peers["mpi"], "--algorithm", algorithm] + what)
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=self.args.timeout,
-                               env=dict(os.environ, OMPI_MCA_plm_rsh_no_tree_spawn="1"))
-            if r.returncode != 0:
-                raise RuntimeError(f"mpi {algorithm}: exit {r.returncode}:\n" +
-                                   (r.stdout + r.stderr)[-2000:])
-            if workload is not None:
-                return parse_wcsv(r.stdout)
-            rows.update(parse_csv_lines(r.stdout))
-        return rows
+        cmd = (["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(self.n),
+                "--host", ",".join(f"{NS}{i}" for i in range(self.n)),
+                "--mca", "plm_rsh_agent", os.path.join(HERE, "netns_rsh.sh"),
+                "--mca", "oob_tcp_if_include", f"{SUBNET}.0/24",
+                "--mca", "pml", "ob1", "--mca", "btl", "tcp,self",
+                "--mca", "btl_tcp_if_include", f"{SUBNET}.0/24",
+                "--mca", "mpi_yield_when_idle", "1"] + forced +
+               [self.peers["mpi"], "--algorithm", algorithm] + self.what(piece, peer=True))
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=self.args.timeout,
+                           env=dict(os.environ, OMPI_MCA_plm_rsh_no_tree_spawn="1"))
+        if r.returncode != 0:
+            raise RuntimeError(f"mpi {algorithm}: exit {r.returncode}:\n" +
+                               (r.stdout + r.stderr)[-2000:])
+        return parse_result(r.stdout, piece)
+
+    # -- the plain-TCP ceiling ------------------------------------------------------------------
+
+    def plan_servers(self, k):
+        """The summation servers {host index: share} of a push/pull plan with at most k spares,
+        from a job created and deleted at once (the planner is deterministic)."""
+        self.counter += 1
+        job = f"suite-ceiling-{k}-{self.counter}"
+        try:
+            text = self.create_job(job, "push-pull", k, 64 * MIB)
+        finally:
+            run(self.cli() + ["delete-job", job], check=False)
+        return servers_in_plan(text)
+
+    def probe(self, flows, host_bytes):
+        """probe_tcp between the hosts' namespaces."""
+        return probe_tcp(flows, host_bytes, lambda h: ["ip", "netns", "exec", f"{NS}{h}"],
+                         lambda h: f"{SUBNET}.{h + 1}", self.args.ceiling_streams,
+                         self.args.timeout)
+
+
+def probe_tcp(flows, host_bytes, launch, address, streams=1, timeout=120):
+    """Plain TCP between hosts: every flow (src, dst, weight) at once, scaled so that the busiest
+    host moves host_bytes (its larger direction), each flow over `streams` connections. One
+    tcp_endpoint process per host, started as launch(host) + [python, run.py, ...] and bound to
+    address(host). Returns the busiest host's rate, bytes/s: its bytes / (start .. last byte
+    received anywhere)."""
+    unit = bottleneck_unit(flows)
+    scaled = [(src, dst, int(w / unit * host_bytes)) for src, dst, w in flows]
+    streams = max(1, streams)
+    hosts = sorted({h for f in flows for h in f[:2]})
+    procs = {}
+    try:
+        for h in hosts:
+            procs[h] = subprocess.Popen(
+                launch(h) + [sys.executable, os.path.abspath(__file__), "--tcp-endpoint",
+                             address(h), "--timeout", str(timeout)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        ports = {h: endpoint_line(p, "port")["port"] for h, p in procs.items()}
+        for h, p in procs.items():
+            out = []
+            for src, dst, total in scaled:
+                if src == h:
+                    out += [[address(dst), ports[dst], total // streams +
+                             (1 if s < total % streams else 0)] for s in range(streams)]
+            incoming = streams * sum(1 for f in scaled if f[1] == h)
+            p.stdin.write(json.dumps({"incoming": incoming, "outgoing": out}) + "\n")
+            p.stdin.flush()
+        for p in procs.values():
+            endpoint_line(p, "ready")
+        t0 = time.monotonic()
+        for p in procs.values():
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        done = [endpoint_line(p, "recv_end") for p in procs.values()]
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+            for pipe in (p.stdin, p.stdout):
+                try:
+                    pipe.close()
+                except OSError:  # the endpoint is gone: nothing left to flush
+                    pass
+    want = sum(b for _, _, b in scaled)
+    sent, received = sum(d["sent"] for d in done), sum(d["received"] for d in done)
+    if sent != want or received != want:
+        raise RuntimeError(f"tcp probe: {want} bytes to move, {sent} sent, {received} received")
+    elapsed = max(d["recv_end"] for d in done) - t0
+    return bottleneck_unit(scaled) / max(elapsed, 1e-9)
+
+
+def endpoint_line(proc, key):
+    """The next JSON line of a probe endpoint, which must hold `key` (else its error)."""
+    line = proc.stdout.readline()
+    if not line:
+        raise RuntimeError(f"tcp probe endpoint exited ({proc.wait()}) before '{key}'")
+    msg = json.loads(line)
+    if key not in msg:
+        raise RuntimeError(f"tcp probe endpoint: {msg.get('error', line.strip())}")
+    return msg
 
 
 # ---------------------------------------------------------------------------------------------
@@ -439,9 +540,10 @@ def write_workload(name, folder):
 
 
 def run_measured(meter, runner, what, *args):
-    """Runs one configuration under the CPU meter: (result, spares used, CPU % per host), or None
-    when it raised (the error is logged; the suite goes on with the others)."""
+    """Runs one piece of a configuration under the CPU meter: (result, spares used, CPU % per
+    host, wall seconds), or None when it raised (the error is logged; the suite goes on)."""
     meter.start()
+    t0 = time.monotonic()
     try:
         got = runner(*args)
     except Exception as e:  # noqa: BLE001 - report and go on with the others
@@ -452,7 +554,7 @@ def run_measured(meter, runner, what, *args):
     spares_used = 0
     if isinstance(got, tuple):
         got, spares_used = got
-    return got, spares_used, cpu
+    return got, spares_used, cpu, time.monotonic() - t0
 
 
 def spares_in_plan(job_json):
@@ -471,6 +573,244 @@ def parse_wcsv(text):
     return None
 
 
+def parse_result(text, piece):
+    """Rank 0's result for one piece: {size: row} of a Band, the WCSV dict of a Workload."""
+    return parse_wcsv(text) if isinstance(piece, Workload) else parse_csv_lines(text)
+
+
+def servers_in_plan(job_json):
+    """{host index: share} of the summation servers in `tributary create-job --json`'s plan that
+    own a part of every tensor (node ids are hK, as scripts/emulated_cluster.sh names them)."""
+    servers = json.loads(job_json).get("plan", {}).get("servers", [])
+    return {int(s["node_id"].lstrip("h")): float(s.get("share", 0.0)) for s in servers
+            if float(s.get("share", 0.0)) > 0}
+
+
+# ---------------------------------------------------------------------------------------------
+# Repeats: the order of the runs and what is reported of them.
+
+
+def interleave(units, repeats):
+    """The runs, round-robin: every unit once (in order), then every unit again, ... so that slow
+    drift of the machine hits every configuration alike. Returns [(repeat, unit)]."""
+    return [(rep, u) for rep in range(repeats) for u in units]
+
+
+def time_stats(times):
+    """Median, min, max and (max - min) / median in % of the repeats' times (us)."""
+    med = statistics.median(times)
+    lo, hi = min(times), max(times)
+    return {"time_us": med, "time_min_us": lo, "time_max_us": hi,
+            "spread_pct": 100.0 * (hi - lo) / med if med > 0 else 0.0, "repeats": len(times),
+            "times_us": list(times)}
+
+
+def mean_cpu(samples):
+    """CPU % per host over several runs of one configuration, weighted by each run's wall time
+    (the CPU time of all its runs over their total wall time). samples: [(cpu dict, wall s)]."""
+    wall = sum(w for _, w in samples)
+    hosts = list(dict.fromkeys(h for cpu, _ in samples for h in cpu))
+    if wall <= 0:
+        return {h: statistics.mean(cpu.get(h, 0.0) for cpu, _ in samples) for h in hosts}
+    return {h: sum(cpu.get(h, 0.0) * w for cpu, w in samples) / wall for h in hosts}
+
+
+def busbw_factor(n):
+    return 2 * (n - 1) / n
+
+
+def aggregate_sweep(samples, cpu_samples, n):
+    """One row per (config, size) from the repeats' rows: the median time (algbw and busbw from
+    it), its spread, the wrong elements of every repeat, CPU over every run of the config.
+
+    samples: rows of single runs (config, family, k, spares_used, size, time_us, wrong, ...);
+    cpu_samples: {config: [(cpu dict, wall s)]}. Configs keep their first-seen order."""
+    groups = {}
+    for r in samples:
+        groups.setdefault((r["config"], r["size"]), []).append(r)
+    out = []
+    for (config, size), rs in groups.items():
+        row = dict(config=config, family=rs[0]["family"], k=rs[0]["k"],
+                   spares_used=rs[-1]["spares_used"], size=size,
+                   wrong=sum(r["wrong"] for r in rs),
+                   cpu=mean_cpu(cpu_samples.get(config, [])) or rs[0].get("cpu", {}),
+                   **time_stats([r["time_us"] for r in rs]))
+        row["algbw"] = size / row["time_us"] / 1e3 if row["time_us"] > 0 else 0.0
+        row["busbw"] = row["algbw"] * busbw_factor(n)
+        out.append(row)
+    return out
+
+
+def aggregate_workloads(samples):
+    """One row per (workload, config) from the repeats' rows, as aggregate_sweep (each run's CPU
+    is its own: the workload's runs are metered one by one)."""
+    groups = {}
+    for r in samples:
+        groups.setdefault((r["workload"], r["config"]), []).append(r)
+    out = []
+    for (workload, config), rs in groups.items():
+        out.append(dict(config=config, family=rs[0]["family"], k=rs[0]["k"],
+                        spares_used=rs[-1]["spares_used"], workload=workload,
+                        tensors=rs[0]["tensors"], bytes=rs[0]["bytes"],
+                        wrong=sum(r["wrong"] for r in rs),
+                        cpu=mean_cpu([(r["cpu"], r.get("wall_s", 1.0)) for r in rs]),
+                        **time_stats([r["time_us"] for r in rs])))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The plain-TCP ceiling: each configuration's traffic pattern, measured with plain sockets.
+#
+# A pattern is a list of flows (src host, dst host, bytes per byte of the all-reduced tensor),
+# all at once. Its unit is the bytes the busiest host moves per tensor byte (the larger of what
+# it sends and what it receives); the probe measures that host's rate R; the time at the ceiling
+# of an all-reduce of M bytes is unit x M / R.
+
+
+def ring_flows(n):
+    """Ring all-reduce: each host streams 2(n-1)/n of the tensor to its successor."""
+    return [(i, (i + 1) % n, busbw_factor(n)) for i in range(n)] if n > 1 else []
+
+
+def hd_flows(n):
+    """Halving-doubling: pairs exchanging both ways (one step's pattern; every step has the same
+    load per host), 2(n-1)/n of the tensor per host over the steps."""
+    return [(i, i ^ 1, busbw_factor(n)) for i in range(n) if (i ^ 1) < n]
+
+
+def push_pull_flows(n, servers):
+    """Push/pull: every worker (hosts 0..n-1) <-> every summation server of the plan other than
+    itself, both ways at once, share x tensor bytes each way. servers: {host: share}."""
+    flows = []
+    for w in range(n):
+        for s, share in sorted(servers.items()):
+            if s != w and share > 0:
+                flows += [(w, s, share), (s, w, share)]
+    return flows
+
+
+def bottleneck_unit(flows):
+    """The most bytes any host moves in one direction, summed over flows."""
+    out, inn = {}, {}
+    for src, dst, b in flows:
+        out[src] = out.get(src, 0) + b
+        inn[dst] = inn.get(dst, 0) + b
+    return max(list(out.values()) + list(inn.values()), default=0)
+
+
+def pattern_for(config, spares_used):
+    """The ceiling pattern whose traffic a configuration moves: push/pull by the spares its plan
+    used, ring (Tributary's, Gloo's, Open MPI's ring, and Open MPI's default, whose choice varies
+    with the size: it moves at least a ring's bytes), halving-doubling."""
+    if config.startswith("tributary push/pull"):
+        return f"push/pull {spares_used} spares"
+    if "halving-doubling" in config:
+        return "halving-doubling"
+    return "ring"
+
+
+def ceiling_summary(name, flows, rates):
+    """A ceiling pattern's record: its unit, flows, the probes' rates (bytes/s per host)."""
+    return {"pattern": name, "unit": bottleneck_unit(flows), "flows": len(flows),
+            "rates": list(rates), "rate": statistics.median(rates) if rates else 0.0}
+
+
+def add_ceiling(r, ceilings, nbytes, rate_mbit):
+    """Adds the ceiling columns to a row (or "-" where its pattern was not measured):
+    ceiling_us = unit x bytes / R, efficiency_vs_ceiling = ceiling_us / median time, and the
+    ceiling's rate per host relative to the model's B."""
+    if r.get("ceiling_from_csv"):
+        # A row of an earlier run (--merge, --from-results) keeps the ceiling of its own run.
+        r["efficiency_vs_ceiling"] = r["ceiling_us"] / r["time_us"] if r["time_us"] > 0 else 0.0
+        return
+    c = ceilings.get(pattern_for(r["config"], r["spares_used"])) if ceilings else None
+    if c is None or c["rate"] <= 0:
+        r["ceiling_us"], r["efficiency_vs_ceiling"], r["ceiling_pattern"] = None, None, ""
+        return
+    r["ceiling_pattern"] = c["pattern"]
+    r["ceiling_us"] = c["unit"] * nbytes / c["rate"] * 1e6
+    r["efficiency_vs_ceiling"] = r["ceiling_us"] / r["time_us"] if r["time_us"] > 0 else 0.0
+    r["ceiling_vs_model_rate"] = c["rate"] / model_rate(rate_mbit)
+
+
+def model_rate(rate_mbit):
+    """B: the TCP payload rate through tbf, bytes/s."""
+    return rate_mbit * 1e6 / 8 * TCP_EFFICIENCY
+
+
+def tcp_endpoint(address, timeout):
+    """One host's side of a plain-TCP probe, run inside the host's namespace by Suite.probe.
+
+    Protocol on stdin/stdout, one JSON line each: prints {"port"} once listening on address;
+    reads {"incoming": connections to accept, "outgoing": [[address, port, bytes]]}, connects
+    and accepts them all, prints {"ready"}; on the line "go" sends every outgoing byte count
+    (then shuts the connection down) and receives every incoming connection to its end; prints
+    {"sent", "received", "recv_end": time.monotonic() of the last byte received}. Any error is
+    printed as {"error"}; SIGALRM ends it after `timeout` seconds whatever happens."""
+    signal.alarm(max(1, int(timeout)))
+    try:
+        lsock = socket.create_server((address, 0), backlog=512)
+        print(json.dumps({"port": lsock.getsockname()[1]}), flush=True)
+        plan = json.loads(sys.stdin.readline())
+        lsock.settimeout(timeout)
+        incoming = []
+        acceptor = threading.Thread(
+            target=lambda: incoming.extend(lsock.accept()[0] for _ in range(plan["incoming"])))
+        acceptor.start()
+        outgoing = [(socket.create_connection((a, p), timeout=timeout), b)
+                    for a, p, b in plan["outgoing"]]
+        acceptor.join()
+        if len(incoming) != plan["incoming"]:
+            raise RuntimeError(f"accepted {len(incoming)} of {plan['incoming']} connections")
+        print(json.dumps({"ready": True}), flush=True)
+        if sys.stdin.readline().strip() != "go":
+            raise RuntimeError("expected 'go'")
+        block = memoryview(bytearray(1 << 20))
+        got = {"received": 0, "recv_end": time.monotonic(), "errors": []}
+        lock = threading.Lock()
+
+        def send(sock, nbytes):
+            try:
+                left = nbytes
+                while left > 0:
+                    sock.sendall(block[:min(left, len(block))])
+                    left -= min(left, len(block))
+                sock.shutdown(socket.SHUT_WR)
+            except OSError as e:
+                got["errors"].append(f"send: {e}")
+
+        def receive(sock):
+            buf, n, last = bytearray(1 << 20), 0, None
+            try:
+                sock.settimeout(timeout)
+                while True:
+                    k = sock.recv_into(buf)
+                    if k == 0:
+                        break
+                    n, last = n + k, time.monotonic()
+            except OSError as e:
+                got["errors"].append(f"receive: {e}")
+            with lock:
+                got["received"] += n
+                if last is not None:
+                    got["recv_end"] = max(got["recv_end"], last)
+
+        threads = ([threading.Thread(target=send, args=o) for o in outgoing] +
+                   [threading.Thread(target=receive, args=(s,)) for s in incoming])
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if got["errors"]:
+            raise RuntimeError("; ".join(got["errors"][:3]))
+        print(json.dumps({"sent": sum(b for _, b in outgoing), "received": got["received"],
+                          "recv_end": got["recv_end"]}), flush=True)
+        return 0
+    except (OSError, RuntimeError, ValueError, KeyError) as e:
+        print(json.dumps({"error": f"{address}: {e}"}), flush=True)
+        return 1
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true",
@@ -485,6 +825,17 @@ def main():
     ap.add_argument("--large-iters", type=int, default=2, help="timed iterations from --large-from")
     ap.add_argument("--large-from", default="16M")
     ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=None,
+                    help="runs of every band and workload of every configuration, round-robin "
+                         "across configurations; the median is reported (default 3, --quick 1)")
+    ap.add_argument("--ceiling-probes", type=int, default=None,
+                    help="plain-TCP probes of every traffic pattern: the first before the sweep, "
+                         "the others after it (default 2, --quick 1; 0: no ceiling)")
+    ap.add_argument("--ceiling-seconds", type=float, default=None,
+                    help="a probe moves this many seconds of the shaped rate through the busiest "
+                         "host (default 3, --quick 0.5)")
+    ap.add_argument("--ceiling-streams", type=int, default=1,
+                    help="TCP connections per flow of a probe")
     ap.add_argument("--workloads", default="resnet50,bert-large",
                     help="model workloads to run after the sweep (comma list, or none)")
     ap.add_argument("--print-workload", default=None, choices=sorted(WORKLOADS),
@@ -493,21 +844,28 @@ def main():
                     help="Tributary jobs' partition size (0: the planner's choice)")
     ap.add_argument("--credit-bytes", type=int, default=0,
                     help="Tributary jobs' credit window (0: the planner's choice)")
+    ap.add_argument("--bench-rank-arg", action="append", default=[], metavar="ARG",
+                    help="an argument appended to every `tributary bench-rank` (repeatable; "
+                         "write --bench-rank-arg=--flag for one that starts with -)")
     ap.add_argument("--configs", default="all",
                     help="comma list of: pp,trib-ring,trib-hd,gloo-ring,gloo-hd,mpi-default,mpi-ring")
     ap.add_argument("--bin-dir", default=os.path.join(ROOT, "build", "bin"))
     ap.add_argument("--out", default=None, help="results folder (default bench/results)")
     ap.add_argument("--run-dir", default="/tmp/trib-emu-suite")
-    ap.add_argument("--timeout", type=int, default=900, help="seconds per sweep")
+    ap.add_argument("--timeout", type=int, default=900, help="seconds per process launch")
     ap.add_argument("--no-install", action="store_true", help="do not apt-get missing packages")
     ap.add_argument("--update-benchmarks-md", action="store_true",
                     help="replace the results block of BENCHMARKS.md (default in full mode)")
     ap.add_argument("--from-results", default=None, metavar="DIR",
-                    help="run nothing: rebuild the report from DIR's emulated_allreduce.csv and "
-                         "emulated_workloads.csv (give the run's --workers, --rate, --mtu, --k)")
+                    help="run nothing: rebuild the report from DIR's emulated_allreduce.csv, "
+                         "emulated_workloads.csv and emulated_ceiling.csv (give the run's "
+                         "--workers, --rate, --mtu, --k)")
     ap.add_argument("--merge", default=None,
                     help="a CSV of an earlier run: its rows of configs not run now are kept")
+    ap.add_argument("--tcp-endpoint", default=None, help=argparse.SUPPRESS)  # Suite.probe's
     args = ap.parse_args()
+    if args.tcp_endpoint:
+        return tcp_endpoint(args.tcp_endpoint, args.timeout)
     argv = " ".join(sys.argv[1:])
     if args.print_workload:
         tensors = WORKLOADS[args.print_workload][0]()
@@ -529,6 +887,12 @@ def main():
         args.sizes, args.iters, args.large_iters, args.warmup = "4K:256K", 3, 2, 1
         args.no_install = True
         args.workloads = "none"
+    for opt, full, quick in (("repeats", 3, 1), ("ceiling_probes", 2, 1),
+                             ("ceiling_seconds", 3.0, 0.5)):
+        if getattr(args, opt) is None:
+            setattr(args, opt, quick if args.quick else full)
+    if args.repeats < 1:
+        ap.error("--repeats must be at least 1")
     args.workloads = [w for w in args.workloads.split(",") if w and w != "none"]
     for w in args.workloads:
         if w not in WORKLOADS:
@@ -543,7 +907,8 @@ def main():
         os.makedirs(out, exist_ok=True)
         results = merge([], os.path.join(args.from_results, "emulated_allreduce.csv"))
         wresults = load_workloads(os.path.join(args.from_results, "emulated_workloads.csv"))
-        report(results, args, out, argv, update_md, wresults)
+        ceilings = load_ceilings(os.path.join(args.from_results, "emulated_ceiling.csv"))
+        report(results, args, out, argv, update_md, wresults, ceilings)
         return 0
 
     why = can_use_namespaces()
@@ -566,15 +931,15 @@ def main():
     suite = Suite(args, peers, args.bin_dir, work)
     nhosts = len(suite.hosts)
     env = dict(os.environ, TRIBUTARY_BIN_DIR=args.bin_dir)
-    results = []  # dicts: config, family, k, spares_used, size, time_us, algbw, busbw, wrong, cpu
-    wresults = []  # dicts: config, family, k, spares_used, workload, tensors, bytes, time_us, ...
+    results, wresults, ceilings = [], [], {}
     failed = False
 
     def cleanup():
         subprocess.run([CLUSTER, "down"], env=env, capture_output=True)
 
     try:
-        log(f"# emulated cluster: {nhosts} hosts at {args.rate} Mbit/s; {args.workers} workers")
+        log(f"# emulated cluster: {nhosts} hosts at {args.rate} Mbit/s; {args.workers} workers; "
+            f"{args.repeats} repeats")
         r = run([CLUSTER, "up", str(nhosts), str(args.rate)], env=env, check=False)
         if r.returncode != 0:
             log(f"SKIP: emulated cluster could not be created: {r.stderr.strip()}")
@@ -587,69 +952,19 @@ def main():
             raise RuntimeError("start-tributary failed: " + r.stderr + r.stdout)
         suite.controller = r.stdout.strip().splitlines()[-1].split("=", 1)[1]
         meter = CpuMeter(suite.hosts)
-
-        configs = []
-        if "pp" in wanted:
-            configs += [(f"tributary push/pull k={k}", "tributary", k,
-                         lambda w=None, k=k: suite.tributary("push-pull", k, w)) for k in args.k]
-        if "trib-ring" in wanted:
-            configs.append(("tributary ring", "tributary", 0,
-                            lambda w=None: suite.tributary("ring", 0, w)))
-        if "trib-hd" in wanted:
-            configs.append(("tributary halving-doubling", "tributary", 0,
-                            lambda w=None: suite.tributary("hd", 0, w)))
-        for name, fam, alg in (("gloo-ring", "gloo", "ring"), ("gloo-hd", "gloo", "hd"),
-                               ("mpi-default", "mpi", "default"), ("mpi-ring", "mpi", "ring")):
-            if name not in wanted:
-                continue
-            if not peers.get(fam) or (fam == "mpi" and not shutil.which("mpirun")):
-                log(f"# {name} skipped: peer not available")
-                continue
-            label = {"gloo": "Gloo", "mpi": "Open MPI"}[fam] + " " + {
-                "ring": "ring", "hd": "halving-doubling", "default": "default"}[alg]
-            runner = ((lambda w=None, a=alg: suite.gloo(a, w)) if fam == "gloo" else
-                      (lambda w=None, a=alg: suite.mpi(a, w)))
-            configs.append((label, fam, 0, runner))
-
-        for label, fam, k, runner in configs:
-            log(f"# running {label}")
-            t0 = time.monotonic()
-            measured = run_measured(meter, runner, label)
-            if measured is None:
-                failed = True
-                continue
-            got, spares_used, cpu = measured
-            log(f"#   {len(got)} sizes in {time.monotonic() - t0:.1f} s; CPU % per host: " +
-                " ".join(f"h{h}={v:.0f}" for h, v in cpu.items()))
-            for size, row in sorted(got.items()):
-                if row["wrong"]:
-                    failed = True
-                    log(f"error: {label}: {row['wrong']} wrong elements at {size} B")
-                results.append(dict(config=label, family=fam, k=k, spares_used=spares_used,
-                                    size=size, cpu=cpu, **row))
-
-        # Model workloads: every configuration runs one workload before the next workload starts.
-        for wname in args.workloads:
-            path, ntensors, nbytes = write_workload(wname, work)
-            _, iters, warmup = WORKLOADS[wname]
-            for label, fam, k, runner in configs:
-                log(f"# running {wname} on {label}")
-                measured = run_measured(meter, runner, f"{wname} on {label}",
-                                        (wname, path, iters, warmup, nbytes))
-                if measured is None:
-                    failed = True
-                    continue
-                got, spares_used, cpu = measured
-                if got is None:
-                    log(f"error: {wname} on {label}: no result line")
-                    failed = True
-                    continue
-                if got["wrong"]:
-                    failed = True
-                    log(f"error: {wname} on {label}: {got['wrong']} wrong elements")
-                log(f"#   {got['time_us'] / 1e3:.1f} ms per iteration")
-                wresults.append(dict(config=label, family=fam, k=k, spares_used=spares_used,
-                                     workload=wname, cpu=cpu, **got))
+        configs = build_configs(suite, wanted, peers)
+        patterns = ceiling_patterns(suite, wanted)
+        rates = {p: [] for p in patterns}
+        probes_before = min(args.ceiling_probes, 1)
+        failed |= not measure_ceilings(suite, patterns, rates, probes_before)
+        results, failed_sweep = run_sweep(suite, meter, configs)
+        failed |= failed_sweep
+        failed |= not measure_ceilings(suite, patterns, rates,
+                                       args.ceiling_probes - probes_before)
+        ceilings = {p: ceiling_summary(p, flows, rates[p]) for p, flows in patterns.items()
+                    if rates[p]}
+        wresults, failed_workloads = run_workloads(suite, meter, configs, work)
+        failed |= failed_workloads
     except Exception as e:  # noqa: BLE001
         log(f"error: {e}")
         failed = True
@@ -661,29 +976,214 @@ def main():
     if not results:
         log("error: no results")
         return 1
-    report(results, args, out, argv, update_md, wresults)
+    report(results, args, out, argv, update_md, wresults, ceilings)
     shutil.rmtree(work, ignore_errors=True)
     return 1 if failed else 0
 
 
+def build_configs(suite, wanted, peers):
+    """[(label, family, k, runner(piece))] of the configurations to run, in report order."""
+    args = suite.args
+    configs = []
+    if "pp" in wanted:
+        configs += [(f"tributary push/pull k={k}", "tributary", k,
+                     lambda p, k=k: suite.tributary("push-pull", k, p)) for k in args.k]
+    if "trib-ring" in wanted:
+        configs.append(("tributary ring", "tributary", 0,
+                        lambda p: suite.tributary("ring", 0, p)))
+    if "trib-hd" in wanted:
+        configs.append(("tributary halving-doubling", "tributary", 0,
+                        lambda p: suite.tributary("hd", 0, p)))
+    for name, fam, alg in (("gloo-ring", "gloo", "ring"), ("gloo-hd", "gloo", "hd"),
+                           ("mpi-default", "mpi", "default"), ("mpi-ring", "mpi", "ring")):
+        if name not in wanted:
+            continue
+        if not peers.get(fam) or (fam == "mpi" and not shutil.which("mpirun")):
+            log(f"# {name} skipped: peer not available")
+            continue
+        label = {"gloo": "Gloo", "mpi": "Open MPI"}[fam] + " " + {
+            "ring": "ring", "hd": "halving-doubling", "default": "default"}[alg]
+        runner = ((lambda p, a=alg: suite.gloo(a, p)) if fam == "gloo" else
+                  (lambda p, a=alg: suite.mpi(a, p)))
+        configs.append((label, fam, 0, runner))
+    return configs
+
+
+def run_sweep(suite, meter, configs):
+    """Every band of every configuration, --repeats times, round-robin. Returns (rows
+    aggregated per config and size, whether something failed)."""
+    units = [(c, band) for c in configs for band in suite.bands()]
+    samples, cpu, failed = [], {}, False
+    for rep, ((label, fam, k, runner), band) in interleave(units, suite.args.repeats):
+        log(f"# run {rep + 1}/{suite.args.repeats}: {label}, {len(band.sizes.split(','))} sizes")
+        measured = run_measured(meter, runner, label, band)
+        if measured is None:
+            failed = True
+            continue
+        got, spares_used, cpu_run, wall = measured
+        cpu.setdefault(label, []).append((cpu_run, wall))
+        log(f"#   {wall:.1f} s; CPU % per host: " +
+            " ".join(f"h{h}={v:.0f}" for h, v in cpu_run.items()))
+        for size, row in sorted(got.items()):
+            if row["wrong"]:
+                failed = True
+                log(f"error: {label}: {row['wrong']} wrong elements at {size} B")
+            samples.append(dict(config=label, family=fam, k=k, spares_used=spares_used,
+                                size=size, **row))
+    return aggregate_sweep(samples, cpu, suite.n), failed
+
+
+def run_workloads(suite, meter, configs, work):
+    """Every workload on every configuration, --repeats times round-robin across the
+    configurations (one workload's rounds before the next workload's)."""
+    samples, failed = [], False
+    for wname in suite.args.workloads:
+        path, ntensors, nbytes = write_workload(wname, work)
+        _, iters, warmup = WORKLOADS[wname]
+        piece = Workload(wname, path, iters, warmup, nbytes)
+        for rep, (label, fam, k, runner) in interleave(configs, suite.args.repeats):
+            log(f"# run {rep + 1}/{suite.args.repeats}: {wname} on {label}")
+            measured = run_measured(meter, runner, f"{wname} on {label}", piece)
+            if measured is None:
+                failed = True
+                continue
+            got, spares_used, cpu, wall = measured
+            if got is None:
+                log(f"error: {wname} on {label}: no result line")
+                failed = True
+                continue
+            if got["wrong"]:
+                failed = True
+                log(f"error: {wname} on {label}: {got['wrong']} wrong elements")
+            log(f"#   {got['time_us'] / 1e3:.1f} ms per iteration")
+            samples.append(dict(config=label, family=fam, k=k, spares_used=spares_used,
+                                workload=wname, cpu=cpu, wall_s=wall, **got))
+    return aggregate_workloads(samples), failed
+
+
+def ceiling_patterns(suite, wanted):
+    """{pattern name: flows} of the configurations that run (see pattern_for)."""
+    n, patterns = suite.n, {}
+    if any(c in wanted for c in ("trib-ring", "gloo-ring", "mpi-default", "mpi-ring")):
+        patterns["ring"] = ring_flows(n)
+    if any(c in wanted for c in ("trib-hd", "gloo-hd")):
+        patterns["halving-doubling"] = hd_flows(n)
+    if "pp" in wanted:
+        for k in suite.args.k:
+            try:
+                servers = suite.plan_servers(k)
+            except RuntimeError as e:
+                log(f"error: ceiling of push/pull k={k}: {e}")
+                continue
+            used = sum(1 for h in servers if h >= n)
+            patterns.setdefault(f"push/pull {used} spares", push_pull_flows(n, servers))
+    return patterns
+
+
+def measure_ceilings(suite, patterns, rates, probes):
+    """Probes every pattern `probes` times (round-robin), adding bytes/s per host to rates.
+    Returns False when a probe failed."""
+    host_bytes = int(model_rate(suite.args.rate) * suite.args.ceiling_seconds)
+    ok = True
+    for rep, name in interleave(list(patterns), probes):
+        try:
+            rate = suite.probe(patterns[name], host_bytes)
+        except (RuntimeError, OSError, ValueError) as e:
+            log(f"error: plain-TCP probe of {name}: {e}")
+            ok = False
+            continue
+        rates[name].append(rate)
+        log(f"# plain TCP, {name}: {rate * 8 / 1e6:.0f} Mbit/s per host "
+            f"({rate / model_rate(suite.args.rate):.3f} x B)")
+    return ok
+
+
+def family_of(config):
+    return ("gloo" if config.startswith("Gloo") else
+            "mpi" if config.startswith("Open MPI") else "tributary")
+
+
+def repeats_from_csv(row):
+    """time_stats of a CSV row: its repeats' times where the CSV has them (this script since
+    --repeats), else the one time of an older CSV; the ceiling columns where present."""
+    times = [float(t) for t in (row.get("times_us") or "").split()] or [float(row["time_us"])]
+    stats = time_stats(times)
+    stats["time_us"] = float(row["time_us"])  # the median as written (identical when recomputed)
+    if row.get("ceiling_us") not in (None, "", "-"):
+        stats.update(ceiling_us=float(row["ceiling_us"]), ceiling_from_csv=True,
+                     ceiling_pattern=row.get("ceiling_pattern", ""))
+    return stats
+
+
 def merge(results, path):
-    """Adds the rows of `path` (a CSV this script wrote) whose config did not run now."""
+    """Adds the rows of `path` (a CSV this script wrote, with or without the repeats' and the
+    ceiling's columns) whose config did not run now."""
     ran = {r["config"] for r in results}
     old = []
     with open(path) as f:
         for row in csv.DictReader(f):
             if row["config"] in ran:
                 continue
-            fam = ("gloo" if row["config"].startswith("Gloo") else
-                   "mpi" if row["config"].startswith("Open MPI") else "tributary")
             k = int(row["config"].split("k=")[1]) if "k=" in row["config"] else 0
             cpu = {i: float(v) for i, v in enumerate(row["cpu_pct_per_host"].split())}
-            old.append(dict(config=row["config"], family=fam, k=k,
+            old.append(dict(config=row["config"], family=family_of(row["config"]), k=k,
                             spares_used=int(row["spares_used"]), size=int(row["size_bytes"]),
-                            time_us=float(row["time_us"]), algbw=float(row["algbw_GBps"]),
-                            busbw=float(row["busbw_GBps"]), wrong=int(row["wrong"]), cpu=cpu))
+                            algbw=float(row["algbw_GBps"]), busbw=float(row["busbw_GBps"]),
+                            wrong=int(row["wrong"]), cpu=cpu, **repeats_from_csv(row)))
     log(f"# kept {len(old)} rows from {path}")
     return old + results
+
+
+CEILING_CSV_HEADER = ["pattern", "flows", "bytes_per_tensor_byte", "rate_mbit_per_host",
+                      "rate_vs_model", "probes_bytes_per_s"]
+
+
+def write_ceilings(ceilings, rate_mbit, path):
+    """emulated_ceiling.csv: every pattern's probes at full precision (a rebuilt report is
+    identical), with the median in Mbit/s and relative to the model's B for reading."""
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(CEILING_CSV_HEADER)
+        for c in ceilings.values():
+            w.writerow([c["pattern"], c["flows"], repr(c["unit"]),
+                        f"{c['rate'] * 8 / 1e6:.1f}", f"{c['rate'] / model_rate(rate_mbit):.4f}",
+                        " ".join(repr(r) for r in c["rates"])])
+
+
+def load_ceilings(path):
+    """The ceilings of emulated_ceiling.csv ({} when the run had none)."""
+    if not os.path.exists(path):
+        return {}
+    out = {}
+    with open(path) as f:
+        for row in csv.DictReader(f):
+            rates = [float(v) for v in row["probes_bytes_per_s"].split()]
+            out[row["pattern"]] = {"pattern": row["pattern"], "flows": int(row["flows"]),
+                                   "unit": float(row["bytes_per_tensor_byte"]), "rates": rates,
+                                   "rate": statistics.median(rates) if rates else 0.0}
+    return out
+
+
+def ceiling_report(ceilings, rate_mbit):
+    """The plain-TCP ceiling's table (markdown lines)."""
+    if not ceilings:
+        return ["Plain-TCP ceiling: not measured in this run.", ""]
+    b = model_rate(rate_mbit)
+    lines = ["Plain-TCP ceiling: each configuration's traffic pattern with plain TCP sockets "
+             "(every flow at once, a fixed byte count), rate per host = bytes of the busiest "
+             "host / time to the last byte; median of the probes. Time at the ceiling = "
+             "pattern bytes per host for the size / that rate.", "",
+             "| pattern | flows | bytes per host per tensor byte | Mbit/s per host | x B "
+             "(model) | probes (Mbit/s) |", "|---|---:|---:|---:|---:|---|"]
+    for c in ceilings.values():
+        lines.append(f"| {c['pattern']} | {c['flows']} | {c['unit']:.3f} | "
+                     f"{c['rate'] * 8 / 1e6:.0f} | {c['rate'] / b:.3f} | " +
+                     " ".join(f"{r * 8 / 1e6:.0f}" for r in c["rates"]) + " |")
+    return lines + [""]
+
+
+def fmt_opt(v, spec):
+    return "-" if v is None else format(v, spec)
 
 
 def spare_report(results, n):
@@ -728,8 +1228,6 @@ def calibration(results, n, rate, out):
     """The selector's inputs, measured: each Tributary algorithm's per-message cost alpha (small
     sizes, bandwidth term removed) and the crossover sizes between the algorithms. Writes
     selector_calibration.json; returns markdown lines."""
-    import json
-    import statistics
     trib = [r for r in results if r["family"] == "tributary"]
     alphas = {}
     for c in dict.fromkeys(r["config"] for r in trib):
@@ -782,7 +1280,12 @@ def calibration(results, n, rate, out):
     return lines
 
 
-def workload_report(wresults, args, out):
+def fmt_spread(r):
+    """(max - min) / median of the repeats, or "-" for a single run."""
+    return f"{r['spread_pct']:.1f}%" if r.get("repeats", 1) > 1 else "-"
+
+
+def workload_report(wresults, args, out, ceilings=None):
     """The model workloads' table (markdown lines) and CSV."""
     if not wresults:
         return []
@@ -790,11 +1293,13 @@ def workload_report(wresults, args, out):
     lines = ["Model workloads: one training iteration's gradients, all-reduced (float32). "
              "Tributary submits every tensor at once in backward order, with priorities "
              "(first layers first); the peers all-reduce DDP-style 25 MiB buckets one after "
-             "another. Time = iteration communication time, first submission to last result.",
+             "another. Time = iteration communication time, first submission to last result "
+             "(median of the runs; spread = (max - min) / median).",
              "",
-             "| workload | config | tensors | bytes | time (ms) | theory (ms) | efficiency | "
-             "speed-up vs best peer | CPU % per host | #wrong |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---|---:|"]
+             "| workload | config | tensors | bytes | time (ms) | spread | model (ms) | "
+             "ceiling (ms) | eff. vs model | eff. vs ceiling | x best peer | CPU % per host | "
+             "#wrong |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     rows = []
     for wname in dict.fromkeys(r["workload"] for r in wresults):
         ws = [r for r in wresults if r["workload"] == wname]
@@ -804,24 +1309,34 @@ def workload_report(wresults, args, out):
             kk = r["spares_used"] if r["config"].startswith("tributary push/pull") else 0
             r["theory_us"] = theory_seconds(r["bytes"], n, kk, rate) * 1e6
             r["efficiency"] = r["theory_us"] / r["time_us"]
+            add_ceiling(r, ceilings, r["bytes"], rate)
             r["vs_best_peer"] = best["time_us"] / r["time_us"] if best else float("nan")
             r["best_peer"] = best["config"] if best else ""
             cpu = " ".join(f"{v:.0f}" for v in r["cpu"].values())
             name = r["config"] + (f" ({r['spares_used']} used)" if "push/pull" in r["config"]
                                   else "")
+            ceiling_ms = None if r["ceiling_us"] is None else r["ceiling_us"] / 1e3
             lines.append(f"| {wname} | {name} | {r['tensors']} | {fmt_size(r['bytes'])} | "
-                         f"{r['time_us'] / 1e3:.0f} | {r['theory_us'] / 1e3:.0f} | "
-                         f"{r['efficiency']:.2f} | {r['vs_best_peer']:.2f} | {cpu} | "
-                         f"{r['wrong']} |")
+                         f"{r['time_us'] / 1e3:.0f} | {fmt_spread(r)} | "
+                         f"{r['theory_us'] / 1e3:.0f} | {fmt_opt(ceiling_ms, '.0f')} | "
+                         f"{r['efficiency']:.2f} | {fmt_opt(r['efficiency_vs_ceiling'], '.2f')} | "
+                         f"{r['vs_best_peer']:.2f} | {cpu} | {r['wrong']} |")
             rows.append([wname, r["config"], r["tensors"], r["bytes"], f"{r['time_us']:.1f}",
+                         f"{r['time_min_us']:.1f}", f"{r['time_max_us']:.1f}",
+                         f"{r['spread_pct']:.2f}", r["repeats"],
+                         " ".join(f"{t:.1f}" for t in r["times_us"]),
                          f"{r['theory_us']:.1f}", f"{r['efficiency']:.3f}",
+                         r["ceiling_pattern"], fmt_opt(r["ceiling_us"], ".1f"),
+                         fmt_opt(r["efficiency_vs_ceiling"], ".3f"),
                          f"{r['vs_best_peer']:.3f}", r["best_peer"], r["spares_used"], cpu,
                          r["wrong"]])
     with open(os.path.join(out, "emulated_workloads.csv"), "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["workload", "config", "tensors", "bytes", "time_us", "theory_us",
-                    "efficiency", "speedup_vs_best_peer", "best_peer", "spares_used",
-                    "cpu_pct_per_host", "wrong"])
+        w.writerow(["workload", "config", "tensors", "bytes", "time_us", "time_min_us",
+                    "time_max_us", "spread_pct", "repeats", "times_us", "theory_us",
+                    "efficiency", "ceiling_pattern", "ceiling_us", "efficiency_vs_ceiling",
+                    "speedup_vs_best_peer", "best_peer", "spares_used", "cpu_pct_per_host",
+                    "wrong"])
         w.writerows(rows)
     return lines + [""]
 
@@ -832,59 +1347,86 @@ def load_workloads(path):
     out = []
     with open(path) as f:
         for row in csv.DictReader(f):
-            fam = ("gloo" if row["config"].startswith("Gloo") else
-                   "mpi" if row["config"].startswith("Open MPI") else "tributary")
-            out.append(dict(config=row["config"], family=fam, workload=row["workload"],
-                            tensors=int(row["tensors"]), bytes=int(row["bytes"]),
-                            time_us=float(row["time_us"]), wrong=int(row["wrong"]),
+            out.append(dict(config=row["config"], family=family_of(row["config"]),
+                            workload=row["workload"], tensors=int(row["tensors"]),
+                            bytes=int(row["bytes"]), wrong=int(row["wrong"]),
                             spares_used=int(row["spares_used"]),
                             cpu={i: float(v) for i, v in
-                                 enumerate(row["cpu_pct_per_host"].split())}))
+                                 enumerate(row["cpu_pct_per_host"].split())},
+                            **repeats_from_csv(row)))
     return out
 
 
-def report(results, args, out, argv, update_md, wresults=()):
-    n, rate = args.workers, args.rate
-    sizes = sorted({r["size"] for r in results})
-    peers = [r for r in results if r["family"] in ("gloo", "mpi")]
+SWEEP_CSV_HEADER = ["config", "size_bytes", "time_us", "time_min_us", "time_max_us",
+                    "spread_pct", "repeats", "times_us", "algbw_GBps", "busbw_GBps", "wrong",
+                    "theory_us", "efficiency", "ceiling_pattern", "ceiling_us",
+                    "efficiency_vs_ceiling", "speedup_vs_best_peer", "best_peer",
+                    "spares_used", "cpu_pct_per_host"]
+
+
+def annotate(results, n, rate, ceilings):
+    """Adds to every row (medians) the model's time, the ceiling's, both efficiencies, the
+    speed-up over the best peer at its size; returns {size: best peer row}."""
     best_peer = {}
-    for s in sizes:
-        cand = [r for r in peers if r["size"] == s]
+    for s in sorted({r["size"] for r in results}):
+        cand = [r for r in results if r["size"] == s and r["family"] in ("gloo", "mpi")]
         if cand:
             best_peer[s] = min(cand, key=lambda r: r["time_us"])
     for r in results:
         kk = r["spares_used"] if r["config"].startswith("tributary push/pull") else 0
         r["theory_us"] = theory_seconds(r["size"], n, kk, rate) * 1e6
         r["efficiency"] = r["theory_us"] / r["time_us"]
+        add_ceiling(r, ceilings, r["size"], rate)
         bp = best_peer.get(r["size"])
         r["vs_best_peer"] = bp["time_us"] / r["time_us"] if bp else float("nan")
         r["best_peer"] = bp["config"] if bp else ""
-        r["cpu_max"] = max(r["cpu"].values())
+        r["cpu_max"] = max(r["cpu"].values(), default=0.0)
         r["cpu_hosts"] = " ".join(f"{v:.0f}" for v in r["cpu"].values())
+    return best_peer
+
+
+def report(results, args, out, argv, update_md, wresults=(), ceilings=None):
+    n, rate = args.workers, args.rate
+    sizes = sorted({r["size"] for r in results})
+    best_peer = annotate(results, n, rate, ceilings)
 
     csv_path = os.path.join(out, "emulated_allreduce.csv")
     with open(csv_path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["config", "size_bytes", "time_us", "algbw_GBps", "busbw_GBps", "wrong",
-                    "theory_us", "efficiency", "speedup_vs_best_peer", "best_peer",
-                    "spares_used", "cpu_pct_per_host"])
+        w.writerow(SWEEP_CSV_HEADER)
         for r in results:
-            w.writerow([r["config"], r["size"], f"{r['time_us']:.1f}", f"{r['algbw']:.4f}",
+            w.writerow([r["config"], r["size"], f"{r['time_us']:.1f}", f"{r['time_min_us']:.1f}",
+                        f"{r['time_max_us']:.1f}", f"{r['spread_pct']:.2f}", r["repeats"],
+                        " ".join(f"{t:.1f}" for t in r["times_us"]), f"{r['algbw']:.4f}",
                         f"{r['busbw']:.4f}", r["wrong"], f"{r['theory_us']:.1f}",
-                        f"{r['efficiency']:.3f}", f"{r['vs_best_peer']:.3f}", r["best_peer"],
-                        r["spares_used"], r["cpu_hosts"]])
+                        f"{r['efficiency']:.3f}", r["ceiling_pattern"],
+                        fmt_opt(r["ceiling_us"], ".1f"),
+                        fmt_opt(r["efficiency_vs_ceiling"], ".3f"), f"{r['vs_best_peer']:.3f}",
+                        r["best_peer"], r["spares_used"], r["cpu_hosts"]])
+    if ceilings:
+        write_ceilings(ceilings, rate, os.path.join(out, "emulated_ceiling.csv"))
 
+    repeats = max(r.get("repeats", 1) for r in results)
     lines = []
     lines.append(f"Emulated cluster: {n} workers (+ up to {max(args.k)} spare CPU hosts), "
                  f"{rate} Mbit/s per host each way (tc tbf), MTU {args.mtu}, float32 sum, "
-                 f"theory with B = {TCP_EFFICIENCY:.4f} x rate.")
+                 f"model with B = {TCP_EFFICIENCY:.4f} x rate.")
     lines.append("")
     lines.append("Command: `bench/suite/run.py " + argv + "`" if argv else
                  "Command: `bench/suite/run.py`")
     lines.append("")
-    lines.append("| config | size | time (us) | algbw (GB/s) | busbw (GB/s) | theory (us) | "
-                 "efficiency | speed-up vs best peer | CPU % per host (sweep) | #wrong |")
-    lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+    lines.append((f"Times are the median of {repeats} runs of every configuration, interleaved "
+                  "round-robin across the configurations; spread = (max - min) / median; every "
+                  "ratio is of medians." if repeats > 1 else
+                  "Times are of one run of every configuration (no spread).") +
+                 " Model = DESIGN.md §1.1; ceiling = the same traffic pattern with plain TCP "
+                 "sockets on this cluster, measured in the same run.")
+    lines.append("")
+    lines += ceiling_report(ceilings, rate)
+    lines.append("| config | size | time (us) | spread | algbw (GB/s) | busbw (GB/s) | "
+                 "model (us) | ceiling (us) | eff. vs model | eff. vs ceiling | x best peer | "
+                 "CPU % per host (sweep) | #wrong |")
+    lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
     configs = list(dict.fromkeys(r["config"] for r in results))
     for s in sizes:
         for c in configs:
@@ -892,16 +1434,18 @@ def report(results, args, out, argv, update_md, wresults=()):
                 if r["config"] == c and r["size"] == s:
                     name = c + (f" ({r['spares_used']} used)" if "push/pull" in c else "")
                     lines.append(
-                        f"| {name} | {fmt_size(s)} | {r['time_us']:.0f} | {r['algbw']:.4f} | "
-                        f"{r['busbw']:.4f} | {r['theory_us']:.0f} | {r['efficiency']:.2f} | "
+                        f"| {name} | {fmt_size(s)} | {r['time_us']:.0f} | {fmt_spread(r)} | "
+                        f"{r['algbw']:.4f} | {r['busbw']:.4f} | {r['theory_us']:.0f} | "
+                        f"{fmt_opt(r['ceiling_us'], '.0f')} | {r['efficiency']:.2f} | "
+                        f"{fmt_opt(r['efficiency_vs_ceiling'], '.2f')} | "
                         f"{r['vs_best_peer']:.2f} | {r['cpu_hosts']} | {r['wrong']} |")
     lines.append("")
-    lines.append("CPU % per host: CPU time of every process in host h0, h1, ... over that "
-                 "configuration's whole sweep, in % of one core (agents included).")
+    lines.append("CPU % per host: CPU time of every process in host h0, h1, ... over all of that "
+                 "configuration's sweep runs, in % of one core (agents included).")
     lines.append("")
     lines += spare_report(results, n)
     lines += calibration(results, n, rate, out)
-    lines += workload_report(list(wresults), args, out)
+    lines += workload_report(list(wresults), args, out, ceilings)
     lines += targets(results, best_peer)
     md = "\n".join(lines) + "\n"
     md_path = os.path.join(out, "emulated_allreduce.md")
@@ -982,8 +1526,18 @@ def plot(results, path, n, rate):
     for c in dict.fromkeys(r["config"] for r in results):
         rs = sorted((r for r in results if r["config"] == c), key=lambda r: r["size"])
         style = "-o" if rs[0]["family"] == "tributary" else "--s"
-        ax1.plot([r["size"] for r in rs], [r["busbw"] for r in rs], style, ms=3, label=c)
-        ax2.plot([r["size"] for r in rs], [r["time_us"] / 1e3 for r in rs], style, ms=3, label=c)
+        x = [r["size"] for r in rs]
+        # Error bars: the repeats' fastest and slowest run around the median.
+        bus = [r["busbw"] for r in rs]
+        bus_lo = [max(0.0, b * (1 - r["time_us"] / r["time_max_us"])) if r["time_max_us"]
+                  else 0.0 for b, r in zip(bus, rs)]
+        bus_hi = [max(0.0, b * (r["time_us"] / r["time_min_us"] - 1)) if r["time_min_us"]
+                  else 0.0 for b, r in zip(bus, rs)]
+        ms = [r["time_us"] / 1e3 for r in rs]
+        ms_lo = [max(0.0, r["time_us"] - r["time_min_us"]) / 1e3 for r in rs]
+        ms_hi = [max(0.0, r["time_max_us"] - r["time_us"]) / 1e3 for r in rs]
+        ax1.errorbar(x, bus, yerr=[bus_lo, bus_hi], fmt=style, ms=3, capsize=2, label=c)
+        ax2.errorbar(x, ms, yerr=[ms_lo, ms_hi], fmt=style, ms=3, capsize=2, label=c)
     for ax in (ax1, ax2):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("size (bytes)")
@@ -992,7 +1546,9 @@ def plot(results, path, n, rate):
     ax2.set_ylabel("time (ms)")
     ax2.set_yscale("log")
     ax1.axhline(rate * 1e6 / 8 * TCP_EFFICIENCY / 1e9, color="gray", lw=0.8, ls=":")
-    ax1.set_title(f"all-reduce, {n} workers, {rate} Mbit/s (tc tbf)")
+    repeats = max(r.get("repeats", 1) for r in results)
+    ax1.set_title(f"all-reduce, {n} workers, {rate} Mbit/s (tc tbf), median of {repeats} "
+                  "(bars: min..max)")
     ax2.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

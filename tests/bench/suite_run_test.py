@@ -1,9 +1,15 @@
 #!/usr/bin/python3
-"""Unit tests of bench/suite/run.py's pure parts: the model workloads, the theory, the reports."""
+"""Unit tests of bench/suite/run.py's pure parts: the model workloads, the theory, the repeats'
+order and aggregation, the plain-TCP ceiling's patterns and math (and its endpoints, on
+loopback), the reports and the CSVs they are rebuilt from. No root, no namespaces."""
+import contextlib
+import csv
 import importlib.util
+import io
 import os
 import sys
 import tempfile
+import types
 import unittest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -67,13 +73,23 @@ class Theory(unittest.TestCase):
                 self.calls.append("stop")
                 return {0: 50.0}
         meter = Meter()
-        self.assertEqual(run.run_measured(meter, lambda w: ({4096: w}, 2), "pp", "row"),
-                         ({4096: "row"}, 2, {0: 50.0}))
-        self.assertEqual(run.run_measured(meter, lambda: {8: 1}, "gloo"), ({8: 1}, 0, {0: 50.0}))
+        got = run.run_measured(meter, lambda w: ({4096: w}, 2), "pp", "row")
+        self.assertEqual(got[:3], ({4096: "row"}, 2, {0: 50.0}))
+        self.assertGreaterEqual(got[3], 0.0)  # wall seconds, to weight CPU over repeats
+        self.assertEqual(run.run_measured(meter, lambda: {8: 1}, "gloo")[:3],
+                         ({8: 1}, 0, {0: 50.0}))
         def broken():
             raise RuntimeError("peer died")
         self.assertIsNone(run.run_measured(meter, broken, "mpi"))
         self.assertEqual(meter.calls, ["start", "stop"] * 3)  # The meter stops on errors too.
+
+    def test_bench_rank_gets_the_extra_arguments(self):
+        args = types.SimpleNamespace(workers=2, k=[0, 1], bench_rank_arg=["--trace", "x"])
+        suite = run.Suite(args, {}, "bin", "work")
+        extra = suite.extra_bench_rank_args("ring", 0, run.Band("4096", 10))
+        self.assertEqual(extra, ["--trace", "x"])
+        extra.append("--oops")                    # a copy: one run cannot change the next
+        self.assertEqual(suite.extra_bench_rank_args("ring", 0, None), ["--trace", "x"])
 
     def test_suite_algorithms_have_cli_names(self):
         self.assertEqual(run.CLI_ALGORITHM["hd"], "halving-doubling")
@@ -135,6 +151,243 @@ class Reports(unittest.TestCase):
         self.assertIn("k=4 >= 1.45x best peer at 64 MiB: MISSED (1.25x vs Gloo ring, 0.20x short)",
                       out)
         self.assertIn("k=0 >= best peer from 16 MiB: MISSED (worst 0.94x at 64 MiB, 6% short)", out)
+
+
+class Repeats(unittest.TestCase):
+    def test_runs_are_interleaved_round_robin(self):
+        order = run.interleave(["A", "B", "C"], 3)
+        self.assertEqual([u for _, u in order], ["A", "B", "C"] * 3)
+        self.assertEqual([rep for rep, _ in order], [0, 0, 0, 1, 1, 1, 2, 2, 2])
+        self.assertEqual(run.interleave(["A", "B"], 1), [(0, "A"), (0, "B")])
+
+    def test_time_stats_median_and_spread(self):
+        st = run.time_stats([110.0, 100.0, 130.0])
+        self.assertEqual((st["time_us"], st["time_min_us"], st["time_max_us"]), (110, 100, 130))
+        self.assertAlmostEqual(st["spread_pct"], 100 * 30 / 110)
+        self.assertEqual(st["repeats"], 3)
+        self.assertEqual(run.time_stats([100.0, 120.0])["time_us"], 110.0)  # even: the middle
+        self.assertEqual(run.time_stats([100.0])["spread_pct"], 0.0)
+
+    def test_cpu_is_weighted_by_each_runs_wall_time(self):
+        cpu = run.mean_cpu([({0: 50.0, 1: 10.0}, 1.0), ({0: 20.0, 1: 10.0}, 3.0)])
+        self.assertAlmostEqual(cpu[0], (50 + 60) / 4)
+        self.assertAlmostEqual(cpu[1], 10.0)
+
+    def test_aggregate_sweep_reports_medians_per_config_and_size(self):
+        K, n = 1 << 10, 4
+        samples = []
+        # Three interleaved repeats of two configs at two sizes; Gloo's second run is slow.
+        for rep, (ring_t, gloo_t) in enumerate(((100.0, 90.0), (104.0, 400.0), (96.0, 92.0))):
+            for size, mult in ((4 * K, 1), (8 * K, 2)):
+                samples.append(dict(row("tributary ring", size, ring_t * mult), wrong=rep))
+                samples.append(row("Gloo ring", size, gloo_t * mult))
+        cpu = {"tributary ring": [({0: 30.0}, 1.0), ({0: 60.0}, 2.0)]}
+        rows = run.aggregate_sweep(samples, cpu, n)
+        self.assertEqual([(r["config"], r["size"]) for r in rows],
+                         [("tributary ring", 4 * K), ("Gloo ring", 4 * K),
+                          ("tributary ring", 8 * K), ("Gloo ring", 8 * K)])
+        ring4, gloo4, ring8 = rows[0], rows[1], rows[2]
+        self.assertEqual(ring4["time_us"], 100.0)
+        self.assertEqual(gloo4["time_us"], 92.0)                      # the outlier is not it
+        self.assertEqual((gloo4["time_min_us"], gloo4["time_max_us"]), (90.0, 400.0))
+        self.assertAlmostEqual(gloo4["spread_pct"], 100 * 310 / 92)
+        self.assertEqual(ring8["times_us"], [200.0, 208.0, 192.0])  # in run order
+        self.assertEqual(ring4["wrong"], 0 + 1 + 2)                  # every repeat's errors
+        self.assertAlmostEqual(ring4["algbw"], 4 * K / 100.0 / 1e3)  # from the median
+        self.assertAlmostEqual(ring4["busbw"], ring4["algbw"] * 1.5)
+        self.assertAlmostEqual(ring4["cpu"][0], 50.0)
+        self.assertEqual(gloo4["cpu"], {0: 10.0})                    # no meter samples: the run's
+
+    def test_aggregate_workloads(self):
+        samples = [dict(row("Gloo ring", 0, t), workload="resnet50", tensors=161, bytes=1000,
+                        wall_s=1.0) for t in (300.0, 100.0, 200.0)]
+        (w,) = run.aggregate_workloads(samples)
+        self.assertEqual((w["workload"], w["time_us"], w["repeats"]), ("resnet50", 200.0, 3))
+        self.assertEqual((w["tensors"], w["bytes"]), (161, 1000))
+
+    def test_every_ratio_is_of_medians(self):
+        M = 1 << 20
+        samples = []
+        for ring_t, gloo_t in ((1.00e6, 1.2e6), (1.10e6, 1.0e6), (3.00e6, 1.1e6)):
+            samples += [row("tributary ring", 64 * M, ring_t), row("Gloo ring", 64 * M, gloo_t)]
+        results = run.aggregate_sweep(samples, {}, 4)
+        run.annotate(results, 4, 500, {})
+        ring = results[0]
+        self.assertEqual(ring["time_us"], 1.1e6)                     # not the mean, 1.7e6
+        self.assertAlmostEqual(ring["vs_best_peer"], 1.1e6 / 1.1e6)
+        self.assertAlmostEqual(ring["efficiency"],
+                               run.theory_seconds(64 * M, 4, 0, 500) * 1e6 / 1.1e6)
+        self.assertIsNone(ring["ceiling_us"])                        # no ceiling measured
+
+
+class Ceiling(unittest.TestCase):
+    def test_ring_and_halving_doubling_patterns(self):
+        self.assertEqual(run.ring_flows(3), [(0, 1, 4 / 3), (1, 2, 4 / 3), (2, 0, 4 / 3)])
+        self.assertAlmostEqual(run.bottleneck_unit(run.ring_flows(4)), 1.5)
+        self.assertEqual(sorted((s, d) for s, d, _ in run.hd_flows(4)),
+                         [(0, 1), (1, 0), (2, 3), (3, 2)])
+        self.assertEqual(sorted((s, d) for s, d, _ in run.hd_flows(3)), [(0, 1), (1, 0)])
+        self.assertAlmostEqual(run.bottleneck_unit(run.hd_flows(4)), 1.5)
+
+    def test_push_pull_pattern_of_the_models_shares_moves_the_models_bytes(self):
+        # DESIGN.md §1.1: worker servers own (n-k)/D, spares 2(n-1)/D; the busiest host moves
+        # 2n(n-1)/D of the tensor, which is what the model's time charges.
+        for n, k in ((4, 0), (4, 1), (4, 2), (4, 4), (2, 1), (8, 0)):
+            d = n * n + k * n - 2 * k
+            servers = {h: (n - k) / d for h in range(n)}
+            servers.update({n + j: 2 * (n - 1) / d for j in range(k)})
+            flows = run.push_pull_flows(n, {h: s for h, s in servers.items() if s > 0})
+            self.assertAlmostEqual(run.bottleneck_unit(flows), 2 * n * (n - 1) / d,
+                                   msg=f"n={n} k={k}")
+        # Both ways at once, never to itself: 2 workers, 1 spare.
+        flows = run.push_pull_flows(2, {0: 0.25, 1: 0.25, 2: 0.5})
+        self.assertIn((0, 2, 0.5), flows)
+        self.assertIn((2, 0, 0.5), flows)
+        self.assertNotIn((0, 0, 0.25), flows)
+        self.assertEqual(len(flows), 8)
+
+    def test_servers_in_plan(self):
+        job = ('{"plan": {"servers": [{"node_id": "h0", "is_worker": true, "share": 0.25}, '
+               '{"node_id": "h1", "is_worker": true, "share": 0.25}, '
+               '{"node_id": "h2", "is_worker": false, "share": 0.5}, '
+               '{"node_id": "h3", "is_worker": false, "share": 0}]}}')
+        self.assertEqual(run.servers_in_plan(job), {0: 0.25, 1: 0.25, 2: 0.5})
+        self.assertEqual(run.servers_in_plan('{"job_id": "j"}'), {})
+
+    def test_patterns_of_configs(self):
+        self.assertEqual(run.pattern_for("tributary push/pull k=4", 4), "push/pull 4 spares")
+        self.assertEqual(run.pattern_for("tributary push/pull k=2", 1), "push/pull 1 spares")
+        for c in ("tributary ring", "Gloo ring", "Open MPI ring", "Open MPI default"):
+            self.assertEqual(run.pattern_for(c, 0), "ring")
+        for c in ("tributary halving-doubling", "Gloo halving-doubling"):
+            self.assertEqual(run.pattern_for(c, 0), "halving-doubling")
+
+    def test_time_and_efficiency_at_the_ceiling(self):
+        M = 1 << 20
+        b = run.model_rate(500)
+        ceilings = {"ring": run.ceiling_summary("ring", run.ring_flows(4),
+                                                [0.95 * b, 0.90 * b, 0.99 * b])}
+        self.assertAlmostEqual(ceilings["ring"]["rate"], 0.95 * b)   # median of the probes
+        r = row("Gloo ring", 64 * M, 2.0e6)
+        run.add_ceiling(r, ceilings, 64 * M, 500)
+        model_us = run.theory_seconds(64 * M, 4, 0, 500) * 1e6
+        self.assertAlmostEqual(r["ceiling_us"], model_us / 0.95)     # 1.5 M / (0.95 B)
+        self.assertAlmostEqual(r["efficiency_vs_ceiling"], model_us / 0.95 / 2.0e6)
+        self.assertAlmostEqual(r["ceiling_vs_model_rate"], 0.95)
+        self.assertEqual(r["ceiling_pattern"], "ring")
+        hd = row("Gloo halving-doubling", 64 * M, 2.0e6)
+        run.add_ceiling(hd, ceilings, 64 * M, 500)                   # not measured
+        self.assertIsNone(hd["ceiling_us"])
+        # Push/pull with 4 spares: the busiest host moves M (not 1.5 M).
+        pp = run.push_pull_flows(4, {4: 0.25, 5: 0.25, 6: 0.25, 7: 0.25})
+        ceilings["push/pull 4 spares"] = run.ceiling_summary("push/pull 4 spares", pp, [0.8 * b])
+        r = row("tributary push/pull k=4", 64 * M, 2.0e6, k=4)
+        run.add_ceiling(r, ceilings, 64 * M, 500)
+        self.assertAlmostEqual(r["ceiling_us"], 64 * M / (0.8 * b) * 1e6)
+
+    def test_probe_on_loopback_moves_every_byte(self):
+        # The endpoints as the suite runs them in the namespaces, here on 127.0.0.x: the busiest
+        # host moves host_bytes; the probe checks that every byte sent was received.
+        flows = run.push_pull_flows(2, {0: 0.25, 1: 0.25, 2: 0.5})
+        rate = run.probe_tcp(flows, 4 << 20, lambda h: [], lambda h: f"127.0.0.{h + 1}",
+                             streams=2, timeout=60)
+        self.assertGreater(rate, 0)
+
+    def test_probe_reports_an_endpoint_that_cannot_listen(self):
+        with self.assertRaisesRegex(RuntimeError, "192.0.2.1"):   # TEST-NET-1: not ours
+            run.probe_tcp(run.ring_flows(2), 1 << 20, lambda h: [],
+                          lambda h: "127.0.0.1" if h == 0 else "192.0.2.1", timeout=60)
+
+
+OLD_SWEEP_HEADER = ["config", "size_bytes", "time_us", "algbw_GBps", "busbw_GBps", "wrong",
+                    "theory_us", "efficiency", "speedup_vs_best_peer", "best_peer",
+                    "spares_used", "cpu_pct_per_host"]
+OLD_WORKLOAD_HEADER = ["workload", "config", "tensors", "bytes", "time_us", "theory_us",
+                       "efficiency", "speedup_vs_best_peer", "best_peer", "spares_used",
+                       "cpu_pct_per_host", "wrong"]
+
+
+class Csvs(unittest.TestCase):
+    ARGS = types.SimpleNamespace(workers=4, rate=500, mtu=9000, k=[0, 4])
+
+    def report(self, results, out, wresults, ceilings):
+        with contextlib.redirect_stdout(io.StringIO()):  # it prints the tables
+            run.report(results, self.ARGS, out, "", False, wresults, ceilings)
+
+    def write(self, path, header, rows):
+        with open(path, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(header)
+            w.writerows(rows)
+
+    def test_old_csvs_without_repeats_still_load_and_rebuild(self):
+        M = 1 << 20
+        with tempfile.TemporaryDirectory() as old, tempfile.TemporaryDirectory() as out:
+            self.write(os.path.join(old, "emulated_allreduce.csv"), OLD_SWEEP_HEADER, [
+                ["tributary push/pull k=4", 64 * M, "1380898.0", "0.0486", "0.0729", 0,
+                 "1081662.0", "0.783", "1.204", "Gloo ring", 4, "20 19 19 20 16 16 15 16"],
+                ["Gloo ring", 64 * M, "1662502.0", "0.0404", "0.0605", 0, "1622493.0", "0.976",
+                 "1.000", "Gloo ring", 0, "22 22 22 22 1 1 1 1"]])
+            self.write(os.path.join(old, "emulated_workloads.csv"), OLD_WORKLOAD_HEADER, [
+                ["resnet50", "Gloo ring", 161, 102227968, "2536000.0", "2472000.0", "0.975",
+                 "1.000", "Gloo ring", 0, "23 23 23 23 1 1 1 1", 0]])
+            results = run.merge([], os.path.join(old, "emulated_allreduce.csv"))
+            self.assertEqual(len(results), 2)
+            pp = results[0]
+            self.assertEqual((pp["time_us"], pp["repeats"], pp["spread_pct"], pp["times_us"]),
+                             (1380898.0, 1, 0.0, [1380898.0]))
+            self.assertNotIn("ceiling_us", pp)
+            wl = run.load_workloads(os.path.join(old, "emulated_workloads.csv"))
+            self.assertEqual((wl[0]["time_us"], wl[0]["repeats"]), (2536000.0, 1))
+            self.assertEqual(run.load_ceilings(os.path.join(old, "emulated_ceiling.csv")), {})
+            self.report(results, out, wl, {})
+            with open(os.path.join(out, "emulated_allreduce.md")) as f:
+                md = f.read()
+            self.assertIn("Times are of one run", md)
+            self.assertIn("| Gloo ring | 64 MiB | 1662502 | - |", md)
+            self.assertAlmostEqual(results[0]["vs_best_peer"], 1662502 / 1380898)
+
+    def test_new_csvs_round_trip_with_repeats_and_ceiling(self):
+        M = 1 << 20
+        b = run.model_rate(500)
+        samples = [row("Gloo ring", 64 * M, t) for t in (1.70e6, 1.66e6, 1.75e6)]
+        samples += [row("tributary push/pull k=4", 64 * M, t, k=4) for t in (1.4e6, 1.3e6)]
+        results = run.aggregate_sweep(samples, {}, 4)
+        ceilings = {
+            "ring": run.ceiling_summary("ring", run.ring_flows(4), [0.97 * b, 0.98 * b]),
+            "push/pull 4 spares": run.ceiling_summary(
+                "push/pull 4 spares", run.push_pull_flows(4, {h: 0.25 for h in range(4, 8)}),
+                [0.92 * b])}
+        with tempfile.TemporaryDirectory() as out, tempfile.TemporaryDirectory() as again:
+            self.report(results, out, [], ceilings)
+            with open(os.path.join(out, "emulated_allreduce.md")) as f:
+                md = f.read()
+            self.assertIn("median of 3 runs", md)
+            self.assertIn("| push/pull 4 spares | 32 | 1.000 | ", md)
+            with open(os.path.join(out, "emulated_allreduce.csv")) as f:
+                rows = {r["config"]: r for r in csv.DictReader(f)}
+            gloo = rows["Gloo ring"]
+            self.assertEqual((float(gloo["time_us"]), gloo["repeats"], gloo["times_us"]),
+                             (1.70e6, "3", "1700000.0 1660000.0 1750000.0"))
+            self.assertAlmostEqual(float(gloo["spread_pct"]), 100 * 0.09 / 1.70, places=2)
+            want = run.theory_seconds(64 * M, 4, 0, 500) * 1e6 / 0.975
+            self.assertAlmostEqual(float(gloo["ceiling_us"]), want, delta=0.1)
+            self.assertAlmostEqual(float(gloo["efficiency_vs_ceiling"]), want / 1.70e6,
+                                   places=3)
+            # Rebuilt from the CSVs (--from-results): the same medians, spreads and ceilings.
+            loaded = run.merge([], os.path.join(out, "emulated_allreduce.csv"))
+            again_ceilings = run.load_ceilings(os.path.join(out, "emulated_ceiling.csv"))
+            self.assertEqual(again_ceilings, ceilings)
+            self.report(loaded, again, [], again_ceilings)
+            with open(os.path.join(again, "emulated_allreduce.md")) as f:
+                self.assertEqual(f.read(), md)
+            # Merged into a later run (--merge), a row keeps the ceiling of its own run.
+            loaded = run.merge([], os.path.join(out, "emulated_allreduce.csv"))
+            other = {"ring": run.ceiling_summary("ring", run.ring_flows(4), [0.5 * b])}
+            run.annotate(loaded, 4, 500, other)
+            gloo = next(r for r in loaded if r["config"] == "Gloo ring")
+            self.assertAlmostEqual(gloo["ceiling_us"], want, delta=0.1)
+            self.assertAlmostEqual(gloo["efficiency_vs_ceiling"], gloo["ceiling_us"] / 1.70e6)
 
 
 if __name__ == "__main__":
