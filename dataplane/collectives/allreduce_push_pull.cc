@@ -369,6 +369,8 @@ struct PushPullWorker::OpState {
   // send completed (holds credit until then: the transport may still read the staging); 2 done.
   std::vector<uint8_t> chunk_state;
   uint32_t chunks_done = 0;
+  // Per server index: chunks pushed to it whose sum has not come back (see kPushPullAhead).
+  std::vector<uint32_t> outstanding;
   common::Clock::TimePoint deadline;
   bool finished = false;
   // Wall-clock times for the trace (common/trace.h), kept only while one is recorded.
@@ -500,6 +502,7 @@ absl::Status PushPullWorker::Start(const std::string& job_id, Operation op) {
     state->num_chunks =
         PushPullChunks(op.count, element_size, job->partition_bytes, state->map.num_servers());
     state->chunk_state.assign(state->num_chunks, 0);
+    state->outstanding.assign(state->map.num_servers(), 0);
     state->deadline = clock_->Now() + job->op_timeout;
     if (common::Trace::enabled()) {
       state->started_at = std::chrono::steady_clock::now();
@@ -529,6 +532,12 @@ void PushPullWorker::PumpLocked(std::vector<std::function<void()>>& sends) {
     }
     std::shared_ptr<OpState> op = op_it->second;
     const uint64_t bytes = op->ChunkBytes(it->chunk);
+    const uint32_t server = op->map.ServerOf(op->tensor_hash, op->num_chunks, it->chunk);
+    if (op->outstanding[server] >= kPushPullAhead) {
+      stats_->ahead_waits++;
+      ++it;  // this operation's chunks for other servers, and other operations, may go
+      continue;
+    }
     uint64_t& in_flight = in_flight_bytes_[op->job_hash];
     if (in_flight > 0 && in_flight + bytes > op->job->credit_bytes) {
       stats_->credit_waits++;
@@ -536,6 +545,7 @@ void PushPullWorker::PumpLocked(std::vector<std::function<void()>>& sends) {
       continue;
     }
     in_flight += bytes;
+    op->outstanding[server]++;
     AddInFlight(static_cast<int64_t>(bytes));
     op->chunk_state[it->chunk] = 1;
     if (!op->sent_at.empty()) op->sent_at[it->chunk] = std::chrono::steady_clock::now();
@@ -713,6 +723,7 @@ void PushPullWorker::HandleResult(const WireHeader& h, std::span<const std::byte
       return;  // failed meanwhile
     }
     if (!op->sent_at.empty()) TraceChunkLocked(*op, h.chunk, server_index);
+    op->outstanding[server_index]--;
     if (op->chunk_state[h.chunk] == 1) {
       // The sum overtook the push's send completion: the chunk (its credit, and the staging the
       // transport may still read) is done only at that completion.

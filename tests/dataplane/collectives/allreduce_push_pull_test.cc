@@ -354,6 +354,38 @@ TEST(PushPull, MemoryStaysWithinCreditAndShares) {
   }
 }
 
+// A worker runs at most kPushPullAhead chunks of an operation ahead of the sums of each server:
+// while the other worker has not pushed, the first one stops after that many per server (credit
+// would allow all of them), and resumes chunk by chunk as sums come back.
+TEST(PushPull, AWorkerRunsAtMostAFewChunksAheadOfEachServersSums) {
+  const uint64_t partition = 1024, credit = 1 << 20;
+  Cluster cluster(PushPullCluster(2, 1, 1, partition, credit));
+  const uint64_t count = 40000;  // 160 KB of float32: ~157 chunks over 3 servers
+  Buffers b =
+      MakeBuffers(2, 1, DataType::kFloat32, count, [](int g, uint64_t i) { return g + i % 3; });
+  auto map = ChunkMap::Create(cluster.view().server_weights);
+  ASSERT_TRUE(map.ok());
+  const uint32_t chunks = PushPullChunks(count, 4, partition, map->num_servers());
+  std::vector<uint32_t> owned(map->num_servers());
+  for (uint32_t c = 0; c < chunks; ++c)
+    owned[map->ServerOf(common::StableHash64("w"), chunks, c)]++;
+  uint32_t allowed = 0;
+  for (uint32_t o : owned) allowed += std::min(o, kPushPullAhead);
+  ASSERT_LT(allowed, chunks);
+
+  auto first = cluster.Start(0, MakeOp("w", 0, DataType::kFloat32, count, Reduction::kSum, b[0]));
+  const PushPullStats& s = cluster.node(0).push_pull().stats();
+  // Start pushed what it could; no sum can come back before worker 1 pushes.
+  EXPECT_EQ(s.chunks_pushed.load(), allowed);
+  EXPECT_GT(s.ahead_waits.load(), 0u);
+  auto second = cluster.Start(1, MakeOp("w", 0, DataType::kFloat32, count, Reduction::kSum, b[1]));
+  ASSERT_TRUE(Await(first).ok());
+  ASSERT_TRUE(Await(second).ok());
+  EXPECT_EQ(s.chunks_pushed.load(), chunks);
+  EXPECT_EQ(
+      CountWrong(DataType::kFloat32, b, count, [](uint64_t i) { return 1.0 + 2.0 * (i % 3); }), 0);
+}
+
 // Records the (tensor, chunk) of every push a node sends, and holds the send completions back
 // until Release: what is queued when the first completion returns credit is then up to the test.
 class RecordingTransport final : public Transport {
