@@ -79,7 +79,13 @@ struct CollectiveEngine::OpState {
   size_t send_step = 0;                     // first step whose sends are not all posted
   uint64_t send_cursor = 0;                 // next sub-chunk of send_step to post (posted in order)
   uint64_t sends_outstanding = 0;
-  std::vector<Early> deferred;  // received before their step may be applied (copies)
+  // Received before they may be applied (copies), by element offset: what an applied receive or
+  // a completed send of a range can let go is found by overlap, not by scanning everything.
+  std::multimap<uint64_t, Early> deferred;
+  // Element ranges applied or whose send completed since deferred receives were last looked at,
+  // and whether recv_step moved (which may let any kAllPreviousSteps receive go).
+  std::vector<std::pair<uint64_t, uint64_t>> woken;
+  bool recv_step_moved = false;
   common::Clock::TimePoint started;
   bool finished = false;
 
@@ -471,7 +477,7 @@ void CollectiveEngine::DeliverLocked(const std::shared_ptr<OpState>& op, const W
   if (op->arrived[h.step][h.chunk]) return malformed("duplicate");
   op->arrived[h.step][h.chunk] = true;
   if (!op->MayApply(h)) {
-    op->deferred.push_back(Early{h, {payload.begin(), payload.end()}, clock_->Now()});
+    op->deferred.emplace(h.chunk_offset, Early{h, {payload.begin(), payload.end()}, clock_->Now()});
     return;
   }
   ApplyLocked(*op, h, payload);
@@ -479,24 +485,46 @@ void CollectiveEngine::DeliverLocked(const std::shared_ptr<OpState>& op, const W
 }
 
 bool CollectiveEngine::ApplyDeferredLocked(OpState& op) {
-  // Applying one receive may let others go (those of later steps over the same elements): repeat
-  // until a pass applies nothing. Within a step sub-chunks do not overlap, and across steps
-  // MayApply keeps the step order per element, so the order of passes does not change the bits.
+  // Applying one receive may let others go (those of later steps over the same elements), and
+  // so on: a work list of changed ranges, plus a full pass whenever recv_step moved. Within a
+  // step sub-chunks do not overlap, and across steps MayApply keeps the step order per element,
+  // so the order in which ready receives are applied does not change the bits.
   bool any = false;
-  bool progressed = true;
-  while (progressed && !op.deferred.empty()) {
-    progressed = false;
-    for (size_t i = 0; i < op.deferred.size();) {
-      if (!op.MayApply(op.deferred[i].header)) {
-        ++i;
+  while (!op.deferred.empty()) {
+    if (op.recv_step_moved) {
+      op.recv_step_moved = false;
+      op.woken.clear();  // the full pass below looks at everything
+      for (auto it = op.deferred.begin(); it != op.deferred.end();) {
+        if (!op.MayApply(it->second.header)) {
+          ++it;
+          continue;
+        }
+        Early e = std::move(it->second);
+        it = op.deferred.erase(it);
+        ApplyLocked(op, e.header, e.payload);
+        any = true;
+      }
+      continue;
+    }
+    if (op.woken.empty()) break;
+    const auto [a, b] = op.woken.back();
+    op.woken.pop_back();
+    // A deferred sub-chunk [o, o + k) with k <= chunk_elems overlaps [a, b) iff o < b and
+    // o + k > a, so o > a - chunk_elems.
+    for (auto it = op.deferred.lower_bound(a + 1 > op.chunk_elems ? a + 1 - op.chunk_elems : 0);
+         it != op.deferred.end() && it->first < b;) {
+      const WireHeader& h = it->second.header;
+      if (h.chunk_offset + h.chunk_count <= a || !op.MayApply(h)) {
+        ++it;
         continue;
       }
-      Early e = std::move(op.deferred[i]);
-      op.deferred.erase(op.deferred.begin() + static_cast<std::ptrdiff_t>(i));
+      Early e = std::move(it->second);
+      it = op.deferred.erase(it);
       ApplyLocked(op, e.header, e.payload);
-      progressed = any = true;
+      any = true;
     }
   }
+  op.woken.clear();
   return any;
 }
 
@@ -513,7 +541,11 @@ void CollectiveEngine::ApplyLocked(OpState& op, const WireHeader& h,
   }
   op.received[h.step][h.chunk] = true;
   op.recv_left[h.step]--;
+  const size_t recv_step = op.recv_step;
   while (op.recv_step < op.steps.size() && op.recv_left[op.recv_step] == 0) ++op.recv_step;
+  if (op.deferred.empty()) return;
+  op.recv_step_moved |= op.recv_step != recv_step;
+  if (h.chunk_count > 0) op.woken.emplace_back(h.chunk_offset, h.chunk_offset + h.chunk_count);
 }
 
 void CollectiveEngine::AdvanceLocked(const std::shared_ptr<OpState>& op, std::vector<Outgoing>& out,
@@ -629,6 +661,12 @@ void CollectiveEngine::OnSendDone(const std::shared_ptr<OpState>& op, int peer, 
     if (status.ok()) {
       op->sent[step][chunk] = true;
       op->send_left[step]--;
+      const ScheduleStep& st = op->steps[step];
+      const uint64_t begin = std::min(st.send_count, uint64_t{chunk} * op->chunk_elems);
+      const uint64_t count = std::min(op->chunk_elems, st.send_count - begin);
+      if (count > 0 && !op->deferred.empty()) {
+        op->woken.emplace_back(st.send_offset + begin, st.send_offset + begin + count);
+      }
     }
     if (!status.ok()) {
       stats_.send_failures++;

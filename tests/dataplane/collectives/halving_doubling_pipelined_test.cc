@@ -282,14 +282,17 @@ TEST(DeterminismTest, RanksWithDifferentSettingsInteroperate) {
 // Pipelining, observed
 
 // What every node of a MonitoredCluster sends and receives. Messages for which `hold` says so are
-// kept instead of delivered, until Release. Counts what is in flight so that a test can wait
-// for the moment nothing more can happen (Quiescent) instead of sleeping.
+// kept instead of delivered, until Release; the completions of sends for which `hold_done` says
+// so (from: the sender) are kept until ReleaseCompletions (the transport still borrows their
+// payload meanwhile). Counts what is in flight so that a test can wait for the moment nothing
+// more can happen (Quiescent) instead of sleeping.
 class Monitor {
  public:
   // to: the receiving node's address.
   using HoldFn = std::function<bool(const std::string& to, const WireHeader& h)>;
 
-  explicit Monitor(HoldFn hold) : hold_(std::move(hold)) {}
+  explicit Monitor(HoldFn hold, HoldFn hold_done = nullptr)
+      : hold_(std::move(hold)), hold_done_(std::move(hold_done)) {}
 
   void OnSend(const std::string& from, std::span<const std::byte> header, size_t payload) {
     absl::StatusOr<WireHeader> h = ParseHeader(header, payload);
@@ -300,6 +303,25 @@ class Monitor {
     }
   }
   void OnSendDone() { Bump(completed_); }
+  bool ShouldHoldDone(const std::string& from, std::span<const std::byte> header, size_t payload) {
+    absl::StatusOr<WireHeader> h = ParseHeader(header, payload);
+    std::lock_guard lock(mu_);
+    return h.ok() && hold_done_ && hold_done_(from, *h);
+  }
+  void HoldDone(std::function<void()> complete) {
+    std::lock_guard lock(mu_);
+    held_done_.push_back(std::move(complete));
+    cv_.notify_all();
+  }
+  void ReleaseCompletions() {
+    std::vector<std::function<void()>> held;
+    {
+      std::lock_guard lock(mu_);
+      held.swap(held_done_);
+      hold_done_ = nullptr;
+    }
+    for (auto& complete : held) complete();
+  }
   void OnHandled() { Bump(handled_); }
   // Keeps the message if `hold` says so: then `deliver` runs at Release; else returns false.
   bool MaybeHold(const std::string& to, std::span<const std::byte> header, size_t payload,
@@ -316,8 +338,9 @@ class Monitor {
   // nothing happens until something is released. False after the deadline.
   bool WaitQuiescent(std::chrono::seconds deadline = std::chrono::seconds(20)) {
     std::unique_lock lock(mu_);
-    return cv_.wait_for(lock, deadline,
-                        [this] { return sent_ == handled_ + held_.size() && sent_ == completed_; });
+    return cv_.wait_for(lock, deadline, [this] {
+      return sent_ == handled_ + held_.size() && sent_ == completed_ + held_done_.size();
+    });
   }
   // Data messages `from` sent in `step` so far.
   uint64_t SendsInStep(const std::string& from, uint32_t step) {
@@ -360,6 +383,8 @@ class Monitor {
   std::mutex mu_;
   std::condition_variable cv_;
   HoldFn hold_;
+  HoldFn hold_done_;
+  std::vector<std::function<void()>> held_done_;
   uint64_t sent_ = 0;
   uint64_t handled_ = 0;
   uint64_t completed_ = 0;
@@ -393,10 +418,19 @@ class MonitoredTransport final : public Transport {
   void Send(const std::string& peer, std::span<const std::byte> header,
             std::span<const std::byte> payload, SendCallback done) override {
     monitor_->OnSend(Address(), header, payload.size());
-    inner_->Send(peer, header, payload, [this, done = std::move(done)](absl::Status s) {
-      done(std::move(s));
-      monitor_->OnSendDone();
-    });
+    const bool hold_done = monitor_->ShouldHoldDone(Address(), header, payload.size());
+    inner_->Send(peer, header, payload,
+                 [this, hold_done, done = std::move(done)](absl::Status s) mutable {
+                   auto complete = [this, done = std::move(done), s = std::move(s)]() mutable {
+                     done(std::move(s));
+                     monitor_->OnSendDone();
+                   };
+                   if (hold_done) {
+                     monitor_->HoldDone(std::move(complete));
+                   } else {
+                     complete();
+                   }
+                 });
   }
   void Shutdown() override { inner_->Shutdown(); }
 
@@ -578,6 +612,44 @@ TEST(PipelinedFailureTest, DuplicateOfADeferredSubChunkIsDroppedNotAppliedTwice)
     for (uint64_t i = 0; i < count; ++i) {
       ASSERT_EQ(GetValue(DataType::kInt32, bufs[r].data(), i), 10) << "rank " << r << " " << i;
     }
+  }
+}
+
+TEST(PipelinedFailureTest, ARangeIsNotRewrittenWhileTheTransportStillBorrowsIt) {
+  // n = 3: rank 0 folds its whole buffer into rank 1 (step 0) and gets the result back (step 3).
+  // While the transport has not completed rank 0's fold sends, their payload is still borrowed:
+  // the result must wait (deferred), not overwrite it; once the sends complete it is applied.
+  const int n = 3;
+  Monitor monitor([](const std::string&, const WireHeader&) { return false; },
+                  [](const std::string& from, const WireHeader& h) {
+                    return from == "rank-0" && h.kind == static_cast<uint8_t>(MessageKind::kData) &&
+                           h.step == 0;
+                  });
+  MonitoredCluster cluster(n, 16, true, &monitor);
+  const uint64_t count = 40;
+  Buffers bufs(n, std::vector<std::byte>(count * 4));
+  for (int r = 0; r < n; ++r) {
+    for (uint64_t i = 0; i < count; ++i) PutValue(DataType::kInt32, bufs[r].data(), i, r + 1);
+  }
+  std::vector<std::future<absl::Status>> futures;
+  for (int r = 0; r < n; ++r) {
+    futures.push_back(
+        cluster.Post(r, MakeOp("borrow", 0, DataType::kInt32, count, Reduction::kSum, bufs[r])));
+  }
+  ASSERT_TRUE(monitor.WaitQuiescent());
+  // Rank 1 and 2 are done; rank 0 holds the result, deferred, its own input untouched.
+  ASSERT_TRUE(Await(futures[1]).ok());
+  ASSERT_TRUE(Await(futures[2]).ok());
+  EXPECT_EQ(futures[0].wait_for(std::chrono::seconds(0)), std::future_status::timeout);
+  EXPECT_GT(monitor.SendsInStep("rank-1", 3), 0u);
+  for (uint64_t i = 0; i < count; ++i) {
+    ASSERT_EQ(GetValue(DataType::kInt32, bufs[0].data(), i), 1) << "element " << i;
+  }
+  monitor.ReleaseCompletions();
+  ASSERT_TRUE(Await(futures[0]).ok());
+  for (int r = 0; r < n; ++r) {
+    for (uint64_t i = 0; i < count; ++i)
+      ASSERT_EQ(GetValue(DataType::kInt32, bufs[r].data(), i), 6);
   }
 }
 
