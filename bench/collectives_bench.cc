@@ -9,6 +9,14 @@
 // on a few cores, not of a NIC; the selector's thresholds must be calibrated on a real cluster.
 //
 // Usage: collectives_bench [max_bytes] (default 16 MiB).
+//
+// collectives_bench hd-pipelining [rate_mbit] [max_bytes] [partition_bytes]: halving-doubling
+// with and without its sub-chunk pipelining (CollectiveEngine::SetHalvingDoublingPipelined), side
+// by side, for n = 4 and 8 and sizes 64 KiB .. max_bytes (default 64 MiB), each rank's egress
+// paced to rate_mbit (default 1000; 0: not paced, memcpy speed) by PacedTransport, partitions of
+// partition_bytes (default 64 KiB). The two modes alternate iteration by iteration (so drift on
+// a shared machine hits both); medians are printed with the line-rate bound 2(n-1)/n * S / B.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -19,9 +27,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/clock.h"
 #include "dataplane/collectives/algorithm_selector.h"
 #include "dataplane/collectives/data_plane_node.h"
+#include "dataplane/reduce/cpu/cpu_reducer.h"
+#include "dataplane/transport/inprocess/inprocess_transport.h"
+#include "dataplane/transport/paced/paced_transport.h"
 #include "tests/util/cluster_harness.h"
 
 namespace tributary::dataplane {
@@ -56,7 +68,125 @@ double TimeOne(const StartFn& start, std::vector<std::vector<std::byte>>& bufs, 
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// ---------------------------------------------------------------------------------------------
+// Halving-doubling, pipelined or not, over paced links
+
+// n halving-doubling ranks, each a DataPlaneNode on an in-process endpoint whose egress is paced
+// to `bytes_per_s` (0: not paced).
+class PacedRanks {
+ public:
+  PacedRanks(int n, double bytes_per_s, uint64_t partition_bytes) : reducer_(1) {
+    JobView view;
+    view.job_id = "hd";
+    view.plan_version = 1;
+    view.partition_bytes = partition_bytes;
+    view.op_timeout = std::chrono::milliseconds(600000);
+    for (int i = 0; i < n; ++i) view.worker_addresses.push_back(absl::StrCat("hd-", i));
+    view.server_addresses = view.worker_addresses;
+    for (int i = 0; i < n; ++i) view.server_weights.push_back((uint64_t{1} << 32) / n);
+    view.server_weights[0] += (uint64_t{1} << 32) % n;
+    for (int i = 0; i < n; ++i) {
+      std::unique_ptr<Transport> t = network_.CreateEndpoint(view.worker_addresses[i]);
+      if (bytes_per_s > 0) t = std::make_unique<PacedTransport>(std::move(t), bytes_per_s);
+      transports_.push_back(std::move(t));
+      nodes_.push_back(std::make_unique<DataPlaneNode>(transports_.back().get(), &reducer_,
+                                                       common::SystemClock::Get()));
+      view.my_worker_rank = i;
+      view.my_server_index = i;
+      nodes_.back()->SetJob(view, Algorithm::kHalvingDoubling);
+    }
+  }
+  ~PacedRanks() {
+    for (auto& t : transports_) t->Shutdown();
+  }
+
+  // Seconds of one float32 sum over `bufs`, every rank pipelined or not.
+  double Time(bool pipelined, std::vector<std::vector<std::byte>>& bufs, uint64_t count) {
+    const int n = static_cast<int>(nodes_.size());
+    for (auto& node : nodes_) node->engine().SetHalvingDoublingPipelined(pipelined);
+    std::vector<std::promise<absl::Status>> promises(n);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < n; ++r) {
+      Operation op;
+      op.tensor_name = "t";
+      op.iteration = iteration_;
+      op.dtype = common::DataType::kFloat32;
+      op.count = count;
+      op.buffers = {bufs[r].data()};
+      op.done = [p = &promises[r]](absl::Status st) { p->set_value(std::move(st)); };
+      absl::Status s = nodes_[r]->engine().Post("hd", Algorithm::kHalvingDoubling, std::move(op));
+      if (!s.ok()) promises[r].set_value(s);
+    }
+    for (auto& p : promises) {
+      absl::Status s = p.get_future().get();
+      if (!s.ok()) {
+        std::fprintf(stderr, "all-reduce failed: %s\n", s.ToString().c_str());
+        std::exit(1);
+      }
+    }
+    ++iteration_;
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+ private:
+  CpuReducer reducer_;
+  InProcessNetwork network_;
+  std::vector<std::unique_ptr<Transport>> transports_;
+  std::vector<std::unique_ptr<DataPlaneNode>> nodes_;
+  uint64_t iteration_ = 0;
+};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 == 1 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+int HalvingDoublingPipelining(int argc, char** argv) {
+  const double rate_mbit = argc > 2 ? std::strtod(argv[2], nullptr) : 1000;
+  const uint64_t max_bytes = argc > 3 ? std::strtoull(argv[3], nullptr, 10) : 64 << 20;
+  const uint64_t partition_bytes = argc > 4 ? std::strtoull(argv[4], nullptr, 10) : 64 << 10;
+  const double bytes_per_s = rate_mbit * 1e6 / 8;
+  std::printf(
+      "# halving-doubling, float32 sum, ranks as threads over the in-process transport, egress "
+      "%s, partition %llu KiB, %u hardware threads\n",
+      rate_mbit > 0 ? absl::StrCat("paced to ", rate_mbit, " Mbit/s per rank").c_str()
+                    : "not paced",
+      static_cast<unsigned long long>(partition_bytes >> 10), std::thread::hardware_concurrency());
+  std::printf(
+      "# plain: every step after the whole previous one; pipelined: sub-chunk by sub-chunk. "
+      "Medians; bound = 2(n-1)/n * S / rate\n");
+  std::printf("%3s %10s %6s %11s %11s %13s %9s %11s %14s\n", "n", "bytes", "iters", "bound_ms",
+              "plain_ms", "pipelined_ms", "speedup", "plain/bound", "pipelined/bound");
+  for (int n : {4, 8}) {
+    PacedRanks ranks(n, bytes_per_s, partition_bytes);
+    for (uint64_t bytes = 64 << 10; bytes <= max_bytes; bytes *= 4) {
+      const uint64_t count = bytes / 4;
+      std::vector<std::vector<std::byte>> bufs(n, std::vector<std::byte>(bytes));
+      const int iters = static_cast<int>(std::clamp<uint64_t>((256ull << 20) / bytes, 3, 30));
+      ranks.Time(true, bufs, count);  // warm-up
+      ranks.Time(false, bufs, count);
+      std::vector<double> plain, piped;
+      for (int i = 0; i < iters; ++i) {
+        plain.push_back(ranks.Time(false, bufs, count));
+        piped.push_back(ranks.Time(true, bufs, count));
+      }
+      const double bound = rate_mbit > 0 ? 2.0 * (n - 1) / n * bytes / bytes_per_s : 0;
+      const double a = Median(plain);
+      const double b = Median(piped);
+      std::printf("%3d %10llu %6d %11.2f %11.2f %13.2f %9.3f %11s %14s\n", n,
+                  static_cast<unsigned long long>(bytes), iters, bound * 1e3, a * 1e3, b * 1e3,
+                  a / b, bound > 0 ? absl::StrFormat("%.3f", a / bound).c_str() : "-",
+                  bound > 0 ? absl::StrFormat("%.3f", b / bound).c_str() : "-");
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
 int Main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "hd-pipelining") {
+    return HalvingDoublingPipelining(argc, argv);
+  }
   const uint64_t max_bytes = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 16 << 20;
   // Every rank is a worker and a summation server (k = 0, equal shares); the reducer uses one
   // thread per call: the rank's own (transport) thread.

@@ -2,7 +2,7 @@
 
 namespace tributary::dataplane {
 
-std::vector<ScheduleStep> HalvingDoublingSchedule(uint64_t count, int n, int rank) {
+std::vector<ScheduleStep> HalvingDoublingSchedule(uint64_t count, int n, int rank, bool pipelined) {
   std::vector<ScheduleStep> steps;
   if (n <= 1) return steps;
   int levels = 0;
@@ -18,8 +18,18 @@ std::vector<ScheduleStep> HalvingDoublingSchedule(uint64_t count, int n, int ran
     return BlockRange{a.offset, b.offset + b.count - a.offset};
   };
   const BlockRange all{0, count};
+  // Pipelined: a sub-chunk waits only for the earlier receives into its own elements (sends:
+  // those elements are final; receives: they are reduced in step order, and no earlier send of
+  // them is still borrowed by the transport). Otherwise every step waits for the whole previous.
+  const ScheduleStep::SendAfter after = pipelined
+                                            ? ScheduleStep::SendAfter::kEarlierStepsCoveringRange
+                                            : ScheduleStep::SendAfter::kAllPreviousSteps;
   steps.resize(2 * levels + 2);
-  for (auto& s : steps) s.send_after = ScheduleStep::SendAfter::kAllPreviousSteps;
+  for (auto& s : steps) {
+    s.send_after = after;
+    s.apply_after = pipelined ? ScheduleStep::ApplyAfter::kEarlierStepsCoveringRange
+                              : ScheduleStep::ApplyAfter::kAllPreviousSteps;
+  }
 
   // Step 0: fold the extra ranks into their partners.
   if (rank < 2 * extra) {
@@ -58,7 +68,6 @@ std::vector<ScheduleStep> HalvingDoublingSchedule(uint64_t count, int n, int ran
       s.recv_offset = keep.offset;
       s.recv_count = keep.count;
       s.action = ScheduleStep::Action::kReduce;
-      s.send_after = ScheduleStep::SendAfter::kAllPreviousSteps;
     }
     // All-gather: double the range held, distance 1 first. lo == new_rank here.
     for (int k = 0; k < levels; ++k) {
@@ -75,7 +84,6 @@ std::vector<ScheduleStep> HalvingDoublingSchedule(uint64_t count, int n, int ran
       s.recv_offset = recv.offset;
       s.recv_count = recv.count;
       s.action = ScheduleStep::Action::kCopy;
-      s.send_after = ScheduleStep::SendAfter::kAllPreviousSteps;
     }
   }
   // Last step: hand the result back to the extra ranks.

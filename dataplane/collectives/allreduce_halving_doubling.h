@@ -7,9 +7,18 @@
 // r - e for r >= 2e) run log2(p) reduce-scatter steps over p near-equal blocks (distance p/2
 // first: exchange halves of the current range, keep the lower half when the distance bit is
 // clear), ending with block "new rank", then log2(p) all-gather steps in the reverse order.
-// 2·log2(p) + 2 steps in all (the fold steps are empty when n is a power of two). A step's
-// sends wait for every earlier receive, and its receives are applied only after every earlier
-// receive, so the order of additions is fixed.
+// 2·log2(p) + 2 steps in all (the fold steps are empty when n is a power of two).
+//
+// Pipelined (the default), the steps overlap sub-chunk by sub-chunk: a send sub-chunk leaves as
+// soon as the earlier steps' receives into its elements are applied, and a received sub-chunk is
+// applied as soon as the earlier steps' receives into its elements are (kEarlierStepsCoveringRange
+// for both). Which earlier steps write into an element: at a folding partner 2i+1 the fold (step
+// 0) and every reduce-scatter step that kept it, then the all-gather step that brought it back if
+// it was given away; at a rank that folded (2i), nothing but the last step. The range rule finds
+// them by overlap, whatever the sub-chunk boundaries of each step. Each element is still reduced
+// in step order on every rank, so the result has the same bits as the non-pipelined schedule
+// (every step after the whole previous one: kAllPreviousSteps), which is kept for comparison; the
+// messages are the same in both.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +28,7 @@
 
 namespace tributary::dataplane {
 
-std::vector<ScheduleStep> HalvingDoublingSchedule(uint64_t count, int n, int rank);
+std::vector<ScheduleStep> HalvingDoublingSchedule(uint64_t count, int n, int rank,
+                                                  bool pipelined = true);
 
 }  // namespace tributary::dataplane

@@ -70,13 +70,22 @@ struct CollectiveEngine::OpState {
   std::vector<ScheduleStep> steps;
   size_t elem_size = 0;
   uint64_t chunk_elems = 1;
-  std::vector<std::vector<bool>> received;  // [step][chunk]
-  std::vector<uint64_t> recv_left;          // [step]
+  std::vector<std::vector<bool>> arrived;   // [step][chunk]: applied or deferred
+  std::vector<std::vector<bool>> received;  // [step][chunk]: applied
+  std::vector<uint64_t> recv_left;          // [step]: receives not applied yet
+  std::vector<std::vector<bool>> sent;      // [step][chunk]: send completed (OK)
+  std::vector<uint64_t> send_left;          // [step]: sends not completed yet
   size_t recv_step = 0;                     // first step whose receives are incomplete
   size_t send_step = 0;                     // first step whose sends are not all posted
   uint64_t send_cursor = 0;                 // next sub-chunk of send_step to post (posted in order)
   uint64_t sends_outstanding = 0;
-  std::vector<Early> deferred;  // received before their step may be applied (copies)
+  // Received before they may be applied (copies), by element offset: what an applied receive or
+  // a completed send of a range can let go is found by overlap, not by scanning everything.
+  std::multimap<uint64_t, Early> deferred;
+  // Element ranges applied or whose send completed since deferred receives were last looked at,
+  // and whether recv_step moved (which may let any kAllPreviousSteps receive go).
+  std::vector<std::pair<uint64_t, uint64_t>> woken;
+  bool recv_step_moved = false;
   common::Clock::TimePoint started;
   bool finished = false;
 
@@ -87,6 +96,50 @@ struct CollectiveEngine::OpState {
   }
   uint64_t SendChunks(size_t s) const { return NumChunks(steps[s].send_count, chunk_elems); }
   uint64_t RecvChunks(size_t s) const { return NumChunks(steps[s].recv_count, chunk_elems); }
+
+  // Whether `done` holds for every sub-chunk of the range [offset, offset + count) of a step
+  // (cut into sub-chunks from `offset`) that overlaps the elements [a, b).
+  bool AllOverlapping(const std::vector<bool>& done, uint64_t offset, uint64_t count, uint64_t a,
+                      uint64_t b) const {
+    const uint64_t lo = std::max(offset, a);
+    const uint64_t hi = std::min(offset + count, b);
+    if (lo >= hi) return true;
+    for (uint64_t c = (lo - offset) / chunk_elems; c <= (hi - 1 - offset) / chunk_elems; ++c) {
+      if (!done[c]) return false;
+    }
+    return true;
+  }
+  // Every receive of steps before `s` is applied on elements [a, b).
+  bool EarlierReceivesApplied(size_t s, uint64_t a, uint64_t b) const {
+    for (size_t t = recv_step; t < s; ++t) {
+      const ScheduleStep& step = steps[t];
+      if (step.recv_peer < 0 || recv_left[t] == 0) continue;
+      if (!AllOverlapping(received[t], step.recv_offset, step.recv_count, a, b)) return false;
+    }
+    return true;
+  }
+  // Every send of steps before `s` that read an element of [a, b) has completed.
+  bool EarlierSendsCompleted(size_t s, uint64_t a, uint64_t b) const {
+    for (size_t t = 0; t < s; ++t) {
+      const ScheduleStep& step = steps[t];
+      if (step.send_peer < 0 || send_left[t] == 0) continue;
+      if (!AllOverlapping(sent[t], step.send_offset, step.send_count, a, b)) return false;
+    }
+    return true;
+  }
+  // Whether the received sub-chunk `h` may be applied now (see ScheduleStep::ApplyAfter).
+  bool MayApply(const WireHeader& h) const {
+    const ScheduleStep& step = steps[h.step];
+    if (step.apply_early) return true;
+    switch (step.apply_after) {
+      case ScheduleStep::ApplyAfter::kAllPreviousSteps:
+        return h.step <= recv_step;
+      case ScheduleStep::ApplyAfter::kEarlierStepsCoveringRange:
+        return EarlierReceivesApplied(h.step, h.chunk_offset, h.chunk_offset + h.chunk_count) &&
+               EarlierSendsCompleted(h.step, h.chunk_offset, h.chunk_offset + h.chunk_count);
+    }
+    return false;
+  }
 };
 
 CollectiveEngine::CollectiveEngine(Transport* transport, Reducer* reducer,
@@ -129,6 +182,11 @@ void CollectiveEngine::RemoveJob(uint64_t job) {
 size_t CollectiveEngine::active_operations() const {
   std::lock_guard lock(mu_);
   return ops_.size();
+}
+
+void CollectiveEngine::SetHalvingDoublingPipelined(bool pipelined) {
+  std::lock_guard lock(mu_);
+  hd_pipelined_ = pipelined;
 }
 
 absl::Status CollectiveEngine::CanServe(Algorithm algorithm, const Operation& op) const {
@@ -229,7 +287,7 @@ absl::Status CollectiveEngine::Post(const std::string& job_id, Algorithm algorit
     if (broadcast) {
       state->steps = RingBroadcastSchedule(op.count, n, rank, static_cast<int>(op.root_node));
     } else if (algorithm == Algorithm::kHalvingDoubling) {
-      state->steps = HalvingDoublingSchedule(op.count, n, rank);
+      state->steps = HalvingDoublingSchedule(op.count, n, rank, hd_pipelined_);
     } else {
       state->steps = RingAllReduceSchedule(op.count, n, rank);
     }
@@ -248,8 +306,12 @@ absl::Status CollectiveEngine::Post(const std::string& job_id, Algorithm algorit
     d.root = broadcast ? op.root_node : 0;
     for (size_t s = 0; s < state->steps.size(); ++s) {
       const uint64_t chunks = state->steps[s].recv_peer >= 0 ? state->RecvChunks(s) : 0;
+      state->arrived.emplace_back(chunks, false);
       state->received.emplace_back(chunks, false);
       state->recv_left.push_back(chunks);
+      const uint64_t sends = state->steps[s].send_peer >= 0 ? state->SendChunks(s) : 0;
+      state->sent.emplace_back(sends, false);
+      state->send_left.push_back(sends);
     }
     while (state->recv_step < state->steps.size() && state->recv_left[state->recv_step] == 0) {
       ++state->recv_step;
@@ -412,27 +474,58 @@ void CollectiveEngine::DeliverLocked(const std::shared_ptr<OpState>& op, const W
       h.chunk_count != std::min(op->chunk_elems, step.recv_count - begin)) {
     return malformed("sub-chunk does not match the schedule");
   }
-  if (op->received[h.step][h.chunk]) return malformed("duplicate");
-  if (!step.apply_early && h.step > op->recv_step) {
-    op->deferred.push_back(Early{h, {payload.begin(), payload.end()}, clock_->Now()});
+  if (op->arrived[h.step][h.chunk]) return malformed("duplicate");
+  op->arrived[h.step][h.chunk] = true;
+  if (!op->MayApply(h)) {
+    op->deferred.emplace(h.chunk_offset, Early{h, {payload.begin(), payload.end()}, clock_->Now()});
     return;
   }
   ApplyLocked(*op, h, payload);
-  // Receives of later steps that waited for this one.
-  bool progressed = true;
-  while (progressed && !op->deferred.empty()) {
-    progressed = false;
-    for (auto it = op->deferred.begin(); it != op->deferred.end(); ++it) {
-      if (it->header.step <= op->recv_step) {
-        Early e = std::move(*it);
-        op->deferred.erase(it);
-        ApplyLocked(*op, e.header, e.payload);
-        progressed = true;
-        break;
+  AdvanceLocked(op, out, done);
+}
+
+bool CollectiveEngine::ApplyDeferredLocked(OpState& op) {
+  // Applying one receive may let others go (those of later steps over the same elements), and
+  // so on: a work list of changed ranges, plus a full pass whenever recv_step moved. Within a
+  // step sub-chunks do not overlap, and across steps MayApply keeps the step order per element,
+  // so the order in which ready receives are applied does not change the bits.
+  bool any = false;
+  while (!op.deferred.empty()) {
+    if (op.recv_step_moved) {
+      op.recv_step_moved = false;
+      op.woken.clear();  // the full pass below looks at everything
+      for (auto it = op.deferred.begin(); it != op.deferred.end();) {
+        if (!op.MayApply(it->second.header)) {
+          ++it;
+          continue;
+        }
+        Early e = std::move(it->second);
+        it = op.deferred.erase(it);
+        ApplyLocked(op, e.header, e.payload);
+        any = true;
       }
+      continue;
+    }
+    if (op.woken.empty()) break;
+    const auto [a, b] = op.woken.back();
+    op.woken.pop_back();
+    // A deferred sub-chunk [o, o + k) with k <= chunk_elems overlaps [a, b) iff o < b and
+    // o + k > a, so o > a - chunk_elems.
+    for (auto it = op.deferred.lower_bound(a + 1 > op.chunk_elems ? a + 1 - op.chunk_elems : 0);
+         it != op.deferred.end() && it->first < b;) {
+      const WireHeader& h = it->second.header;
+      if (h.chunk_offset + h.chunk_count <= a || !op.MayApply(h)) {
+        ++it;
+        continue;
+      }
+      Early e = std::move(it->second);
+      it = op.deferred.erase(it);
+      ApplyLocked(op, e.header, e.payload);
+      any = true;
     }
   }
-  AdvanceLocked(op, out, done);
+  op.woken.clear();
+  return any;
 }
 
 void CollectiveEngine::ApplyLocked(OpState& op, const WireHeader& h,
@@ -448,13 +541,36 @@ void CollectiveEngine::ApplyLocked(OpState& op, const WireHeader& h,
   }
   op.received[h.step][h.chunk] = true;
   op.recv_left[h.step]--;
+  const size_t recv_step = op.recv_step;
   while (op.recv_step < op.steps.size() && op.recv_left[op.recv_step] == 0) ++op.recv_step;
+  if (op.deferred.empty()) return;
+  op.recv_step_moved |= op.recv_step != recv_step;
+  if (h.chunk_count > 0) op.woken.emplace_back(h.chunk_offset, h.chunk_offset + h.chunk_count);
 }
 
 void CollectiveEngine::AdvanceLocked(const std::shared_ptr<OpState>& op, std::vector<Outgoing>& out,
                                      std::vector<Completion>& done) {
   if (op->finished) return;
+  // Posting a send never lets a receive go (only its completion does, in OnSendDone), so one
+  // round suffices.
+  ApplyDeferredLocked(*op);
+  PostSendsLocked(op, out);
+  if (op->send_step < op->steps.size() || op->recv_step < op->steps.size() ||
+      op->sends_outstanding > 0) {
+    return;
+  }
+  // Done: every receive applied, every send completed (average divides in op.done, see Post).
+  op->finished = true;
+  ops_.erase(op->key);
+  tombstones_[op->key] = {absl::OkStatus(), clock_->Now() + kTombstoneTtl};
+  stats_.ops_completed++;
+  done.emplace_back(std::move(op->op.done), absl::OkStatus());
+}
+
+bool CollectiveEngine::PostSendsLocked(const std::shared_ptr<OpState>& op,
+                                       std::vector<Outgoing>& out) {
   const JobView& view = *op->view;
+  bool posted = false;
   while (op->send_step < op->steps.size()) {
     const size_t s = op->send_step;
     const ScheduleStep& step = op->steps[s];
@@ -462,6 +578,8 @@ void CollectiveEngine::AdvanceLocked(const std::shared_ptr<OpState>& op, std::ve
       const uint64_t chunks = op->SendChunks(s);
       while (op->send_cursor < chunks) {
         const uint64_t c = op->send_cursor;
+        const uint64_t begin = std::min(step.send_count, c * op->chunk_elems);
+        const uint64_t count = std::min(op->chunk_elems, step.send_count - begin);
         bool ready = false;
         switch (step.send_after) {
           case ScheduleStep::SendAfter::kStart:
@@ -477,10 +595,12 @@ void CollectiveEngine::AdvanceLocked(const std::shared_ptr<OpState>& op, std::ve
           case ScheduleStep::SendAfter::kThisStepSameChunk:
             ready = step.recv_peer < 0 || (c < op->received[s].size() && op->received[s][c]);
             break;
+          case ScheduleStep::SendAfter::kEarlierStepsCoveringRange:
+            ready = op->EarlierReceivesApplied(s, step.send_offset + begin,
+                                               step.send_offset + begin + count);
+            break;
         }
-        if (!ready) return;
-        const uint64_t begin = std::min(step.send_count, c * op->chunk_elems);
-        const uint64_t count = std::min(op->chunk_elems, step.send_count - begin);
+        if (!ready) return posted;
         Outgoing o;
         o.address = view.worker_addresses[step.send_peer];
         o.header = op->descriptor;
@@ -495,18 +615,13 @@ void CollectiveEngine::AdvanceLocked(const std::shared_ptr<OpState>& op, std::ve
         op->sends_outstanding++;
         out.push_back(std::move(o));
         op->send_cursor++;
+        posted = true;
       }
     }
     op->send_step++;
     op->send_cursor = 0;
   }
-  if (op->recv_step < op->steps.size() || op->sends_outstanding > 0) return;
-  // Done: every receive applied, every send completed (average divides in op.done, see Post).
-  op->finished = true;
-  ops_.erase(op->key);
-  tombstones_[op->key] = {absl::OkStatus(), clock_->Now() + kTombstoneTtl};
-  stats_.ops_completed++;
-  done.emplace_back(std::move(op->op.done), absl::OkStatus());
+  return posted;
 }
 
 void CollectiveEngine::FailLocked(const std::shared_ptr<OpState>& op, absl::Status status,
@@ -536,13 +651,23 @@ void CollectiveEngine::FailLocked(const std::shared_ptr<OpState>& op, absl::Stat
   done.emplace_back(std::move(op->op.done), std::move(status));
 }
 
-void CollectiveEngine::OnSendDone(const std::shared_ptr<OpState>& op, int peer,
-                                  absl::Status status) {
+void CollectiveEngine::OnSendDone(const std::shared_ptr<OpState>& op, int peer, uint32_t step,
+                                  uint32_t chunk, absl::Status status) {
   std::vector<Outgoing> out;
   std::vector<Completion> done;
   {
     std::lock_guard lock(mu_);
     op->sends_outstanding--;
+    if (status.ok()) {
+      op->sent[step][chunk] = true;
+      op->send_left[step]--;
+      const ScheduleStep& st = op->steps[step];
+      const uint64_t begin = std::min(st.send_count, uint64_t{chunk} * op->chunk_elems);
+      const uint64_t count = std::min(op->chunk_elems, st.send_count - begin);
+      if (count > 0 && !op->deferred.empty()) {
+        op->woken.emplace_back(st.send_offset + begin, st.send_offset + begin + count);
+      }
+    }
     if (!status.ok()) {
       stats_.send_failures++;
       FailLocked(op,
@@ -567,10 +692,10 @@ void CollectiveEngine::Flush(std::vector<Outgoing> out, std::vector<Completion> 
                      o.header.step, o.header.chunk, o.header.num_chunks, o.payload.size(), o.peer,
                      o.address);
       }
-      transport_->Send(o.address, AsBytes(o.header), o.payload,
-                       [this, op = std::move(o.op), peer = o.peer](absl::Status s) {
-                         OnSendDone(op, peer, std::move(s));
-                       });
+      transport_->Send(
+          o.address, AsBytes(o.header), o.payload,
+          [this, op = std::move(o.op), peer = o.peer, step = o.header.step, chunk = o.header.chunk](
+              absl::Status s) { OnSendDone(op, peer, step, chunk, std::move(s)); });
     } else {
       transport_->Send(o.address, AsBytes(o.header), o.payload,
                        [message = std::move(o.message)](absl::Status) {});
@@ -596,13 +721,18 @@ void CollectiveEngine::ExpireStale() {
       if (op->recv_step < op->steps.size()) {
         const ScheduleStep& step = op->steps[op->recv_step];
         uint64_t missing = 0;
-        while (missing < op->received[op->recv_step].size() &&
-               op->received[op->recv_step][missing]) {
+        while (missing < op->arrived[op->recv_step].size() && op->arrived[op->recv_step][missing]) {
           ++missing;
         }
-        waiting = absl::StrCat("waiting for rank ", step.recv_peer, " (",
-                               op->view->worker_addresses[step.recv_peer], ") to send sub-chunk ",
-                               missing, "/", op->RecvChunks(op->recv_step));
+        if (missing < op->RecvChunks(op->recv_step)) {
+          waiting = absl::StrCat("waiting for rank ", step.recv_peer, " (",
+                                 op->view->worker_addresses[step.recv_peer], ") to send sub-chunk ",
+                                 missing, "/", op->RecvChunks(op->recv_step));
+        } else {
+          // Everything arrived; what is held waits for sends of its range to complete.
+          waiting = absl::StrCat(op->deferred.size(), " received sub-chunks waiting for ",
+                                 op->sends_outstanding, " sends not completed by the transport");
+        }
       } else {
         waiting = absl::StrCat(op->sends_outstanding, " sends not completed by the transport");
       }

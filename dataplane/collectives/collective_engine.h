@@ -9,6 +9,12 @@
 // chunk c overlaps the summation of chunk c + 1), and applies received sub-chunks in place.
 // allreduce_ring.h and allreduce_halving_doubling.h build the schedules.
 //
+// "Final" is decided per step by SendAfter (when a send sub-chunk may leave) and ApplyAfter /
+// apply_early (when a received sub-chunk may be summed or copied in). The range-based kinds
+// (kEarlierStepsCoveringRange) let a schedule whose steps have different sub-chunk boundaries
+// (halving-doubling: the range halves or doubles each step) overlap its steps: a sub-chunk waits
+// only for the earlier steps' receives that write into its own element range.
+//
 // Messages carry the data plane's WireHeader (kinds kData, kError, kAbort; `algorithm` ring or
 // halving-doubling); DataPlaneNode routes them here.
 #pragma once
@@ -51,6 +57,18 @@ struct ScheduleStep {
     kPrevStepSameChunk,  // sub-chunk c of the previous step's receive (same range: ring)
     kAllPreviousSteps,   // every receive of every earlier step
     kThisStepSameChunk,  // sub-chunk c of this step's receive (same range: forwarding)
+    // Every element the sub-chunk reads is final: each earlier step's receive is applied on
+    // its overlap with the sub-chunk's range (any boundaries: halving-doubling).
+    kEarlierStepsCoveringRange,
+  };
+  // When a received sub-chunk may be applied (unless apply_early).
+  enum class ApplyAfter : uint8_t {
+    kAllPreviousSteps,  // every receive of every earlier step is applied
+    // Every earlier step's receive is applied on its overlap with the sub-chunk's range (so each
+    // element is still reduced in step order: the bits do not depend on timing), and every
+    // earlier send that read an element of the range has completed (the transport no longer
+    // borrows it). Other elements' steps may still be running.
+    kEarlierStepsCoveringRange,
   };
   enum class Action : uint8_t { kReduce, kCopy };
 
@@ -62,6 +80,7 @@ struct ScheduleStep {
   uint64_t recv_offset = 0;
   uint64_t recv_count = 0;
   Action action = Action::kReduce;
+  ApplyAfter apply_after = ApplyAfter::kAllPreviousSteps;
   // Whether this step's receives may be applied before earlier steps' receives are complete.
   // True only where no pending send reads the range and each element is reduced at most once
   // per rank (so the order of additions, and hence the bits, stay deterministic).
@@ -148,6 +167,12 @@ class CollectiveEngine : public CollectiveAlgorithm {
   // Operations running now.
   size_t active_operations() const;
 
+  // Whether halving-doubling operations posted from now on overlap their steps sub-chunk by
+  // sub-chunk (default) or run each step after the whole previous one (the former schedule, kept
+  // for comparison in benchmarks). Either way every element is reduced in the same order, the
+  // messages are the same, and ranks with different settings interoperate.
+  void SetHalvingDoublingPipelined(bool pipelined);
+
  private:
   struct OpState;
   struct Outgoing;
@@ -167,11 +192,16 @@ class CollectiveEngine : public CollectiveAlgorithm {
                      std::span<const std::byte> payload, std::vector<Outgoing>& out,
                      std::vector<Completion>& done);
   void ApplyLocked(OpState& op, const WireHeader& h, std::span<const std::byte> payload);
+  // Applies the deferred receives that may be applied now and posts the sends that may leave,
+  // until neither makes progress; completes the operation when everything is done.
   void AdvanceLocked(const std::shared_ptr<OpState>& op, std::vector<Outgoing>& out,
                      std::vector<Completion>& done);
+  bool ApplyDeferredLocked(OpState& op);
+  bool PostSendsLocked(const std::shared_ptr<OpState>& op, std::vector<Outgoing>& out);
   void FailLocked(const std::shared_ptr<OpState>& op, absl::Status status, bool tell_peers,
                   std::vector<Outgoing>& out, std::vector<Completion>& done);
-  void OnSendDone(const std::shared_ptr<OpState>& op, int peer, absl::Status status);
+  void OnSendDone(const std::shared_ptr<OpState>& op, int peer, uint32_t step, uint32_t chunk,
+                  absl::Status status);
   void Flush(std::vector<Outgoing> out, std::vector<Completion> done);
 
   Transport* transport_;
@@ -184,6 +214,7 @@ class CollectiveEngine : public CollectiveAlgorithm {
   std::map<CollectiveKey, std::deque<Early>> early_;
   uint64_t early_bytes_ = 0;
   std::map<CollectiveKey, Tombstone> tombstones_;
+  bool hd_pipelined_ = true;
 };
 
 }  // namespace tributary::dataplane
