@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-namespace tributary::topology {
+namespace tributary::dataplane {
 
 class MiadTuner {
  public:
@@ -55,4 +55,4 @@ class MiadTuner {
   double reference_ = -1;  // mean at the settled size (-1: to be measured)
 };
 
-}  // namespace tributary::topology
+}  // namespace tributary::dataplane
