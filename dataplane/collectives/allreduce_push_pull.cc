@@ -66,6 +66,15 @@ void PushPullServer::SetJob(const JobView& view) {
   std::vector<Parked> replay;
   {
     std::lock_guard lock(mu_);
+    if (auto old = jobs_.find(view.job_hash());
+        old != jobs_.end() &&
+        (old->second->partition_bytes != view.partition_bytes ||
+         old->second->server_addresses.size() != view.server_addresses.size() ||
+         !view.tune_partition)) {
+      // The tuners' start and bounds came from the old plan: start over from the new one.
+      const uint64_t job = view.job_hash();
+      tuning_.erase(tuning_.lower_bound({job, 0}), tuning_.lower_bound({job + 1, 0}));
+    }
     jobs_[view.job_hash()] = std::make_shared<const JobView>(view);
     absl::StatusOr<ChunkMap> map = ChunkMap::Create(view.server_weights);
     if (map.ok()) {
