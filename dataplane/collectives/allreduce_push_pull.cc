@@ -44,10 +44,16 @@ std::string DescribeShape(const WireHeader& h) {
       h.reduce == static_cast<uint8_t>(Reduction::kBroadcast)
           ? absl::StrCat(" broadcast from rank ", h.root)
           : absl::StrCat(" ", std::string(ReductionName(static_cast<Reduction>(h.reduce)))),
-      " (plan v", h.plan_version, ")");
+      " in ", h.num_chunks, " chunks (plan v", h.plan_version, ")");
 }
 
+uint64_t FloorKiB(uint64_t bytes) { return bytes / 1024 * 1024; }
+
 }  // namespace
+
+bool PartitionTuned(const JobView& job, uint64_t tensor_bytes) {
+  return job.tune_partition && tensor_bytes >= 2 * kTuneMinPartition;
+}
 
 // ---------------------------------------------------------------------------------------------
 // PushPullServer
@@ -60,6 +66,15 @@ void PushPullServer::SetJob(const JobView& view) {
   std::vector<Parked> replay;
   {
     std::lock_guard lock(mu_);
+    if (auto old = jobs_.find(view.job_hash());
+        old != jobs_.end() &&
+        (old->second->partition_bytes != view.partition_bytes ||
+         old->second->server_addresses.size() != view.server_addresses.size() ||
+         !view.tune_partition)) {
+      // The tuners' start and bounds came from the old plan: start over from the new one.
+      const uint64_t job = view.job_hash();
+      tuning_.erase(tuning_.lower_bound({job, 0}), tuning_.lower_bound({job + 1, 0}));
+    }
     jobs_[view.job_hash()] = std::make_shared<const JobView>(view);
     absl::StatusOr<ChunkMap> map = ChunkMap::Create(view.server_weights);
     if (map.ok()) {
@@ -86,6 +101,7 @@ void PushPullServer::RemoveJob(uint64_t job_hash) {
   std::lock_guard lock(mu_);
   jobs_.erase(job_hash);
   maps_.erase(job_hash);
+  tuning_.erase(tuning_.lower_bound({job_hash, 0}), tuning_.lower_bound({job_hash + 1, 0}));
   for (auto it = chunks_.begin(); it != chunks_.end();) {
     if (it->first.key.job == job_hash) {
       if (it->second.sum) AddHeld(-static_cast<int64_t>(it->second.sum->size()));
@@ -191,6 +207,10 @@ void PushPullServer::HandlePushLocked(const JobView& job, const WireHeader& h,
     } else {
       st.received[h.sender] = true;
       st.num_received++;
+      if (h.chunk == 0 && h.step != 0) {
+        st.reports++;
+        st.slowest_report = std::min(st.slowest_report, h.step);
+      }
 
       if (!payload.empty()) {
         if (!st.sum) {
@@ -228,6 +248,8 @@ void PushPullServer::HandlePushLocked(const JobView& job, const WireHeader& h,
         r.sender = WireHeader::kFromServer;
         r.chunk_offset = h.chunk_offset;
         r.chunk_count = h.chunk_count;
+        r.step = 0;
+        r.reserved1 = h.chunk == 0 ? DecideLocked(job, st) : 0;
         for (size_t w = 0; w < job.worker_addresses.size(); ++w) {
           out.push_back({job.worker_addresses[w], r, st.sum});
           if (job.counters && st.sum && w < job.counters->served.size()) {
@@ -245,9 +267,47 @@ void PushPullServer::HandlePushLocked(const JobView& job, const WireHeader& h,
   }
 }
 
+uint32_t PushPullServer::DecideLocked(const JobView& job, const ChunkState& st) {
+  const WireHeader& h = st.descriptor;
+  const uint64_t bytes = h.tensor_count * DataTypeSize(static_cast<DataType>(h.dtype));
+  if (!PartitionTuned(job, bytes)) return 0;
+  auto it = tuning_.find({h.job, h.tensor});
+  if (it == tuning_.end()) {
+    MiadTuner::Options o;
+    o.min_bytes = kTuneMinPartition;
+    const uint64_t servers = std::max<size_t>(1, job.server_addresses.size());
+    o.max_bytes =
+        std::max(kTuneMinPartition, FloorKiB(std::min(kTuneMaxPartition, bytes / servers)));
+    o.initial_bytes = FloorKiB(job.partition_bytes);
+    // Every size stays a whole number of KiB: min, max, initial and the steps are.
+    it = tuning_.emplace(std::pair{h.job, h.tensor}, Tuning{MiadTuner(o), {}}).first;
+  }
+  Tuning& t = it->second;
+  const uint64_t i = h.iteration;
+  if (i >= 1 && st.reports == job.worker_addresses.size()) {
+    // The reports measure iteration i - 1, cut by the newest decision of an iteration <= i - 3.
+    uint64_t used = job.partition_bytes;
+    if (i >= 3) {
+      auto d = t.decided.upper_bound(i - 3);
+      if (d != t.decided.begin()) used = std::prev(d)->second;
+    }
+    if (used == t.tuner.chunk_bytes()) {
+      t.tuner.Report(static_cast<double>(st.slowest_report) * 1024);
+    }
+  }
+  const uint64_t decision = t.tuner.chunk_bytes();
+  t.decided[i] = decision;
+  while (t.decided.size() > 8) t.decided.erase(t.decided.begin());
+  return static_cast<uint32_t>(decision / 1024);
+}
+
 void PushPullServer::FailLocked(const JobView& job, const WireHeader& h, absl::Status status,
                                 std::vector<Outgoing>& out) {
   const CollectiveKey key = KeyOf(h);
+  // A failed collective carries no decision to the workers.
+  if (auto t = tuning_.find({key.job, key.tensor}); t != tuning_.end()) {
+    t->second.decided.erase(key.iteration);
+  }
   Log()->warn("collective failed on summation server: {}", status.message());
   stats_->collectives_failed_on_server++;
   for (auto it = chunks_.lower_bound(ChunkKey{key, 0});
@@ -373,6 +433,14 @@ struct PushPullWorker::OpState {
   std::vector<uint32_t> outstanding;
   common::Clock::TimePoint deadline;
   bool finished = false;
+  // Partition tuning (see kTuneMinPartition): whether this op takes part, the partition it was
+  // cut by, when it started on the injected clock, the report its chunk 0 carries (KiB/s) and
+  // the decision its chunk-0 result carried (KiB).
+  bool tuned = false;
+  uint64_t partition = 0;
+  common::Clock::TimePoint measure_start;
+  uint32_t report = 0;
+  uint32_t decision_kib = 0;
   // Wall-clock times for the trace (common/trace.h), kept only while one is recorded.
   common::Trace::TimePoint started_at;
   std::vector<common::Trace::TimePoint> sent_at, send_done_at;
@@ -398,6 +466,7 @@ struct PushPullWorker::OpState {
     h.chunk_count = r.count;
     h.sender = static_cast<uint32_t>(job->my_worker_rank);
     h.root = is_broadcast() ? op.root_node : 0;
+    if (chunk == 0) h.step = report;
     return h;
   }
   uint64_t ChunkBytes(uint32_t chunk) const {
@@ -421,6 +490,18 @@ void PushPullWorker::RemoveJob(uint64_t job_hash) {
   {
     std::lock_guard lock(mu_);
     jobs_.erase(job_hash);
+    for (auto it = held_.begin(); it != held_.end();) {
+      if (it->first.job != job_hash) {
+        ++it;
+        continue;
+      }
+      for (Held& held : it->second) {
+        done.emplace_back(std::move(held.op.done),
+                          absl::CancelledError("the job was removed from this node's plan"));
+      }
+      it = held_.erase(it);
+    }
+    tuning_.erase(tuning_.lower_bound({job_hash, 0}), tuning_.lower_bound({job_hash + 1, 0}));
     std::vector<CollectiveKey> keys;
     for (auto& [key, op] : ops_) {
       if (key.job == job_hash) keys.push_back(key);
@@ -448,10 +529,40 @@ void PushPullWorker::AddInFlight(int64_t delta) {
 }
 
 absl::Status PushPullWorker::Start(const std::string& job_id, Operation op) {
-  const uint64_t job_hash = common::StableHash64(job_id);
   std::vector<std::function<void()>> sends;
   {
     std::lock_guard lock(mu_);
+    if (absl::Status s = StartLocked(job_id, op, std::nullopt); !s.ok()) return s;
+    PumpLocked(sends);
+  }
+  Flush(std::move(sends), {});
+  return absl::OkStatus();
+}
+
+bool PushPullWorker::IsHeldLocked(const CollectiveKey& key) const {
+  if (key.iteration < 2) return false;
+  auto it = held_.find(CollectiveKey{key.job, key.tensor, key.iteration - 2});
+  if (it == held_.end()) return false;
+  return std::any_of(it->second.begin(), it->second.end(),
+                     [&](const Held& h) { return h.op.iteration == key.iteration; });
+}
+
+void PushPullWorker::ReleaseHeldLocked(const CollectiveKey& key, std::vector<Completion>& done) {
+  auto it = held_.find(key);
+  if (it == held_.end()) return;
+  std::vector<Held> held = std::move(it->second);
+  held_.erase(it);
+  for (Held& h : held) {
+    if (absl::Status s = StartLocked(h.job_id, h.op, h.deadline); !s.ok()) {
+      done.emplace_back(std::move(h.op.done), std::move(s));
+    }
+  }
+}
+
+absl::Status PushPullWorker::StartLocked(const std::string& job_id, Operation& op,
+                                         std::optional<common::Clock::TimePoint> deadline) {
+  const uint64_t job_hash = common::StableHash64(job_id);
+  {
     auto job_it = jobs_.find(job_hash);
     if (job_it == jobs_.end()) {
       return absl::NotFoundError(absl::StrCat("job '", job_id, "' has no plan on this node"));
@@ -484,7 +595,7 @@ absl::Status PushPullWorker::Start(const std::string& job_id, Operation op) {
     }
     const uint64_t tensor_hash = common::StableHash64(op.tensor_name);
     const CollectiveKey key{job_hash, tensor_hash, op.iteration};
-    if (ops_.contains(key)) {
+    if (ops_.contains(key) || IsHeldLocked(key)) {
       return absl::AlreadyExistsError(
           absl::StrCat(what, " iteration ", op.iteration, " is already running"));
     }
@@ -493,17 +604,53 @@ absl::Status PushPullWorker::Start(const std::string& job_id, Operation op) {
       return absl::FailedPreconditionError(
           absl::StrCat("job '", job_id, "' has an invalid plan: ", map.status().message()));
     }
+    const bool tuned = PartitionTuned(*job, op.count * element_size);
+    if (tuned && op.iteration >= 2) {
+      // The partition of iteration j is decided by iteration j - 2's result: wait for it.
+      const CollectiveKey before{job_hash, tensor_hash, op.iteration - 2};
+      if (ops_.contains(before) || IsHeldLocked(before)) {
+        if (Log()->should_log(spdlog::level::debug)) {
+          Log()->debug("{} iteration {} waits for iteration {} (partition tuning)", what,
+                       op.iteration, before.iteration);
+        }
+        held_[before].push_back(
+            Held{job_id, std::move(op), deadline.value_or(clock_->Now() + job->op_timeout)});
+        stats_->ops_held++;
+        return absl::OkStatus();
+      }
+    }
+    uint64_t partition = job->partition_bytes;
+    if (tuned) {
+      TensorTuning& t = tuning_[{job_hash, tensor_hash}];
+      if (op.iteration >= 2) {
+        auto d = t.decisions.upper_bound(op.iteration - 2);
+        if (d != t.decisions.begin()) partition = std::prev(d)->second;
+      }
+      if (partition != (t.last_partition == 0 ? job->partition_bytes : t.last_partition)) {
+        stats_->partition_decisions_applied++;
+        Log()->debug("{}: partition {} -> {} bytes from iteration {}", what,
+                     t.last_partition == 0 ? job->partition_bytes : t.last_partition, partition,
+                     op.iteration);
+        if (common::Trace::enabled()) {
+          common::Trace::Counter(absl::StrCat("partition ", op.tensor_name),
+                                 std::chrono::steady_clock::now(), static_cast<int64_t>(partition));
+        }
+      }
+      t.last_partition = partition;
+    }
     auto state = std::make_shared<OpState>(*std::move(map));
     state->job = job;
     state->job_hash = job_hash;
     state->tensor_hash = tensor_hash;
     state->seq = next_seq_++;
     state->element_size = element_size;
-    state->num_chunks =
-        PushPullChunks(op.count, element_size, job->partition_bytes, state->map.num_servers());
+    state->tuned = tuned;
+    state->partition = partition;
+    state->measure_start = clock_->Now();
+    state->num_chunks = PushPullChunks(op.count, element_size, partition, state->map.num_servers());
     state->chunk_state.assign(state->num_chunks, 0);
     state->outstanding.assign(state->map.num_servers(), 0);
-    state->deadline = clock_->Now() + job->op_timeout;
+    state->deadline = deadline.value_or(clock_->Now() + job->op_timeout);
     if (common::Trace::enabled()) {
       state->started_at = std::chrono::steady_clock::now();
       state->sent_at.resize(state->num_chunks);
@@ -517,9 +664,7 @@ absl::Status PushPullWorker::Start(const std::string& job_id, Operation op) {
     state->op = std::move(op);
     ops_[key] = std::move(state);
     stats_->ops_started++;
-    PumpLocked(sends);
   }
-  Flush(std::move(sends), {});
   return absl::OkStatus();
 }
 
@@ -546,6 +691,14 @@ void PushPullWorker::PumpLocked(std::vector<std::function<void()>>& sends) {
     }
     in_flight += bytes;
     op->outstanding[server]++;
+    if (it->chunk == 0 && op->tuned) {
+      // Chunk 0 reports this worker's throughput of the previous iteration to the home server.
+      auto t = tuning_.find({op->job_hash, op->tensor_hash});
+      if (t != tuning_.end() && t->second.has_report &&
+          t->second.reported_iteration + 1 == op->op.iteration) {
+        op->report = t->second.report_kib_s;
+      }
+    }
     AddInFlight(static_cast<int64_t>(bytes));
     op->chunk_state[it->chunk] = 1;
     if (!op->sent_at.empty()) op->sent_at[it->chunk] = std::chrono::steady_clock::now();
@@ -632,6 +785,7 @@ void PushPullWorker::SendChunk(std::shared_ptr<OpState> op, uint32_t chunk) {
                                           absl::StrCat("push of ", what, " to summation server ",
                                                        server, " failed: ", s.message())),
                                       done);
+                           PumpLocked(sends);  // ops held for this one may have started
                          }
                        }  // else the operation failed meanwhile: FailLocked returned the credit
                      }
@@ -723,6 +877,7 @@ void PushPullWorker::HandleResult(const WireHeader& h, std::span<const std::byte
       return;  // failed meanwhile
     }
     if (!op->sent_at.empty()) TraceChunkLocked(*op, h.chunk, server_index);
+    if (h.chunk == 0 && op->tuned) op->decision_kib = h.reserved1;
     op->outstanding[server_index]--;
     if (op->chunk_state[h.chunk] == 1) {
       // The sum overtook the push's send completion: the chunk (its credit, and the staging the
@@ -759,8 +914,28 @@ void PushPullWorker::ChunkDoneLocked(const std::shared_ptr<OpState>& op, uint32_
   op->chunk_state[chunk] = 2;
   if (++op->chunks_done < op->num_chunks) return;
   op->finished = true;
-  ops_.erase(CollectiveKey{op->job_hash, op->tensor_hash, op->op.iteration});
+  const CollectiveKey key{op->job_hash, op->tensor_hash, op->op.iteration};
+  ops_.erase(key);
   stats_->ops_completed++;
+  if (op->tuned) {
+    const uint64_t bytes = op->op.count * op->element_size;
+    const double seconds =
+        std::max(std::chrono::duration<double>(clock_->Now() - op->measure_start).count(), 1e-6);
+    double throughput = static_cast<double>(bytes) / seconds;
+    if (throughput_hook_) {
+      throughput = throughput_hook_(op->op.tensor_name, op->op.iteration, op->partition,
+                                    op->num_chunks, throughput);
+    }
+    TensorTuning& t = tuning_[{op->job_hash, op->tensor_hash}];
+    t.has_report = true;
+    t.reported_iteration = op->op.iteration;
+    t.report_kib_s = static_cast<uint32_t>(std::clamp(throughput / 1024, 1.0, 4294967295.0));
+    if (op->decision_kib != 0) {
+      t.decisions[op->op.iteration] = uint64_t{op->decision_kib} * 1024;
+      while (t.decisions.size() > 8) t.decisions.erase(t.decisions.begin());
+    }
+  }
+  ReleaseHeldLocked(key, done);
   if (!op->sent_at.empty()) {
     common::Trace::Async(absl::StrCat("push/pull ", op->op.tensor_name), op->seq, op->started_at,
                          std::chrono::steady_clock::now(),
@@ -772,14 +947,16 @@ void PushPullWorker::ChunkDoneLocked(const std::shared_ptr<OpState>& op, uint32_
 }
 
 void PushPullWorker::HandleError(const WireHeader& h, std::string_view message) {
+  std::vector<std::function<void()>> sends;
   std::vector<Completion> done;
   {
     std::lock_guard lock(mu_);
     FailLocked(KeyOf(h),
                absl::Status(static_cast<absl::StatusCode>(h.error_code), std::string(message)),
                done);
+    PumpLocked(sends);  // ops held for this one may have started
   }
-  Flush({}, std::move(done));
+  Flush(std::move(sends), std::move(done));
 }
 
 void PushPullWorker::FailLocked(const CollectiveKey& key, absl::Status status,
@@ -789,6 +966,7 @@ void PushPullWorker::FailLocked(const CollectiveKey& key, absl::Status status,
   std::shared_ptr<OpState> op = it->second;
   ops_.erase(it);
   op->finished = true;
+  ReleaseHeldLocked(key, done);
   for (uint32_t c = 0; c < op->num_chunks; ++c) {
     if (op->chunk_state[c] == 1 || op->chunk_state[c] == 4) ReleaseCreditLocked(*op, c);
     if (op->chunk_state[c] == 4) op->chunk_state[c] = 2;
@@ -806,6 +984,28 @@ void PushPullWorker::ExpireStale() {
   {
     std::lock_guard lock(mu_);
     const auto now = clock_->Now();
+    // Held ops first: one whose wait is over must not be started by the failures below.
+    std::vector<CollectiveKey> expired_held;
+    for (auto it = held_.begin(); it != held_.end();) {
+      auto& list = it->second;
+      for (auto h = list.begin(); h != list.end();) {
+        if (h->deadline > now) {
+          ++h;
+          continue;
+        }
+        done.emplace_back(
+            std::move(h->op.done),
+            absl::DeadlineExceededError(
+                absl::StrCat("job '", h->job_id, "' tensor '", h->op.tensor_name, "' iteration ",
+                             h->op.iteration, " timed out while waiting for iteration ",
+                             it->first.iteration, " of the same tensor to finish on this worker")));
+        expired_held.push_back(CollectiveKey{it->first.job, it->first.tensor, h->op.iteration});
+        h = list.erase(h);
+      }
+      it = list.empty() ? held_.erase(it) : std::next(it);
+    }
+    // What waited for those may go now.
+    for (const auto& key : expired_held) ReleaseHeldLocked(key, done);
     std::vector<CollectiveKey> expired;
     for (auto& [key, op] : ops_) {
       if (op->deadline <= now) expired.push_back(key);
@@ -828,7 +1028,7 @@ void PushPullWorker::ExpireStale() {
               absl::StrJoin(waiting, ", "), "]")),
           done);
     }
-    if (!expired.empty()) PumpLocked(sends);
+    if (!expired.empty() || !expired_held.empty()) PumpLocked(sends);
   }
   Flush(std::move(sends), std::move(done));
 }

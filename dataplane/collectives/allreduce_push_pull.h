@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -29,6 +30,7 @@
 #include "dataplane/collectives/wire.h"
 #include "dataplane/reduce/reducer.h"
 #include "dataplane/schedule/chunk_map.h"
+#include "dataplane/schedule/miad_tuner.h"
 #include "dataplane/transport/transport.h"
 
 namespace tributary::dataplane {
@@ -57,7 +59,32 @@ struct PushPullStats {
   std::atomic<uint64_t> credit_waits{0};             // a ready chunk found no credit
   std::atomic<uint64_t> ahead_waits{0};    // a ready chunk waited for earlier sums from its server
   std::atomic<uint64_t> send_failures{0};  // transport sends that failed
+  std::atomic<uint64_t> ops_held{0};       // an op waited for iteration - 2 (partition tuning)
+  // An op started with a partition other than the previous op of its tensor on this worker.
+  std::atomic<uint64_t> partition_decisions_applied{0};
 };
+
+// Online partition tuning (DESIGN.md §1.3, MIAD), agreed by construction. The tensor's home
+// server (the owner of chunk 0, whatever the chunk count) decides:
+//  * every worker reports, in its push of chunk 0 of iteration i (WireHeader::step, KiB/s), the
+//    throughput of its iteration i - 1 of the tensor (tensor bytes / (completion - start) on its
+//    clock; 0 when it has none, e.g. i - 1 failed or still runs);
+//  * once all n pushes of chunk 0 are in, the home server feeds the slowest report to the
+//    tensor's MiadTuner (only if iteration i - 1 ran at the tuner's current size: decisions take
+//    effect two iterations late) and writes the tuner's current size into the result of chunk 0
+//    (WireHeader::reserved1, KiB), which every worker receives;
+//  * a worker keeps the decisions of its completed ops (failed ops carry none) and cuts
+//    iteration j by the newest decision of an iteration <= j - 2 (the plan's partition_bytes when
+//    none). When j is posted while j - 2 still runs (or waits) here, j waits inside the worker,
+//    deadline kept, until j - 2 completes or fails. A worker that missed a decision cuts
+//    differently for one iteration, which the server fails with INVALID_ARGUMENT; the next
+//    decision (each is the full size, not a step) realigns everyone.
+// Range [kTuneMinPartition, min(kTuneMaxPartition, tensor bytes / servers)], from the plan's
+// partition_bytes; tensors under 2 x kTuneMinPartition and jobs without tune_partition keep
+// partition_bytes.
+inline constexpr uint64_t kTuneMinPartition = uint64_t{64} << 10;
+inline constexpr uint64_t kTuneMaxPartition = uint64_t{16} << 20;
+bool PartitionTuned(const JobView& job, uint64_t tensor_bytes);
 
 // The summation service of one node.
 //
@@ -99,6 +126,14 @@ class PushPullServer {
     std::shared_ptr<std::vector<std::byte>> sum;
     common::Clock::TimePoint started;
     std::chrono::steady_clock::time_point first_push_at;  // for the trace only
+    // Chunk 0: the workers' throughput reports (WireHeader::step) received, and the slowest.
+    uint32_t reports = 0;
+    uint32_t slowest_report = UINT32_MAX;
+  };
+  // The partition tuner of one tensor at its home server.
+  struct Tuning {
+    MiadTuner tuner;
+    std::map<uint64_t, uint64_t> decided;  // iteration -> decision sent with it, bytes (recent)
   };
   struct ChunkKey {
     CollectiveKey key;
@@ -127,6 +162,9 @@ class PushPullServer {
                   std::vector<Outgoing>& out);
   void SendAll(std::vector<Outgoing> out);
   void AddHeld(int64_t delta);
+  // Feeds chunk 0's reports to the tensor's tuner; returns the decision for its result (KiB, 0:
+  // none). mu_ held.
+  uint32_t DecideLocked(const JobView& job, const ChunkState& st);
 
   Transport* transport_;
   Reducer* reducer_;
@@ -137,6 +175,7 @@ class PushPullServer {
   std::map<uint64_t, ChunkMap> maps_;  // per job, from its weights
   std::map<ChunkKey, ChunkState> chunks_;
   std::map<CollectiveKey, Failure> failures_;
+  std::map<std::pair<uint64_t, uint64_t>, Tuning> tuning_;  // by (job, tensor)
   std::deque<Parked> parked_;
   uint64_t parked_bytes_ = 0;
   std::function<void()> on_plan_missing_;
@@ -188,6 +227,17 @@ class PushPullWorker {
   // Fails operations past their deadline with DEADLINE_EXCEEDED.
   void ExpireStale();
 
+  // Test hook: given a completed tuned op's measured throughput (bytes/s on the injected clock),
+  // returns the throughput to report instead. Called with the worker's lock held: it must not
+  // call into the worker.
+  using ThroughputHook =
+      std::function<double(const std::string& tensor_name, uint64_t iteration,
+                           uint64_t partition_bytes, uint32_t num_chunks, double measured)>;
+  void SetThroughputHook(ThroughputHook hook) {
+    std::lock_guard lock(mu_);
+    throughput_hook_ = std::move(hook);
+  }
+
  private:
   struct OpState;
   struct QueuedChunk {
@@ -199,6 +249,28 @@ class PushPullWorker {
     friend auto operator<=>(const QueuedChunk&, const QueuedChunk&) = default;
   };
   using Completion = std::pair<std::function<void(absl::Status)>, absl::Status>;
+  // An op waiting for iteration - 2 of its tensor (see kTuneMinPartition).
+  struct Held {
+    std::string job_id;
+    Operation op;
+    common::Clock::TimePoint deadline;
+  };
+  // Partition tuning of one tensor at this worker.
+  struct TensorTuning {
+    std::map<uint64_t, uint64_t> decisions;  // iteration -> decision carried by it, bytes
+    uint64_t last_partition = 0;             // of the last op started (0: none yet)
+    bool has_report = false;
+    uint64_t reported_iteration = 0;  // the last completed op, and its throughput
+    uint32_t report_kib_s = 0;
+  };
+
+  // Start without the lock; `deadline` is kept by an op that was held. Leaves `op` untouched
+  // when it returns an error. mu_ held.
+  absl::Status StartLocked(const std::string& job_id, Operation& op,
+                           std::optional<common::Clock::TimePoint> deadline);
+  bool IsHeldLocked(const CollectiveKey& key) const;
+  // Starts the ops held for `key` (which completed or failed); failures go to `done`.
+  void ReleaseHeldLocked(const CollectiveKey& key, std::vector<Completion>& done);
 
   // Moves ready chunks into flight while the credit allows; returns the sends to make.
   void PumpLocked(std::vector<std::function<void()>>& sends);
@@ -224,6 +296,9 @@ class PushPullWorker {
   std::set<QueuedChunk> queue_;
   std::map<uint64_t, uint64_t> in_flight_bytes_;  // per job
   uint64_t next_seq_ = 0;
+  std::map<CollectiveKey, std::vector<Held>> held_;               // by the key they wait for
+  std::map<std::pair<uint64_t, uint64_t>, TensorTuning> tuning_;  // by (job, tensor)
+  ThroughputHook throughput_hook_;
 };
 
 // Both roles of one node as one CollectiveAlgorithm: the server takes pushes and aborts, the

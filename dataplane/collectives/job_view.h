@@ -16,11 +16,15 @@ struct JobPeerCounters;  // dataplane_metrics.h
 struct JobView {
   std::string job_id;
   uint64_t plan_version = 0;
-  std::vector<std::string> worker_addresses;    // data-plane address of each worker node, by rank
-  std::vector<std::string> server_addresses;    // summation servers, by server index
-  std::vector<uint64_t> server_weights;         // sum to exactly 2^32 (see ChunkMap)
-  uint32_t procs_per_node = 1;                  // training processes on each worker node
-  uint64_t partition_bytes = 4 << 20;           // largest chunk (one message), bytes
+  std::vector<std::string> worker_addresses;  // data-plane address of each worker node, by rank
+  std::vector<std::string> server_addresses;  // summation servers, by server index
+  std::vector<uint64_t> server_weights;       // sum to exactly 2^32 (see ChunkMap)
+  uint32_t procs_per_node = 1;                // training processes on each worker node
+  uint64_t partition_bytes = 4 << 20;         // largest chunk (one message), bytes
+  // Push/pull tunes each tensor's partition online (MIAD, decided by the tensor's home server;
+  // see PushPullServer) starting from partition_bytes. Production plans set it (agent/
+  // plan_view.cc); off, every tensor is cut by partition_bytes.
+  bool tune_partition = false;
   uint64_t credit_bytes = 16 << 20;             // bytes a worker node may have being sent
   std::chrono::milliseconds op_timeout{30000};  // deadline of one collective
   int my_worker_rank = -1;                      // this node's worker rank, -1 if it is not a worker

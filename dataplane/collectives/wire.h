@@ -48,12 +48,17 @@ struct WireHeader {
   uint32_t world_size = 0;    // ring / halving-doubling: ranks in the collective
   uint32_t sender = 0;        // worker rank, or kFromServer (push/pull server)
   uint32_t root = 0;          // broadcast: worker rank of the root node; 0 otherwise
-  uint32_t step = 0;          // ring / halving-doubling: index into the receiver's schedule
+  // Ring / halving-doubling: index into the receiver's schedule. Push/pull, push of chunk 0
+  // only: the sender's measured throughput of the previous iteration of this tensor, KiB/s
+  // (tensor bytes / (completion - start) on its clock); 0 = no report.
+  uint32_t step = 0;
   uint32_t num_chunks = 0;    // push/pull: chunks of the tensor; else sub-chunks of the step
   uint32_t chunk = 0;         // index of this chunk (sub-chunk)
   uint64_t chunk_offset = 0;  // first element of this chunk in the tensor
   uint64_t chunk_count = 0;   // elements in this chunk (ring / HD: 0 when the step's range is)
   uint32_t error_code = 0;    // absl::StatusCode, kError and kAbort only
+  // Push/pull, result of chunk 0 only: the home server's current partition decision for this
+  // tensor, KiB; workers apply it from iteration + 2 on. 0 = no decision (plan's partition).
   uint32_t reserved1 = 0;
 };
 #pragma pack(pop)

@@ -39,6 +39,8 @@ struct ClusterOptions {
   uint64_t plan_version = 1;
   dataplane::Algorithm algorithm = dataplane::Algorithm::kAuto;  // the job's choice
   uint64_t partition_bytes = 1024;
+  // JobView::tune_partition: off here so that tests keep the plan's exact chunking.
+  bool tune_partition = false;
   uint64_t credit_bytes = 4096;
   std::chrono::milliseconds op_timeout{5000};
   // Server weights proportional to index + 1 (uneven on purpose) instead of equal shares.
@@ -90,6 +92,7 @@ class Cluster {
     view_.plan_version = options_.plan_version;
     view_.procs_per_node = options_.procs_per_node;
     view_.partition_bytes = options_.partition_bytes;
+    view_.tune_partition = options_.tune_partition;
     view_.credit_bytes = options_.credit_bytes;
     view_.op_timeout = options_.op_timeout;
     const int size = options_.workers + options_.spare_servers;

@@ -1,9 +1,12 @@
 #include "dataplane/collectives/allreduce_push_pull.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <future>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
@@ -604,6 +607,231 @@ TEST(PushPull, ManySmallTensorsWithBundlingAreExactAndShareMessages) {
     // 3 workers x 120 tensors submitted at once: many messages find their peer busy. (How many
     // depends on thread timing; that some do is certain with this many.)
     EXPECT_GT(bundled, 0u) << AlgorithmName(algorithm);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Partition tuning (MIAD at the tensor's home server, applied two iterations later).
+
+constexpr uint64_t kKiB = 1024;
+
+// 2 worker nodes (also the only 2 servers), partition tuning on, a plan partition of 64 KiB.
+ClusterOptions TunedCluster(bool tune = true) {
+  ClusterOptions o = PushPullCluster(2, 0, 1, 64 * kKiB, uint64_t{16} << 20);
+  o.tune_partition = tune;
+  return o;
+}
+
+// The throughput the test makes every worker measure: rises with the partition up to 256 KiB,
+// flat above (bytes/s).
+double Curve(uint64_t partition) {
+  return 1e9 * static_cast<double>(std::min(partition, 256 * kKiB)) / (256 * kKiB);
+}
+
+// What each worker's hook saw: iteration -> (partition, chunks).
+struct Seen {
+  std::mutex mu;
+  std::map<uint64_t, std::pair<uint64_t, uint32_t>> by_iteration;
+};
+
+void InstallCurve(Cluster& cluster, std::vector<std::unique_ptr<Seen>>& seen) {
+  for (int w = 0; w < cluster.workers(); ++w) {
+    seen.push_back(std::make_unique<Seen>());
+    Seen* s = seen.back().get();
+    cluster.node(w).push_pull().worker().SetThroughputHook(
+        [s](const std::string&, uint64_t iteration, uint64_t partition, uint32_t chunks, double) {
+          std::lock_guard lock(s->mu);
+          s->by_iteration[iteration] = {partition, chunks};
+          return Curve(partition);
+        });
+  }
+}
+
+// Runs iteration `it` of "grad" (count floats) on every worker; returns each worker's status and
+// counts wrong elements into *wrong (every element of every worker checked) when all succeed.
+std::vector<absl::Status> RunIteration(Cluster& cluster, uint64_t it, uint64_t count,
+                                       int64_t* wrong) {
+  const int n = cluster.workers();
+  // Typed loops (8 MiB tensors, tens of iterations): worker g contributes (g + 1) * ((i + it) % 7 +
+  // 1).
+  std::vector<std::vector<float>> b(n, std::vector<float>(count));
+  for (int g = 0; g < n; ++g) {
+    for (uint64_t i = 0; i < count; ++i) b[g][i] = static_cast<float>((g + 1) * ((i + it) % 7 + 1));
+  }
+  std::vector<std::future<absl::Status>> f;
+  for (int w = 0; w < n; ++w) {
+    Operation op;
+    op.tensor_name = "grad";
+    op.iteration = it;
+    op.dtype = DataType::kFloat32;
+    op.count = count;
+    op.reduction = Reduction::kSum;
+    op.buffers.push_back(reinterpret_cast<std::byte*>(b[w].data()));
+    f.push_back(cluster.Start(w, std::move(op)));
+  }
+  std::vector<absl::Status> out;
+  for (auto& x : f) out.push_back(Await(x));
+  if (std::all_of(out.begin(), out.end(), [](const absl::Status& s) { return s.ok(); })) {
+    for (int g = 0; g < n; ++g) {
+      for (uint64_t i = 0; i < count; ++i) {
+        *wrong += b[g][i] != static_cast<float>(((i + it) % 7 + 1) * n * (n + 1) / 2);
+      }
+    }
+  }
+  return out;
+}
+
+uint64_t ServerFailures(Cluster& cluster) {
+  uint64_t failed = 0;
+  for (int i = 0; i < cluster.size(); ++i) {
+    failed += cluster.node(i).push_pull().stats().collectives_failed_on_server.load();
+  }
+  return failed;
+}
+
+TEST(PushPullTuning, PartitionGrowsWhileThroughputRisesThenSettles) {
+  Cluster cluster(TunedCluster());
+  std::vector<std::unique_ptr<Seen>> seen;
+  InstallCurve(cluster, seen);
+  const uint64_t count = 2 << 20;  // 8 MiB of floats: 4 MiB per server, the tuner's upper bound
+  int64_t wrong = 0;
+  constexpr uint64_t kIterations = 26;
+  for (uint64_t it = 0; it < kIterations; ++it) {
+    for (const absl::Status& s : RunIteration(cluster, it, count, &wrong)) {
+      ASSERT_TRUE(s.ok()) << "iteration " << it << ": " << s;
+    }
+  }
+  EXPECT_EQ(wrong, 0);
+  EXPECT_EQ(ServerFailures(cluster), 0u);  // every push of every chunk agreed
+
+  // Both workers cut every iteration identically.
+  ASSERT_EQ(seen[0]->by_iteration.size(), kIterations);
+  EXPECT_EQ(seen[0]->by_iteration, seen[1]->by_iteration);
+  // 64 KiB (plan) -> 128 -> 256 -> 512 (no better: a plateau) -> back to the smallest best, 256.
+  std::vector<uint64_t> distinct;
+  for (const auto& [it, pc] : seen[0]->by_iteration) {
+    if (distinct.empty() || distinct.back() != pc.first) distinct.push_back(pc.first);
+  }
+  EXPECT_EQ(distinct,
+            (std::vector<uint64_t>{64 * kKiB, 128 * kKiB, 256 * kKiB, 512 * kKiB, 256 * kKiB}));
+  EXPECT_EQ(seen[0]->by_iteration.begin()->second.second, 128u);  // 8 MiB / 64 KiB
+  // Settled (decided at 18, applied from 20): the last 6 iterations at 256 KiB (32 chunks: the
+  // pipelining floor, 16 per server).
+  for (uint64_t it = kIterations - 6; it < kIterations; ++it) {
+    EXPECT_EQ(seen[0]->by_iteration[it].first, 256 * kKiB) << "iteration " << it;
+    EXPECT_EQ(seen[0]->by_iteration[it].second, 32u) << "iteration " << it;
+  }
+  for (int w = 0; w < 2; ++w) {
+    EXPECT_EQ(cluster.node(w).push_pull().stats().partition_decisions_applied.load(), 4u);
+  }
+}
+
+TEST(PushPullTuning, OffOrSmallTensorsKeepThePlansPartition) {
+  for (const bool tune : {false, true}) {
+    Cluster cluster(TunedCluster(tune));
+    std::vector<std::unique_ptr<Seen>> seen;
+    InstallCurve(cluster, seen);
+    // Tuning off: 1 MiB stays at 64 KiB chunks. On: 100 KiB (< 2 x 64 KiB) is never tuned.
+    const uint64_t count = tune ? 25 * 1024 : 256 * 1024;
+    const uint64_t chunks = PushPullChunks(count, 4, 64 * kKiB, 2);
+    int64_t wrong = 0;
+    for (uint64_t it = 0; it < 8; ++it) {
+      for (const absl::Status& s : RunIteration(cluster, it, count, &wrong)) {
+        ASSERT_TRUE(s.ok()) << s;
+      }
+    }
+    EXPECT_EQ(wrong, 0);
+    for (int w = 0; w < 2; ++w) {
+      const PushPullStats& st = cluster.node(w).push_pull().stats();
+      EXPECT_EQ(st.chunks_pushed.load(), 8 * chunks) << "tune=" << tune;
+      EXPECT_EQ(st.partition_decisions_applied.load(), 0u);
+      EXPECT_TRUE(seen[w]->by_iteration.empty());  // no tuned op measured
+    }
+  }
+}
+
+TEST(PushPullTuning, IterationWaitsForIterationMinusTwoOnItsWorker) {
+  Cluster cluster(TunedCluster());
+  const uint64_t count = 64 * 1024;  // 256 KiB: tuned
+  Buffers b = MakeBuffers(2, 1, DataType::kFloat32, count, [](int g, uint64_t i) {
+    return static_cast<double>((g + 1) * (i % 5 + 1));
+  });
+  Buffers b2 = b;
+  PushPullWorker& w0 = cluster.node(0).push_pull().worker();
+  const PushPullStats& st0 = cluster.node(0).push_pull().stats();
+  // Worker 0 posts iterations 0 and 2 back to back: 2 waits for 0, which waits for worker 1.
+  auto f0 = cluster.Post(0, Algorithm::kPushPull,
+                         MakeOp("grad", 0, DataType::kFloat32, count, Reduction::kSum, b[0]));
+  auto f2 = cluster.Post(0, Algorithm::kPushPull,
+                         MakeOp("grad", 2, DataType::kFloat32, count, Reduction::kSum, b2[0]));
+  EXPECT_EQ(st0.ops_started.load(), 1u);
+  EXPECT_EQ(st0.ops_held.load(), 1u);
+  // Posting the held iteration again is refused like a running one.
+  EXPECT_EQ(w0.Start("job-a", MakeOp("grad", 2, DataType::kFloat32, count, Reduction::kSum, b2[0]))
+                .code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(f2.wait_for(std::chrono::milliseconds(20)), std::future_status::timeout);
+  auto g0 = cluster.Post(1, Algorithm::kPushPull,
+                         MakeOp("grad", 0, DataType::kFloat32, count, Reduction::kSum, b[1]));
+  ASSERT_TRUE(Await(f0).ok());
+  ASSERT_TRUE(Await(g0).ok());
+  // Iteration 0 done: iteration 2 started at that moment, before the completions ran.
+  EXPECT_EQ(st0.ops_started.load(), 2u);
+  auto g2 = cluster.Post(1, Algorithm::kPushPull,
+                         MakeOp("grad", 2, DataType::kFloat32, count, Reduction::kSum, b2[1]));
+  ASSERT_TRUE(Await(f2).ok());
+  ASSERT_TRUE(Await(g2).ok());
+  auto expected = [](uint64_t i) { return 3.0 * (i % 5 + 1); };
+  EXPECT_EQ(CountWrong(DataType::kFloat32, b, count, expected), 0);
+  EXPECT_EQ(CountWrong(DataType::kFloat32, b2, count, expected), 0);
+
+  // A held op keeps its deadline: 10 never runs anywhere else, 12 waits for it and expires.
+  auto f10 = cluster.Post(0, Algorithm::kPushPull,
+                          MakeOp("grad", 10, DataType::kFloat32, count, Reduction::kSum, b[0]));
+  auto f12 = cluster.Post(0, Algorithm::kPushPull,
+                          MakeOp("grad", 12, DataType::kFloat32, count, Reduction::kSum, b2[0]));
+  cluster.clock().Advance(std::chrono::seconds(6));
+  w0.ExpireStale();
+  absl::Status s10 = Await(f10), s12 = Await(f12);
+  EXPECT_EQ(s10.code(), absl::StatusCode::kDeadlineExceeded) << s10;
+  EXPECT_EQ(s12.code(), absl::StatusCode::kDeadlineExceeded) << s12;
+  EXPECT_THAT(s12.message(), HasSubstr("waiting for iteration 10"));
+}
+
+TEST(PushPullTuning, AWorkerThatLostADecisionFailsOneIterationThenRealigns) {
+  Cluster cluster(TunedCluster());
+  std::vector<std::unique_ptr<Seen>> seen;
+  InstallCurve(cluster, seen);
+  const uint64_t count = 2 << 20;
+  int64_t wrong = 0;
+  for (uint64_t it = 0; it < 4; ++it) {
+    for (const absl::Status& s : RunIteration(cluster, it, count, &wrong)) ASSERT_TRUE(s.ok());
+  }
+  // Iteration 3 carried the first change (64 -> 128 KiB). Worker 1 loses what it knew (its job
+  // state reset), so 3's decision among them; worker 0 keeps it. (A result cannot be lost
+  // selectively here: with kPushPullAhead a worker that misses results stops pushing, and its
+  // peers stall with it.)
+  PushPullWorker& w1 = cluster.node(1).push_pull().worker();
+  w1.RemoveJob(cluster.view().job_hash());
+  w1.SetJob(cluster.ViewOf(1));
+  EXPECT_EQ(ServerFailures(cluster), 0u);
+
+  // 4 still agrees (decided by 2: 64 KiB, the plan's, which worker 1 falls back to); 5 does not
+  // (worker 0: 3's 128 KiB, worker 1: none, the plan's 64 KiB) and fails on both with
+  // INVALID_ARGUMENT; 6 is decided by 4, which both have: realigned.
+  for (const absl::Status& s : RunIteration(cluster, 4, count, &wrong)) EXPECT_TRUE(s.ok()) << s;
+  for (const absl::Status& s : RunIteration(cluster, 5, count, &wrong)) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  }
+  for (uint64_t it = 6; it < 10; ++it) {
+    for (const absl::Status& s : RunIteration(cluster, it, count, &wrong)) {
+      EXPECT_TRUE(s.ok()) << "iteration " << it << ": " << s;
+    }
+  }
+  EXPECT_EQ(wrong, 0);
+  for (uint64_t it = 6; it < 10; ++it) {
+    EXPECT_EQ(seen[0]->by_iteration[it], seen[1]->by_iteration[it]) << "iteration " << it;
+    EXPECT_EQ(seen[0]->by_iteration[it].first, 128 * kKiB) << "iteration " << it;
   }
 }
 

@@ -1,9 +1,9 @@
-#include "topology/experimental/miad_tuner.h"
+#include "dataplane/schedule/miad_tuner.h"
 
 #include <algorithm>
 #include <cmath>
 
-namespace tributary::topology {
+namespace tributary::dataplane {
 
 MiadTuner::MiadTuner(Options options) : options_(options) {
   options_.min_bytes = std::max<uint64_t>(options_.min_bytes, 1);
@@ -128,4 +128,4 @@ void MiadTuner::Decide(double mean) {
   }
 }
 
-}  // namespace tributary::topology
+}  // namespace tributary::dataplane

@@ -1,14 +1,15 @@
 // MIAD chunk-size tuner (DESIGN.md §1.3): grows the chunk size multiplicatively while the
 // measured throughput rises, backs off additively when it falls, clamps to [min, max], and
 // re-probes when the throughput at the settled size shifts. Pure: throughput samples are
-// injected, so tests drive it with synthetic curves. Not thread-safe.
+// injected, so tests drive it with synthetic curves. Not thread-safe. Push/pull's home servers
+// run one per tensor for its partition (PartitionTuned in allreduce_push_pull.h).
 #pragma once
 
 #include <cstdint>
 #include <utility>
 #include <vector>
 
-namespace tributary::topology {
+namespace tributary::dataplane {
 
 class MiadTuner {
  public:
@@ -55,4 +56,4 @@ class MiadTuner {
   double reference_ = -1;  // mean at the settled size (-1: to be measured)
 };
 
-}  // namespace tributary::topology
+}  // namespace tributary::dataplane

@@ -1,4 +1,4 @@
-#include "topology/experimental/miad_tuner.h"
+#include "dataplane/schedule/miad_tuner.h"
 
 #include <cmath>
 #include <functional>
@@ -6,7 +6,7 @@
 
 #include "gtest/gtest.h"
 
-namespace tributary::topology {
+namespace tributary::dataplane {
 namespace {
 
 constexpr double kKiB = 1024;
@@ -108,4 +108,4 @@ TEST(MiadTunerTest, FollowsShiftingOptimum) {
 }
 
 }  // namespace
-}  // namespace tributary::topology
+}  // namespace tributary::dataplane
