@@ -192,6 +192,10 @@ void PushPullServer::HandlePushLocked(const JobView& job, const WireHeader& h,
     }
     const bool broadcast = h.reduce == static_cast<uint8_t>(Reduction::kBroadcast);
     if (!SameDescriptor(st.descriptor, h)) {
+      // Workers that disagree on the chunk count have lost track of the partition decisions
+      // (say, one restarted): the tuner starts over from the plan's partition, as every worker
+      // does on this error (PushPullWorker::HandleError), so the next iterations agree again.
+      tuning_.erase({h.job, h.tensor});
       FailLocked(job, h,
                  absl::InvalidArgumentError(absl::StrCat(
                      "job ", job.job_id, ": workers disagree on ", Describe(h), ": rank ",
@@ -951,6 +955,11 @@ void PushPullWorker::HandleError(const WireHeader& h, std::string_view message) 
   std::vector<Completion> done;
   {
     std::lock_guard lock(mu_);
+    if (h.error_code == static_cast<uint32_t>(absl::StatusCode::kInvalidArgument)) {
+      // The workers disagreed (on the chunk count, perhaps): forget this tensor's partition
+      // decisions before anything held starts, as the home server forgets its tuner.
+      tuning_.erase({h.job, h.tensor});
+    }
     FailLocked(KeyOf(h),
                absl::Status(static_cast<absl::StatusCode>(h.error_code), std::string(message)),
                done);
