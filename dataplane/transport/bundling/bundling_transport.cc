@@ -155,32 +155,29 @@ void BundlingTransport::Send(const std::string& peer_address, std::span<const st
 
 void BundlingTransport::SendAll(const std::string& peer_address, std::vector<Outgoing> out) {
   for (Outgoing& o : out) {
-    if (o.bundle && o.bundle->count == 1) {
-      // A bundle of one: send it as it was, unwrapped (its payload is copied already).
+    if (o.bundle) {
       auto bundle = std::shared_ptr<Bundle>(std::move(o.bundle));
-      RecordPrefix r;
-      std::memcpy(&r, bundle->bytes.data(), sizeof(r));
-      const std::byte* p = bundle->bytes.data() + sizeof(r);
-      inner_->Send(peer_address, {p, r.header_bytes}, {p + Pad8(r.header_bytes), r.payload_bytes},
-                   [this, peer_address, bundle](absl::Status s) {
-                     Completed(peer_address);
-                     for (auto& cb : bundle->callbacks) {
-                       if (cb) cb(s);
-                     }
-                   });
-    } else if (o.bundle) {
-      auto bundle = std::shared_ptr<Bundle>(std::move(o.bundle));
+      auto done = [this, peer_address, bundle](absl::Status s) {
+        Completed(peer_address);
+        for (auto& cb : bundle->callbacks) {
+          if (cb) cb(s);
+        }
+      };
+      if (bundle->count == 1) {
+        // A bundle of one: send it as it was, unwrapped (its payload is copied already).
+        RecordPrefix r;
+        std::memcpy(&r, bundle->bytes.data(), sizeof(r));
+        const std::byte* p = bundle->bytes.data() + sizeof(r);
+        inner_->Send(peer_address, {p, r.header_bytes}, {p + Pad8(r.header_bytes), r.payload_bytes},
+                     std::move(done));
+        continue;
+      }
       stats_.bundles_sent++;
       stats_.messages_bundled += bundle->count;
       BundleHeader h;
       h.count = bundle->count;
       inner_->Send(peer_address, {reinterpret_cast<const std::byte*>(&h), sizeof(h)}, bundle->bytes,
-                   [this, peer_address, bundle](absl::Status s) {
-                     Completed(peer_address);
-                     for (auto& cb : bundle->callbacks) {
-                       if (cb) cb(s);
-                     }
-                   });
+                   std::move(done));
     } else {
       inner_->Send(peer_address, o.header, o.payload,
                    [this, peer_address, done = std::move(o.done)](absl::Status s) {
