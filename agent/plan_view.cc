@@ -32,7 +32,8 @@ absl::StatusOr<dataplane::JobView> ToJobView(const tributary::v1::JobPlan& plan,
   }
   v.procs_per_node = std::max<uint32_t>(1, plan.procs_per_node());
   v.partition_bytes = plan.partition_bytes();
-  v.tune_partition = true;  // push/pull tunes each tensor's partition from there (MIAD)
+  // Push/pull tunes each tensor's partition from there (MIAD) unless the job fixed it.
+  v.tune_partition = !plan.fixed_partition();
   v.credit_bytes = std::max(plan.credit_bytes(), plan.partition_bytes());
   v.op_timeout = std::chrono::milliseconds(plan.op_timeout_ms());
   return v;

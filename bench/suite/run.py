@@ -301,26 +301,29 @@ class Suite:
         return [os.path.join(self.bin, "tributary"), "--controller", self.controller,
                 "--rpc-timeout-ms", "30000"]
 
-    def create_job(self, job, algorithm, k, model_bytes):
-        """Creates a Tributary job over the workers; returns its JSON (plan included)."""
+    def create_job(self, job, algorithm, k, model_bytes, fixed_partition=False):
+        """Creates a Tributary job over the workers; returns its JSON (plan included).
+        fixed_partition: no online partition tuning (the job keeps the planner's chunk size)."""
         workers = ",".join(f"h{i}" for i in range(self.n))
         r = run(self.cli() + ["create-job", job, "--workers", workers, "--procs-per-node", "1",
                               "--spares", str(k), "--algorithm", CLI_ALGORITHM[algorithm],
                               "--model-bytes", str(model_bytes), "--timeout-ms", "300000",
                               "--partition-bytes", str(self.args.partition_bytes),
-                              "--credit-bytes", str(self.args.credit_bytes), "--json"],
+                              "--credit-bytes", str(self.args.credit_bytes), "--json"] +
+                (["--fixed-partition"] if fixed_partition else []),
                 check=False)
         if r.returncode != 0:
             raise RuntimeError(f"create job {job}: {r.stderr.strip()}")
         return r.stdout
 
-    def tributary(self, algorithm, k, piece):
+    def tributary(self, algorithm, k, piece, fixed_partition=False):
         """(result, spares the plan used) of `tributary bench-rank` on every worker."""
         self.counter += 1
         job = f"suite-{algorithm}-{k}-{self.counter}"
         largest = (piece.bytes if isinstance(piece, Workload) else
                    max(int(s) for s in piece.sizes.split(",")))
-        spares_used = spares_in_plan(self.create_job(job, algorithm, k, largest))
+        spares_used = spares_in_plan(self.create_job(job, algorithm, k, largest,
+                                                     fixed_partition))
         what = self.what(piece, peer=False)
         extra = self.extra_bench_rank_args(algorithm, k, piece)
         procs, logs = [], []
@@ -848,7 +851,8 @@ def main():
                     help="an argument appended to every `tributary bench-rank` (repeatable; "
                          "write --bench-rank-arg=--flag for one that starts with -)")
     ap.add_argument("--configs", default="all",
-                    help="comma list of: pp,trib-ring,trib-hd,gloo-ring,gloo-hd,mpi-default,mpi-ring")
+                    help="comma list of: pp,pp-fixed (push/pull without online partition tuning),"
+                         "trib-ring,trib-hd,gloo-ring,gloo-hd,mpi-default,mpi-ring")
     ap.add_argument("--bin-dir", default=os.path.join(ROOT, "build", "bin"))
     ap.add_argument("--out", default=None, help="results folder (default bench/results)")
     ap.add_argument("--run-dir", default="/tmp/trib-emu-suite")
@@ -987,6 +991,10 @@ def build_configs(suite, wanted, peers):
     if "pp" in wanted:
         configs += [(f"tributary push/pull k={k}", "tributary", k,
                      lambda p, k=k: suite.tributary("push-pull", k, p)) for k in args.k]
+    if "pp-fixed" in wanted:  # the same without online partition tuning: its A/B
+        configs += [(f"tributary push/pull k={k} fixed partition", "tributary", k,
+                     lambda p, k=k: suite.tributary("push-pull", k, p, fixed_partition=True))
+                    for k in args.k]
     if "trib-ring" in wanted:
         configs.append(("tributary ring", "tributary", 0,
                         lambda p: suite.tributary("ring", 0, p)))

@@ -55,6 +55,7 @@ struct SpecFlags {
   v1::Algorithm algorithm = v1::ALGORITHM_AUTO;
   std::optional<uint64_t> partition_bytes;
   std::optional<uint64_t> credit_bytes;
+  bool fixed_partition = false;
   uint32_t timeout_ms = 0;
   std::optional<uint64_t> model_bytes;
 
@@ -78,6 +79,8 @@ struct SpecFlags {
     if (with_run_options) {
       AddSizeOption(command, "--credit-bytes", credit_bytes,
                     "bytes a worker node may have in flight (default 4 partitions)");
+      command->add_flag("--fixed-partition", fixed_partition,
+                        "keep every tensor's chunk size at --partition-bytes (no online tuning)");
       command->add_option("--timeout-ms", timeout_ms,
                           "deadline of one collective, ms (default 30000)");
     }
@@ -92,6 +95,7 @@ struct SpecFlags {
     spec.set_algorithm(algorithm);
     if (partition_bytes) spec.set_partition_bytes(*partition_bytes);
     if (credit_bytes) spec.set_credit_bytes(*credit_bytes);
+    spec.set_fixed_partition(fixed_partition);
     if (model_bytes) spec.set_model_bytes(*model_bytes);
     spec.set_op_timeout_ms(timeout_ms);
     return spec;

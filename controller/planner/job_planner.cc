@@ -206,6 +206,7 @@ absl::StatusOr<tributary::v1::JobPlan> PlanJob(const std::string& job_id,
     if (spec.credit_bytes() != 0) partition = std::min(partition, spec.credit_bytes());
   }
   plan.set_partition_bytes(partition);
+  plan.set_fixed_partition(spec.fixed_partition());
   plan.set_credit_bytes(spec.credit_bytes() != 0 ? spec.credit_bytes()
                                                  : AutoCreditBytes(partition, active_servers));
   plan.set_op_timeout_ms(spec.op_timeout_ms());

@@ -11,6 +11,7 @@
 #include "agent/fake_collective_runner.h"
 #include "agent/fake_controller_client.h"
 #include "agent/plan_view.h"
+#include "dataplane/schedule/chunk_map.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/agent/shm_test_util.h"
@@ -170,6 +171,28 @@ TEST(PlanViewTest, EveryPlanAlgorithmHasOneDataPlaneAlgorithm) {
       ToAlgorithm(static_cast<tributary::v1::Algorithm>(7));
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(unknown.status().message(), "unknown algorithm 7");
+}
+
+TEST(PlanViewTest, PartitionIsTunedUnlessThePlanFixesIt) {
+  tributary::v1::JobPlan plan;
+  plan.set_job_id("j");
+  plan.set_version(3);
+  plan.set_partition_bytes(1 << 20);
+  auto* w = plan.add_workers();
+  w->set_node_id("n0");
+  w->set_data_plane_address("a0");
+  auto* s = plan.add_servers();
+  s->set_node_id("n0");
+  s->set_data_plane_address("a0");
+  s->set_weight(dataplane::ChunkMap::kWeightTotal);
+  absl::StatusOr<dataplane::JobView> tuned = ToJobView(plan, "n0");
+  ASSERT_TRUE(tuned.ok()) << tuned.status();
+  EXPECT_TRUE(tuned->tune_partition);
+  EXPECT_EQ(tuned->partition_bytes, 1u << 20);
+  plan.set_fixed_partition(true);
+  absl::StatusOr<dataplane::JobView> fixed = ToJobView(plan, "n0");
+  ASSERT_TRUE(fixed.ok()) << fixed.status();
+  EXPECT_FALSE(fixed->tune_partition);
 }
 
 TEST_F(AgentTest, UnusablePlansAreIgnored) {

@@ -179,6 +179,12 @@ TEST_F(ClusterStateTest, PlansChoosePartitionAndCreditUnlessTheSpecDoes) {
   ASSERT_TRUE(state_.CreateJob(req, &job).ok());
   EXPECT_EQ(job.plan().partition_bytes(), 1u << 20);  // 64 MiB / (16 x 4 servers)
   EXPECT_EQ(job.plan().credit_bytes(), 16u << 20);
+  EXPECT_FALSE(job.plan().fixed_partition());  // tuned online unless the spec fixes it
+  req.set_job_id("fixed");
+  req.mutable_spec()->set_fixed_partition(true);
+  ASSERT_TRUE(state_.CreateJob(req, &job).ok());
+  EXPECT_TRUE(job.plan().fixed_partition());
+  req.mutable_spec()->set_fixed_partition(false);
   // A credit below the automatic partition shrinks the partition to fit.
   req.set_job_id("small-credit");
   req.mutable_spec()->set_credit_bytes(256 << 10);
