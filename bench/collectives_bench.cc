@@ -237,7 +237,7 @@ int GatherScatter(int argc, char** argv) {
       "# bytes = the whole buffer S (all-gather / reduce-scatter: n blocks of S/n); medians; "
       "bound = (n-1)/n * S / rate (x2 for allreduce); busbw = algbw * (n-1)/n (x2 for "
       "allreduce), as nccl-tests\n");
-  std::printf("%3s %-17s %-15s %10s %6s %10s %10s %9s %11s\n", "n", "algorithm", "op", "bytes",
+  std::printf("%3s %-17s %-18s %10s %6s %10s %10s %9s %11s\n", "n", "algorithm", "op", "bytes",
               "iters", "bound_ms", "median_ms", "/bound", "busbw_GB/s");
   for (int n : {4, 8}) {
     PacedRanks ranks(n, bytes_per_s, partition_bytes);
@@ -255,7 +255,7 @@ int GatherScatter(int argc, char** argv) {
           const double bound = rate_mbit > 0 ? factor * bytes / bytes_per_s : 0;
           const double m = Median(t);
           std::printf(
-              "%3d %-17s %-15s %10llu %6d %10.2f %10.2f %9s %11.3f\n", n,
+              "%3d %-17s %-18s %10llu %6d %10.2f %10.2f %9s %11.3f\n", n,
               std::string(AlgorithmName(alg)).c_str(),
               red == Reduction::kSum ? "allreduce" : std::string(ReductionName(red)).c_str(),
               static_cast<unsigned long long>(bytes), iters, bound * 1e3, m * 1e3,
