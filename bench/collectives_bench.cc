@@ -16,6 +16,11 @@
 // paced to rate_mbit (default 1000; 0: not paced, memcpy speed) by PacedTransport, partitions of
 // partition_bytes (default 64 KiB). The two modes alternate iteration by iteration (so drift on
 // a shared machine hits both); medians are printed with the line-rate bound 2(n-1)/n * S / B.
+//
+// collectives_bench gather-scatter [rate_mbit] [max_bytes]: all-gather, reduce-scatter and
+// all-reduce of the same buffer (256 KiB .. max_bytes, default 16 MiB), ring and
+// halving-doubling, n = 4 and 8, egress paced to rate_mbit (default 1000; 0: not paced), with the
+// line-rate bound (n-1)/n * S / B (x2 for the all-reduce) and nccl-tests' busbw.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -128,6 +133,37 @@ class PacedRanks {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
+  // Seconds of one float32 `reduction` by `algorithm` (posted to the engine: no selection) over
+  // `bufs`; `count` is the whole buffer, cut into n blocks for all-gather and reduce-scatter.
+  double TimeOp(Algorithm algorithm, Reduction reduction, std::vector<std::vector<std::byte>>& bufs,
+                uint64_t count) {
+    const int n = static_cast<int>(nodes_.size());
+    std::vector<std::promise<absl::Status>> promises(n);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < n; ++r) {
+      Operation op;
+      op.tensor_name = "t";
+      op.iteration = iteration_;
+      op.dtype = common::DataType::kFloat32;
+      op.count = IsBlockwise(reduction) ? count / n : count;
+      op.reduction = reduction;
+      op.buffers = {bufs[r].data()};
+      op.done = [p = &promises[r]](absl::Status st) { p->set_value(std::move(st)); };
+      absl::Status s = nodes_[r]->engine().Post("hd", algorithm, std::move(op));
+      if (!s.ok()) promises[r].set_value(s);
+    }
+    for (auto& p : promises) {
+      absl::Status s = p.get_future().get();
+      if (!s.ok()) {
+        std::fprintf(stderr, "%s failed: %s\n", std::string(ReductionName(reduction)).c_str(),
+                     s.ToString().c_str());
+        std::exit(1);
+      }
+    }
+    ++iteration_;
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
  private:
   CpuReducer reducer_;
   InProcessNetwork network_;
@@ -183,10 +219,61 @@ int HalvingDoublingPipelining(int argc, char** argv) {
   return 0;
 }
 
+// All-gather and reduce-scatter against the all-reduce of the same buffer, ring and
+// halving-doubling, n = 4 and 8, over paced links: each of the two halves should take about half
+// of the all-reduce's time, (n-1)/n * S / rate (the bound) on a network-bound link.
+int GatherScatter(int argc, char** argv) {
+  const double rate_mbit = argc > 2 ? std::strtod(argv[2], nullptr) : 1000;
+  const uint64_t max_bytes = argc > 3 ? std::strtoull(argv[3], nullptr, 10) : 16 << 20;
+  const uint64_t partition_bytes = 64 << 10;
+  const double bytes_per_s = rate_mbit * 1e6 / 8;
+  std::printf(
+      "# float32, ranks as threads over the in-process transport, egress %s, partition %llu KiB, "
+      "%u hardware threads\n",
+      rate_mbit > 0 ? absl::StrCat("paced to ", rate_mbit, " Mbit/s per rank").c_str()
+                    : "not paced",
+      static_cast<unsigned long long>(partition_bytes >> 10), std::thread::hardware_concurrency());
+  std::printf(
+      "# bytes = the whole buffer S (all-gather / reduce-scatter: n blocks of S/n); medians; "
+      "bound = (n-1)/n * S / rate (x2 for allreduce); busbw = algbw * (n-1)/n (x2 for "
+      "allreduce), as nccl-tests\n");
+  std::printf("%3s %-17s %-18s %10s %6s %10s %10s %9s %11s\n", "n", "algorithm", "op", "bytes",
+              "iters", "bound_ms", "median_ms", "/bound", "busbw_GB/s");
+  for (int n : {4, 8}) {
+    PacedRanks ranks(n, bytes_per_s, partition_bytes);
+    for (uint64_t bytes = 256 << 10; bytes <= max_bytes; bytes *= 4) {
+      const uint64_t count = bytes / 4;
+      std::vector<std::vector<std::byte>> bufs(n, std::vector<std::byte>(bytes));
+      const int iters = static_cast<int>(std::clamp<uint64_t>((128ull << 20) / bytes, 3, 20));
+      for (Algorithm alg : {Algorithm::kRing, Algorithm::kHalvingDoubling}) {
+        for (Reduction red :
+             {Reduction::kAllGather, Reduction::kReduceScatterSum, Reduction::kSum}) {
+          ranks.TimeOp(alg, red, bufs, count);  // warm-up
+          std::vector<double> t;
+          for (int i = 0; i < iters; ++i) t.push_back(ranks.TimeOp(alg, red, bufs, count));
+          const double factor = (red == Reduction::kSum ? 2.0 : 1.0) * (n - 1) / n;
+          const double bound = rate_mbit > 0 ? factor * bytes / bytes_per_s : 0;
+          const double m = Median(t);
+          std::printf(
+              "%3d %-17s %-18s %10llu %6d %10.2f %10.2f %9s %11.3f\n", n,
+              std::string(AlgorithmName(alg)).c_str(),
+              red == Reduction::kSum ? "allreduce" : std::string(ReductionName(red)).c_str(),
+              static_cast<unsigned long long>(bytes), iters, bound * 1e3, m * 1e3,
+              bound > 0 ? absl::StrFormat("%.3f", m / bound).c_str() : "-",
+              bytes / m / 1e9 * factor);
+          std::fflush(stdout);
+        }
+      }
+    }
+  }
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "hd-pipelining") {
     return HalvingDoublingPipelining(argc, argv);
   }
+  if (argc > 1 && std::string(argv[1]) == "gather-scatter") return GatherScatter(argc, argv);
   const uint64_t max_bytes = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 16 << 20;
   // Every rank is a worker and a summation server (k = 0, equal shares); the reducer uses one
   // thread per call: the rank's own (transport) thread.

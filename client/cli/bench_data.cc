@@ -1,6 +1,7 @@
 #include "client/cli/bench_data.h"
 
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -78,13 +79,13 @@ struct Element<DataType::kInt64> {
 };
 
 template <DataType kType>
-void FillTyped(uint32_t rank, void* data, size_t count) {
+void FillTyped(uint32_t rank, void* data, size_t count, size_t first_index = 0) {
   using E = Element<kType>;
   const size_t period = Period(kType);
   typename E::T pattern[7];
   for (size_t i = 0; i < period; ++i) pattern[i] = E::From(InputValue(kType, rank, i));
   auto* out = static_cast<typename E::T*>(data);
-  for (size_t i = 0, p = 0; i < count; ++i) {
+  for (size_t i = 0, p = first_index % period; i < count; ++i) {
     out[i] = pattern[p];
     if (++p == period) p = 0;
   }
@@ -92,7 +93,7 @@ void FillTyped(uint32_t rank, void* data, size_t count) {
 
 template <DataType kType>
 size_t CountWrongTyped(BenchOp op, uint32_t world_size, uint32_t root, const void* data,
-                       size_t count) {
+                       size_t count, size_t first_index) {
   using E = Element<kType>;
   const size_t period = Period(kType);
   double expected[7];
@@ -103,7 +104,7 @@ size_t CountWrongTyped(BenchOp op, uint32_t world_size, uint32_t root, const voi
   const bool integral = kType == DataType::kInt32 || kType == DataType::kInt64;
   const auto* in = static_cast<const typename E::T*>(data);
   size_t wrong = 0;
-  for (size_t i = 0, p = 0; i < count; ++i) {
+  for (size_t i = 0, p = first_index % period; i < count; ++i) {
     const double got = E::To(in[i]);
     const double want = expected[p];
     bool ok;
@@ -126,8 +127,10 @@ absl::StatusOr<BenchOp> ParseBenchOp(std::string_view name) {
   if (name == "sum") return BenchOp::kSum;
   if (name == "avg" || name == "average") return BenchOp::kAverage;
   if (name == "bcast" || name == "broadcast") return BenchOp::kBroadcast;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown op '", std::string(name), "'; use sum, avg or bcast"));
+  if (name == "allgather" || name == "all-gather") return BenchOp::kAllGather;
+  if (name == "reduce-scatter" || name == "reducescatter") return BenchOp::kReduceScatter;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown op '", std::string(name), "'; use sum, avg, bcast, allgather or reduce-scatter"));
 }
 
 std::string_view BenchOpName(BenchOp op) {
@@ -138,6 +141,10 @@ std::string_view BenchOpName(BenchOp op) {
       return "avg";
     case BenchOp::kBroadcast:
       return "bcast";
+    case BenchOp::kAllGather:
+      return "allgather";
+    case BenchOp::kReduceScatter:
+      return "reduce-scatter";
   }
   return "unknown";
 }
@@ -150,49 +157,86 @@ double ExpectedValue(DataType dtype, BenchOp op, uint32_t world_size, uint32_t r
   const double base = static_cast<double>(index % Period(dtype) + 1);
   switch (op) {
     case BenchOp::kSum:
+    case BenchOp::kReduceScatter:
       return RankFactorSum(dtype, world_size) * base;
     case BenchOp::kAverage:
       return RankFactorSum(dtype, world_size) * base / world_size;
     case BenchOp::kBroadcast:
+    case BenchOp::kAllGather:
       return InputValue(dtype, root, index);
   }
   return 0;
 }
 
 void FillInput(DataType dtype, uint32_t rank, void* data, size_t count) {
+  FillInputFrom(dtype, rank, data, count, 0);
+}
+
+void FillInputFrom(DataType dtype, uint32_t rank, void* data, size_t count, size_t first_index) {
   switch (dtype) {
     case DataType::kFloat32:
-      return FillTyped<DataType::kFloat32>(rank, data, count);
+      return FillTyped<DataType::kFloat32>(rank, data, count, first_index);
     case DataType::kFloat64:
-      return FillTyped<DataType::kFloat64>(rank, data, count);
+      return FillTyped<DataType::kFloat64>(rank, data, count, first_index);
     case DataType::kFloat16:
-      return FillTyped<DataType::kFloat16>(rank, data, count);
+      return FillTyped<DataType::kFloat16>(rank, data, count, first_index);
     case DataType::kBFloat16:
-      return FillTyped<DataType::kBFloat16>(rank, data, count);
+      return FillTyped<DataType::kBFloat16>(rank, data, count, first_index);
     case DataType::kInt32:
-      return FillTyped<DataType::kInt32>(rank, data, count);
+      return FillTyped<DataType::kInt32>(rank, data, count, first_index);
     case DataType::kInt64:
-      return FillTyped<DataType::kInt64>(rank, data, count);
+      return FillTyped<DataType::kInt64>(rank, data, count, first_index);
   }
 }
 
 size_t CountWrong(DataType dtype, BenchOp op, uint32_t world_size, uint32_t root, const void* data,
-                  size_t count) {
+                  size_t count, size_t first_index) {
   switch (dtype) {
     case DataType::kFloat32:
-      return CountWrongTyped<DataType::kFloat32>(op, world_size, root, data, count);
+      return CountWrongTyped<DataType::kFloat32>(op, world_size, root, data, count, first_index);
     case DataType::kFloat64:
-      return CountWrongTyped<DataType::kFloat64>(op, world_size, root, data, count);
+      return CountWrongTyped<DataType::kFloat64>(op, world_size, root, data, count, first_index);
     case DataType::kFloat16:
-      return CountWrongTyped<DataType::kFloat16>(op, world_size, root, data, count);
+      return CountWrongTyped<DataType::kFloat16>(op, world_size, root, data, count, first_index);
     case DataType::kBFloat16:
-      return CountWrongTyped<DataType::kBFloat16>(op, world_size, root, data, count);
+      return CountWrongTyped<DataType::kBFloat16>(op, world_size, root, data, count, first_index);
     case DataType::kInt32:
-      return CountWrongTyped<DataType::kInt32>(op, world_size, root, data, count);
+      return CountWrongTyped<DataType::kInt32>(op, world_size, root, data, count, first_index);
     case DataType::kInt64:
-      return CountWrongTyped<DataType::kInt64>(op, world_size, root, data, count);
+      return CountWrongTyped<DataType::kInt64>(op, world_size, root, data, count, first_index);
   }
   return count;
+}
+
+void FillBlockwiseInput(DataType dtype, BenchOp op, uint32_t rank, uint32_t world_size, void* data,
+                        size_t block_count) {
+  const size_t region = block_count * world_size;
+  if (op != BenchOp::kAllGather) return FillInput(dtype, rank, data, region);
+  // All bits set: NaN in the float types, -1 in the integer ones; no rank's input is either.
+  std::memset(data, 0xff, region * common::DataTypeSize(dtype));
+  const size_t at = static_cast<size_t>(rank) * block_count;
+  // The pattern continues from the block's first index, as CountWrongBlockwise expects.
+  FillInputFrom(dtype, rank, static_cast<std::byte*>(data) + at * common::DataTypeSize(dtype),
+                block_count, at);
+}
+
+size_t CountWrongBlockwise(DataType dtype, BenchOp op, uint32_t rank, uint32_t world_size,
+                           const void* data, size_t block_count) {
+  const size_t esize = common::DataTypeSize(dtype);
+  const auto* bytes = static_cast<const std::byte*>(data);
+  if (op == BenchOp::kAllGather) {
+    size_t wrong = 0;
+    for (uint32_t b = 0; b < world_size; ++b) {
+      const size_t at = static_cast<size_t>(b) * block_count;
+      wrong += CountWrong(dtype, op, world_size, /*root=*/b, bytes + at * esize, block_count, at);
+    }
+    return wrong;
+  }
+  if (op == BenchOp::kReduceScatter) {
+    const size_t at = static_cast<size_t>(rank) * block_count;
+    return CountWrong(dtype, op, world_size, 0, bytes + at * esize, block_count, at);
+  }
+  return CountWrong(dtype, op, world_size, 0, data, block_count * world_size);
 }
 
 }  // namespace tributary::client::cli

@@ -149,8 +149,13 @@ absl::Status RunWorkload(Client& client, const BenchFlags& flags,
   return client.Leave();
 }
 
+bool IsBlockwise(BenchOp op) { return op == BenchOp::kAllGather || op == BenchOp::kReduceScatter; }
+
+// As nccl-tests: broadcast 1, all-reduce 2(n-1)/n, all-gather and reduce-scatter (n-1)/n (their
+// algbw is from the whole region's size).
 double BusBandwidthFactor(BenchOp op, uint32_t world_size) {
-  if (op == BenchOp::kBroadcast || world_size == 0) return 1.0;  // As nccl-tests.
+  if (op == BenchOp::kBroadcast || world_size == 0) return 1.0;
+  if (IsBlockwise(op)) return static_cast<double>(world_size - 1) / world_size;
   return 2.0 * (world_size - 1) / world_size;
 }
 
@@ -158,6 +163,11 @@ absl::Status RunOnce(Client& client, const BenchFlags& flags, BenchOp op, const 
                      const SharedBuffer& buffer, size_t count, common::DataType dtype) {
   if (op == BenchOp::kBroadcast) {
     return client.Broadcast(name, buffer, 0, count, dtype, flags.root);
+  }
+  // `count` is one rank's block.
+  if (op == BenchOp::kAllGather) return client.AllGather(name, buffer, 0, count, dtype);
+  if (op == BenchOp::kReduceScatter) {
+    return client.ReduceScatter(name, buffer, 0, count, dtype, ReduceOp::kSum);
   }
   return client.AllReduce(name, buffer, 0, count, dtype,
                           op == BenchOp::kAverage ? ReduceOp::kAverage : ReduceOp::kSum);
@@ -178,7 +188,9 @@ absl::Status RunBenchRank(const BenchFlags& flags) {
   // A workload file is checked before joining: a bad line is reported, not a stuck job.
   std::vector<WorkloadTensor> tensors;
   if (!flags.tensors.empty()) {
-    if (op == BenchOp::kBroadcast) return absl::InvalidArgumentError("--tensors runs all-reduces");
+    if (op != BenchOp::kSum && op != BenchOp::kAverage) {
+      return absl::InvalidArgumentError("--tensors runs all-reduces (--op sum or avg)");
+    }
     ASSIGN_OR_RETURN(tensors, ReadTensors(flags.tensors));
   }
   ClientOptions options;
@@ -215,13 +227,27 @@ absl::Status RunBenchRank(const BenchFlags& flags) {
   size_t total_wrong = 0;
   double busbw_sum = 0;
   int rows = 0;
+  // All-gather and reduce-scatter, as nccl-tests: a size is the whole region, world blocks of
+  // `count` elements each.
+  const uint32_t blocks = IsBlockwise(op) ? world : 1;
+  const auto fill = [&](size_t count) {
+    if (IsBlockwise(op)) {
+      FillBlockwiseInput(dtype, op, rank, world, buffer->data(), count);
+    } else {
+      FillInput(dtype, rank, buffer->data(), count);
+    }
+  };
+  const auto count_wrong = [&](size_t count) {
+    if (IsBlockwise(op)) return CountWrongBlockwise(dtype, op, rank, world, buffer->data(), count);
+    return CountWrong(dtype, op, world, flags.root, buffer->data(), count);
+  };
   for (uint64_t size : sizes) {
-    const size_t count = size / element;
+    const size_t count = size / element / blocks;
     if (count == 0) continue;
-    const size_t bytes = count * element;
+    const size_t bytes = count * element * blocks;
     const std::string name = absl::StrCat("bench.", bytes);
     for (int i = 0; i < flags.warmup; ++i) {
-      FillInput(dtype, rank, buffer->data(), count);
+      fill(count);
       absl::Status status = RunOnce(*client, flags, op, name, *buffer, count, dtype);
       if (!status.ok()) {
         return absl::Status(status.code(), absl::StrCat(name, " warm-up iteration ", i, " on rank ",
@@ -231,7 +257,7 @@ absl::Status RunBenchRank(const BenchFlags& flags) {
     double total_seconds = 0;
     size_t wrong = 0;
     for (int i = 0; i < flags.iters; ++i) {
-      FillInput(dtype, rank, buffer->data(), count);
+      fill(count);
       const auto start = std::chrono::steady_clock::now();
       absl::Status status = RunOnce(*client, flags, op, name, *buffer, count, dtype);
       total_seconds +=
@@ -240,9 +266,7 @@ absl::Status RunBenchRank(const BenchFlags& flags) {
         return absl::Status(status.code(), absl::StrCat(name, " iteration ", i, " on rank ", rank,
                                                         ": ", status.message()));
       }
-      if (flags.check) {
-        wrong += CountWrong(dtype, op, world, flags.root, buffer->data(), count);
-      }
+      if (flags.check) wrong += count_wrong(count);
     }
     total_wrong += wrong;
     if (wrong > 0) {
@@ -254,11 +278,11 @@ absl::Status RunBenchRank(const BenchFlags& flags) {
       const double busbw = algbw * BusBandwidthFactor(op, world);
       busbw_sum += busbw;
       ++rows;
-      std::printf("  %12zu %14zu %9s %6s %12.1f %10.3f %10.3f %8zu\n", bytes, count,
+      std::printf("  %12zu %14zu %9s %6s %12.1f %10.3f %10.3f %8zu\n", bytes, count * blocks,
                   type_name.c_str(), op_name.c_str(), seconds * 1e6, algbw, busbw, wrong);
       if (flags.csv) {
-        std::printf("CSV,%zu,%zu,%s,%s,%.3f,%.6f,%.6f,%zu\n", bytes, count, type_name.c_str(),
-                    op_name.c_str(), seconds * 1e6, algbw, busbw, wrong);
+        std::printf("CSV,%zu,%zu,%s,%s,%.3f,%.6f,%.6f,%zu\n", bytes, count * blocks,
+                    type_name.c_str(), op_name.c_str(), seconds * 1e6, algbw, busbw, wrong);
       }
       std::fflush(stdout);
     }
@@ -306,7 +330,11 @@ void AddBenchRankCommand(CLI::App& app, GlobalOptions& global) {
   command->add_option("--warmup", flags->warmup, "untimed iterations per size first")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  command->add_option("--op", flags->op, "sum, avg or bcast")->capture_default_str();
+  command
+      ->add_option("--op", flags->op,
+                   "sum, avg, bcast, allgather or reduce-scatter (sum; for these two a size is "
+                   "the whole region of world-size blocks, busbw (n-1)/n x algbw as nccl-tests)")
+      ->capture_default_str();
   command->add_option("--root", flags->root, "broadcast root (global rank)")->capture_default_str();
   command->add_flag("--check,!--no-check", flags->check,
                     "check every element after every timed iteration (default on)");

@@ -358,10 +358,64 @@ TEST_F(LocalServiceTest, SubmitValidatesTheRequestOnce) {
             "job 'job' tensor 't': the job is no longer planned on this node");
 }
 
+// World of 4 (2 nodes x 2 processes): the region of an all-gather or reduce-scatter is four
+// blocks.
+TEST_F(LocalServiceTest, BlockwiseOpsValidateTheWholeRegion) {
+  ASSERT_NO_FATAL_FAILURE(JoinBoth());
+  auto expect_invalid = [&](tributary::v1::SubmitRequest req, const std::string& message) {
+    auto s = Submit(req);
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << message;
+    EXPECT_EQ(s.status().message(), message);
+  };
+  expect_invalid(Request(s0_, "t", b0_, 257, tributary::v1::COLLECTIVE_OP_ALLGATHER),
+                 "job 'job' tensor 't': bytes [0, 4112) (world size 4 x block of 257 elements) "
+                 "do not fit buffer 1 of 4096 bytes");
+  auto req = Request(s0_, "t", b0_, 256, tributary::v1::COLLECTIVE_OP_REDUCE_SCATTER_SUM);
+  req.set_offset_bytes(4);
+  expect_invalid(req,
+                 "job 'job' tensor 't': bytes [4, 4100) (world size 4 x block of 256 elements) "
+                 "do not fit buffer 1 of 4096 bytes");
+  expect_invalid(Request(s0_, "t", b0_, uint64_t{1} << 62,
+                         tributary::v1::COLLECTIVE_OP_REDUCE_SCATTER_AVERAGE),
+                 "job 'job' tensor 't': block count 4611686018427387904 x world size 4 must be "
+                 "in [1, 2^40 bytes / element]");
+  expect_invalid(Request(s0_, "t", b0_, 0, tributary::v1::COLLECTIVE_OP_ALLGATHER),
+                 "job 'job' tensor 't': block count 0 x world size 4 must be in [1, 2^40 bytes "
+                 "/ element]");
+  EXPECT_EQ(runner_.num_starts(), 0u);
+
+  // Exactly the buffer: 4 x 256 float32. Both ranks agree: one node operation of 256-element
+  // blocks.
+  ASSERT_TRUE(Submit(Request(s0_, "g", b0_, 256, tributary::v1::COLLECTIVE_OP_ALLGATHER)).ok());
+  ASSERT_TRUE(Submit(Request(s1_, "g", b1_, 256, tributary::v1::COLLECTIVE_OP_ALLGATHER)).ok());
+  ASSERT_EQ(runner_.num_starts(), 1u);
+  EXPECT_EQ(runner_.start(0).op.reduction, dataplane::Reduction::kAllGather);
+  EXPECT_EQ(runner_.start(0).op.count, 256u);
+  EXPECT_EQ(runner_.start(0).op.buffers.size(), 2u);
+
+  // An all-gather against a reduce-scatter of the same name fails both local ranks.
+  auto h0 = Submit(Request(s0_, "m", b0_, 8, tributary::v1::COLLECTIVE_OP_ALLGATHER));
+  auto h1 = Submit(Request(s1_, "m", b1_, 8, tributary::v1::COLLECTIVE_OP_REDUCE_SCATTER_SUM));
+  ASSERT_TRUE(h0.ok() && h1.ok());
+  EXPECT_EQ(runner_.num_starts(), 1u);
+  for (const auto& [session, handle] : {std::pair{s0_, *h0}, std::pair{s1_, *h1}}) {
+    absl::Status s = Result(session, handle);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(s.message(),
+              "job 'job' tensor 'm' iteration 0: local rank 0 submitted 8 per process x float32 "
+              "allgather but local rank 1 submitted 8 per process x float32 reduce_scatter_sum");
+  }
+}
+
 TEST(ToReductionTest, ConvertsEachApiOpAndRejectsTheRest) {
   EXPECT_EQ(*ToReduction(tributary::v1::COLLECTIVE_OP_SUM), dataplane::Reduction::kSum);
   EXPECT_EQ(*ToReduction(tributary::v1::COLLECTIVE_OP_AVERAGE), dataplane::Reduction::kAverage);
   EXPECT_EQ(*ToReduction(tributary::v1::COLLECTIVE_OP_BROADCAST), dataplane::Reduction::kBroadcast);
+  EXPECT_EQ(*ToReduction(tributary::v1::COLLECTIVE_OP_ALLGATHER), dataplane::Reduction::kAllGather);
+  EXPECT_EQ(*ToReduction(tributary::v1::COLLECTIVE_OP_REDUCE_SCATTER_SUM),
+            dataplane::Reduction::kReduceScatterSum);
+  EXPECT_EQ(*ToReduction(tributary::v1::COLLECTIVE_OP_REDUCE_SCATTER_AVERAGE),
+            dataplane::Reduction::kReduceScatterAverage);
   auto unspecified = ToReduction(tributary::v1::COLLECTIVE_OP_UNSPECIFIED);
   EXPECT_EQ(unspecified.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(unspecified.status().message(), "unknown op 0");

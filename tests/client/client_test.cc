@@ -373,6 +373,64 @@ TEST_F(ClientTest, SubmitChecksTheRegionBeforeCallingTheAgent) {
   EXPECT_TRUE(agent_.submits().empty());
 }
 
+TEST_F(ClientTest, AllGatherAndReduceScatterSendTheirOpAndBlockCount) {
+  std::unique_ptr<Client> client = Join();
+  ASSERT_NE(client, nullptr);
+  auto buffer = client->AllocateBuffer(1024);
+  ASSERT_TRUE(buffer.ok());
+  // 4 processes x 16 float32 = 256 bytes at offset 512.
+  ASSERT_TRUE(client->AllGather("ag", **buffer, 512, 16, common::DataType::kFloat32, 2).ok());
+  auto rs = client->ReduceScatterAsync("rs", **buffer, 0, 64, common::DataType::kFloat32,
+                                       ReduceOp::kSum, -1);
+  ASSERT_TRUE(rs.ok()) << rs.status();
+  EXPECT_TRUE(rs->Wait(1s).ok());
+  ASSERT_TRUE(
+      client->ReduceScatter("ra", **buffer, 0, 1, common::DataType::kInt64, ReduceOp::kAverage)
+          .ok());
+  auto ag = client->AllGatherAsync("ah", **buffer, 8, 2, common::DataType::kFloat16);
+  ASSERT_TRUE(ag.ok()) << ag.status();
+  const auto submits = agent_.submits();
+  ASSERT_EQ(submits.size(), 4u);
+  EXPECT_EQ(submits[0].op(), v1::COLLECTIVE_OP_ALLGATHER);
+  EXPECT_EQ(submits[0].count(), 16u);  // the block, not the region
+  EXPECT_EQ(submits[0].offset_bytes(), 512u);
+  EXPECT_EQ(submits[0].priority(), 2);
+  EXPECT_EQ(submits[1].op(), v1::COLLECTIVE_OP_REDUCE_SCATTER_SUM);
+  EXPECT_EQ(submits[1].count(), 64u);
+  EXPECT_EQ(submits[1].priority(), -1);
+  EXPECT_EQ(submits[2].op(), v1::COLLECTIVE_OP_REDUCE_SCATTER_AVERAGE);
+  EXPECT_EQ(submits[2].dtype(), v1::DATA_TYPE_INT64);
+  EXPECT_EQ(submits[3].op(), v1::COLLECTIVE_OP_ALLGATHER);
+  EXPECT_EQ(submits[3].dtype(), v1::DATA_TYPE_FLOAT16);
+}
+
+TEST_F(ClientTest, AllGatherAndReduceScatterCheckTheWholeRegion) {
+  std::unique_ptr<Client> client = Join();
+  ASSERT_NE(client, nullptr);
+  auto buffer = client->AllocateBuffer(1024);
+  ASSERT_TRUE(buffer.ok());
+  // 4 x 65 float32 = 1040 bytes: one block fits, the region does not.
+  absl::Status s = client->AllGather("t", **buffer, 0, 65, common::DataType::kFloat32);
+  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
+  EXPECT_THAT(s.message(), HasSubstr("260 elements"));
+  EXPECT_EQ(client->ReduceScatter("t", **buffer, 4, 64, common::DataType::kFloat32, ReduceOp::kSum)
+                .code(),
+            absl::StatusCode::kOutOfRange);
+  s = client->ReduceScatter("t", **buffer, 0, 0, common::DataType::kFloat32, ReduceOp::kSum);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(s.message(), HasSubstr("at least 1"));
+  s = client->AllGather("t", **buffer, 0, SIZE_MAX / 2, common::DataType::kFloat32);
+  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
+  EXPECT_THAT(s.message(), HasSubstr("overflow"));
+  EXPECT_EQ(client->AllGather("t", **buffer, 2, 1, common::DataType::kFloat32).code(),
+            absl::StatusCode::kInvalidArgument);
+  auto foreign = SharedBuffer::Create(1024);
+  ASSERT_TRUE(foreign.ok());
+  EXPECT_EQ(client->AllGather("t", **foreign, 0, 1, common::DataType::kFloat32).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(agent_.submits().empty());
+}
+
 TEST_F(ClientTest, WaitTimesOutWhileTheOperationGoesOn) {
   std::unique_ptr<Client> client = Join();
   ASSERT_NE(client, nullptr);

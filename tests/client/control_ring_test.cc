@@ -121,6 +121,55 @@ TEST_F(ControlRingTest, AllReduceThroughTheRingOfTwoProcessesSumsEveryElement) {
   EXPECT_EQ(runner_.num_starts(), static_cast<size_t>(kIterations));
 }
 
+// The fake data plane computes a one-node job: the two processes are the whole world.
+TEST_F(ControlRingTest, AllGatherAndReduceScatterThroughTheRingOfTwoProcesses) {
+  constexpr size_t kBlock = 100;
+  Client* c[2] = {Connect("pair", 0, 2), Connect("pair", 1, 2)};
+  ASSERT_TRUE(c[0] && c[1]);
+  ASSERT_EQ(c[1]->global_rank(), 1u);
+  ASSERT_EQ(c[1]->world_size(), 2u);
+  std::atomic<int> wrong{0}, errors{0}, via_grpc{0};
+  std::vector<std::thread> ranks;
+  for (uint32_t r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      auto buffer = c[r]->AllocateBuffer(2 * kBlock * sizeof(float));
+      if (!buffer.ok()) {
+        ++errors;
+        return;
+      }
+      auto values = (*buffer)->as<float>();
+      // All-gather: only the own block is input.
+      for (size_t i = 0; i < 2 * kBlock; ++i) values[i] = i / kBlock == r ? Value(r, i, 0) : -1;
+      auto gather = c[r]->AllGatherAsync("ag", **buffer, 0, kBlock, common::DataType::kFloat32);
+      if (!gather.ok() || !gather->Wait(10s).ok()) {
+        ++errors;
+        return;
+      }
+      if (!gather->via_control_ring()) ++via_grpc;
+      for (size_t i = 0; i < 2 * kBlock; ++i) {
+        if (values[i] != Value(static_cast<uint32_t>(i / kBlock), i, 0)) ++wrong;
+      }
+      // Reduce-scatter, sum then average: the own block holds the reduction of both regions.
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
+        for (size_t i = 0; i < 2 * kBlock; ++i) values[i] = Value(r, i, 1);
+        if (!c[r]->ReduceScatter("rs", **buffer, 0, kBlock, common::DataType::kFloat32, op).ok()) {
+          ++errors;
+          return;
+        }
+        for (size_t i = r * kBlock; i < (r + 1) * kBlock; ++i) {
+          const float sum = Value(0, i, 1) + Value(1, i, 1);
+          if (values[i] != (op == ReduceOp::kSum ? sum : sum / 2)) ++wrong;
+        }
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  EXPECT_EQ(errors.load(), 0);
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(via_grpc.load(), 0);
+  EXPECT_EQ(runner_.num_starts(), 3u);
+}
+
 TEST_F(ControlRingTest, ManyThreadsWaitOnTheirOwnHandles) {
   constexpr int kThreads = 4;
   constexpr int kIterations = 40;

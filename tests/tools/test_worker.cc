@@ -146,6 +146,62 @@ void ExpectCode(const absl::Status& s, absl::StatusCode code, const std::string&
   }
 }
 
+// All-gather and reduce-scatter (sum and average) of blocks of several sizes and every dtype, in
+// place: every element of the region (all-gather) or of the own block (reduce-scatter) checked.
+void GatherScatter(Client& c) {
+  const uint32_t world = c.world_size(), rank = c.global_rank();
+  const size_t max_block = 20011;  // several chunks of the job's partition per node
+  auto buf = c.AllocateBuffer(max_block * world * 8);
+  if (!buf.ok()) return Fail(std::string(buf.status().message()));
+  void* data = (*buf)->data();
+  for (DataType t : tributary::common::kAllDataTypes) {
+    for (size_t block : {size_t{1}, size_t{333}, max_block}) {
+      const std::string tag =
+          absl::StrCat(std::string(tributary::common::DataTypeName(t)), "/", block);
+      const size_t region = block * world;
+      // All-gather: only the own block is input, the rest is overwritten.
+      for (size_t i = 0; i < region; ++i) {
+        Put(t, data, i, i / block == rank ? Input(t, rank, i) : -1.0);
+      }
+      absl::Status s = c.AllGather("gs.allgather", **buf, 0, block, t);
+      Expect(s.ok(), absl::StrCat("allgather ", tag, ": ", s.ToString()));
+      int64_t wrong = CountWrong(t, **buf, region, [&](size_t i) {
+        return Input(t, static_cast<uint32_t>(i / block), i);
+      });
+      Expect(wrong == 0, absl::StrCat("allgather ", tag, ": ", wrong, " wrong"));
+      // Reduce-scatter sum: the own block holds the sum of every rank's region there.
+      for (size_t i = 0; i < region; ++i) Put(t, data, i, Input(t, rank, i));
+      s = c.ReduceScatter("gs.rs", **buf, 0, block, t, ReduceOp::kSum);
+      Expect(s.ok(), absl::StrCat("reduce-scatter sum ", tag, ": ", s.ToString()));
+      wrong = 0;
+      for (size_t i = rank * block; i < (rank + 1) * block; ++i) {
+        wrong += Get(t, data, i) != SumOf(t, world, i);
+      }
+      Expect(wrong == 0, absl::StrCat("reduce-scatter sum ", tag, ": ", wrong, " wrong"));
+      // Reduce-scatter average of world * (rank-dependent small integers): exact.
+      for (size_t i = 0; i < region; ++i) Put(t, data, i, world * ((rank + i) % 3 + 1.0));
+      s = c.ReduceScatter("gs.rs.avg", **buf, 0, block, t, ReduceOp::kAverage);
+      Expect(s.ok(), absl::StrCat("reduce-scatter average ", tag, ": ", s.ToString()));
+      wrong = 0;
+      for (size_t i = rank * block; i < (rank + 1) * block; ++i) {
+        double sum = 0;
+        for (uint32_t r = 0; r < world; ++r) sum += world * ((r + i) % 3 + 1.0);
+        wrong += Get(t, data, i) != sum / world;
+      }
+      Expect(wrong == 0, absl::StrCat("reduce-scatter average ", tag, ": ", wrong, " wrong"));
+    }
+  }
+  // Mismatches under one name, both on the workers' ring: every process gets INVALID_ARGUMENT
+  // from the data plane, long before the job's deadline.
+  // The last node's processes disagree with the others (the data plane sees it).
+  const bool odd = rank >= world - c.local_size();
+  absl::Status s = c.AllGather("gs.count", **buf, 0, odd ? 63 : 64, DataType::kFloat32);
+  ExpectCode(s, absl::StatusCode::kInvalidArgument, "all-gather count mismatch", "gs.count");
+  s = odd ? c.ReduceScatter("gs.op", **buf, 0, 64, DataType::kFloat32, ReduceOp::kSum)
+          : c.AllGather("gs.op", **buf, 0, 64, DataType::kFloat32);
+  ExpectCode(s, absl::StatusCode::kInvalidArgument, "all-gather against reduce-scatter", "gs.op");
+}
+
 void Mismatch(Client& c, uint32_t procs_per_node) {
   const uint32_t rank = c.global_rank();
   const uint32_t node = rank / procs_per_node;
@@ -313,6 +369,8 @@ int main(int argc, char** argv) {
   }
   if (scenario == "exact") {
     Exact(**c);
+  } else if (scenario == "gather-scatter") {
+    GatherScatter(**c);
   } else if (scenario == "iterations") {
     Iterations(**c, iterations);
   } else if (scenario == "mismatch") {

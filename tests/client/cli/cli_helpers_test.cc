@@ -1,5 +1,6 @@
 // The CLI's pure helpers: size lists, tables, benchmark data, plan view.
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -183,7 +184,69 @@ TEST(BenchDataTest, ParsesOps) {
   EXPECT_EQ(*ParseBenchOp("sum"), BenchOp::kSum);
   EXPECT_EQ(*ParseBenchOp("avg"), BenchOp::kAverage);
   EXPECT_EQ(*ParseBenchOp("bcast"), BenchOp::kBroadcast);
+  EXPECT_EQ(*ParseBenchOp("allgather"), BenchOp::kAllGather);
+  EXPECT_EQ(*ParseBenchOp("reduce-scatter"), BenchOp::kReduceScatter);
+  EXPECT_EQ(BenchOpName(BenchOp::kReduceScatter), "reduce-scatter");
   EXPECT_FALSE(ParseBenchOp("max").ok());
+}
+
+// All-gather and reduce-scatter regions, computed as a correct data plane would from every
+// rank's input, pass; a block left as it was, or one wrong element, is counted.
+TEST(BenchDataTest, BlockwiseRegionsAreCheckedBlockByBlock) {
+  constexpr size_t kBlock = 10;  // not a multiple of the pattern's period: offsets matter
+  for (common::DataType dtype : common::kAllDataTypes) {
+    const size_t es = common::DataTypeSize(dtype);
+    for (uint32_t world : {1u, 3u, 4u}) {
+      const size_t region = kBlock * world;
+      std::vector<std::vector<std::byte>> in(world, std::vector<std::byte>(region * es));
+      for (uint32_t r = 0; r < world; ++r) {
+        FillBlockwiseInput(dtype, BenchOp::kAllGather, r, world, in[r].data(), kBlock);
+      }
+      // All-gather: block b from rank b.
+      std::vector<std::byte> gathered(region * es);
+      for (uint32_t b = 0; b < world; ++b) {
+        std::memcpy(gathered.data() + b * kBlock * es, in[b].data() + b * kBlock * es, kBlock * es);
+      }
+      for (uint32_t r = 0; r < world; ++r) {
+        EXPECT_EQ(
+            CountWrongBlockwise(dtype, BenchOp::kAllGather, r, world, gathered.data(), kBlock), 0u)
+            << common::DataTypeName(dtype) << " world " << world;
+        // Before the all-gather every other rank's block is wrong.
+        EXPECT_EQ(CountWrongBlockwise(dtype, BenchOp::kAllGather, r, world, in[r].data(), kBlock),
+                  (world - 1) * kBlock);
+      }
+      // Reduce-scatter: the inputs cover the whole region and sum to ExpectedValue.
+      std::vector<std::byte> one(region * es);
+      for (uint32_t r = 0; r < world; ++r) {
+        FillBlockwiseInput(dtype, BenchOp::kReduceScatter, r, world, one.data(), kBlock);
+        // Only its own input: its block is wrong unless the world is one rank.
+        EXPECT_EQ(CountWrongBlockwise(dtype, BenchOp::kReduceScatter, r, world, one.data(), kBlock),
+                  world == 1 ? 0u : kBlock)
+            << common::DataTypeName(dtype) << " world " << world << " rank " << r;
+      }
+    }
+  }
+  // The float32 sum of every rank's region passes on every rank's block, and one wrong element
+  // of a rank's block is counted (elements outside it are not looked at).
+  constexpr uint32_t kWorld = 3;
+  std::vector<float> sum(kBlock * kWorld, 0), in(kBlock * kWorld);
+  for (uint32_t r = 0; r < kWorld; ++r) {
+    FillBlockwiseInput(common::DataType::kFloat32, BenchOp::kReduceScatter, r, kWorld, in.data(),
+                       kBlock);
+    for (size_t i = 0; i < in.size(); ++i) sum[i] += in[i];
+  }
+  for (uint32_t r = 0; r < kWorld; ++r) {
+    EXPECT_EQ(CountWrongBlockwise(common::DataType::kFloat32, BenchOp::kReduceScatter, r, kWorld,
+                                  sum.data(), kBlock),
+              0u);
+  }
+  sum[kBlock + 3] += 1;  // rank 1's block
+  EXPECT_EQ(CountWrongBlockwise(common::DataType::kFloat32, BenchOp::kReduceScatter, 1, kWorld,
+                                sum.data(), kBlock),
+            1u);
+  EXPECT_EQ(CountWrongBlockwise(common::DataType::kFloat32, BenchOp::kReduceScatter, 0, kWorld,
+                                sum.data(), kBlock),
+            0u);
 }
 
 // --- plan view -------------------------------------------------------------------------------
