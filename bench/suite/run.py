@@ -52,6 +52,9 @@ MIB = 1 << 20
 # The cluster's names and subnet (scripts/emulated_cluster.sh TRIB_EMU_NAME / TRIB_EMU_NET); the
 # quick mode uses its own so that a CI run cannot tear down a full run's cluster.
 NS, SUBNET = "trib-h", "198.18.0"
+# Debian's interpreter, where python3-torch and python3-torchvision live (python3 on PATH may be
+# another one).
+TORCH_PYTHON = "/usr/bin/python3"
 # The suite's algorithm names -> `tributary create-job --algorithm`.
 CLI_ALGORITHM = {"push-pull": "push-pull", "ring": "ring", "hd": "halving-doubling",
                  "auto": "auto"}
@@ -342,6 +345,42 @@ class Suite:
             raise RuntimeError(f"{job}: exit codes {codes}; rank 0 says:\n" +
                                open(logs[0]).read()[-2000:])
         return parse_result(open(logs[0]).read(), piece), spares_used
+
+    def torch_iteration(self, k):
+        """(rank 0's TORCHITER dict, spares used) of torch_iteration.py on every worker host:
+        tributary.torch with a push/pull job of at most k spares, or DDP over Gloo (k None)."""
+        self.counter += 1
+        job = f"suite-torch-{k}-{self.counter}"
+        spares_used = 0
+        common = [os.path.join(HERE, "torch_iteration.py"), "--iters",
+                  str(self.args.torch_iters), "--model", self.args.torch_iterations]
+        if k is not None:
+            spares_used = spares_in_plan(self.create_job(job, "push-pull", k, 100 * MIB))
+        procs, logs = [], []
+        for i in range(self.n):
+            path = os.path.join(self.work, f"{job}-{i}.out")
+            logs.append(path)
+            env = ["UCX_TLS=tcp", "UCX_NET_DEVICES=eth0",
+                   f"PYTHONPATH={os.path.join(os.path.dirname(self.bin), 'python')}"]
+            if k is not None:
+                env += [f"TRIBUTARY_AGENT_ADDRESS=unix:{self.args.run_dir}/sock/h{i}.sock",
+                        f"TRIBUTARY_JOB={job}", "TRIBUTARY_LOCAL_RANK=0",
+                        "TRIBUTARY_LOCAL_SIZE=1"]
+                mode = ["--mode", "tributary"]
+            else:
+                mode = ["--mode", "ddp-gloo", "--rank", str(i), "--world", str(self.n),
+                        "--master", f"{SUBNET}.1:{29500 + self.counter % 1000}",
+                        "--ifname", "eth0"]
+            procs.append(subprocess.Popen(
+                ["ip", "netns", "exec", f"{NS}{i}", "env"] + env + [TORCH_PYTHON] + common +
+                mode, stdout=open(path, "w"), stderr=subprocess.STDOUT))
+        codes = wait_all(procs, self.args.timeout)
+        if k is not None:
+            run(self.cli() + ["delete-job", job], check=False)
+        if any(codes):
+            raise RuntimeError(f"{job}: exit codes {codes}; rank 0 says:\n" +
+                               open(logs[0]).read()[-2000:])
+        return parse_torch_line(open(logs[0]).read()), spares_used
 
     def gloo(self, algorithm, piece):
         self.counter += 1
@@ -841,6 +880,13 @@ def main():
                     help="TCP connections per flow of a probe")
     ap.add_argument("--workloads", default="resnet50,bert-large",
                     help="model workloads to run after the sweep (comma list, or none)")
+    ap.add_argument("--torch-iterations", default="none", choices=["none", "resnet50"],
+                    help="after the workloads: real PyTorch training iterations of this "
+                         "torchvision model (CPU compute, random data) with "
+                         "tributary.torch.DistributedOptimizer at k = 0 and the largest --k, "
+                         "against DDP over PyTorch's own Gloo backend")
+    ap.add_argument("--torch-iters", type=int, default=3,
+                    help="timed PyTorch iterations per run (after one warm-up)")
     ap.add_argument("--print-workload", default=None, choices=sorted(WORKLOADS),
                     help="print a workload's tensor list and totals, then exit")
     ap.add_argument("--partition-bytes", type=int, default=0,
@@ -963,6 +1009,8 @@ def main():
         failed |= failed_sweep
         wresults, failed_workloads = run_workloads(suite, meter, configs, work)
         failed |= failed_workloads
+        tresults, failed_torch = run_torch_iterations(suite, meter)
+        failed |= failed_torch
         # The probes run last: their traffic shows in the spare hosts' measured load for a
         # while, and a job created right after one would get fewer spares from the planner.
         failed |= not measure_ceilings(suite, patterns, rates, args.ceiling_probes)
@@ -979,7 +1027,7 @@ def main():
     if not results:
         log("error: no results")
         return 1
-    report(results, args, out, argv, update_md, wresults, ceilings)
+    report(results, args, out, argv, update_md, wresults, ceilings, tresults)
     shutil.rmtree(work, ignore_errors=True)
     return 1 if failed else 0
 
@@ -1066,6 +1114,89 @@ def run_workloads(suite, meter, configs, work):
             samples.append(dict(config=label, family=fam, k=k, spares_used=spares_used,
                                 workload=wname, cpu=cpu, wall_s=wall, **got))
     return aggregate_workloads(samples), failed
+
+
+def run_torch_iterations(suite, meter):
+    """--torch-iterations: PyTorch training iterations (bench/suite/torch_iteration.py on every
+    worker host) with tributary.torch at k = 0 and k = max(--k), and DDP over PyTorch's Gloo,
+    --repeats times round-robin. Returns (aggregated rows, failed)."""
+    args = suite.args
+    if args.torch_iterations == "none":
+        return [], False
+    configs = [(f"tributary.torch k={k}", k) for k in sorted({0, max(args.k)})]
+    configs.append(("PyTorch DDP + Gloo", None))
+    samples, failed = [], False
+    for rep, (label, k) in interleave(configs, args.repeats):
+        log(f"# run {rep + 1}/{args.repeats}: {args.torch_iterations} iteration, {label}")
+        measured = run_measured(meter, lambda _: suite.torch_iteration(k), label, None)
+        if measured is None:
+            failed = True
+            continue
+        got, spares_used, cpu, _ = measured
+        if got is None or got["mismatch"]:
+            log(f"error: {label}: " + ("no result line" if got is None else
+                                       "ranks ended with different parameters"))
+            failed = True
+            continue
+        log(f"#   iteration {got['iter_ms']:.0f} ms, compute {got['compute_ms']:.0f} ms, "
+            f"communication {got['comm_ms']:.0f} ms")
+        samples.append(dict(config=label, k=k, spares_used=spares_used, cpu=cpu, **got))
+    rows = []
+    for label, k in configs:
+        mine = [x for x in samples if x["config"] == label]
+        if not mine:
+            continue
+        rows.append(dict(config=label, k=k, spares_used=mine[0]["spares_used"],
+                         repeats=len(mine), cpu=mean_cpu([x["cpu"] for x in mine]),
+                         **{key: statistics.median(x[key] for x in mine)
+                            for key in ("iter_ms", "compute_ms", "comm_ms")},
+                         comm_spread=time_stats([x["comm_ms"] for x in mine])["spread_pct"]))
+    return rows, failed
+
+
+def parse_torch_line(text):
+    """The TORCHITER line of torch_iteration.py's rank 0, or None."""
+    for line in text.splitlines():
+        if line.startswith("TORCHITER,"):
+            _, mode, ranks, it, comp, comm, iters, mismatch = line.strip().split(",")
+            return dict(mode=mode, ranks=int(ranks), iter_ms=float(it), compute_ms=float(comp),
+                        comm_ms=float(comm), iters=int(iters), mismatch=int(mismatch))
+    return None
+
+
+def torch_report(trows, args, out):
+    """The PyTorch iteration table (and torch_iterations.csv)."""
+    if not trows:
+        return []
+    with open(os.path.join(out, "torch_iterations.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["config", "spares_used", "repeats", "iter_ms", "compute_ms", "comm_ms",
+                    "comm_spread_pct", "cpu_hosts"])
+        for r in trows:
+            w.writerow([r["config"], r["spares_used"], r["repeats"], f"{r['iter_ms']:.1f}",
+                        f"{r['compute_ms']:.1f}", f"{r['comm_ms']:.1f}",
+                        f"{r['comm_spread']:.2f}", r["cpu"]])
+    ddp = next((r for r in trows if r["k"] is None), None)
+    lines = ["", f"PyTorch training iterations (`--torch-iterations {args.torch_iterations}`): "
+             f"torchvision's {args.torch_iterations} on {args.workers} worker hosts, one process "
+             "each, CPU compute on random data (2 images of 64x64 per rank, one thread), SGD. "
+             "tributary.torch.DistributedOptimizer starts each gradient's all-reduce from its "
+             "gradient hook (priorities by layer order); DDP buckets 25 MiB over PyTorch's own "
+             "Gloo backend. Compute = the same iteration without communication, on the same "
+             "host; communication = iteration - compute (what overlap did not hide). Medians of "
+             f"{max(r['repeats'] for r in trows)} runs; each run checks that every rank ends "
+             "with the same parameters.", "",
+             "| config | iteration (ms) | compute (ms) | communication (ms) | spread | "
+             "communication x DDP+Gloo | iteration x DDP+Gloo | CPU % per host |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for r in trows:
+        name = r["config"] + (f" ({r['spares_used']} used)" if r["k"] else "")
+        cx = f"{ddp['comm_ms'] / r['comm_ms']:.2f}x" if ddp and r["comm_ms"] > 0 else "-"
+        ix = f"{ddp['iter_ms'] / r['iter_ms']:.2f}x" if ddp else "-"
+        lines.append(f"| {name} | {r['iter_ms']:.0f} | {r['compute_ms']:.0f} | "
+                     f"{r['comm_ms']:.0f} | {r['comm_spread']:.1f}% | {cx} | {ix} | "
+                     f"{r['cpu']} |")
+    return lines
 
 
 def ceiling_patterns(suite, wanted):
@@ -1392,7 +1523,7 @@ def annotate(results, n, rate, ceilings):
     return best_peer
 
 
-def report(results, args, out, argv, update_md, wresults=(), ceilings=None):
+def report(results, args, out, argv, update_md, wresults=(), ceilings=None, tresults=()):
     n, rate = args.workers, args.rate
     sizes = sorted({r["size"] for r in results})
     best_peer = annotate(results, n, rate, ceilings)
@@ -1453,6 +1584,7 @@ def report(results, args, out, argv, update_md, wresults=(), ceilings=None):
     lines += spare_report(results, n)
     lines += calibration(results, n, rate, out)
     lines += workload_report(list(wresults), args, out, ceilings)
+    lines += torch_report(list(tresults), args, out)
     lines += targets(results, best_peer)
     md = "\n".join(lines) + "\n"
     md_path = os.path.join(out, "emulated_allreduce.md")

@@ -1,0 +1,125 @@
+#!/usr/bin/python3
+"""One rank of a PyTorch training-iteration benchmark: torchvision's ResNet-50 (its real
+parameters: 161 tensors, 25,557,032 floats), random data, CPU compute, SGD.
+
+  --mode tributary   tributary.torch.DistributedOptimizer (gradient hooks start each all-reduce
+                     as backward produces it, priorities by layer order); the process joins the
+                     job named by TRIBUTARY_JOB through TRIBUTARY_AGENT_ADDRESS.
+  --mode ddp-gloo    torch.nn.parallel.DistributedDataParallel over torch.distributed's own Gloo
+                     backend (25 MiB buckets, overlapped with backward), rendezvous at --master.
+
+Every rank first times `--compute-iters` iterations of forward + backward + step without any
+communication (the compute part), then `--iters` distributed iterations after `--warmup`. The
+communication part of an iteration = distributed iteration time - compute time: the time the
+iteration waits for the network (what overlap could not hide). After the timed iterations the
+ranks check that every rank holds the same parameters (a sum of all of them, all-reduced as a
+float64 checksum by the mode's own collective, must be size x rank 0's): a wrong sum fails the run.
+
+Rank 0 prints one line:
+  TORCHITER,mode,ranks,iter_ms,compute_ms,comm_ms,iters,param_mismatch
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torchvision
+
+
+def parse():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--mode", choices=["tributary", "ddp-gloo"], required=True)
+    ap.add_argument("--model", default="resnet50")
+    ap.add_argument("--batch", type=int, default=2, help="images per rank per iteration")
+    ap.add_argument("--image", type=int, default=64, help="image side (the gradients' size "
+                    "does not depend on it; smaller keeps CPU compute short)")
+    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--compute-iters", type=int, default=3)
+    ap.add_argument("--rank", type=int, default=0, help="ddp-gloo: this rank")
+    ap.add_argument("--world", type=int, default=1, help="ddp-gloo: number of ranks")
+    ap.add_argument("--master", default="127.0.0.1:29500", help="ddp-gloo: rendezvous HOST:PORT")
+    ap.add_argument("--ifname", default=None, help="ddp-gloo: GLOO_SOCKET_IFNAME")
+    return ap.parse_args()
+
+
+def batch_for(args, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(args.batch, 3, args.image, args.image, generator=g)
+    y = torch.randint(0, 1000, (args.batch,), generator=g)
+    return x, y
+
+
+def timed_iterations(model, optimizer, args, count, seed0):
+    loss_fn = torch.nn.CrossEntropyLoss()
+    times = []
+    for i in range(count):
+        x, y = batch_for(args, seed0 + i)
+        t0 = time.perf_counter()
+        optimizer.zero_grad()
+        loss_fn(model(x), y).backward()
+        optimizer.step()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def main():
+    args = parse()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = getattr(torchvision.models, args.model)()
+    # The compute part: the same iteration without any communication.
+    plain = torch.optim.SGD(model.parameters(), lr=0.0)
+    timed_iterations(model, plain, args, 1, 1000)
+    compute = statistics.median(timed_iterations(model, plain, args, args.compute_iters, 2000))
+
+    if args.mode == "tributary":
+        import tributary.torch as trt
+        trt.init(op_timeout=600.0)
+        rank, world = trt.rank(), trt.size()
+        trt.broadcast_parameters(model.state_dict(), root_rank=0)
+        optimizer = trt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                             named_parameters=model.named_parameters())
+        net = model
+
+        def checksum_sum(t):
+            return trt.push_pull(t, average=False, name="checksum")
+    else:
+        import torch.distributed as dist
+        host, port = args.master.rsplit(":", 1)
+        if args.ifname:
+            os.environ["GLOO_SOCKET_IFNAME"] = args.ifname
+        dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=args.rank,
+                                world_size=args.world)
+        rank, world = dist.get_rank(), dist.get_world_size()
+        net = torch.nn.parallel.DistributedDataParallel(model)
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.0)
+
+        def checksum_sum(t):
+            dist.all_reduce(t)
+            return t
+
+    timed_iterations(net, optimizer, args, args.warmup, 3000 + 100 * rank)
+    times = timed_iterations(net, optimizer, args, args.iters, 4000 + 100 * rank)
+    # lr = 0: the parameters must still be rank 0's (broadcast / DDP's initial sync), on every rank.
+    mine = torch.tensor([sum(float(p.double().sum()) for p in model.parameters())],
+                        dtype=torch.float64)
+    total = checksum_sum(mine.clone())
+    mismatch = int(abs(float(total[0]) - world * float(mine[0])) > 1e-6 * abs(world * float(mine[0])))
+    it = statistics.median(times)
+    if rank == 0:
+        print(f"TORCHITER,{args.mode},{world},{it * 1e3:.1f},{compute * 1e3:.1f},"
+              f"{max(0.0, it - compute) * 1e3:.1f},{args.iters},{mismatch}", flush=True)
+    if args.mode == "tributary":
+        import tributary.torch as trt
+        trt.shutdown()
+    else:
+        import torch.distributed as dist
+        dist.destroy_process_group()
+    return 1 if mismatch else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
