@@ -3,19 +3,24 @@
 
     PYTHONPATH=build/python /usr/bin/python3 bench/python/push_pull_overhead.py --bin-dir build/bin
 
-starts `tributary-run --np 4 --procs-per-node 2 --spares 2` with this script as every rank. Each
-rank first runs the C++ client's sweep (`tributary bench-rank`, sum, float32, its session then
-leaves), then joins the same job from Python and times, per size, `push_pull(average=False)` on
-(a) an ordinary tensor (staged: one copy into a pooled shared buffer and one back) and (b) a
-tensor from `tributary.torch.empty` (zero copy). Time per operation = mean over --iters after
---warmup, as bench-rank measures it (submit to completion, each rank on its own; the inputs are
-refilled outside the timed region). Rank 0 prints one table; every result is checked.
+starts one local cluster (`tributary local-cluster`: 2 worker agents + 2 spares on loopback, no
+NIC pacing) and runs two jobs on it with `tributary-run --controller ... --np 4
+--procs-per-node 2`: first the C++ client's sweep (`tributary bench-rank`, sum, float32), then
+this script as every rank, timing per size `push_pull(average=False)` on (a) an ordinary tensor
+(staged: one copy into a pooled shared buffer and one back) and (b) a tensor from
+`tributary.torch.empty` (zero copy). Time per operation = mean over --iters after --warmup, as
+bench-rank measures it (submit to completion, each rank on its own, inputs refilled outside the
+timed region); rounds alternate C++ and Python and the table shows each side's best round.
+Every result is checked.
 """
 
 import argparse
 import os
+import re
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 
@@ -28,28 +33,9 @@ def rank_main(args):
     import torch
     import tributary.torch as trt
 
-    sizes = [parse_size(s) for s in args.sizes.split(",")]
-    env = os.environ
-    # 1. The C++ client (its own session in this job; it leaves before Python joins).
-    cpp = subprocess.run(
-        [os.path.join(args.bin_dir, "tributary"), "bench-rank", "--job", env["TRIBUTARY_JOB"],
-         "--agent", env["TRIBUTARY_AGENT_ADDRESS"], "--local-rank", env["TRIBUTARY_LOCAL_RANK"],
-         "--local-size", env["TRIBUTARY_LOCAL_SIZE"], "--sizes", args.sizes, "--dtype",
-         "float32", "--op", "sum", "--iters", str(args.iters), "--warmup", str(args.warmup),
-         "--csv"], capture_output=True, text=True)
-    if cpp.returncode != 0:
-        sys.stderr.write(cpp.stdout + cpp.stderr)
-        return 1
-    cpp_us = {}
-    for line in cpp.stdout.splitlines():
-        if line.startswith("CSV,"):
-            f = line.split(",")
-            cpp_us[int(f[1])] = float(f[5])
-
-    # 2. Python, same job, same sizes.
+    sizes = [parse_size(x) for x in args.sizes.split(",")]
     trt.init()
     world = trt.size()
-    results = []
     for size in sizes:
         n = size // 4
         base = (torch.arange(n, dtype=torch.float32) % 7 + 1)
@@ -69,21 +55,20 @@ def rank_main(args):
                     print(f"rank {trt.rank()}: wrong result, {mode} {size} B", file=sys.stderr)
                     return 1
             row.append(total / args.iters * 1e6)
-        results.append((size, row))
+        if trt.rank() == 0:
+            print(f"PY,{size},{row[0]:.3f},{row[1]:.3f}", flush=True)
     trt.barrier()
-    if trt.rank() == 0:
-        print(f"# push_pull overhead: {world} ranks (2 agents x 2) + 2 spares, loopback, "
-              f"float32 sum, {args.iters} iterations after {args.warmup} warm-up; time per "
-              "operation in us; ratio = Python / C++")
-        print(f"{'size':>10} {'C++ us':>12} {'staged us':>12} {'ratio':>7} {'0-copy us':>12} "
-              f"{'ratio':>7}")
-        for size, (staged, zero) in results:
-            c = cpp_us.get(size, float("nan"))
-            print(f"{size:>10} {c:>12.1f} {staged:>12.1f} {staged / c:>7.3f} {zero:>12.1f} "
-                  f"{zero / c:>7.3f}")
-        sys.stdout.flush()
     trt.shutdown()
     return 0
+
+
+def run_job(run, job, command):
+    """Runs `command` as the 4 ranks of a new job; returns rank 0's stdout lines."""
+    p = subprocess.run(run + ["--job", job, "--"] + command, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.stderr.write(p.stdout + p.stderr)
+        raise SystemExit(f"job {job} failed ({p.returncode})")
+    return [line[4:] for line in p.stdout.splitlines() if line.startswith("[0] ")]
 
 
 def main():
@@ -94,16 +79,66 @@ def main():
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--algorithm", default="auto")
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rank", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank:
         return rank_main(args)
     bin_dir = os.path.abspath(args.bin_dir)
-    command = [os.path.join(bin_dir, "tributary-run"), "--np", "4", "--procs-per-node", "2",
-               "--spares", "2", "--algorithm", args.algorithm, "--", sys.executable,
-               os.path.abspath(__file__), "--rank", "--bin-dir", bin_dir, "--sizes", args.sizes,
-               "--iters", str(args.iters), "--warmup", str(args.warmup)]
-    return subprocess.call(command)
+    env = dict(os.environ, UCX_NET_DEVICES=os.environ.get("UCX_NET_DEVICES", "lo"),
+               UCX_TLS=os.environ.get("UCX_TLS", "tcp"))
+    os.environ.update(env)
+    with tempfile.TemporaryDirectory() as run_dir:
+        cluster = subprocess.Popen(
+            [os.path.join(bin_dir, "tributary"), "local-cluster", "--workers", "2", "--spares",
+             "2", "--no-emulate-nic", "--nic-gbps", "10", "--run-dir", run_dir],
+            stdout=subprocess.PIPE, text=True)
+        try:
+            controller = None
+            for line in cluster.stdout:
+                m = re.search(r"local cluster up: controller (\S+),", line)
+                if m:
+                    controller = m.group(1)
+                    break
+            if controller is None:
+                raise SystemExit("tributary local-cluster did not start")
+            run = [os.path.join(bin_dir, "tributary-run"), "--controller", controller,
+                   "--workers", "worker-0,worker-1", "--agents",
+                   f"unix:{run_dir}/worker-0.sock,unix:{run_dir}/worker-1.sock", "--np", "4",
+                   "--procs-per-node", "2", "--spares", "2", "--algorithm", args.algorithm]
+            cpp, py = {}, {}
+            for r in range(args.rounds):
+                bench_rank = ("exec " + os.path.join(bin_dir, "tributary") +
+                              " bench-rank --job $TRIBUTARY_JOB --agent $TRIBUTARY_AGENT_ADDRESS"
+                              " --local-rank $TRIBUTARY_LOCAL_RANK --local-size "
+                              "$TRIBUTARY_LOCAL_SIZE --dtype float32 --op sum --csv "
+                              f"--sizes {args.sizes} --iters {args.iters} --warmup {args.warmup}")
+                for line in run_job(run, f"cpp-{r}", ["/bin/sh", "-c", bench_rank]):
+                    if line.startswith("CSV,"):
+                        f = line.split(",")
+                        cpp.setdefault(int(f[1]), []).append(float(f[5]))
+                for line in run_job(run, f"py-{r}", [
+                        sys.executable, os.path.abspath(__file__), "--rank", "--sizes",
+                        args.sizes, "--iters", str(args.iters), "--warmup", str(args.warmup)]):
+                    if line.startswith("PY,"):
+                        f = line.split(",")
+                        py.setdefault(int(f[1]), []).append((float(f[2]), float(f[3])))
+        finally:
+            cluster.send_signal(signal.SIGINT)
+            cluster.wait(timeout=60)
+    print(f"# push_pull overhead: 4 ranks (2 agents x 2 processes) + 2 spares on one local "
+          f"cluster (loopback, UCX tcp), float32 sum, algorithm {args.algorithm}; mean time per "
+          f"operation over {args.iters} iterations after {args.warmup} warm-up, best of "
+          f"{args.rounds} rounds; ratio = Python / C++ (bench-rank)")
+    print(f"{'size':>10} {'C++ us':>12} {'staged us':>12} {'ratio':>7} {'0-copy us':>12} "
+          f"{'ratio':>7}")
+    for size in sorted(cpp):
+        c = min(cpp[size])
+        staged = min(p[0] for p in py[size])
+        zero = min(p[1] for p in py[size])
+        print(f"{size:>10} {c:>12.1f} {staged:>12.1f} {staged / c:>7.3f} {zero:>12.1f} "
+              f"{zero / c:>7.3f}")
+    return 0
 
 
 if __name__ == "__main__":
