@@ -10,7 +10,8 @@ this script as every rank, timing per size `push_pull(average=False)` on (a) an 
 (staged: one copy into a pooled shared buffer and one back) and (b) a tensor from
 `tributary.torch.empty` (zero copy). Time per operation = mean over --iters after --warmup, as
 bench-rank measures it (submit to completion, each rank on its own, inputs refilled outside the
-timed region); rounds alternate C++ and Python and the table shows each side's best round.
+timed region); rounds alternate which side runs first; each round is printed, and the table
+shows each side's best round (the machine's load moves single rounds by tens of percent).
 Every result is checked.
 """
 
@@ -107,22 +108,30 @@ def main():
                    f"unix:{run_dir}/worker-0.sock,unix:{run_dir}/worker-1.sock", "--np", "4",
                    "--procs-per-node", "2", "--spares", "2", "--algorithm", args.algorithm]
             cpp, py = {}, {}
+            bench_rank = ("exec " + os.path.join(bin_dir, "tributary") +
+                          " bench-rank --job $TRIBUTARY_JOB --agent $TRIBUTARY_AGENT_ADDRESS"
+                          " --local-rank $TRIBUTARY_LOCAL_RANK --local-size "
+                          "$TRIBUTARY_LOCAL_SIZE --dtype float32 --op sum --csv "
+                          f"--sizes {args.sizes} --iters {args.iters} --warmup {args.warmup}")
+            python = [sys.executable, os.path.abspath(__file__), "--rank", "--sizes", args.sizes,
+                      "--iters", str(args.iters), "--warmup", str(args.warmup)]
             for r in range(args.rounds):
-                bench_rank = ("exec " + os.path.join(bin_dir, "tributary") +
-                              " bench-rank --job $TRIBUTARY_JOB --agent $TRIBUTARY_AGENT_ADDRESS"
-                              " --local-rank $TRIBUTARY_LOCAL_RANK --local-size "
-                              "$TRIBUTARY_LOCAL_SIZE --dtype float32 --op sum --csv "
-                              f"--sizes {args.sizes} --iters {args.iters} --warmup {args.warmup}")
-                for line in run_job(run, f"cpp-{r}", ["/bin/sh", "-c", bench_rank]):
-                    if line.startswith("CSV,"):
-                        f = line.split(",")
-                        cpp.setdefault(int(f[1]), []).append(float(f[5]))
-                for line in run_job(run, f"py-{r}", [
-                        sys.executable, os.path.abspath(__file__), "--rank", "--sizes",
-                        args.sizes, "--iters", str(args.iters), "--warmup", str(args.warmup)]):
-                    if line.startswith("PY,"):
-                        f = line.split(",")
-                        py.setdefault(int(f[1]), []).append((float(f[2]), float(f[3])))
+                # Which side goes first alternates, so that neither always follows the other.
+                sides = ["cpp", "py"] if r % 2 == 0 else ["py", "cpp"]
+                for side in sides:
+                    if side == "cpp":
+                        for line in run_job(run, f"cpp-{r}", ["/bin/sh", "-c", bench_rank]):
+                            if line.startswith("CSV,"):
+                                f = line.split(",")
+                                cpp.setdefault(int(f[1]), []).append(float(f[5]))
+                    else:
+                        for line in run_job(run, f"py-{r}", python):
+                            if line.startswith("PY,"):
+                                f = line.split(",")
+                                py.setdefault(int(f[1]), []).append((float(f[2]), float(f[3])))
+                print(f"# round {r}: " + "; ".join(
+                    f"{size} B: C++ {cpp[size][-1]:.1f} us, staged {py[size][-1][0]:.1f} us, "
+                    f"0-copy {py[size][-1][1]:.1f} us" for size in sorted(cpp)), flush=True)
         finally:
             cluster.send_signal(signal.SIGINT)
             cluster.wait(timeout=60)

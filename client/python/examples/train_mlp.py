@@ -18,7 +18,7 @@ import tributary.torch as trt
 
 def dataset(seed, samples, features, classes):
     g = torch.Generator().manual_seed(seed)
-    centres = torch.randn(classes, features, generator=g) * 2
+    centres = torch.randn(classes, features, generator=g) * 0.3
     labels = torch.randint(0, classes, (samples,), generator=g)
     points = centres[labels] + torch.randn(samples, features, generator=g)
     return points, labels
