@@ -218,6 +218,16 @@ class PyClient {
     }
   }
 
+  // The Client's destructor leaves the job (an RPC, up to rpc_timeout): not under the GIL.
+  ~PyClient() {
+    if (client_ != nullptr && Py_IsInitialized() && PyGILState_Check()) {
+      py::gil_scoped_release release;
+      client_.reset();
+    }
+  }
+  PyClient(const PyClient&) = delete;
+  PyClient& operator=(const PyClient&) = delete;
+
   Client& client() { return *client_; }
 
   std::shared_ptr<SharedBuffer> Allocate(size_t bytes) {

@@ -347,4 +347,12 @@ if __name__ == "__main__":
     trt.init()
     result = unittest.main(exit=False, verbosity=1).result
     trt.shutdown()
-    os._exit(0 if result.wasSuccessful() else 1)
+    trt.shutdown()  # idempotent
+    ok = result.wasSuccessful() and not trt.is_initialized()
+    try:
+        trt.rank()
+        ok = False
+        print("FAIL: rank() after shutdown() did not raise", flush=True)
+    except TributaryError as e:
+        ok = ok and e.code == "FAILED_PRECONDITION" and "not initialised" in str(e)
+    os._exit(0 if ok else 1)

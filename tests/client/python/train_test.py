@@ -134,6 +134,32 @@ class ExactTrainingTest(unittest.TestCase):
         self.assertLessEqual(abs(loss - ref_loss), FP16_LOSS_RTOL * ref_loss,
                              f"fp16 loss {loss} vs fp32 {ref_loss}")
 
+    def test_mlp_gradient_accumulation_and_skip_synchronize(self):
+        # backward_passes_per_step=2: each rank runs two backward passes, on the two halves of
+        # its quarter (loss halved, so the accumulated gradient is the quarter's mean); every
+        # other step synchronizes by hand and steps inside skip_synchronize().
+        x, y = data((16,))
+        ref, _ = reference(mlp, x, y)
+        model = make(mlp)
+        optimizer = trt.DistributedOptimizer(sgd(model.parameters()),
+                                             named_parameters=model.named_parameters(),
+                                             backward_passes_per_step=2)
+        loss_fn = torch.nn.CrossEntropyLoss()
+        share = BATCH // trt.size()
+        for step in range(STEPS):
+            lo = trt.rank() * share
+            optimizer.zero_grad()
+            for half in (0, 1):
+                a, b = lo + half * share // 2, lo + (half + 1) * share // 2
+                (loss_fn(model(x[step][a:b]), y[step][a:b]) / 2).backward()
+            if step % 2:
+                optimizer.synchronize()
+                with optimizer.skip_synchronize():
+                    optimizer.step()
+            else:
+                optimizer.step()
+        self.assertMatchesReference(model, ref)
+
     def _ddp(self, model_fn, input_shape):
         x, y = data(input_shape)
         ref, _ = reference(model_fn, x, y)
