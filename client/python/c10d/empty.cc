@@ -1,0 +1,1 @@
+// Intentionally empty: tributary_client_shared is the whole-archived client libraries.
