@@ -40,9 +40,10 @@ class FakeCollectiveRunner final : public CollectiveRunner {
   }
   // From now on Start computes each operation at once, on the starting thread, as a job of
   // this one node would, and runs its `done`: sum and average of float32 buffers (written into
-  // every buffer), broadcast of the root's buffer (any dtype); a sum or average of another
-  // dtype completes with UNIMPLEMENTED. Such operations are counted (num_starts) but not kept
-  // (start(i) is not available for them).
+  // every buffer), broadcast of the root's buffer (any dtype), all-gather (any dtype) and
+  // reduce-scatter (float32) with block l belonging to local buffer l; a sum, average or
+  // reduce-scatter of another dtype completes with UNIMPLEMENTED. Such operations are counted
+  // (num_starts) but not kept (start(i) is not available for them).
   void CompleteOnStart(bool on) {
     std::lock_guard lock(mu_);
     complete_on_start_ = on;
@@ -169,8 +170,32 @@ class FakeCollectiveRunner final : public CollectiveRunner {
       }
       return absl::OkStatus();
     }
+    if (op.reduction == dataplane::Reduction::kAllGather) {
+      // One node: the world is the local buffers, block l belongs to buffer l.
+      for (size_t from = 0; from < op.buffers.size(); ++from) {
+        for (size_t to = 0; to < op.buffers.size(); ++to) {
+          if (to != from) {
+            std::memcpy(op.buffers[to] + from * bytes, op.buffers[from] + from * bytes, bytes);
+          }
+        }
+      }
+      return absl::OkStatus();
+    }
     if (op.dtype != common::DataType::kFloat32) {
       return absl::UnimplementedError("the fake runner reduces float32 only");
+    }
+    if (dataplane::IsReduceScatter(op.reduction)) {
+      // One node: buffer l gets the reduction of block l.
+      const size_t n = op.buffers.size();
+      for (size_t block = 0; block < n; ++block) {
+        for (uint64_t i = block * op.count; i < (block + 1) * op.count; ++i) {
+          float sum = 0;
+          for (const std::byte* b : op.buffers) sum += reinterpret_cast<const float*>(b)[i];
+          if (op.reduction == dataplane::Reduction::kReduceScatterAverage) sum /= n;
+          reinterpret_cast<float*>(op.buffers[block])[i] = sum;
+        }
+      }
+      return absl::OkStatus();
     }
     for (uint64_t i = 0; i < op.count; ++i) {
       float sum = 0;

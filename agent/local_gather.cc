@@ -25,13 +25,20 @@ absl::StatusOr<dataplane::Reduction> ToReduction(tributary::v1::CollectiveOp op)
       return dataplane::Reduction::kAverage;
     case tributary::v1::COLLECTIVE_OP_BROADCAST:
       return dataplane::Reduction::kBroadcast;
+    case tributary::v1::COLLECTIVE_OP_ALLGATHER:
+      return dataplane::Reduction::kAllGather;
+    case tributary::v1::COLLECTIVE_OP_REDUCE_SCATTER_SUM:
+      return dataplane::Reduction::kReduceScatterSum;
+    case tributary::v1::COLLECTIVE_OP_REDUCE_SCATTER_AVERAGE:
+      return dataplane::Reduction::kReduceScatterAverage;
     default:
       return absl::InvalidArgumentError(absl::StrCat("unknown op ", static_cast<int>(op)));
   }
 }
 
 std::string Submission::Describe() const {
-  std::string s = absl::StrCat(count, " x ", std::string(common::DataTypeName(dtype)), " ",
+  std::string s = absl::StrCat(count, dataplane::IsBlockwise(reduction) ? " per process x " : " x ",
+                               std::string(common::DataTypeName(dtype)), " ",
                                std::string(dataplane::ReductionName(reduction)));
   if (reduction == dataplane::Reduction::kBroadcast) absl::StrAppend(&s, " from rank ", root);
   return s;

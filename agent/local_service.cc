@@ -148,23 +148,33 @@ absl::Status LocalService::SubmitInternal(const tributary::v1::SubmitRequest& re
     }
     const DataType dtype = static_cast<DataType>(req.dtype());
     const uint64_t esize = common::DataTypeSize(dtype);
-    if (req.count() == 0 || req.count() > kMaxTensorBytes / esize) {
+    const uint32_t world = job->num_nodes * job->procs_per_node;
+    // All-gather and reduce-scatter: `count` is one process's block; the region holds world
+    // blocks.
+    const bool blockwise = dataplane::IsBlockwise(*reduction);
+    const uint64_t blocks = blockwise ? std::max<uint32_t>(world, 1) : 1;
+    if (req.count() == 0 || req.count() > kMaxTensorBytes / esize / blocks) {
       return absl::InvalidArgumentError(
-          absl::StrCat(what, ": count ", req.count(), " must be in [1, 2^40 bytes / element]"));
+          blockwise ? absl::StrCat(what, ": block count ", req.count(), " x world size ", world,
+                                   " must be in [1, 2^40 bytes / element]")
+                    : absl::StrCat(what, ": count ", req.count(),
+                                   " must be in [1, 2^40 bytes / element]"));
     }
     auto buf_it = session->buffers.find(req.buffer_id());
     if (buf_it == session->buffers.end()) {
       return absl::InvalidArgumentError(
           absl::StrCat(what, ": buffer ", req.buffer_id(), " is not registered in this session"));
     }
-    const uint64_t bytes = req.count() * esize;
+    const uint64_t bytes = req.count() * blocks * esize;
     const std::shared_ptr<SharedMemoryMapping>& mapping = buf_it->second;
     if (req.offset_bytes() > mapping->size() || bytes > mapping->size() - req.offset_bytes()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ": bytes [", req.offset_bytes(), ", ", req.offset_bytes() + bytes,
-                       ") do not fit buffer ", req.buffer_id(), " of ", mapping->size(), " bytes"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": bytes [", req.offset_bytes(), ", ", req.offset_bytes() + bytes, ")",
+          blockwise
+              ? absl::StrCat(" (world size ", world, " x block of ", req.count(), " elements)")
+              : "",
+          " do not fit buffer ", req.buffer_id(), " of ", mapping->size(), " bytes"));
     }
-    const uint32_t world = job->num_nodes * job->procs_per_node;
     if (*reduction == dataplane::Reduction::kBroadcast && req.root_rank() >= world) {
       return absl::InvalidArgumentError(
           absl::StrCat(what, ": root rank ", req.root_rank(), " is not below world size ", world));

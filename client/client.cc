@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstdint>
 #include <thread>
 #include <utility>
 
@@ -105,6 +106,22 @@ v1::CollectiveOp ToCollectiveOp(ReduceOp op) {
       return v1::COLLECTIVE_OP_AVERAGE;
   }
   return v1::COLLECTIVE_OP_UNSPECIFIED;  // not a ReduceOp: the agent rejects it
+}
+
+v1::CollectiveOp ToReduceScatterOp(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return v1::COLLECTIVE_OP_REDUCE_SCATTER_SUM;
+    case ReduceOp::kAverage:
+      return v1::COLLECTIVE_OP_REDUCE_SCATTER_AVERAGE;
+  }
+  return v1::COLLECTIVE_OP_UNSPECIFIED;  // not a ReduceOp: the agent rejects it
+}
+
+// All-gather and reduce-scatter: `count` is one process's block, the region world_size blocks.
+bool IsBlockwise(v1::CollectiveOp op) {
+  return op == v1::COLLECTIVE_OP_ALLGATHER || op == v1::COLLECTIVE_OP_REDUCE_SCATTER_SUM ||
+         op == v1::COLLECTIVE_OP_REDUCE_SCATTER_AVERAGE;
 }
 
 // Creates the session's control ring and has the agent attach it; null (Submit/Wait only) when
@@ -416,8 +433,21 @@ absl::StatusOr<Handle> Client::Submit(std::string_view name, const SharedBuffer&
                                                    " is not a multiple of the element size ",
                                                    element));
   }
-  if (offset_bytes > buffer.size() || count > (buffer.size() - offset_bytes) / element) {
-    return absl::OutOfRangeError(absl::StrCat("tensor ", tensor, ": ", count, " elements of ",
+  // All-gather and reduce-scatter work on world_size() blocks of `count` elements.
+  size_t region = count;
+  if (IsBlockwise(op)) {
+    if (count == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor ", tensor, ": the block size (count) must be at least 1"));
+    }
+    if (count > SIZE_MAX / std::max<uint32_t>(world_size_, 1)) {
+      return absl::OutOfRangeError(absl::StrCat("tensor ", tensor, ": ", world_size_, " blocks of ",
+                                                count, " elements overflow"));
+    }
+    region = count * world_size_;
+  }
+  if (offset_bytes > buffer.size() || region > (buffer.size() - offset_bytes) / element) {
+    return absl::OutOfRangeError(absl::StrCat("tensor ", tensor, ": ", region, " elements of ",
                                               std::string(common::DataTypeName(dtype)),
                                               " at offset ", offset_bytes, " do not fit in buffer ",
                                               buffer.name(), " of ", buffer.size(), " bytes"));
@@ -494,6 +524,21 @@ absl::StatusOr<Handle> Client::BroadcastAsync(std::string_view name, const Share
                 priority);
 }
 
+absl::StatusOr<Handle> Client::AllGatherAsync(std::string_view name, const SharedBuffer& buffer,
+                                              size_t offset_bytes, size_t count,
+                                              common::DataType dtype, int32_t priority) {
+  return Submit(name, buffer, offset_bytes, count, dtype, v1::COLLECTIVE_OP_ALLGATHER,
+                /*root_rank=*/0, priority);
+}
+
+absl::StatusOr<Handle> Client::ReduceScatterAsync(std::string_view name, const SharedBuffer& buffer,
+                                                  size_t offset_bytes, size_t count,
+                                                  common::DataType dtype, ReduceOp op,
+                                                  int32_t priority) {
+  return Submit(name, buffer, offset_bytes, count, dtype, ToReduceScatterOp(op), /*root_rank=*/0,
+                priority);
+}
+
 absl::Status Client::SubmitAndWait(std::string_view name, const SharedBuffer& buffer,
                                    size_t offset_bytes, size_t count, common::DataType dtype,
                                    v1::CollectiveOp op, uint32_t root_rank, int32_t priority) {
@@ -516,6 +561,20 @@ absl::Status Client::Broadcast(std::string_view name, const SharedBuffer& buffer
                                uint32_t root_rank, int32_t priority) {
   return SubmitAndWait(name, buffer, offset_bytes, count, dtype, v1::COLLECTIVE_OP_BROADCAST,
                        root_rank, priority);
+}
+
+absl::Status Client::AllGather(std::string_view name, const SharedBuffer& buffer,
+                               size_t offset_bytes, size_t count, common::DataType dtype,
+                               int32_t priority) {
+  return SubmitAndWait(name, buffer, offset_bytes, count, dtype, v1::COLLECTIVE_OP_ALLGATHER,
+                       /*root_rank=*/0, priority);
+}
+
+absl::Status Client::ReduceScatter(std::string_view name, const SharedBuffer& buffer,
+                                   size_t offset_bytes, size_t count, common::DataType dtype,
+                                   ReduceOp op, int32_t priority) {
+  return SubmitAndWait(name, buffer, offset_bytes, count, dtype, ToReduceScatterOp(op),
+                       /*root_rank=*/0, priority);
 }
 
 }  // namespace tributary::client

@@ -138,12 +138,34 @@ class Client {
                                         size_t offset_bytes, size_t count, common::DataType dtype,
                                         uint32_t root_rank, int32_t priority = 0);
 
+  // All-gather, in place (NCCL's in-place convention): the region at `offset_bytes` holds
+  // world_size() * count elements; this process's input is block global_rank() (elements
+  // [global_rank()*count, (global_rank()+1)*count)); when done the whole region holds every
+  // process's block in global-rank order. `count` is the per-process block size in elements.
+  // INVALID_ARGUMENT / OUT_OF_RANGE (region does not fit the buffer, world_size() * count
+  // overflows) before anything is sent.
+  absl::StatusOr<Handle> AllGatherAsync(std::string_view name, const SharedBuffer& buffer,
+                                        size_t offset_bytes, size_t count, common::DataType dtype,
+                                        int32_t priority = 0);
+  // Reduce-scatter, in place: the region holds world_size() * count elements of input; when
+  // done block global_rank() holds the sum (or average over world_size()) of that block over all
+  // processes; the rest of the region is unspecified. `count` is the per-process block size.
+  absl::StatusOr<Handle> ReduceScatterAsync(std::string_view name, const SharedBuffer& buffer,
+                                            size_t offset_bytes, size_t count,
+                                            common::DataType dtype, ReduceOp op,
+                                            int32_t priority = 0);
+
   // Blocking forms: submit, then wait up to options.op_timeout.
   absl::Status AllReduce(std::string_view name, const SharedBuffer& buffer, size_t offset_bytes,
                          size_t count, common::DataType dtype, ReduceOp op, int32_t priority = 0);
   absl::Status Broadcast(std::string_view name, const SharedBuffer& buffer, size_t offset_bytes,
                          size_t count, common::DataType dtype, uint32_t root_rank,
                          int32_t priority = 0);
+  absl::Status AllGather(std::string_view name, const SharedBuffer& buffer, size_t offset_bytes,
+                         size_t count, common::DataType dtype, int32_t priority = 0);
+  absl::Status ReduceScatter(std::string_view name, const SharedBuffer& buffer, size_t offset_bytes,
+                             size_t count, common::DataType dtype, ReduceOp op,
+                             int32_t priority = 0);
 
   // Leaves the job: LeaveJob (its error is returned, but the session is closed locally
   // regardless), then closes the KeepAlive stream. Idempotent; later calls on this client fail

@@ -1065,11 +1065,16 @@ void PushPull::RemoveJob(uint64_t job_hash) {
   worker_.RemoveJob(job_hash);
 }
 
-absl::Status PushPull::CanServe(Algorithm algorithm, const Operation&) const {
+absl::Status PushPull::CanServe(Algorithm algorithm, const Operation& op) const {
   if (algorithm != Algorithm::kPushPull) {
     return absl::FailedPreconditionError(
         absl::StrCat(std::string(AlgorithmName(algorithm)),
                      " runs among the worker nodes, not on summation servers"));
+  }
+  if (IsBlockwise(op.reduction)) {
+    return absl::UnimplementedError(
+        absl::StrCat("push/pull does not implement ", std::string(ReductionName(op.reduction)),
+                     " (ring and halving-doubling do, among the worker nodes)"));
   }
   return absl::OkStatus();
 }

@@ -8,6 +8,8 @@
 #include "absl/strings/str_format.h"
 #include "common/hash.h"
 #include "common/logging.h"
+#include "dataplane/collectives/allgather_reduce_scatter_halving_doubling.h"
+#include "dataplane/collectives/allgather_reduce_scatter_ring.h"
 #include "dataplane/collectives/allreduce_halving_doubling.h"
 #include "dataplane/collectives/allreduce_ring.h"
 
@@ -242,16 +244,61 @@ absl::Status CollectiveEngine::Post(const std::string& job_id, Algorithm algorit
     return absl::InvalidArgumentError(
         absl::StrCat("broadcast root ", op.root_node, " of a world of ", n));
   }
+  // All-gather and reduce-scatter: each buffer holds world_size() blocks of op.count; the node's
+  // processes own the contiguous super-block of procs_per_node blocks at its rank.
+  const bool blockwise = IsBlockwise(op.reduction);
+  const uint32_t procs = view->procs_per_node;
+  const uint64_t world = view->world_size();
+  if (blockwise && op.buffers.size() != procs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": ", op.buffers.size(), " local buffers for ", procs, " processes per node"));
+  }
+  if (blockwise && op.count > UINT64_MAX / DataTypeSize(op.dtype) / world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", world, " blocks of ", op.count, " elements overflow"));
+  }
+  // Elements that travel among the nodes.
+  const uint64_t tensor_count = blockwise ? op.count * world : op.count;
+  const uint64_t super_block = op.count * procs;  // blockwise: one node's blocks
+  const size_t esize = DataTypeSize(op.dtype);
+  const int my_rank = view->my_worker_rank;
   // The buffer that takes part among the nodes: the root's for a broadcast, else the first one
-  // with every local contribution added in (the result replaces the input anyway). Summed here,
-  // before the engine's lock: it is this caller's work, not the transport thread's.
+  // with every local contribution added in (the result replaces the input anyway; all-gather:
+  // every local block copied in). Done here, before the engine's lock: it is this caller's work,
+  // not the transport thread's.
   const size_t lead = broadcast ? op.root_local : 0;
-  if (!broadcast) {
+  if (op.reduction == Reduction::kAllGather) {
     for (size_t b = 1; b < op.buffers.size(); ++b) {
-      reducer_->Sum(op.dtype, op.buffers[0], op.buffers[b], op.count);
+      const uint64_t at = (my_rank * super_block + b * op.count) * esize;
+      std::memcpy(op.buffers[0] + at, op.buffers[b] + at, op.count * esize);
+    }
+  } else if (!broadcast) {
+    for (size_t b = 1; b < op.buffers.size(); ++b) {
+      reducer_->Sum(op.dtype, op.buffers[0], op.buffers[b], tensor_count);
     }
   }
-  if (op.reduction == Reduction::kAverage || op.buffers.size() > 1) {
+  if (blockwise) {
+    // Once the nodes are done: all-gather copies the whole region to the other local buffers;
+    // reduce-scatter (averaged first) gives each local process its own block.
+    op.done = [this, dtype = op.dtype, count = op.count, buffers = op.buffers, esize,
+               gather = op.reduction == Reduction::kAllGather,
+               average = op.reduction == Reduction::kReduceScatterAverage, world, tensor_count,
+               first = my_rank * super_block, super_block,
+               done = std::move(op.done)](absl::Status s) {
+      if (s.ok()) {
+        if (average) reducer_->Divide(dtype, buffers[0] + first * esize, super_block, world);
+        for (size_t b = 1; b < buffers.size(); ++b) {
+          if (gather) {
+            std::memcpy(buffers[b], buffers[0], tensor_count * esize);
+          } else {
+            const uint64_t at = (first + b * count) * esize;
+            std::memcpy(buffers[b] + at, buffers[0] + at, count * esize);
+          }
+        }
+      }
+      done(std::move(s));
+    };
+  } else if (op.reduction == Reduction::kAverage || op.buffers.size() > 1) {
     // Average and the copy to the other local buffers happen once the nodes agree on the sum,
     // outside the engine's lock.
     op.done = [this, dtype = op.dtype, count = op.count, buffers = op.buffers, lead,
@@ -284,8 +331,20 @@ absl::Status CollectiveEngine::Post(const std::string& job_id, Algorithm algorit
     state->elem_size = DataTypeSize(op.dtype);
     state->chunk_elems = std::max<uint64_t>(1, view->partition_bytes / state->elem_size);
     const int rank = view->my_worker_rank;
+    if (blockwise && algorithm == Algorithm::kHalvingDoubling && !IsPowerOfTwo(n)) {
+      // Recursive halving / doubling need 2^k ranks; every rank sees the same n and runs ring.
+      algorithm = Algorithm::kRing;
+      state->algorithm = algorithm;
+    }
+    const bool hd = algorithm == Algorithm::kHalvingDoubling;
     if (broadcast) {
       state->steps = RingBroadcastSchedule(op.count, n, rank, static_cast<int>(op.root_node));
+    } else if (op.reduction == Reduction::kAllGather) {
+      state->steps = hd ? HalvingDoublingAllGatherSchedule(super_block, n, rank)
+                        : RingAllGatherSchedule(super_block, n, rank);
+    } else if (blockwise) {
+      state->steps = hd ? HalvingDoublingReduceScatterSchedule(super_block, n, rank)
+                        : RingReduceScatterSchedule(super_block, n, rank);
     } else if (algorithm == Algorithm::kHalvingDoubling) {
       state->steps = HalvingDoublingSchedule(op.count, n, rank, hd_pipelined_);
     } else {
@@ -300,7 +359,7 @@ absl::Status CollectiveEngine::Post(const std::string& job_id, Algorithm algorit
     d.tensor = key.tensor;
     d.iteration = key.iteration;
     d.plan_version = view->plan_version;
-    d.tensor_count = op.count;
+    d.tensor_count = tensor_count;
     d.world_size = static_cast<uint32_t>(n);
     d.sender = static_cast<uint32_t>(rank);
     d.root = broadcast ? op.root_node : 0;

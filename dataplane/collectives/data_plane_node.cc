@@ -58,7 +58,7 @@ void DataPlaneNode::SetJob(const JobView& in, Algorithm algorithm) {
   const int n = view.num_workers();
   const int spares = std::max(0, static_cast<int>(view.server_addresses.size()) - n);
   std::lock_guard lock(mu_);
-  jobs_[view.job_id] = JobEntry{algorithm, n,
+  jobs_[view.job_id] = JobEntry{algorithm, n, view.procs_per_node,
                                 measured_ ? MeasuredSelectorThresholds(*measured_, n, spares)
                                           : ModelThresholds(n, spares, cost_model_)};
 }
@@ -92,6 +92,30 @@ absl::StatusOr<Algorithm> DataPlaneNode::AlgorithmFor(const std::string& job_id,
   return Select(bytes, it->second.num_workers, it->second.thresholds);
 }
 
+absl::StatusOr<Algorithm> DataPlaneNode::AlgorithmForOperation(const std::string& job_id,
+                                                               const Operation& op,
+                                                               uint64_t* bytes) const {
+  std::lock_guard lock(mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("job '", job_id, "' has no plan on this node"));
+  }
+  const JobEntry& job = it->second;
+  const bool blockwise = IsBlockwise(op.reduction);
+  // Saturates instead of overflowing: the algorithm's Post rejects such sizes.
+  const uint64_t blocks =
+      blockwise ? static_cast<uint64_t>(std::max(job.num_workers, 1)) * job.procs_per_node : 1;
+  const uint64_t esize = common::DataTypeSize(op.dtype);
+  *bytes = op.count > UINT64_MAX / std::max<uint64_t>(esize * blocks, 1)
+               ? UINT64_MAX
+               : op.count * esize * blocks;
+  Algorithm algorithm = job.algorithm != Algorithm::kAuto
+                            ? job.algorithm
+                            : Select(*bytes, job.num_workers, job.thresholds);
+  if (blockwise && algorithm == Algorithm::kPushPull) algorithm = Algorithm::kRing;
+  return algorithm;
+}
+
 void DataPlaneNode::Abort(const std::string& job_id, const std::string& tensor_name,
                           uint64_t iteration, const absl::Status& in) {
   const absl::Status reason = in.ok() ? absl::AbortedError("aborted") : in;
@@ -100,11 +124,12 @@ void DataPlaneNode::Abort(const std::string& job_id, const std::string& tensor_n
     std::lock_guard lock(mu_);
     if (auto it = jobs_.find(job_id); it != jobs_.end()) algorithm = it->second.algorithm;
   }
-  // A kAuto job's tensor may run with any algorithm (the pick depends on its size): tell both.
+  // A kAuto job's tensor may run with any algorithm (the pick depends on its size), and a
+  // push/pull job's all-gathers and reduce-scatters run on the engine: tell both.
   if (algorithm == Algorithm::kAuto || algorithm == Algorithm::kPushPull) {
     push_pull_.Abort(job_id, tensor_name, iteration, reason);
   }
-  if (algorithm != Algorithm::kPushPull) engine_.Abort(job_id, tensor_name, iteration, reason);
+  engine_.Abort(job_id, tensor_name, iteration, reason);
 }
 
 void DataPlaneNode::ExpireStale() {
@@ -119,8 +144,8 @@ void DataPlaneNode::SetMetrics(DataPlaneMetrics* metrics, const common::Clock* c
 
 absl::Status DataPlaneNode::Start(const std::string& job_id, Operation op) {
   if (metrics_ == nullptr) return StartUninstrumented(job_id, std::move(op));
-  const uint64_t bytes = op.count * common::DataTypeSize(op.dtype);
-  absl::StatusOr<Algorithm> algorithm = AlgorithmFor(job_id, bytes);
+  uint64_t bytes = 0;
+  absl::StatusOr<Algorithm> algorithm = AlgorithmForOperation(job_id, op, &bytes);
   if (!algorithm.ok()) return algorithm.status();
   uint64_t id;
   const common::Clock::TimePoint started = metrics_clock_->Now();
@@ -158,8 +183,8 @@ absl::Status DataPlaneNode::Start(const std::string& job_id, Operation op) {
 }
 
 absl::Status DataPlaneNode::StartUninstrumented(const std::string& job_id, Operation op) {
-  ASSIGN_OR_RETURN(const Algorithm picked,
-                   AlgorithmFor(job_id, op.count * common::DataTypeSize(op.dtype)));
+  uint64_t bytes = 0;
+  ASSIGN_OR_RETURN(const Algorithm picked, AlgorithmForOperation(job_id, op, &bytes));
   Algorithm algorithm = picked;
   if (absl::Status declined = For(picked).CanServe(picked, op); !declined.ok()) {
     // The selector's fallback order (SelectServable): ring, halving-doubling, push/pull.

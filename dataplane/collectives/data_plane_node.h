@@ -75,8 +75,14 @@ class DataPlaneNode {
   // (the agent's --selector-calibration).
   void SetMeasuredThresholds(const MeasuredThresholds& measured);
 
-  // The algorithm `Start` picks for `bytes` in this job (before any fallback).
+  // The algorithm `Start` picks for an all-reduce of `bytes` in this job (before any fallback).
   absl::StatusOr<Algorithm> AlgorithmFor(const std::string& job_id, uint64_t bytes) const;
+  // The algorithm `Start` picks for `op` (before any fallback), and in *bytes the size of each
+  // process's region (all-gather and reduce-scatter: world_size() blocks). All-gather and
+  // reduce-scatter run among the worker nodes whatever the job's algorithm: halving-doubling
+  // where it is picked, ring otherwise (push/pull included: spares take no part).
+  absl::StatusOr<Algorithm> AlgorithmForOperation(const std::string& job_id, const Operation& op,
+                                                  uint64_t* bytes) const;
 
   // Records operation counts, durations and pending ages into `metrics` from now on, timed by
   // `clock`, and attaches per-peer byte counters to the jobs set from now on. Call before the
@@ -111,6 +117,7 @@ class DataPlaneNode {
   struct JobEntry {
     Algorithm algorithm = Algorithm::kAuto;
     int num_workers = 0;
+    uint32_t procs_per_node = 1;
     SelectorThresholds thresholds;
   };
   struct Pending {

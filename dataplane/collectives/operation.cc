@@ -13,11 +13,23 @@ std::string_view ReductionName(Reduction r) {
       return "average";
     case Reduction::kBroadcast:
       return "broadcast";
+    case Reduction::kAllGather:
+      return "allgather";
+    case Reduction::kReduceScatterSum:
+      return "reduce_scatter_sum";
+    case Reduction::kReduceScatterAverage:
+      return "reduce_scatter_average";
   }
   return "unknown";
 }
 
-bool IsValidReduction(uint32_t raw) { return raw >= 1 && raw <= 3; }
+bool IsValidReduction(uint32_t raw) { return raw >= 1 && raw <= 6; }
+
+bool IsBlockwise(Reduction r) { return r == Reduction::kAllGather || IsReduceScatter(r); }
+
+bool IsReduceScatter(Reduction r) {
+  return r == Reduction::kReduceScatterSum || r == Reduction::kReduceScatterAverage;
+}
 
 uint64_t JobView::job_hash() const { return common::StableHash64(job_id); }
 

@@ -20,18 +20,29 @@ enum class Reduction : uint8_t {
   kSum = 1,
   kAverage = 2,    // the sum divided by the job's number of training processes
   kBroadcast = 3,  // the root process's buffer copied to every process
+  // Block-wise collectives: each buffer holds world_size() * count elements, block g (count
+  // elements) belonging to the process of global rank g = node rank * procs_per_node + local
+  // index, so a node's processes own one contiguous super-block of procs_per_node * count.
+  kAllGather = 4,            // every process's block copied into every buffer
+  kReduceScatterSum = 5,     // block g of process g: the sum of block g over all processes
+  kReduceScatterAverage = 6  // the same divided by the job's number of training processes
 };
 
-// "sum", "average", "broadcast".
+// "sum", "average", "broadcast", "allgather", "reduce_scatter_sum", "reduce_scatter_average".
 std::string_view ReductionName(Reduction r);
 bool IsValidReduction(uint32_t raw);
+// All-gather or reduce-scatter: `count` is a block and the buffers hold world_size() blocks.
+bool IsBlockwise(Reduction r);
+bool IsReduceScatter(Reduction r);
 
 // One collective as the local training processes submitted it: in place on their buffers.
 struct Operation {
   std::string tensor_name;
   uint64_t iteration = 0;  // n-th submission of this name in the job, same on every node
   common::DataType dtype = common::DataType::kFloat32;
-  uint64_t count = 0;  // elements per buffer, >= 1
+  // Elements per buffer, >= 1; for all-gather and reduce-scatter (IsBlockwise) the elements of
+  // one process's block, and each buffer then holds world_size() * count elements.
+  uint64_t count = 0;
   Reduction reduction = Reduction::kSum;
   uint32_t root_node = 0;   // broadcast: worker rank of the node holding the root process
   uint32_t root_local = 0;  // broadcast on the root node: index in `buffers` of the root

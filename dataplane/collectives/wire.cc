@@ -106,6 +106,11 @@ absl::StatusOr<WireHeader> ParseHeader(std::span<const std::byte> header, size_t
   if (!IsValidReduction(h.reduce)) {
     return absl::InvalidArgumentError(absl::StrCat("unknown reduction ", h.reduce));
   }
+  if (push_pull && IsBlockwise(static_cast<Reduction>(h.reduce))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(ReductionName(static_cast<Reduction>(h.reduce))),
+                     " does not run on push/pull (ring and halving-doubling only)"));
+  }
   absl::Status valid =
       push_pull ? ValidatePushPull(h, payload_bytes) : ValidateData(h, payload_bytes);
   if (!valid.ok()) return valid;

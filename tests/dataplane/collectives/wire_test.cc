@@ -87,8 +87,11 @@ TEST(WireTest, RejectsWhatDoesNotFit) {
   h.algorithm = static_cast<uint8_t>(Algorithm::kPushPull);
   EXPECT_THAT(Error(h, 12), HasSubstr("does not belong to push_pull"));
   h = Data();
-  h.reduce = 4;
-  EXPECT_THAT(Error(h, 12), HasSubstr("unknown reduction 4"));
+  h.reduce = 7;
+  EXPECT_THAT(Error(h, 12), HasSubstr("unknown reduction 7"));
+  h = Push();
+  h.reduce = static_cast<uint8_t>(Reduction::kAllGather);
+  EXPECT_THAT(Error(h, 40), HasSubstr("allgather does not run on push/pull"));
   h = Data();
   h.sender = 4;
   EXPECT_THAT(Error(h, 12), HasSubstr("sender 4 of a world of 4"));

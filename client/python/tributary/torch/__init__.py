@@ -1,0 +1,28 @@
+"""PyTorch on Tributary, Horovod/BytePS-shaped.
+
+    import tributary.torch as trt
+    trt.init()
+    optimizer = trt.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    trt.broadcast_parameters(model.state_dict(), root_rank=0)
+
+See client/python/README.md.
+"""
+
+from tributary import TributaryError
+from tributary.torch.compression import Compression
+from tributary.torch.ddp import ddp_comm_hook
+from tributary.torch.ops import (Handle, allgather, allgather_async, barrier, broadcast,
+                                 broadcast_async, broadcast_object, broadcast_optimizer_state,
+                                 broadcast_parameters, empty, init, is_initialized, local_rank,
+                                 local_size, poll, push_pull, push_pull_async, rank,
+                                 reduce_scatter, reduce_scatter_async, shutdown, size,
+                                 synchronize)
+from tributary.torch.optimizer import DistributedOptimizer
+
+__all__ = [
+    "TributaryError", "Compression", "DistributedOptimizer", "Handle", "allgather",
+    "allgather_async", "barrier", "broadcast", "broadcast_async", "broadcast_object",
+    "broadcast_optimizer_state", "broadcast_parameters", "ddp_comm_hook", "empty", "init",
+    "is_initialized", "local_rank", "local_size", "poll", "push_pull", "push_pull_async",
+    "rank", "reduce_scatter", "reduce_scatter_async", "shutdown", "size", "synchronize",
+]

@@ -1,0 +1,146 @@
+"""DistributedOptimizer: Horovod's wrapper, with BytePS's priorities.
+
+Each parameter's gradient starts its all-reduce (push_pull, average) from a hook on the
+parameter's gradient accumulator, as soon as backward has produced it, so communication
+overlaps the rest of backward. Priorities follow layer order (the first parameter of
+named_parameters, i.e. the first layer, gets priority 0, which goes first), so the first
+layers' gradients, needed first by the next forward pass, come back first. synchronize() (called
+by step() unless skipped) waits for every gradient and writes it back into .grad.
+"""
+
+import contextlib
+
+import torch
+
+from tributary import TributaryError
+from tributary.torch import ops
+from tributary.torch.compression import Compression
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step):
+        super(self.__class__, self).__init__(params)
+        if backward_passes_per_step < 1:
+            raise TributaryError("DistributedOptimizer: backward_passes_per_step must be >= 1",
+                                 "INVALID_ARGUMENT")
+        self._compression = compression
+        self._passes = backward_passes_per_step
+        params = [p for group in self.param_groups for p in group["params"]]
+        if named_parameters is not None:
+            named = list(named_parameters)
+            if not all(isinstance(n, tuple) and len(n) == 2 for n in named):
+                raise TributaryError(
+                    "DistributedOptimizer: named_parameters must be (name, parameter) pairs, "
+                    "e.g. model.named_parameters()", "INVALID_ARGUMENT")
+            names = [n for n, _ in named]
+            duplicates = sorted({n for n in names if names.count(n) > 1})
+            if duplicates:
+                raise TributaryError(f"DistributedOptimizer: parameter names are not unique: "
+                                     f"{duplicates}", "INVALID_ARGUMENT")
+            known = {id(p) for _, p in named}
+            unnamed = [i for i, p in enumerate(params) if id(p) not in known]
+            if unnamed:
+                raise TributaryError(
+                    f"DistributedOptimizer: {len(unnamed)} parameters of the optimizer are not "
+                    "in named_parameters; pass the model's named_parameters()",
+                    "INVALID_ARGUMENT")
+            in_optimizer = {id(p) for p in params}
+            named = [(n, p) for n, p in named if id(p) in in_optimizer]
+        else:
+            named = [(f"param.{i}", p) for i, p in enumerate(params)]
+        self._name = {id(p): f"DistributedOptimizer.grad.{n}" for n, p in named}
+        self._priority = {id(p): i for i, (_, p) in enumerate(named)}
+        self._params = [p for _, p in named if p.requires_grad]
+        self._handles = {}  # id(p) -> (p, handle, compression context, compressed tensor)
+        self._delay = {id(p): self._passes for p in self._params}
+        self._synchronized = False
+        self._should_synchronize = True
+        self._grad_accs = []
+        if ops.size() > 1:
+            self._register_hooks()
+
+    def _register_hooks(self):
+        for p in self._params:
+            # The AccumulateGrad node of p: its hook runs once p.grad holds the new gradient.
+            grad_acc = p.expand_as(p).grad_fn.next_functions[0][0]
+            grad_acc.register_hook(self._make_hook(p))
+            self._grad_accs.append(grad_acc)
+
+    def _make_hook(self, p):
+        def hook(*unused):
+            key = id(p)
+            if key in self._handles:
+                raise TributaryError(
+                    "DistributedOptimizer: a gradient was computed more than "
+                    "backward_passes_per_step times before step() / synchronize(); raise "
+                    "backward_passes_per_step or call step() after each backward",
+                    "FAILED_PRECONDITION")
+            self._delay[key] -= 1
+            if self._delay[key] == 0:
+                self._submit(p)
+
+        return hook
+
+    def _submit(self, p):
+        compressed, ctx = self._compression.compress(p.grad)
+        handle = ops.push_pull_async(compressed, average=True, name=self._name[id(p)],
+                                     priority=self._priority[id(p)])
+        self._handles[id(p)] = (p, handle, ctx, compressed)
+
+    def synchronize(self):
+        """Waits for every gradient's all-reduce and writes the averages into .grad; gradients
+        whose hook did not fire (parameters unused in this pass) are reduced now, as zeros
+        when they have none."""
+        if ops.size() > 1:
+            for p in self._params:
+                if id(p) not in self._handles:
+                    if p.grad is None:
+                        p.grad = torch.zeros_like(p)
+                    self._submit(p)
+            try:
+                for p, handle, ctx, compressed in self._handles.values():
+                    result = ops.synchronize(handle)
+                    if ctx is not None or result is not p.grad:
+                        with torch.no_grad():
+                            p.grad.copy_(self._compression.decompress(result, ctx))
+            finally:
+                self._handles.clear()
+                for p in self._params:
+                    self._delay[id(p)] = self._passes
+        self._synchronized = True
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """Within it, step() does not call synchronize() (call it yourself before, e.g. to
+        clip gradients)."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None):
+        if self._should_synchronize and not self._synchronized:
+            self.synchronize()
+        self._synchronized = False
+        return super(self.__class__, self).step(closure)
+
+    def zero_grad(self, set_to_none=False):
+        if self._handles:
+            raise TributaryError(
+                "DistributedOptimizer: zero_grad() while gradient all-reduces are in flight; "
+                "call step() or synchronize() first", "FAILED_PRECONDITION")
+        return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
+
+
+def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
+                         backward_passes_per_step=1):
+    """Wraps `optimizer` (its class, parameter groups and hyper-parameters; not its state --
+    use broadcast_optimizer_state) so that gradients are averaged over every process before
+    each step. `named_parameters` (model.named_parameters()) gives the all-reduces stable names,
+    the same on every rank; without it parameters are numbered in the optimizer's order.
+    `compression`: Compression.none or Compression.fp16. With backward_passes_per_step = k,
+    gradients accumulate locally over k backward passes before their all-reduce."""
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+               dict(_DistributedOptimizer.__dict__))
+    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step)
