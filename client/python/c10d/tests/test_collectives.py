@@ -42,6 +42,12 @@ class CollectivesTest(unittest.TestCase):
                 expected = pattern(N, dtype) * self.sum_of_ranks()
                 self.assertTrue(torch.equal(t, expected), "allreduce %s: %s" % (dtype, t[:8]))
 
+    def test_allreduce_complex_through_real_view(self):
+        t = torch.complex(pattern(N), -pattern(N)) * (self.rank + 1)
+        dist.all_reduce(t)
+        expected = torch.complex(pattern(N), -pattern(N)) * self.sum_of_ranks()
+        self.assertTrue(torch.equal(t, expected))
+
     def test_allreduce_avg(self):
         t = pattern(N) * (self.rank + 1)
         dist.all_reduce(t, op=dist.ReduceOp.AVG)
@@ -70,7 +76,6 @@ class CollectivesTest(unittest.TestCase):
         self.assertIs(result[0], tensors[1])
         self.assertTrue(works[0].wait())
         self.assertTrue(works[0].is_completed())
-        self.assertTrue(works[0].is_success())
         works[2].wait(timeout=c10d_testing.TIMEOUT)
         torch.futures.wait_all(futures)
         for k, t in enumerate(tensors[:3]):
@@ -113,7 +118,7 @@ class CollectivesTest(unittest.TestCase):
     def test_all_gather_base(self):
         t = (pattern(N) + 1000 * self.rank).reshape(10, N // 10)
         out = torch.full((self.world * 10, N // 10), -1.0)
-        dist._all_gather_base(out, t)
+        dist.all_gather_into_tensor(out, t)
         for r in range(self.world):
             block = out[10 * r:10 * (r + 1)].reshape(-1)
             self.assertTrue(torch.equal(block, pattern(N) + 1000 * r), "block %d" % r)
@@ -128,16 +133,15 @@ class CollectivesTest(unittest.TestCase):
     def test_reduce_scatter_base_avg(self):
         inp = torch.cat([pattern(N) * (self.rank + 1) * (i + 1) for i in range(self.world)])
         out = torch.full((N,), -1.0)
-        dist._reduce_scatter_base(out, inp, op=dist.ReduceOp.AVG)
+        dist.reduce_scatter_tensor(out, inp, op=dist.ReduceOp.AVG)
         self.assertTrue(torch.equal(out, pattern(N) * 2.5 * (self.rank + 1)))
 
     def test_barrier_waits_for_every_rank(self):
         store = dist.distributed_c10d._get_default_store()
-        store.set("barrier_test/%d" % self.rank, "in")
+        store.add("barrier_test/entered", 1)
         dist.barrier()
-        # Every rank set its key before entering the barrier: all are there once it returns.
-        for r in range(self.world):
-            self.assertTrue(store.check(["barrier_test/%d" % r]), "rank %d not in" % r)
+        # Every rank counted itself in before entering the barrier: once it returns, all have.
+        self.assertEqual(store.add("barrier_test/entered", 0), self.world)
 
     def test_empty_tensor(self):
         t = torch.empty(0)
@@ -174,14 +178,16 @@ class CollectivesTest(unittest.TestCase):
                                         "allreduce")
 
     def test_bad_tensors(self):
-        self.assert_clear_error(lambda: dist.all_reduce(torch.ones(4, dtype=torch.complex64)),
+        pg = dist.distributed_c10d._get_default_group()
+        # dist.all_reduce hands complex tensors over as their real view; the group itself
+        # refuses them.
+        self.assert_clear_error(lambda: pg.allreduce([torch.ones(4, dtype=torch.complex64)]),
                                 "ComplexFloat", "not supported")
         self.assert_clear_error(lambda: dist.all_reduce(torch.ones(4, dtype=torch.uint8)),
                                 "Byte", "not supported")
-        self.assert_clear_error(lambda: dist.all_reduce(torch.empty(4, device="meta")),
-                                "only CPU tensors")
+        # (The device check cannot be reached from here: Debian's torch has no CUDA, and the
+        # dispatcher refuses other devices before the group sees them.)
         self.assert_clear_error(lambda: dist.all_reduce(torch.ones(4).to_sparse()), "dense")
-        pg = dist.distributed_c10d._get_default_group()
         self.assert_clear_error(lambda: pg.allreduce([torch.ones(4), torch.ones(4)]),
                                 "exactly one tensor")
         out = [torch.empty(N) for _ in range(self.world - 1)]

@@ -1,1 +1,0 @@
-// Intentionally empty: tributary_client_shared is the whole-archived client libraries.
