@@ -49,18 +49,14 @@ PYBIND11_MODULE(_c10d, m) {
           "Joins the job through the local agent (or reuses this process's session) and "
           "returns the process group; raises RuntimeError when (rank, size) is not where the "
           "job puts this process.")
-      .def_property_readonly("job",
-                             [](const ProcessGroupTributary& pg) {
-                               return pg.connection().client->job_id();
-                             })
-      .def_property_readonly("local_rank",
-                             [](const ProcessGroupTributary& pg) {
-                               return pg.connection().client->local_rank();
-                             })
-      .def_property_readonly("local_size",
-                             [](const ProcessGroupTributary& pg) {
-                               return pg.connection().client->local_size();
-                             })
+      .def_property_readonly(
+          "job", [](const ProcessGroupTributary& pg) { return pg.connection().client->job_id(); })
+      .def_property_readonly(
+          "local_rank",
+          [](const ProcessGroupTributary& pg) { return pg.connection().client->local_rank(); })
+      .def_property_readonly(
+          "local_size",
+          [](const ProcessGroupTributary& pg) { return pg.connection().client->local_size(); })
       .def_property_readonly("group_index", &ProcessGroupTributary::group_index)
       .def_property_readonly("staging_allocations", &ProcessGroupTributary::staging_allocations,
                              "Staging buffers this process has allocated (all groups).");

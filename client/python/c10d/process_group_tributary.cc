@@ -1,14 +1,13 @@
 #include "client/python/c10d/process_group_tributary.h"
 
+#include <ATen/ATen.h>
 #include <Python.h>
+#include <c10/util/Exception.h>
 
 #include <atomic>
 #include <cstring>
 #include <map>
 #include <utility>
-
-#include <ATen/ATen.h>
-#include <c10/util/Exception.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -52,10 +51,12 @@ common::DataType CheckTensor(const char* call, const at::Tensor& t) {
   TORCH_CHECK(t.defined(), "tributary ", call, ": got an undefined tensor");
   TORCH_CHECK(!t.is_cuda(), "tributary ", call, ": CUDA tensors are not supported yet (",
               t.device(), "); move the tensor to the CPU, or use the nccl backend for GPU tensors");
-  TORCH_CHECK(t.device().is_cpu(), "tributary ", call, ": only CPU tensors are supported, got one on ",
-              t.device());
-  TORCH_CHECK(t.layout() == at::kStrided, "tributary ", call, ": only dense (strided) tensors are "
-              "supported, got layout ", t.layout());
+  TORCH_CHECK(t.device().is_cpu(), "tributary ", call,
+              ": only CPU tensors are supported, got one on ", t.device());
+  TORCH_CHECK(t.layout() == at::kStrided, "tributary ", call,
+              ": only dense (strided) tensors are "
+              "supported, got layout ",
+              t.layout());
   return ToDataType(call, t);
 }
 
@@ -126,8 +127,7 @@ void CopyOut(const char* staged, const at::Tensor& t) {
     return;
   }
   at::NoGradGuard no_grad;
-  t.copy_(at::from_blob(const_cast<char*>(staged), t.sizes(),
-                        t.options().requires_grad(false)));
+  t.copy_(at::from_blob(const_cast<char*>(staged), t.sizes(), t.options().requires_grad(false)));
 }
 
 // The process's one connection, shared by its groups while any holds it.
@@ -142,8 +142,9 @@ WorkTributary::WorkTributary(int rank, OpType type, std::string what,
     : ::c10d::Work(rank, type),
       what_(std::move(what)),
       outputs_(std::move(outputs)),
-      future_(c10::make_intrusive<c10::ivalue::Future>(
-          c10::ListType::create(c10::TensorType::get()))) {}
+      future_(
+          c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {
+}
 
 bool WorkTributary::wait(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mutex_);
@@ -179,9 +180,8 @@ c10::intrusive_ptr<ProcessGroupTributary> ProcessGroupTributary::Create(int rank
     connection = g_connection.lock();
     if (connection != nullptr) {
       const Client& c = *connection->client;
-      TORCH_CHECK(connection->agent_address == options.agent_address &&
-                      c.job_id() == options.job && c.local_rank() == options.local_rank &&
-                      c.local_size() == options.local_size,
+      TORCH_CHECK(connection->agent_address == options.agent_address && c.job_id() == options.job &&
+                      c.local_rank() == options.local_rank && c.local_size() == options.local_size,
                   "tributary: this process is already in job ", c.job_id(), " as local rank ",
                   c.local_rank(), " of ", c.local_size(), " through ", connection->agent_address,
                   "; a new process group asks for job ", options.job, ", local rank ",
@@ -192,8 +192,8 @@ c10::intrusive_ptr<ProcessGroupTributary> ProcessGroupTributary::Create(int rank
       client_options.agent_address = options.agent_address;
       client_options.join_timeout = options.join_timeout;
       client_options.op_timeout = options.timeout;
-      absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(
-          client_options, options.job, options.local_rank, options.local_size);
+      absl::StatusOr<std::unique_ptr<Client>> client =
+          Client::Connect(client_options, options.job, options.local_rank, options.local_size);
       TORCH_CHECK(client.ok(), "tributary: cannot join job ", options.job, " as local rank ",
                   options.local_rank, " of ", options.local_size, " through the agent at ",
                   options.agent_address, ": ", StatusText(client.status()));
@@ -210,10 +210,10 @@ c10::intrusive_ptr<ProcessGroupTributary> ProcessGroupTributary::Create(int rank
               c.world_size(), " processes but the group asks for ", size,
               " (subgroups are not supported; the world size must equal the job's, as "
               "TRIBUTARY_WORLD_SIZE says)");
-  TORCH_CHECK(rank == static_cast<int>(c.global_rank()), "tributary: the group gives this process rank ",
-              rank, " but job ", c.job_id(), " has it at global rank ", c.global_rank(),
-              " (node rank * ", c.local_size(), " + local rank ", c.local_rank(),
-              "); set RANK to TRIBUTARY_RANK");
+  TORCH_CHECK(rank == static_cast<int>(c.global_rank()),
+              "tributary: the group gives this process rank ", rank, " but job ", c.job_id(),
+              " has it at global rank ", c.global_rank(), " (node rank * ", c.local_size(),
+              " + local rank ", c.local_rank(), "); set RANK to TRIBUTARY_RANK");
   return c10::make_intrusive<ProcessGroupTributary>(rank, size, std::move(connection),
                                                     options.timeout, g_next_group++);
 }
@@ -244,8 +244,8 @@ ProcessGroupTributary::~ProcessGroupTributary() {
 
 std::string ProcessGroupTributary::TensorName(const char* op, common::DataType dtype,
                                               size_t count) const {
-  return absl::StrCat("c10d.", group_index_, ".", op, ".", std::string(common::DataTypeName(dtype)), ".",
-                      count);
+  return absl::StrCat("c10d.", group_index_, ".", op, ".", std::string(common::DataTypeName(dtype)),
+                      ".", count);
 }
 
 void ProcessGroupTributary::Unsupported(const char* call) const {
@@ -298,9 +298,8 @@ void ProcessGroupTributary::CompletionLoop() {
         error = std::current_exception();
       }
     } else {
-      error = std::make_exception_ptr(
-          std::runtime_error(absl::StrCat("tributary ", p.work->what(), " failed: ",
-                                          StatusText(status))));
+      error = std::make_exception_ptr(std::runtime_error(
+          absl::StrCat("tributary ", p.work->what(), " failed: ", StatusText(status))));
     }
     p.lease.reset();  // back to the pool before anyone sees the work finished
     p.work->Finish(error);
@@ -329,8 +328,10 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupTributary::broadcast(
     std::vector<at::Tensor>& tensors, const ::c10d::BroadcastOptions& opts) {
   const at::Tensor& t = Single("broadcast", tensors);
   const common::DataType dtype = CheckTensor("broadcast", t);
-  TORCH_CHECK(opts.rootTensor == 0, "tributary broadcast: rootTensor must be 0 (one tensor per "
-              "process), got ", opts.rootTensor);
+  TORCH_CHECK(opts.rootTensor == 0,
+              "tributary broadcast: rootTensor must be 0 (one tensor per "
+              "process), got ",
+              opts.rootTensor);
   TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < size_, "tributary broadcast: root rank ",
               opts.rootRank, " is outside the group of ", size_, " processes");
   const size_t count = t.numel();
@@ -356,17 +357,21 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupTributary::allgather(
     const ::c10d::AllgatherOptions& opts) {
   const at::Tensor& in = Single("allgather", input_tensors);
   const common::DataType dtype = CheckTensor("allgather", in);
-  TORCH_CHECK(output_tensors.size() == 1, "tributary allgather: expects one output list (one "
-              "per input tensor), got ", output_tensors.size());
+  TORCH_CHECK(output_tensors.size() == 1,
+              "tributary allgather: expects one output list (one "
+              "per input tensor), got ",
+              output_tensors.size());
   const std::vector<at::Tensor>& outs = output_tensors[0];
-  TORCH_CHECK(static_cast<int>(outs.size()) == size_, "tributary allgather: the output list must "
-              "hold one tensor per rank (", size_, "), got ", outs.size());
+  TORCH_CHECK(static_cast<int>(outs.size()) == size_,
+              "tributary allgather: the output list must "
+              "hold one tensor per rank (",
+              size_, "), got ", outs.size());
   for (const at::Tensor& o : outs) {
     CheckTensor("allgather", o);
     TORCH_CHECK(o.scalar_type() == in.scalar_type() && o.numel() == in.numel(),
                 "tributary allgather: every output tensor must have the input's dtype and number "
-                "of elements (", in.scalar_type(), ", ", in.numel(), "), got ", o.scalar_type(),
-                ", ", o.numel());
+                "of elements (",
+                in.scalar_type(), ", ", in.numel(), "), got ", o.scalar_type(), ", ", o.numel());
   }
   const size_t count = in.numel();
   const size_t block = count * in.element_size();
@@ -416,17 +421,21 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupTributary::reduce_scatter(
   const at::Tensor& out = Single("reduce_scatter", output_tensors);
   const common::DataType dtype = CheckTensor("reduce_scatter", out);
   const ReduceOp op = ToReduceOp("reduce_scatter", opts.reduceOp);
-  TORCH_CHECK(input_tensors.size() == 1, "tributary reduce_scatter: expects one input list (one "
-              "per output tensor), got ", input_tensors.size());
+  TORCH_CHECK(input_tensors.size() == 1,
+              "tributary reduce_scatter: expects one input list (one "
+              "per output tensor), got ",
+              input_tensors.size());
   const std::vector<at::Tensor>& ins = input_tensors[0];
-  TORCH_CHECK(static_cast<int>(ins.size()) == size_, "tributary reduce_scatter: the input list "
-              "must hold one tensor per rank (", size_, "), got ", ins.size());
+  TORCH_CHECK(static_cast<int>(ins.size()) == size_,
+              "tributary reduce_scatter: the input list "
+              "must hold one tensor per rank (",
+              size_, "), got ", ins.size());
   for (const at::Tensor& i : ins) {
     CheckTensor("reduce_scatter", i);
     TORCH_CHECK(i.scalar_type() == out.scalar_type() && i.numel() == out.numel(),
                 "tributary reduce_scatter: every input tensor must have the output's dtype and "
-                "number of elements (", out.scalar_type(), ", ", out.numel(), "), got ",
-                i.scalar_type(), ", ", i.numel());
+                "number of elements (",
+                out.scalar_type(), ", ", out.numel(), "), got ", i.scalar_type(), ", ", i.numel());
   }
   const size_t count = out.numel();
   const size_t block = count * out.element_size();
@@ -454,7 +463,8 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupTributary::_reduce_scatter_base(
   TORCH_CHECK(input_tensor.scalar_type() == output_tensor.scalar_type() &&
                   input_tensor.numel() == output_tensor.numel() * size_,
               "tributary _reduce_scatter_base: the input must have the output's dtype and world "
-              "size (", size_, ") times its elements (", output_tensor.scalar_type(), ", ",
+              "size (",
+              size_, ") times its elements (", output_tensor.scalar_type(), ", ",
               output_tensor.numel() * size_, "), got ", input_tensor.scalar_type(), ", ",
               input_tensor.numel());
   const size_t count = output_tensor.numel();
@@ -480,7 +490,8 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupTributary::barrier(
   const std::string name = absl::StrCat("c10d.", group_index_, ".barrier");
   Client* client = connection_->client.get();
   return Start(
-      OpType::BARRIER, "barrier", name, sizeof(float), {}, [](char* staged) {
+      OpType::BARRIER, "barrier", name, sizeof(float), {},
+      [](char* staged) {
         const float one = 1;
         std::memcpy(staged, &one, sizeof(one));
       },
@@ -505,8 +516,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupTributary::allgather_coalesced(
   Unsupported("allgather_coalesced");
 }
 c10::intrusive_ptr<::c10d::Work> ProcessGroupTributary::gather(
-    std::vector<std::vector<at::Tensor>>&, std::vector<at::Tensor>&,
-    const ::c10d::GatherOptions&) {
+    std::vector<std::vector<at::Tensor>>&, std::vector<at::Tensor>&, const ::c10d::GatherOptions&) {
   Unsupported("gather");
 }
 c10::intrusive_ptr<::c10d::Work> ProcessGroupTributary::scatter(
@@ -519,8 +529,9 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupTributary::alltoall_base(
     const ::c10d::AllToAllOptions&) {
   Unsupported("alltoall_base (all_to_all_single)");
 }
-c10::intrusive_ptr<::c10d::Work> ProcessGroupTributary::alltoall(
-    std::vector<at::Tensor>&, std::vector<at::Tensor>&, const ::c10d::AllToAllOptions&) {
+c10::intrusive_ptr<::c10d::Work> ProcessGroupTributary::alltoall(std::vector<at::Tensor>&,
+                                                                 std::vector<at::Tensor>&,
+                                                                 const ::c10d::AllToAllOptions&) {
   Unsupported("alltoall");
 }
 void ProcessGroupTributary::monitoredBarrier(const ::c10d::BarrierOptions&, bool) {

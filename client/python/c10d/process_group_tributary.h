@@ -14,10 +14,9 @@
 #include <mutex>
 #include <string>
 #include <thread>
-#include <vector>
-
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
+#include <vector>
 
 #include "client/client.h"
 #include "client/python/c10d/staging_pool.h"

@@ -56,7 +56,7 @@ class StagingPool : public std::enable_shared_from_this<StagingPool> {
   const std::shared_ptr<Client> client_;
   mutable std::mutex mu_;
   std::map<size_t, std::vector<std::shared_ptr<SharedBuffer>>> free_;  // Guarded by mu_.
-  size_t allocations_ = 0;                                              // Guarded by mu_.
+  size_t allocations_ = 0;                                             // Guarded by mu_.
 };
 
 }  // namespace tributary::client::c10d

@@ -32,6 +32,20 @@ class CollectivesTest(unittest.TestCase):
         self.assertEqual(pg.local_size, 2)
         self.assertEqual(self.rank, pg.local_rank + 2 * (self.rank // 2))
 
+    def test_create_checks_rank_and_size(self):
+        # The creator that init_process_group calls: (rank, size) must be where the job puts this
+        # process; the session is the process's one (reused here, no new join).
+        import datetime
+        import tributary.distributed as td
+        timeout = datetime.timedelta(seconds=5)
+        self.assert_clear_error(lambda: td.create(None, self.rank, self.world - 1, timeout),
+                                "whole job", "subgroups are not supported")
+        self.assert_clear_error(lambda: td.create(None, (self.rank + 1) % self.world,
+                                                  self.world, timeout),
+                                "global rank %d" % self.rank)
+        pg = td.create(None, self.rank, self.world, timeout)
+        self.assertEqual(pg.job, dist.distributed_c10d._get_default_group().job)
+
     def test_allreduce_sum_every_dtype(self):
         for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32,
                       torch.int64):

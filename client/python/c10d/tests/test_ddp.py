@@ -72,6 +72,10 @@ class DdpTest(unittest.TestCase):
         err = (got - want).abs()
         bound = RTOL * want.abs() + ATOL
         worst = int(torch.argmax(err - bound))
+        if self.rank == 0:
+            print("%s: max |a - b| %.3g, max |a - b| / |b| over |b| > 1e-3: %.3g" %
+                  (self._testMethodName, float(err.max()),
+                   float((err / want.abs())[want.abs() > 1e-3].max())))
         self.assertTrue(bool((err <= bound).all()),
                         "%d of %d parameters off; worst: got %r want %r" %
                         (int((err > bound).sum()), got.numel(), float(got[worst]),
