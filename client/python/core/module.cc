@@ -371,7 +371,6 @@ PYBIND11_MODULE(_tributary, m) {
           py::arg("name"), py::arg("buffer"), py::arg("offset"), py::arg("count"), py::arg("dtype"),
           py::arg("root"), py::arg("priority") = 0,
           "Broadcast of the region from global rank `root` to every process.")
-#ifdef TRIBUTARY_CLIENT_HAS_GATHER
       .def(
           "all_gather_async",
           [](PyClient& c, const std::string& name, const PyBuffer& buffer, size_t offset,
@@ -399,7 +398,6 @@ PYBIND11_MODULE(_tributary, m) {
           py::arg("op") = "sum", py::arg("priority") = 0,
           "Reduce-scatter in place: the region holds size * count elements; at the end block "
           "`rank` holds that block's sum (or average) over the processes.")
-#endif
       .def("leave", &PyClient::Leave,
            "Leaves the job (idempotent); later calls fail with FAILED_PRECONDITION.");
 }

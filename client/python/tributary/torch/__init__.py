@@ -5,9 +5,13 @@
     optimizer = trt.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
     trt.broadcast_parameters(model.state_dict(), root_rank=0)
 
+Importing it also registers the torch.distributed backend "tributary"
+(`torch.distributed.init_process_group("tributary")`, see tributary.distributed).
+
 See client/python/README.md.
 """
 
+import tributary.distributed  # noqa: F401  (registers the "tributary" torch.distributed backend)
 from tributary import TributaryError
 from tributary.torch.compression import Compression
 from tributary.torch.ddp import ddp_comm_hook

@@ -414,18 +414,11 @@ def broadcast(tensor, root_rank, name=None, priority=0):
     return synchronize(broadcast_async(tensor, root_rank, name, priority))
 
 
-def _require_gather(state, what):
-    if not hasattr(state.client, "all_gather_async"):
-        raise TributaryError(f"{what}: this build's client library has no all-gather / "
-                             "reduce-scatter", "UNIMPLEMENTED")
-
-
 def allgather_async(tensor, name=None, priority=0):
     """Starts an all-gather: every process gives a tensor of the same shape; the result (a new
     tensor) concatenates them along dimension 0 in rank order (shape [size * d0, ...]; a scalar
     gives [size])."""
     def build(state, dtype, name):
-        _require_gather(state, "allgather")
         world, me = state.client.size, state.client.rank
         entry, view = _staged(state, tensor, world * tensor.numel(), me)
         try:
@@ -451,7 +444,6 @@ def reduce_scatter_async(tensor, average=True, name=None, priority=0):
     op = "average" if average else "sum"
 
     def build(state, dtype, name):
-        _require_gather(state, "reduce_scatter")
         world, me = state.client.size, state.client.rank
         if tensor.dim() == 0 or tensor.shape[0] % world != 0:
             raise TributaryError(
