@@ -1132,7 +1132,7 @@ def run_torch_iterations(suite, meter):
         if measured is None:
             failed = True
             continue
-        got, spares_used, cpu, _ = measured
+        got, spares_used, cpu, wall = measured
         if got is None or got["mismatch"]:
             log(f"error: {label}: " + ("no result line" if got is None else
                                        "ranks ended with different parameters"))
@@ -1140,14 +1140,17 @@ def run_torch_iterations(suite, meter):
             continue
         log(f"#   iteration {got['iter_ms']:.0f} ms, compute {got['compute_ms']:.0f} ms, "
             f"communication {got['comm_ms']:.0f} ms")
-        samples.append(dict(config=label, k=k, spares_used=spares_used, cpu=cpu, **got))
+        samples.append(dict(config=label, k=k, spares_used=spares_used, cpu=cpu, wall=wall,
+                            **got))
     rows = []
     for label, k in configs:
         mine = [x for x in samples if x["config"] == label]
         if not mine:
             continue
         rows.append(dict(config=label, k=k, spares_used=mine[0]["spares_used"],
-                         repeats=len(mine), cpu=mean_cpu([x["cpu"] for x in mine]),
+                         repeats=len(mine),
+                         cpu=" ".join(f"{v:.0f}" for v in mean_cpu(
+                             [(x["cpu"], x["wall"]) for x in mine]).values()),
                          **{key: statistics.median(x[key] for x in mine)
                             for key in ("iter_ms", "compute_ms", "comm_ms")},
                          comm_spread=time_stats([x["comm_ms"] for x in mine])["spread_pct"]))
