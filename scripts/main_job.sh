@@ -8,7 +8,8 @@
 # namespaces with NICs shaped to 250 Mbit/s by tc tbf (scripts/emulated_cluster.sh), so the
 # speed-up is the real, network-bound one (at 500 Mbit/s eight hosts streaming both ways make this
 # 2-core machine's kernel networking the bottleneck, not the links: see BENCHMARKS.md); Gloo's ring runs beside Tributary on the same cluster
-# (bench/suite/run.py; results under build/main-job/). Otherwise it runs on loopback and every
+# (bench/suite/run.py; results under build/main-job/), and real PyTorch ResNet-50 iterations
+# with tributary.torch's DistributedOptimizer against DDP over PyTorch's own Gloo backend. Otherwise it runs on loopback and every
 # agent paces its data-plane egress to a declared 1 Gbit/s (--emulate-nic).
 # TRIB_MAIN_JOB=loopback or =emulated forces one. Extra arguments go to the runner.
 set -euo pipefail
@@ -29,7 +30,8 @@ fi
 if [[ $mode == emulated ]]; then
   echo "# main job: emulated cluster (network namespaces, tc tbf at 250 Mbit/s)"
   exec bench/suite/run.py --bin-dir build/bin --configs pp,trib-ring,gloo-ring --k 0,2,4 --rate 250 \
-    --sizes 1M:64M --large-iters 3 --workloads resnet50 --out build/main-job "$@"
+    --sizes 1M:64M --large-iters 3 --workloads resnet50 --torch-iterations resnet50 \
+    --out build/main-job "$@"
 fi
 echo "# main job: loopback with paced egress (not root, or no network namespaces here)"
 exec build/bin/tributary bench --workers 4 --spares 4 --algorithms ring --k 0,2,4 --nic-gbps 1 \
