@@ -7,10 +7,11 @@
 # As root (and where network namespaces can be made) the cluster is emulated: 8 hosts as network
 # namespaces with NICs shaped to 250 Mbit/s by tc tbf (scripts/emulated_cluster.sh), so the
 # speed-up is the real, network-bound one (at 500 Mbit/s eight hosts streaming both ways make this
-# 2-core machine's kernel networking the bottleneck, not the links: see BENCHMARKS.md); Gloo's ring runs beside Tributary on the same cluster
-# (bench/suite/run.py; results under build/main-job/), and real PyTorch ResNet-50 iterations
-# with tributary.torch's DistributedOptimizer against DDP over PyTorch's own Gloo backend. Otherwise it runs on loopback and every
-# agent paces its data-plane egress to a declared 1 Gbit/s (--emulate-nic).
+# 2-core machine's kernel networking the bottleneck, not the links: see BENCHMARKS.md). Gloo's
+# ring runs beside Tributary on the same cluster (bench/suite/run.py; results under
+# build/main-job/), and so do real PyTorch ResNet-50 iterations with tributary.torch's
+# DistributedOptimizer against DDP over PyTorch's own Gloo backend. Otherwise it runs on loopback
+# and every agent paces its data-plane egress to a declared 1 Gbit/s (--emulate-nic).
 # TRIB_MAIN_JOB=loopback or =emulated forces one. Extra arguments go to the runner.
 set -euo pipefail
 cd "$(dirname "$0")/.."
