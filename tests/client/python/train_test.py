@@ -127,6 +127,37 @@ class ExactTrainingTest(unittest.TestCase):
         model, ref, _, _ = self._distributed_optimizer(cnn, (1, 8, 8))
         self.assertMatchesReference(model, ref)
 
+    def test_distributed_optimizer_gradients_are_zero_copy(self):
+        # The gradients live in shared memory: a whole training run stages nothing, and is
+        # still exact. After zero_grad(set_to_none=True) the gradients are new tensors: they
+        # are staged, and the result is the same.
+        from tributary.torch import ops
+        x, y = data((16,))
+        ref, _ = reference(mlp, x, y)
+        model = make(mlp)
+        optimizer = trt.DistributedOptimizer(sgd(model.parameters()),
+                                             named_parameters=model.named_parameters())
+        state = ops._get()
+        for name, p in model.named_parameters():
+            self.assertIsNotNone(state.find_shared(p.grad), f"{name}.grad is not shared")
+        staged = []
+        acquire = state.pool.acquire
+        state.pool.acquire = lambda nbytes: staged.append(nbytes) or acquire(nbytes)
+        try:
+            train(model, optimizer, x, y, part=(trt.rank(), trt.size()))
+        finally:
+            state.pool.acquire = acquire
+        self.assertEqual(staged, [], "gradients were staged")
+        self.assertMatchesReference(model, ref)
+        model2 = make(mlp)
+        optimizer2 = trt.DistributedOptimizer(sgd(model2.parameters()),
+                                              named_parameters=[(f"again.{n}", p) for n, p in
+                                                                model2.named_parameters()])
+        for p in model2.parameters():
+            p.grad = None  # out of shared memory: staged from here on
+        train(model2, optimizer2, x, y, part=(trt.rank(), trt.size()))
+        self.assertMatchesReference(model2, ref)
+
     def test_mlp_fp16_compression_loss_close_to_fp32(self):
         _, _, loss, ref_loss = self._distributed_optimizer(mlp, (16,), trt.Compression.fp16)
         if trt.rank() == 0:

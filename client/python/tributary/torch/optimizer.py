@@ -6,6 +6,12 @@ overlaps the rest of backward. Priorities follow layer order (the first paramete
 named_parameters, i.e. the first layer, gets priority 0, which goes first), so the first
 layers' gradients, needed first by the next forward pass, come back first. synchronize() (called
 by step() unless skipped) waits for every gradient and writes it back into .grad.
+
+Zero copy: the gradients live in the agent's shared memory (one buffer per dtype, each .grad a
+view of it, allocated once by the constructor; autograd accumulates into an existing .grad in
+place and zero_grad() zeroes it in place), so their all-reduces run without staging copies. A
+gradient that left it (zero_grad(set_to_none=True), a .grad assigned by the user) is staged: one
+copy each way, as any tensor.
 """
 
 import contextlib
@@ -57,7 +63,30 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._should_synchronize = True
         self._grad_accs = []
         if ops.size() > 1:
+            self._share_gradients()
             self._register_hooks()
+
+    def _share_gradients(self):
+        """Gives every dense CPU parameter of a supported dtype a .grad that is a view of one
+        shared-memory buffer per dtype (existing gradient values kept)."""
+        by_dtype = {}
+        for p in self._params:
+            if (p.device.type == "cpu" and p.layout == torch.strided and
+                    p.dtype in ops._DTYPES and p.numel() > 0):
+                by_dtype.setdefault(p.dtype, []).append(p)
+        align = 16  # elements: every gradient starts 64-byte aligned for 4-byte dtypes
+        for dtype, params in by_dtype.items():
+            total = sum((p.numel() + align - 1) // align * align for p in params)
+            flat = ops.empty(total, dtype=dtype)
+            flat.zero_()
+            offset = 0
+            with torch.no_grad():
+                for p in params:
+                    view = flat[offset:offset + p.numel()].view(p.shape)
+                    if p.grad is not None:
+                        view.copy_(p.grad)
+                    p.grad = view
+                    offset += (p.numel() + align - 1) // align * align
 
     def _register_hooks(self):
         for p in self._params:
