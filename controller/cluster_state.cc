@@ -95,7 +95,10 @@ absl::StatusOr<size_t> ClusterState::Restore() {
   }
   if (!loaded->created) restores_->Increment();
   restored_jobs_->Set(static_cast<double>(loaded->jobs.size()));
-  if (!loaded->jobs.empty()) assignments_version_++;
+  if (!loaded->jobs.empty()) {
+    assignments_version_++;
+    restoring_ = true;
+  }
   return loaded->jobs.size();
 }
 
@@ -138,13 +141,15 @@ absl::Status ClusterState::RegisterNode(const tributary::v1::RegisterNodeRequest
   node.alive = true;
   Log()->info("node {} registered: data plane {}, nic {:.0f} MB/s, {} cores", req.node_id(),
               inv.data_plane_address(), inv.nic_bytes_per_s() / 1e6, inv.cpu_cores());
-  // A node of a restored plan coming back at the address the plan has is no membership change:
-  // its jobs keep their plan and epoch, so collectives running through the controller's restart
-  // are not disturbed. At another address (its agent restarted too) the plans must change.
-  bool rejoined = false, moved = false;
+  // After a restore every node registers again: that is no membership change. Until the grace
+  // has passed, registrations re-plan nothing, so restored jobs keep their plan and epoch and
+  // collectives running through the controller's restart are not disturbed (a node that is
+  // really new is planned in at the next change). A node back at another address than its
+  // restored plan has (its agent restarted too) makes that plan stale: the job is re-planned as
+  // soon as every node of it is back.
+  const bool restoring = restoring_ && clock_->Now() - restored_at_ < options_.restore_grace;
   for (auto& [id, entry] : jobs_) {
     if (entry.awaiting.erase(req.node_id()) == 0) continue;
-    rejoined = true;
     bool here = false;
     for (const auto& w : entry.job.plan().workers()) {
       here |= w.node_id() == req.node_id() && w.data_plane_address() != inv.data_plane_address();
@@ -153,18 +158,21 @@ absl::Status ClusterState::RegisterNode(const tributary::v1::RegisterNodeRequest
       here |= s.node_id() == req.node_id() && s.data_plane_address() != inv.data_plane_address();
     }
     if (here) {
-      Log()->warn("job {}: node {} came back at a new data-plane address {}: re-planning now", id,
-                  req.node_id(), inv.data_plane_address());
-      entry.awaiting.clear();
-      moved = true;
+      Log()->warn(
+          "job {}: node {} came back at a new data-plane address {}: the job is re-planned "
+          "once every node of it is back",
+          id, req.node_id(), inv.data_plane_address());
+      entry.stale = true;
     }
     UpdateJobStateLocked(entry.job, entry.awaiting);
-    if (entry.awaiting.empty() && !here) {
+    if (entry.awaiting.empty()) {
       Log()->info("job {}: every node of its restored plan v{} is back", id,
                   entry.job.plan().version());
     }
   }
-  if ((changed && !rejoined) || moved) (void)ReplanAllLocked();
+  bool replan = changed && !restoring;
+  for (const auto& [id, entry] : jobs_) replan |= entry.stale && entry.awaiting.empty();
+  if (replan) (void)ReplanAllLocked();
   resp->set_incarnation(node.incarnation);
   resp->set_heartbeat_interval_ms(static_cast<uint32_t>(options_.heartbeat_interval.count()));
   resp->set_assignments_version(assignments_version_);
@@ -449,6 +457,7 @@ absl::Status ClusterState::ReplanAllLocked(const std::vector<std::string>& delet
     tributary::v1::Job& job = entry.job;
     UpdateJobStateLocked(job, entry.awaiting);
     if (!entry.awaiting.empty()) continue;  // restored: its plan stays until its nodes are back
+    entry.stale = false;
     absl::StatusOr<tributary::v1::JobPlan> plan =
         PlanLocked(id, job.spec(), job.plan().version() + 1);
     if (!plan.ok()) {
@@ -488,7 +497,8 @@ void ClusterState::CheckLiveness() {
   std::lock_guard lock(mu_);
   const auto now = clock_->Now();
   bool died = replan_pending_;
-  if (now - restored_at_ >= options_.restore_grace) {
+  if (restoring_ && now - restored_at_ >= options_.restore_grace) {
+    restoring_ = false;
     for (auto& [id, entry] : jobs_) {
       if (entry.awaiting.empty()) continue;
       Log()->warn(

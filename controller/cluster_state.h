@@ -35,6 +35,8 @@ namespace tributary::controller {
 // Restore: jobs read back from the store keep their stored plan, and their version, until every
 // node of the plan has registered again (or `restore_grace` has passed; the missing nodes then
 // count as dead); meanwhile the job is DEGRADED and its message names the nodes it waits for.
+// Registrations within the grace are rejoins, not membership changes: they re-plan nothing
+// (a node back at a new data-plane address re-plans its jobs once all their nodes are back).
 class ClusterState {
  public:
   struct Options {
@@ -90,6 +92,9 @@ class ClusterState {
     // Restored jobs: nodes of the stored plan that have not registered since the restore. The
     // plan is not recomputed while this is non-empty.
     std::set<std::string> awaiting;
+    // A node came back at another data-plane address than the restored plan has: re-plan once
+    // `awaiting` is empty.
+    bool stale = false;
   };
 
   // Recomputes every job's plan, bumps versions of those that changed and stores them, with the
@@ -130,6 +135,8 @@ class ClusterState {
   uint64_t assignments_version_ = 1;
   uint64_t max_plan_version_ = 0;  // highest plan version handed out, restored ones included
   common::Clock::TimePoint restored_at_;
+  // Jobs were restored and the grace has not passed yet: registrations are rejoins.
+  bool restoring_ = false;
   bool replan_pending_ = false;  // a re-plan could not be stored; CheckLiveness retries
   std::map<std::string, NodeEntry> nodes_;
   std::map<std::string, JobEntry> jobs_;

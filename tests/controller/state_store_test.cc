@@ -347,6 +347,10 @@ TEST_F(RestoreTest, JobsComeBackWithTheirPlanAndWaitForTheirNodes) {
   }
   ASSERT_TRUE(c->state->GetJob("j", &job).ok());
   EXPECT_THAT(job.message(), HasSubstr("register again: s0"));
+  // A node of no restored plan registering within the grace is a rejoin too: no re-plan.
+  Register(*c, "s9");
+  ASSERT_TRUE(c->state->GetJob("j", &job).ok());
+  EXPECT_EQ(job.plan().version(), before.plan().version());
   Register(*c, "s0");
   ASSERT_TRUE(c->state->GetJob("j", &job).ok());
   EXPECT_EQ(job.state(), tributary::v1::JOB_STATE_RUNNING) << job.message();
@@ -440,7 +444,8 @@ TEST_F(RestoreTest, NodeBackAtANewAddressReplansTheJob) {
   Register(*c, "w0", "127.0.0.1:9");  // its agent restarted too: the stored plan is stale
   tributary::v1::Job job;
   ASSERT_TRUE(c->state->GetJob("j", &job).ok());
-  EXPECT_THAT(job.message(), HasSubstr("worker nodes down: w1"));  // no longer waiting
+  EXPECT_THAT(job.message(), HasSubstr("register again: w1"));
+  EXPECT_EQ(job.plan().version(), before.plan().version());
   Register(*c, "w1");
   ASSERT_TRUE(c->state->GetJob("j", &job).ok());
   EXPECT_EQ(job.state(), tributary::v1::JOB_STATE_RUNNING) << job.message();
