@@ -1,5 +1,10 @@
 #include "agent/grpc_controller_client.h"
 
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <random>
+
 #include "common/logging.h"
 #include "grpcpp/grpcpp.h"
 
@@ -10,10 +15,31 @@ constexpr auto Log = common::ComponentLog<"agent">;
 
 }  // namespace
 
+ReconnectBackoff::ReconnectBackoff(Options options, std::function<double()> uniform01)
+    : options_(options), uniform01_(std::move(uniform01)), base_(options.initial) {
+  if (!uniform01_) {
+    auto rng = std::make_shared<std::mt19937_64>(std::random_device{}());
+    uniform01_ = [rng] { return std::uniform_real_distribution<double>(0, 1)(*rng); };
+  }
+}
+
+std::chrono::milliseconds ReconnectBackoff::Next() {
+  const double u = std::clamp(uniform01_(), 0.0, 1.0);
+  const double factor = 1 + options_.jitter * (2 * u - 1);  // 1 ± jitter
+  const auto delay = std::chrono::milliseconds(
+      std::max<int64_t>(1, std::llround(static_cast<double>(base_.count()) * factor)));
+  const auto grown = std::chrono::milliseconds(
+      static_cast<int64_t>(static_cast<double>(base_.count()) * options_.multiplier));
+  base_ = std::min(std::max(grown, base_), options_.max);
+  return delay;
+}
+
 GrpcControllerClient::GrpcControllerClient(Options options) : options_(std::move(options)) {
   grpc::ChannelArguments args;
+  // The channel's own reconnection stays short: the pace of attempts is ReconnectBackoff's.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
   channel_ = grpc::CreateCustomChannel(options_.controller_address,
                                        grpc::InsecureChannelCredentials(), args);
   stub_ = tributary::v1::Controller::NewStub(channel_);
@@ -61,9 +87,11 @@ void GrpcControllerClient::Run() {
   uint64_t incarnation = 0;
   uint64_t fetched_version = 0;
   auto interval = std::chrono::milliseconds(500);
-  auto backoff = std::chrono::milliseconds(100);
+  ReconnectBackoff backoff(options_.backoff);
   auto last_sample = std::chrono::steady_clock::now();
   bool warned = false;
+  // Since when the controller has been unreachable (reported once it answers again).
+  std::optional<std::chrono::steady_clock::time_point> lost_at;
   while (true) {
     if (!registered_) {
       tributary::v1::RegisterNodeRequest req;
@@ -72,17 +100,25 @@ void GrpcControllerClient::Run() {
       tributary::v1::RegisterNodeResponse resp;
       grpc::Status s = stub_->RegisterNode(Context().get(), req, &resp);
       if (!s.ok()) {
+        if (!lost_at) lost_at = std::chrono::steady_clock::now();
         if (!warned) {
-          Log()->warn("registering node {} with controller {} failed: {}; retrying",
-                      options_.node_id, options_.controller_address, s.error_message());
+          Log()->warn(
+              "registering node {} with controller {} failed: {}; retrying with backoff, "
+              "keeping the current plans",
+              options_.node_id, options_.controller_address, s.error_message());
           warned = true;
         }
-        if (!WaitFor(backoff)) return;
-        backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
+        if (!WaitFor(backoff.Next())) return;
         continue;
       }
       warned = false;
-      backoff = std::chrono::milliseconds(100);
+      backoff.Reset();
+      if (lost_at) {
+        Log()->info(
+            "controller {} reachable again after {:.1f} s", options_.controller_address,
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - *lost_at).count());
+        lost_at.reset();
+      }
       incarnation = resp.incarnation();
       interval = std::chrono::milliseconds(std::max<uint32_t>(50, resp.heartbeat_interval_ms()));
       fetched_version = 0;
@@ -108,8 +144,13 @@ void GrpcControllerClient::Run() {
         continue;
       }
       Log()->warn("heartbeat to controller failed: {}", s.error_message());
-      // A restarted controller forgets us; re-register once it answers again.
-      if (s.error_code() == grpc::StatusCode::UNAVAILABLE) registered_ = false;
+      if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+        // The controller may be restarting: register again once it answers, with backoff.
+        registered_ = false;
+        lost_at = std::chrono::steady_clock::now();
+        if (!WaitFor(backoff.Next())) return;
+        continue;
+      }
       if (!WaitFor(interval)) return;
       continue;
     }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <memory>
@@ -15,10 +16,39 @@
 
 namespace tributary::agent {
 
+// Delays between attempts to reach the controller: `initial`, multiplied by `multiplier` after
+// every failure up to `max`, each delay spread uniformly over ±`jitter` of it so that the agents
+// of a cluster do not all knock at once when a controller comes back. Reset after a success.
+// Not thread-safe (the controller client's thread owns it).
+class ReconnectBackoff {
+ public:
+  struct Options {
+    std::chrono::milliseconds initial{100};
+    std::chrono::milliseconds max{4000};  // with +20% jitter, at most 4.8 s between attempts
+    double multiplier = 2;
+    double jitter = 0.2;  // fraction of the delay, in [0, 1)
+  };
+  // `uniform01` returns values in [0, 1) (tests inject a fixed sequence); null: a PRNG seeded
+  // from std::random_device.
+  explicit ReconnectBackoff(Options options, std::function<double()> uniform01 = nullptr);
+
+  // The delay before the next attempt; the base delay then grows.
+  std::chrono::milliseconds Next();
+  // After a success: the next failure waits `initial` again.
+  void Reset() { base_ = options_.initial; }
+  std::chrono::milliseconds base() const { return base_; }
+
+ private:
+  Options options_;
+  std::function<double()> uniform01_;
+  std::chrono::milliseconds base_;
+};
+
 // Runs one thread that (re-)registers the node, heartbeats at the interval the controller asks
 // for, and fetches assignments whenever the controller's assignments version moves. It survives
-// controller restarts: a NOT_FOUND heartbeat or a lost connection leads to registering again.
-// Every RPC has a deadline.
+// controller restarts: a NOT_FOUND heartbeat or a lost connection leads to registering again,
+// retried with ReconnectBackoff. Plans are only ever replaced by a successful GetAssignments, so
+// an unreachable controller never makes the agent drop a job. Every RPC has a deadline.
 class GrpcControllerClient final : public ControllerClient {
  public:
   struct Options {
@@ -26,6 +56,7 @@ class GrpcControllerClient final : public ControllerClient {
     std::string node_id;
     tributary::v1::NodeInventory inventory;
     std::chrono::milliseconds rpc_timeout{2000};
+    ReconnectBackoff::Options backoff;
   };
   explicit GrpcControllerClient(Options options);
   ~GrpcControllerClient() override;

@@ -4,6 +4,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/metrics/metrics.h"
 #include "controller/planner/job_planner.h"
@@ -31,8 +32,8 @@ bool SamePlan(tributary::v1::JobPlan a, tributary::v1::JobPlan b) {
 }  // namespace
 
 ClusterState::ClusterState(const common::Clock* clock, Options options, uint64_t incarnation_seed,
-                           prometheus::Registry* registry)
-    : clock_(clock), options_(options), next_incarnation_(incarnation_seed) {
+                           prometheus::Registry* registry, StateStore* store)
+    : clock_(clock), options_(options), store_(store), next_incarnation_(incarnation_seed) {
   if (registry == nullptr) {
     own_registry_ = std::make_unique<prometheus::Registry>();
     registry = own_registry_.get();
@@ -56,6 +57,59 @@ ClusterState::ClusterState(const common::Clock* clock, Options options, uint64_t
   observed_per_byte_ = &common::metrics::GaugeFamily(
       *registry, "tributary_controller_observed_seconds_per_byte",
       "Seconds per byte of the latest heartbeat that reported the job.");
+  restores_ = &common::metrics::CounterFamily(
+                   *registry, "tributary_controller_state_restores_total",
+                   "Starts that restored the state database an earlier controller wrote.")
+                   .Add({});
+  restored_jobs_ = &common::metrics::GaugeFamily(*registry, "tributary_controller_restored_jobs",
+                                                 "Jobs read back from the state database at start.")
+                        .Add({});
+  auto& writes = common::metrics::CounterFamily(
+      *registry, "tributary_controller_state_writes_total",
+      "State database transactions (job create, delete, re-plan), by result.");
+  writes_ok_ = &writes.Add({{"result", "ok"}});
+  writes_error_ = &writes.Add({{"result", "error"}});
+}
+
+absl::StatusOr<size_t> ClusterState::Restore() {
+  if (store_ == nullptr) return 0;
+  absl::StatusOr<StateStore::Loaded> loaded = store_->Load();
+  if (!loaded.ok()) return loaded.status();
+  std::lock_guard lock(mu_);
+  max_plan_version_ = std::max(max_plan_version_, loaded->max_plan_version);
+  restored_at_ = clock_->Now();
+  for (tributary::v1::Job& job : loaded->jobs) {
+    JobEntry entry;
+    for (const auto& w : job.plan().workers()) entry.awaiting.insert(w.node_id());
+    for (const auto& s : job.plan().servers()) entry.awaiting.insert(s.node_id());
+    for (const auto& w : job.spec().worker_nodes()) entry.awaiting.insert(w);
+    for (const auto& [id, node] : nodes_) {
+      if (node.alive) entry.awaiting.erase(id);
+    }
+    entry.job = std::move(job);
+    UpdateJobStateLocked(entry.job, entry.awaiting);
+    Log()->info("job {} restored with plan v{}: {}", entry.job.job_id(), entry.job.plan().version(),
+                entry.awaiting.empty() ? "its nodes are registered" : entry.job.message());
+    const std::string id = entry.job.job_id();
+    jobs_[id] = std::move(entry);
+  }
+  if (!loaded->created) restores_->Increment();
+  restored_jobs_->Set(static_cast<double>(loaded->jobs.size()));
+  if (!loaded->jobs.empty()) {
+    assignments_version_++;
+    restoring_ = true;
+  }
+  return loaded->jobs.size();
+}
+
+absl::Status ClusterState::PersistLocked(const std::vector<const tributary::v1::Job*>& put,
+                                         const std::vector<std::string>& deleted,
+                                         uint64_t max_plan_version) {
+  if (store_ == nullptr) return absl::OkStatus();
+  absl::Status s = store_->Commit(put, deleted, max_plan_version);
+  (s.ok() ? writes_ok_ : writes_error_)->Increment();
+  if (!s.ok()) Log()->error("writing the state database failed: {}", s.message());
+  return s;
 }
 
 uint64_t ClusterState::assignments_version() const {
@@ -87,7 +141,38 @@ absl::Status ClusterState::RegisterNode(const tributary::v1::RegisterNodeRequest
   node.alive = true;
   Log()->info("node {} registered: data plane {}, nic {:.0f} MB/s, {} cores", req.node_id(),
               inv.data_plane_address(), inv.nic_bytes_per_s() / 1e6, inv.cpu_cores());
-  if (changed) ReplanAllLocked();
+  // After a restore every node registers again: that is no membership change. Until the grace
+  // has passed, registrations re-plan nothing, so restored jobs keep their plan and epoch and
+  // collectives running through the controller's restart are not disturbed (a node that is
+  // really new is planned in at the next change). A node back at another address than its
+  // restored plan has (its agent restarted too) makes that plan stale: the job is re-planned as
+  // soon as every node of it is back.
+  const bool restoring = restoring_ && clock_->Now() - restored_at_ < options_.restore_grace;
+  for (auto& [id, entry] : jobs_) {
+    if (entry.awaiting.erase(req.node_id()) == 0) continue;
+    bool here = false;
+    for (const auto& w : entry.job.plan().workers()) {
+      here |= w.node_id() == req.node_id() && w.data_plane_address() != inv.data_plane_address();
+    }
+    for (const auto& s : entry.job.plan().servers()) {
+      here |= s.node_id() == req.node_id() && s.data_plane_address() != inv.data_plane_address();
+    }
+    if (here) {
+      Log()->warn(
+          "job {}: node {} came back at a new data-plane address {}: the job is re-planned "
+          "once every node of it is back",
+          id, req.node_id(), inv.data_plane_address());
+      entry.stale = true;
+    }
+    UpdateJobStateLocked(entry.job, entry.awaiting);
+    if (entry.awaiting.empty()) {
+      Log()->info("job {}: every node of its restored plan v{} is back", id,
+                  entry.job.plan().version());
+    }
+  }
+  bool replan = changed && !restoring;
+  for (const auto& [id, entry] : jobs_) replan |= entry.stale && entry.awaiting.empty();
+  if (replan) (void)ReplanAllLocked();
   resp->set_incarnation(node.incarnation);
   resp->set_heartbeat_interval_ms(static_cast<uint32_t>(options_.heartbeat_interval.count()));
   resp->set_assignments_version(assignments_version_);
@@ -110,7 +195,7 @@ absl::Status ClusterState::Heartbeat(const tributary::v1::HeartbeatRequest& req,
   if (!node.alive) {
     node.alive = true;
     Log()->info("node {} is alive again", req.node_id());
-    ReplanAllLocked();
+    (void)ReplanAllLocked();
   }
   resp->set_assignments_version(assignments_version_);
   return absl::OkStatus();
@@ -221,6 +306,12 @@ std::vector<prometheus::MetricFamily> ClusterState::CollectMetrics() const {
   }
   out.push_back(MakeFamily("tributary_controller_jobs", "Jobs by state.", MetricType::Gauge));
   for (const auto& [state, n] : by_state) AddSample(out.back(), n, {{"state", state}});
+  double waiting = 0;
+  for (const auto& [id, entry] : jobs_) waiting += !entry.awaiting.empty();
+  out.push_back(MakeFamily("tributary_controller_restored_jobs_waiting",
+                           "Restored jobs still waiting for the nodes of their plan to register.",
+                           MetricType::Gauge));
+  AddSample(out.back(), waiting, {});
   out.push_back(MakeFamily("tributary_controller_predicted_seconds_per_byte",
                            "The current plan's predicted all-reduce seconds per byte.",
                            MetricType::Gauge));
@@ -254,7 +345,15 @@ absl::StatusOr<tributary::v1::JobPlan> ClusterState::ComputePlanLocked(
   return PlanJob(job_id, spec, snapshot, version);
 }
 
-void ClusterState::UpdateJobStateLocked(tributary::v1::Job& job) const {
+void ClusterState::UpdateJobStateLocked(tributary::v1::Job& job,
+                                        const std::set<std::string>& awaiting) const {
+  if (!awaiting.empty()) {
+    job.set_state(tributary::v1::JOB_STATE_DEGRADED);
+    job.set_message(
+        absl::StrCat("restored after a controller restart: keeping plan v", job.plan().version(),
+                     " until these nodes register again: ", absl::StrJoin(awaiting, ", ")));
+    return;
+  }
   std::string dead;
   for (const auto& w : job.spec().worker_nodes()) {
     auto it = nodes_.find(w);
@@ -296,7 +395,9 @@ absl::Status ClusterState::CreateJob(const tributary::v1::CreateJobRequest& req,
           absl::StrCat("job '", req.job_id(), "': worker node '", w, "' is dead"));
     }
   }
-  absl::StatusOr<tributary::v1::JobPlan> plan = PlanLocked(req.job_id(), *spec, 1);
+  // Above every version handed out: a job created again under an old id never reuses an epoch.
+  const uint64_t version = max_plan_version_ + 1;
+  absl::StatusOr<tributary::v1::JobPlan> plan = PlanLocked(req.job_id(), *spec, version);
   if (!plan.ok()) return plan.status();
   tributary::v1::Job created;
   created.set_job_id(req.job_id());
@@ -305,6 +406,11 @@ absl::Status ClusterState::CreateJob(const tributary::v1::CreateJobRequest& req,
   UpdateJobStateLocked(created);
   *job = created;
   if (req.dry_run()) return absl::OkStatus();
+  if (absl::Status s = PersistLocked({&created}, {}, version); !s.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("job '", req.job_id(), "' was not created: ", s.message()));
+  }
+  max_plan_version_ = version;
   jobs_[req.job_id()].job = std::move(created);
   assignments_version_++;
   Log()->info(
@@ -330,19 +436,28 @@ void ClusterState::ListJobs(tributary::v1::ListJobsResponse* resp) {
 
 absl::Status ClusterState::DeleteJob(const std::string& job_id) {
   std::lock_guard lock(mu_);
-  if (jobs_.erase(job_id) > 0) {
-    assignments_version_++;
-    Log()->info("job {} deleted", job_id);
-    ReplanAllLocked();  // capacity it used on spare nodes is free again
+  auto entry = jobs_.extract(job_id);
+  if (entry.empty()) return absl::OkStatus();
+  // The removal and the re-plans it causes (capacity it used on spare nodes is free again) are
+  // one transaction.
+  if (absl::Status s = ReplanAllLocked({job_id}); !s.ok()) {
+    jobs_.insert(std::move(entry));
+    return absl::UnavailableError(
+        absl::StrCat("job '", job_id, "' was not deleted: ", s.message()));
   }
+  Log()->info("job {} deleted", job_id);
   return absl::OkStatus();
 }
 
-void ClusterState::ReplanAllLocked() {
-  bool changed = false;
+absl::Status ClusterState::ReplanAllLocked(const std::vector<std::string>& deleted) {
+  replan_pending_ = false;
+  std::map<std::string, tributary::v1::JobPlan> previous;  // of the jobs whose plan changed
+  uint64_t max_version = max_plan_version_;
   for (auto& [id, entry] : jobs_) {
     tributary::v1::Job& job = entry.job;
-    UpdateJobStateLocked(job);
+    UpdateJobStateLocked(job, entry.awaiting);
+    if (!entry.awaiting.empty()) continue;  // restored: its plan stays until its nodes are back
+    entry.stale = false;
     absl::StatusOr<tributary::v1::JobPlan> plan =
         PlanLocked(id, job.spec(), job.plan().version() + 1);
     if (!plan.ok()) {
@@ -351,18 +466,49 @@ void ClusterState::ReplanAllLocked() {
       continue;
     }
     if (SamePlan(*plan, job.plan())) continue;
-    Log()->info("job {} re-planned: v{} with {} summation servers", id, plan->version(),
-                plan->servers_size());
+    previous.emplace(id, job.plan());
     *job.mutable_plan() = *std::move(plan);
-    changed = true;
+    max_version = std::max(max_version, job.plan().version());
   }
-  if (changed) assignments_version_++;
+  if (previous.empty() && deleted.empty()) return absl::OkStatus();
+  std::vector<const tributary::v1::Job*> put;
+  for (const auto& [id, plan] : previous) put.push_back(&jobs_.at(id).job);
+  if (absl::Status s = PersistLocked(put, deleted, max_version); !s.ok()) {
+    for (auto& [id, plan] : previous) {
+      Log()->warn("job {}: keeping plan v{} (the re-plan could not be stored)", id, plan.version());
+      tributary::v1::Job& job = jobs_.at(id).job;
+      *job.mutable_plan() = std::move(plan);
+      UpdateJobStateLocked(job);
+    }
+    replan_pending_ = true;
+    return s;
+  }
+  for (const auto& [id, plan] : previous) {
+    const tributary::v1::JobPlan& now = jobs_.at(id).job.plan();
+    Log()->info("job {} re-planned: v{} with {} summation servers", id, now.version(),
+                now.servers_size());
+  }
+  max_plan_version_ = max_version;
+  assignments_version_++;
+  return absl::OkStatus();
 }
 
 void ClusterState::CheckLiveness() {
   std::lock_guard lock(mu_);
   const auto now = clock_->Now();
-  bool died = false;
+  bool died = replan_pending_;
+  if (restoring_ && now - restored_at_ >= options_.restore_grace) {
+    restoring_ = false;
+    for (auto& [id, entry] : jobs_) {
+      if (entry.awaiting.empty()) continue;
+      Log()->warn(
+          "job {}: nodes {} did not register within {} ms of the restore; re-planning "
+          "without them",
+          id, absl::StrJoin(entry.awaiting, ", "), options_.restore_grace.count());
+      entry.awaiting.clear();
+      died = true;
+    }
+  }
   for (auto& [id, node] : nodes_) {
     if (node.alive && now - node.last_heartbeat > options_.heartbeat_timeout) {
       node.alive = false;
@@ -371,7 +517,7 @@ void ClusterState::CheckLiveness() {
                   options_.heartbeat_timeout.count());
     }
   }
-  if (died) ReplanAllLocked();
+  if (died) (void)ReplanAllLocked();
 }
 
 }  // namespace tributary::controller

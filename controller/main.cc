@@ -1,4 +1,4 @@
-// tributary-controller: node registry, jobs and plans over gRPC.
+// tributary-controller: node registry, jobs and plans over gRPC; jobs durable with --state-db.
 #include <atomic>
 #include <condition_variable>
 #include <csignal>
@@ -12,6 +12,7 @@
 #include "common/rpc/grpc_status.h"
 #include "controller/cluster_state.h"
 #include "controller/controller_service.h"
+#include "controller/state_store.h"
 
 namespace {
 std::mutex g_mu;
@@ -28,12 +29,18 @@ int main(int argc, char** argv) {
   std::string listen = "127.0.0.1:7070";
   tributary::common::ProcessFlags process_flags{.metrics_listen = "0.0.0.0:9464"};
   std::string port_file;
-  int heartbeat_ms = 500, heartbeat_timeout_ms = 3000;
+  int heartbeat_ms = 500, heartbeat_timeout_ms = 3000, restore_grace_ms = 10000;
+  std::string state_db;
   app.add_option("--listen", listen, "gRPC listen address (host:port; port 0 picks one)");
   app.add_option("--port-file", port_file, "Write the bound port to this file once serving");
   app.add_option("--heartbeat-ms", heartbeat_ms, "Heartbeat interval agents are told to use");
   app.add_option("--heartbeat-timeout-ms", heartbeat_timeout_ms,
                  "A node without a heartbeat for this long is dead");
+  app.add_option("--state-db", state_db,
+                 "SQLite file holding jobs and plans across restarts (created when missing); "
+                 "without it jobs live in memory only");
+  app.add_option("--restore-grace-ms", restore_grace_ms,
+                 "Restored jobs keep their plan this long waiting for their nodes to register");
   tributary::common::AddProcessFlags(app, process_flags);
   CLI11_PARSE(app, argc, argv);
   tributary::common::InitLogging(process_flags.log_level, process_flags.log_format);
@@ -42,9 +49,25 @@ int main(int argc, char** argv) {
   tributary::controller::ClusterState::Options options;
   options.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
   options.heartbeat_timeout = std::chrono::milliseconds(heartbeat_timeout_ms);
+  options.restore_grace = std::chrono::milliseconds(restore_grace_ms);
+  std::unique_ptr<tributary::controller::StateStore> store;
+  if (!state_db.empty()) {
+    auto opened = tributary::controller::StateStore::Open(state_db);
+    if (!opened.ok()) {
+      log->critical("cannot start: {}", opened.status().message());
+      return 2;
+    }
+    store = *std::move(opened);
+  }
   auto registry = std::make_shared<prometheus::Registry>();
   tributary::controller::ClusterState state(tributary::common::SystemClock::Get(), options,
-                                            std::random_device{}() << 20, registry.get());
+                                            std::random_device{}() << 20, registry.get(),
+                                            store.get());
+  absl::StatusOr<size_t> restored = state.Restore();
+  if (!restored.ok()) {
+    log->critical("cannot start: {}", restored.status().message());
+    return 2;
+  }
   tributary::controller::ControllerService service(&state, registry.get());
   std::shared_ptr<prometheus::Collectable> state_collector = state.collector();
   auto process = std::make_shared<tributary::common::metrics::ProcessCollector>();
@@ -72,7 +95,17 @@ int main(int argc, char** argv) {
     return 1;
   }
   tributary::common::SetServing(server.get(), "tributary.v1.Controller");
-  log->info("controller serving on {} (port {})", listen, port);
+  if (store) {
+    log->info(
+        "controller serving on {} (port {}); state in {} (SQLite, WAL, synchronous=FULL): "
+        "{} jobs restored",
+        listen, port, state_db, *restored);
+  } else {
+    log->info(
+        "controller serving on {} (port {}); state in memory only (no --state-db): jobs are "
+        "lost when the controller stops",
+        listen, port);
+  }
   if (!port_file.empty()) {
     std::FILE* f = std::fopen(port_file.c_str(), "w");
     if (f) {

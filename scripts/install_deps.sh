@@ -6,7 +6,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libucx-dev ucx-utils prometheus-cpp-dev libspdlog-dev libabsl-dev
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev
-  libtinyxml2-dev libyaml-cpp-dev libcpp-httplib-dev prometheus
+  libtinyxml2-dev libyaml-cpp-dev libcpp-httplib-dev prometheus libsqlite3-dev
   pybind11-dev python3-pybind11 python3-torch libtorch-dev python3-torchvision
 )
 missing=()

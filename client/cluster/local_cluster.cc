@@ -84,8 +84,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
   setenv("UCX_TLS", "tcp", 0);
   setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
 
-  const std::string port_file = o.run_dir + "/controller.port";
-  fs::remove(port_file);
+  const auto deadline = std::chrono::steady_clock::now() + o.start_timeout;
+  if (absl::Status s = c->StartController("127.0.0.1:0", deadline); !s.ok()) return s;
   // --metrics-listen for the process named `name`, and where it writes its port.
   auto metrics_args = [&o](const std::string& name) -> std::vector<std::string> {
     if (!o.metrics) return {"--metrics-listen", ""};
@@ -93,37 +93,6 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
     fs::remove(file);
     return {"--metrics-listen", "127.0.0.1:0", "--metrics-port-file", file};
   };
-  std::vector<std::string> controller_argv = {o.bin_dir + "/tributary-controller",
-                                              "--listen",
-                                              "127.0.0.1:0",
-                                              "--port-file",
-                                              port_file,
-                                              "--log-level",
-                                              o.log_level,
-                                              "--heartbeat-ms",
-                                              std::to_string(o.heartbeat.count()),
-                                              "--heartbeat-timeout-ms",
-                                              std::to_string(o.heartbeat_timeout.count())};
-  for (std::string& a : metrics_args("controller")) controller_argv.push_back(std::move(a));
-  auto pid = SpawnProcess(controller_argv, o.run_dir + "/controller.log");
-  if (!pid.ok()) return pid.status();
-  c->controller_pid_ = *pid;
-  const auto deadline = std::chrono::steady_clock::now() + o.start_timeout;
-  int port = 0;
-  while (port == 0) {
-    std::ifstream f(port_file);
-    if (!(f >> port)) port = 0;
-    if (port == 0) {
-      if (std::chrono::steady_clock::now() > deadline) {
-        return absl::DeadlineExceededError(
-            absl::StrCat("controller did not start; see ", o.run_dir, "/controller.log"));
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-  }
-  c->controller_address_ = absl::StrCat("127.0.0.1:", port);
-  c->stub_ = tributary::v1::Controller::NewStub(
-      grpc::CreateChannel(c->controller_address_, grpc::InsecureChannelCredentials()));
 
   for (int i = 0; i < c->num_nodes(); ++i) {
     const double gbps = o.nic_gbps.size() == 1 ? o.nic_gbps[0] : o.nic_gbps[i];
@@ -184,6 +153,94 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
     }
   }
   return c;
+}
+
+absl::Status LocalCluster::StartController(const std::string& listen,
+                                           std::chrono::steady_clock::time_point deadline) {
+  const LocalClusterOptions& o = options_;
+  const std::string port_file = o.run_dir + "/controller.port";
+  fs::remove(port_file);
+  std::vector<std::string> argv = {o.bin_dir + "/tributary-controller",
+                                   "--listen",
+                                   listen,
+                                   "--port-file",
+                                   port_file,
+                                   "--log-level",
+                                   o.log_level,
+                                   "--heartbeat-ms",
+                                   std::to_string(o.heartbeat.count()),
+                                   "--heartbeat-timeout-ms",
+                                   std::to_string(o.heartbeat_timeout.count())};
+  if (o.metrics) {
+    const std::string file = o.run_dir + "/controller.metrics.port";
+    fs::remove(file);
+    for (const std::string& a : {std::string("--metrics-listen"), std::string("127.0.0.1:0"),
+                                 std::string("--metrics-port-file"), file}) {
+      argv.push_back(a);
+    }
+  } else {
+    argv.push_back("--metrics-listen");
+    argv.push_back("");
+  }
+  if (!o.state_db.empty()) {
+    argv.push_back("--state-db");
+    argv.push_back(o.state_db);
+  }
+  auto pid = SpawnProcess(argv, o.run_dir + "/controller.log");
+  if (!pid.ok()) return pid.status();
+  controller_pid_ = *pid;
+  int port = 0;
+  while (port == 0) {
+    std::ifstream f(port_file);
+    if (!(f >> port)) port = 0;
+    if (port != 0) break;
+    int status = 0;
+    if (waitpid(controller_pid_, &status, WNOHANG) == controller_pid_) {
+      controller_pid_ = -1;
+      return absl::FailedPreconditionError(
+          absl::StrCat("controller exited at start; see ", o.run_dir, "/controller.log"));
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("controller did not start; see ", o.run_dir, "/controller.log"));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // polling for the port file
+  }
+  controller_address_ = absl::StrCat("127.0.0.1:", port);
+  stub_ = tributary::v1::Controller::NewStub(
+      grpc::CreateChannel(controller_address_, grpc::InsecureChannelCredentials()));
+  return absl::OkStatus();
+}
+
+void LocalCluster::KillController() {
+  if (controller_pid_ <= 0) return;
+  kill(controller_pid_, SIGKILL);
+  WaitProcess(controller_pid_, std::chrono::seconds(5));
+  controller_pid_ = -1;
+}
+
+absl::Status LocalCluster::RestartController(std::chrono::milliseconds timeout) {
+  if (controller_pid_ > 0) {
+    return absl::FailedPreconditionError("the controller is running; KillController first");
+  }
+  if (controller_address_.empty()) return absl::FailedPreconditionError("no cluster started");
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  if (absl::Status s = StartController(controller_address_, deadline); !s.ok()) return s;
+  if (!options_.metrics) return absl::OkStatus();
+  const std::string file = options_.run_dir + "/controller.metrics.port";
+  while (true) {  // written before the controller serves gRPC; bounded anyway
+    int p = 0;
+    std::ifstream f(file);
+    if (f >> p && p > 0) {
+      controller_metrics_address_ = absl::StrCat("127.0.0.1:", p);
+      return absl::OkStatus();
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "no metrics port from the restarted controller; logs in ", options_.run_dir));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
 }
 
 std::string LocalCluster::metrics_address(int node) const {

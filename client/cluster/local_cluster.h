@@ -39,6 +39,8 @@ struct LocalClusterOptions {
   // Serve Prometheus /metrics from every process on an ephemeral loopback port (see
   // metrics_address); off: the processes serve none (their fixed default ports would collide).
   bool metrics = false;
+  // The controller's --state-db (jobs survive RestartController); empty: state in memory.
+  std::string state_db;
 };
 
 // Owns the processes: Stop (or the destructor) ends them, SIGTERM first, SIGKILL after a
@@ -70,11 +72,21 @@ class LocalCluster {
   void ThawNode(int i);
   void KillNode(int i);
 
+  // Failure injection: SIGKILL of the controller (waits for it to be gone). Agents and training
+  // processes keep running.
+  void KillController();
+  // Starts the controller again on the same address with the same flags (and --state-db), and
+  // waits (bounded by `timeout`) until it serves. The agents find it by themselves.
+  absl::Status RestartController(std::chrono::milliseconds timeout);
+
   // Waits until the controller sees `alive` nodes alive (bounded by `timeout`).
   absl::Status WaitForAliveNodes(int alive, std::chrono::milliseconds timeout);
 
  private:
   explicit LocalCluster(LocalClusterOptions options) : options_(std::move(options)) {}
+  // Spawns the controller listening on `listen` and waits until it writes its port.
+  absl::Status StartController(const std::string& listen,
+                               std::chrono::steady_clock::time_point deadline);
 
   LocalClusterOptions options_;
   bool own_run_dir_ = false;
