@@ -17,10 +17,16 @@
 {{- end -}}
 {{- end -}}
 
+{{/* Labels of every object: name, instance and tributary.commonLabels. */}}
 {{- define "tributary.labels" -}}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 app.kubernetes.io/name: {{ include "tributary.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
+{{ include "tributary.commonLabels" . }}
+{{- end -}}
+
+{{/* The labels beside the selector labels (pod templates add the selector labels). */}}
+{{- define "tributary.commonLabels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- with .Values.commonLabels }}
