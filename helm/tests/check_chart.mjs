@@ -471,6 +471,28 @@ const canConnect = (port) => new Promise((resolve) => {
   s.on("error", () => resolve(false));
 });
 
+// grpc.health.v1.Health/Check as kubelet's gRPC probe sends it: HealthCheckRequest{service: ""}
+// (an empty message); the answer's status field (1, varint) must be SERVING (1).
+function healthCheck(port) {
+  const grpc = require("@grpc/grpc-js");
+  const Client = grpc.makeGenericClientConstructor({
+    Check: {
+      path: "/grpc.health.v1.Health/Check", requestStream: false, responseStream: false,
+      requestSerialize: () => Buffer.alloc(0), requestDeserialize: (b) => b,
+      responseSerialize: (b) => b, responseDeserialize: (b) => b,
+    },
+  }, "Health");
+  const client = new Client(`127.0.0.1:${port}`, grpc.credentials.createInsecure());
+  return new Promise((resolve, reject) => {
+    client.Check({}, { deadline: Date.now() + 3000 }, (err, reply) => {
+      client.close();
+      if (err) return reject(new Error(`grpc.health.v1.Health/Check on port ${port}: ${err.message}`));
+      resolve(reply.length === 2 && reply[0] === 0x08 ? ["UNKNOWN", "SERVING", "NOT_SERVING"][reply[1]] ?? reply[1]
+        : reply.length === 0 ? "UNKNOWN" : `undecodable ${reply.toString("hex")}`);
+    });
+  });
+}
+
 async function checkFlags(binDir, persistence) {
   const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "tributary-helm-flags-"));
   const [grpc, cmetrics, ametrics] = [await freePort(), await freePort(), await freePort()];
@@ -501,6 +523,12 @@ async function checkFlags(binDir, persistence) {
     children.push(c);
     await waitFor("controller serving on the rendered --listen port", () => canConnect(grpc), c, clog);
     await waitFor("controller /metrics on the rendered port", () => canConnect(cmetrics), c, clog);
+    const probePort = one(objs, "Deployment").spec.template.spec.containers[0].readinessProbe.grpc.port;
+    const health = await healthCheck(probePort);
+    check(`the chart's gRPC probe (grpc.health.v1 on port ${probePort}) answers SERVING`, () => {
+      assert.equal(probePort, grpc);
+      assert.equal(health, "SERVING");
+    });
 
     // The helm test pod's script, with the binaries on PATH, against the controller.
     const runTestPod = () => spawnSync(testPod.command[0], [...testPod.command.slice(1), ...testPod.args], {
