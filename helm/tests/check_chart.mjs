@@ -298,6 +298,41 @@ function checkChart() {
   }
   checkExamples();
   checkDockerfile();
+  check("helm/README.md documents every key of values.schema.json", checkValuesDocumented);
+}
+
+// Rows of the values table start with "| `key` / `.sibling` |"; a key is documented when it or an
+// ancestor is listed.
+function checkValuesDocumented() {
+  const schema = JSON.parse(fs.readFileSync(path.join(CHART, "values.schema.json"), "utf8"));
+  const leaves = [];
+  (function walk(node, prefix) {
+    if (node.properties && node.additionalProperties === false) {
+      for (const [k, v] of Object.entries(node.properties)) walk(v, prefix ? `${prefix}.${k}` : k);
+    } else {
+      leaves.push(prefix);
+    }
+  })(schema, "");
+  const documented = new Set();
+  const readme = fs.readFileSync(path.join(ROOT, "helm/README.md"), "utf8");
+  const section = readme.split(/^## /m).find((s) => s.startsWith("Values\n"));
+  assert.ok(section, 'helm/README.md has no "## Values" section');
+  for (const line of section.split("\n")) {
+    const m = line.match(/^\| (`[^|]*`) \|/);
+    if (!m) continue;
+    const keys = [...m[1].matchAll(/`([^`]+)`/g)].map((x) => x[1]);
+    const first = keys[0];
+    for (const k of keys) {
+      documented.add(k.startsWith(".") ? first.slice(0, first.lastIndexOf(".")) + k : k);
+    }
+  }
+  const missing = leaves.filter((leaf) => {
+    const parts = leaf.split(".");
+    return !parts.some((_, i) => documented.has(parts.slice(0, i + 1).join(".")));
+  });
+  assert.deepEqual(missing, [], "values without a row in helm/README.md's values table");
+  const unknown = [...documented].filter((d) => !leaves.some((l) => l === d || l.startsWith(`${d}.`)));
+  assert.deepEqual(unknown, [], "rows of helm/README.md's values table naming no value");
 }
 
 // --- examples ----------------------------------------------------------------------------------
