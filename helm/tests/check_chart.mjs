@@ -529,6 +529,12 @@ function healthCheck(port) {
 }
 
 async function checkFlags(binDir, persistence) {
+  for (const b of ["tributary-controller", "tributary-agent", "tributary"]) {
+    if (!fs.existsSync(path.join(binDir, b))) {
+      console.log(`FAIL ${path.join(binDir, b)} is not built (ninja -C build tributary-controller tributary-agent tributary)`);
+      process.exit(1);
+    }
+  }
   const tmp = fs.mkdtempSync(path.join(os.tmpdir(), "tributary-helm-flags-"));
   const [grpc, cmetrics, ametrics] = [await freePort(), await freePort(), await freePort()];
   const set = {
