@@ -7,13 +7,17 @@ packages=(
   libucx-dev ucx-utils prometheus-cpp-dev libspdlog-dev libabsl-dev
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev
   libtinyxml2-dev libyaml-cpp-dev libcpp-httplib-dev prometheus libsqlite3-dev
-  pybind11-dev python3-pybind11 python3-torch libtorch-dev python3-torchvision
-  nodejs npm unzip
+  pybind11-dev python3-pybind11 python3-torch libtorch-dev python3-torchvision unzip
 )
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
 done
+# Node.js and npm (the Helm chart's tests fetch helm and a schema validator from the npm
+# registry): a machine may have them from elsewhere (e.g. NodeSource's nodejs, which bundles
+# npm); Debian's packages only where the commands are missing.
+if ! command -v node >/dev/null 2>&1; then missing+=(nodejs); fi
+if ! command -v npm >/dev/null 2>&1; then missing+=(npm); fi
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
