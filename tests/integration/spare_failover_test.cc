@@ -112,10 +112,16 @@ class SpareFailoverTest : public ::testing::Test {
     return workers;
   }
 
-  // Waits (bounded) for rank 0's next signal: it is about to submit an iteration named in
-  // --signal-at, which the other ranks are inside (submitted, and unable to complete without
-  // rank 0). Rank 0 then waits for Go.
+  // Waits (bounded) for every rank's next signal: each has finished the iteration before one
+  // named in --signal-at; ranks 1 and 2 go on into it (it cannot complete without rank 0), rank 0
+  // waits for Go.
   ::testing::AssertionResult AwaitSignal() {
+    for (int r = 0; r < kWorkers; ++r) {
+      if (::testing::AssertionResult one = AwaitOneSignal(); !one) return one;
+    }
+    return ::testing::AssertionSuccess();
+  }
+  ::testing::AssertionResult AwaitOneSignal() {
     pollfd p{fd_, POLLIN, 0};
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
     while (std::chrono::steady_clock::now() < deadline) {
@@ -131,7 +137,7 @@ class SpareFailoverTest : public ::testing::Test {
         usleep(10000);  // no writer holds the FIFO: poll would return at once
       }
     }
-    return ::testing::AssertionFailure() << "rank 0 never signalled";
+    return ::testing::AssertionFailure() << "a rank never signalled";
   }
 
   // Lets rank 0 submit its iteration.

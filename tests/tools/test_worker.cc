@@ -312,9 +312,11 @@ void BadInput(Client& c, const std::string& agent) {
 // A training loop that goes on through a lost or frozen summation server: every iteration
 // all-reduces three tensors of exact sums, every element is checked, and no iteration may fail
 // (the client retries transparently). Before submitting each iteration listed in `signal_at`,
-// global rank 0 writes one byte to `fifo` and waits for one from `go_fifo`: the test injects its
-// fault while the other ranks are inside that iteration (they submitted it, and it cannot
-// complete before rank 0 does). Prints the slowest iteration and the retries.
+// every rank writes one byte to `fifo` (it has finished the previous iteration) and global rank
+// 0 then waits for one from `go_fifo`: the test injects its fault once every rank is there, so
+// that the others are inside that iteration (submitted, unable to complete before rank 0 does)
+// and no sum of the previous one is still on its way. Prints the slowest iteration and the
+// retries.
 void Failover(Client& c, int iterations, const std::string& fifo, const std::string& go_fifo,
               const std::vector<int>& signal_at) {
   const uint32_t world = c.world_size(), rank = c.global_rank();
@@ -326,7 +328,7 @@ void Failover(Client& c, int iterations, const std::string& fifo, const std::str
     bufs.push_back(*b);
   }
   int fd = -1;
-  if (rank == 0 && !fifo.empty()) {
+  if (!fifo.empty()) {
     fd = open(fifo.c_str(), O_WRONLY);  // the test holds the read end open
     if (fd < 0) return Fail(absl::StrCat("open ", fifo, ": ", std::strerror(errno)));
   }
@@ -337,10 +339,12 @@ void Failover(Client& c, int iterations, const std::string& fifo, const std::str
     if (fd >= 0 && std::find(signal_at.begin(), signal_at.end(), it) != signal_at.end()) {
       const char b = 1;
       Expect(write(fd, &b, 1) == 1, "signal the test");
-      const int go = open(go_fifo.c_str(), O_RDONLY);  // until the test opens it to write
-      char g = 0;
-      Expect(go >= 0 && read(go, &g, 1) == 1, "the test's go");
-      if (go >= 0) close(go);
+      if (rank == 0) {
+        const int go = open(go_fifo.c_str(), O_RDONLY);  // until the test opens it to write
+        char g = 0;
+        Expect(go >= 0 && read(go, &g, 1) == 1, "the test's go");
+        if (go >= 0) close(go);
+      }
     }
     const auto start = std::chrono::steady_clock::now();
     std::vector<tributary::client::Handle> handles;
