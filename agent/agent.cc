@@ -210,6 +210,11 @@ std::vector<prometheus::MetricFamily> Agent::CollectControl() {
   out.push_back(MakeFamily("tributary_agent_local_sessions",
                            "Training processes connected to this agent.", MetricType::Gauge));
   AddSample(out.back(), local_->num_sessions());
+  out.push_back(MakeFamily("tributary_agent_retried_operations_total",
+                           "Submissions that ran an iteration again after it failed as retriable "
+                           "(a plan change or a lost summation server); each is a client retry.",
+                           MetricType::Counter));
+  AddSample(out.back(), local_->resubmissions());
   out.push_back(MakeFamily("tributary_agent_plan_version",
                            "Version of the job's plan this agent applied.", MetricType::Gauge));
   {

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
+#include "dataplane/collectives/operation.h"
 
 namespace tributary::agent {
 namespace {
@@ -49,6 +51,13 @@ bool Submission::Agrees(const Submission& o) const {
          (reduction != dataplane::Reduction::kBroadcast || root == o.root);
 }
 
+absl::Status MarkRetriable(const absl::Status& status, uint64_t epoch) {
+  if (absl::StartsWith(status.message(), kRetriableMarker)) return status;
+  return dataplane::WithEpoch(
+      absl::Status(status.code(), absl::StrCat(kRetriableMarker, epoch, "] ", status.message())),
+      epoch);
+}
+
 LocalGather::LocalGather(CollectiveRunner* runner, const common::Clock* clock)
     : runner_(runner), clock_(clock) {}
 
@@ -59,6 +68,10 @@ void LocalGather::Add(const LocalJob& job, const GatherKey& key, Submission sub,
     gather->job = job;
     gather->slots.resize(job.procs_per_node);
     gather->created = clock_->Now();
+  }
+  gather->job = job;  // the newest plan seen by a submission
+  if (sub.retry_of_epoch) {
+    gather->retry_of_epoch = std::max(gather->retry_of_epoch.value_or(0), *sub.retry_of_epoch);
   }
   const uint32_t rank = sub.local_rank;
   gather->slots[rank] = std::move(sub);
@@ -95,6 +108,19 @@ void LocalGather::Complete(const GatherKey& key, std::unique_ptr<Gather> gather,
       return;  // the error travels through every handle
     }
   }
+  if (gather->retry_of_epoch && gather->job.plan_version <= *gather->retry_of_epoch) {
+    // A resubmission of an iteration that failed under this plan: it runs on a newer one.
+    Log()->info("{} iteration {} waits for a plan newer than v{} to run again", What(key),
+                key.iteration, *gather->retry_of_epoch);
+    gather->created = clock_->Now();
+    waiting_[key] = std::move(gather);
+    return;
+  }
+  Start(key, std::move(gather), after);
+}
+
+void LocalGather::Start(const GatherKey& key, std::unique_ptr<Gather> gather, Deferred& after) {
+  const Submission& first = *gather->slots[0];
   const uint32_t procs = gather->job.procs_per_node;
   dataplane::Operation op;
   op.tensor_name = key.tensor;
@@ -107,14 +133,23 @@ void LocalGather::Complete(const GatherKey& key, std::unique_ptr<Gather> gather,
   op.priority = first.priority;
   auto mappings = std::make_shared<std::vector<std::shared_ptr<SharedMemoryMapping>>>();
   std::vector<std::shared_ptr<OpHandle>> handles;
+  std::vector<std::string> session_ids;
   for (const auto& slot : gather->slots) {
     op.buffers.push_back(slot->mapping->data() + slot->offset);
     op.priority = std::min(op.priority, slot->priority);
     mappings->push_back(slot->mapping);
     handles.push_back(slot->handle);
+    session_ids.push_back(slot->session_id);
   }
   op.keepalive = mappings;
-  op.done = [handles](absl::Status s) {
+  op.done = [handles, key, session_ids, on_retriable = on_retriable_](absl::Status s) {
+    // Recorded before the handles complete, so that the process's resubmission (which may
+    // follow at once) finds it.
+    if (std::optional<uint64_t> epoch = dataplane::EpochOf(s);
+        epoch && s.code() == absl::StatusCode::kUnavailable) {
+      if (on_retriable) on_retriable(key, session_ids, *epoch);
+      s = MarkRetriable(s, *epoch);
+    }
     for (const auto& h : handles) h->Complete(s);
   };
   after.Add([runner = runner_, job_id = key.job_id, op = std::move(op), handles]() mutable {
@@ -161,7 +196,58 @@ void LocalGather::RankJoined(const std::string& job_id, uint32_t rank) {
   departed_[job_id].erase(rank);
 }
 
+void LocalGather::JobsChanged(const std::vector<LocalJob>& jobs, Deferred& after) {
+  std::map<std::string, const LocalJob*> by_id;
+  for (const LocalJob& j : jobs) by_id[j.job_id] = &j;
+  for (auto g = waiting_.begin(); g != waiting_.end();) {
+    auto job = by_id.find(g->first.job_id);
+    if (job == by_id.end()) {
+      Fail(g->first, *g->second,
+           absl::FailedPreconditionError(
+               absl::StrCat(What(g->first), " iteration ", g->first.iteration,
+                            ": the job is no longer planned on this node")),
+           after);
+      g = waiting_.erase(g);
+    } else if (job->second->plan_version > *g->second->retry_of_epoch) {
+      const GatherKey key = g->first;
+      std::unique_ptr<Gather> gather = std::move(g->second);
+      g = waiting_.erase(g);
+      gather->job = *job->second;
+      Log()->info("{} iteration {} runs again on plan v{} (failed on v{})", What(key),
+                  key.iteration, gather->job.plan_version, *gather->retry_of_epoch);
+      Start(key, std::move(gather), after);
+    } else {
+      ++g;
+    }
+  }
+}
+
 void LocalGather::Expire(common::Clock::TimePoint now, Deferred& after) {
+  for (auto g = waiting_.begin(); g != waiting_.end();) {
+    Gather& gather = *g->second;
+    if (now - gather.created < gather.job.op_timeout) {
+      ++g;
+      continue;
+    }
+    // Retriable again: the processes may submit it once more (the controller may be slow).
+    if (on_retriable_) {
+      std::vector<std::string> session_ids;
+      for (const auto& slot : gather.slots) session_ids.push_back(slot->session_id);
+      after.Add([cb = on_retriable_, key = g->first, session_ids, e = *gather.retry_of_epoch] {
+        cb(key, session_ids, e);
+      });
+    }
+    // No Abort: this node's plan is the old one; the other nodes run (or wait for) the new one.
+    const absl::Status status = MarkRetriable(
+        absl::UnavailableError(absl::StrCat(
+            What(g->first), " iteration ", g->first.iteration, " failed on plan v",
+            *gather.retry_of_epoch, " and no newer plan of the job reached this node within ",
+            gather.job.op_timeout.count(), " ms; retry")),
+        *gather.retry_of_epoch);
+    Log()->warn("{}", status.message());
+    for (auto& slot : gather.slots) after.Add([h = slot->handle, status] { h->Complete(status); });
+    g = waiting_.erase(g);
+  }
   for (auto g = gathers_.begin(); g != gathers_.end();) {
     Gather& gather = *g->second;
     if (now - gather.created < gather.job.op_timeout) {

@@ -3,10 +3,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -24,6 +26,14 @@ namespace tributary::agent {
 // The one conversion of the API's op into the data plane's, and so the op's one validation:
 // INVALID_ARGUMENT "unknown op N" for a value the API does not define.
 absl::StatusOr<dataplane::Reduction> ToReduction(tributary::v1::CollectiveOp op);
+
+// Failures the agent runs again on a newer plan when the process resubmits (see
+// LocalService::Submit) start with this marker, then the epoch and "] ": "[retriable, plan v3]
+// plan of job j changed from v3 to v4 during ...; retry". The client retries on it
+// (client/client.cc); at the start of the message, the control ring never cuts it.
+inline constexpr char kRetriableMarker[] = "[retriable, plan v";
+// `status` (UNAVAILABLE, carrying its epoch) with the marker in front of its message.
+absl::Status MarkRetriable(const absl::Status& status, uint64_t epoch);
 
 struct GatherKey {
   std::string job_id;
@@ -43,6 +53,10 @@ struct Submission {
   uint32_t root = 0;  // broadcast: the root's global rank
   int32_t priority = 0;
   std::shared_ptr<OpHandle> handle;
+  std::string session_id;  // of the submitting process (for RetriableFailure)
+  // A resubmission of an iteration that failed as retriable under this epoch (plan version):
+  // the operation starts only once the job's plan is newer (LocalGather::JobsChanged).
+  std::optional<uint64_t> retry_of_epoch;
 
   // "4 x float32 sum", "4 x float32 broadcast from rank 3".
   std::string Describe() const;
@@ -55,8 +69,18 @@ struct Submission {
 // once the caller's lock is released.
 class LocalGather {
  public:
+  // An operation failed as retriable (`dataplane::EpochOf` its status: it ran under `epoch`):
+  // called before its handles complete, on the thread that completes it, without the gather's
+  // owner's lock, with the sessions that submitted it.
+  using RetriableFailure = std::function<void(
+      const GatherKey& key, const std::vector<std::string>& session_ids, uint64_t epoch)>;
+
   // `runner` and `clock` must outlive the gather.
   LocalGather(CollectiveRunner* runner, const common::Clock* clock);
+
+  void SetRetriableFailureCallback(RetriableFailure callback) {
+    on_retriable_ = std::move(callback);
+  }
 
   // Adds `sub` to the gather of `key` (created on the first submission, timed from then).
   // When all job.procs_per_node local ranks are in and agree, one node-level operation (every
@@ -64,6 +88,8 @@ class LocalGather {
   // each submission fails with INVALID_ARGUMENT naming the first and the differing one. If
   // the runner refuses the operation, every submission fails with its error and the other
   // nodes are told (Abort). A gather still missing a rank that has ended fails with ABORTED.
+  // A resubmission (Submission::retry_of_epoch) waits, complete, until the job's plan is newer
+  // than that epoch (JobsChanged), at most the job's op timeout: then UNAVAILABLE, retriable.
   void Add(const LocalJob& job, const GatherKey& key, Submission sub, Deferred& after);
   // Local rank `rank` of `job_id` ended (`why`, for the message): gathers still missing it
   // fail with ABORTED, now and whenever a later one misses it, until RankJoined.
@@ -71,10 +97,16 @@ class LocalGather {
   // A new session holds local rank `rank` of `job_id`.
   void RankJoined(const std::string& job_id, uint32_t rank);
   // Fails with DEADLINE_EXCEEDED, naming the missing local ranks, the gathers older than their
-  // job's op_timeout at `now`.
+  // job's op_timeout at `now`; resubmissions that waited that long for a newer plan fail with
+  // UNAVAILABLE (retriable).
   void Expire(common::Clock::TimePoint now, Deferred& after);
+  // The jobs this node works for now: resubmissions waiting for a plan newer than their failed
+  // epoch start when it is there; those of a job no longer planned here fail.
+  void JobsChanged(const std::vector<LocalJob>& jobs, Deferred& after);
 
-  size_t size() const { return gathers_.size(); }
+  size_t size() const { return gathers_.size() + waiting_.size(); }
+  // Complete resubmissions waiting for a newer plan.
+  size_t waiting_for_plan() const { return waiting_.size(); }
 
  private:
   struct Gather {
@@ -82,6 +114,8 @@ class LocalGather {
     std::vector<std::optional<Submission>> slots;  // by local rank
     uint32_t filled = 0;
     common::Clock::TimePoint created;
+    // The largest failed epoch among the submissions that are resubmissions.
+    std::optional<uint64_t> retry_of_epoch;
   };
 
   // Fails every submission of `gather` with `status` and tells the other nodes.
@@ -91,7 +125,14 @@ class LocalGather {
 
   CollectiveRunner* runner_;
   const common::Clock* clock_;
+  // Starts the node-level operation of a complete gather that agrees.
+  void Start(const GatherKey& key, std::unique_ptr<Gather> gather, Deferred& after);
+
   std::map<GatherKey, std::unique_ptr<Gather>> gathers_;
+  // Complete resubmissions waiting for a plan newer than their gather's retry_of_epoch; each
+  // gather's `created` is reset to when it started waiting.
+  std::map<GatherKey, std::unique_ptr<Gather>> waiting_;
+  RetriableFailure on_retriable_;
   // Local ranks whose session ended, per job, with why: a gather missing one of them can never
   // complete. A new session for the rank clears it.
   std::map<std::string, std::map<uint32_t, std::string>> departed_;

@@ -21,13 +21,41 @@ constexpr auto Log = common::ComponentLog<"agent">;
 }  // namespace
 
 LocalService::LocalService(CollectiveRunner* runner, const common::Clock* clock)
-    : clock_(clock), gather_(runner, clock) {}
+    : clock_(clock), gather_(runner, clock), link_(std::make_shared<Link>()) {
+  link_->service = this;
+  // Operations may complete on a data-plane thread after this service is gone: the link says.
+  gather_.SetRetriableFailureCallback([link = link_](const GatherKey& key,
+                                                     const std::vector<std::string>& session_ids,
+                                                     uint64_t epoch) {
+    std::lock_guard link_lock(link->mu);
+    if (link->service == nullptr) return;
+    std::lock_guard lock(link->service->mu_);
+    for (const std::string& id : session_ids) {
+      absl::StatusOr<std::shared_ptr<Session>> session = link->service->sessions_.Find(id);
+      if (session.ok()) (*session)->failed[key.tensor][key.iteration] = epoch;
+    }
+  });
+}
 
-LocalService::~LocalService() { Shutdown(); }
+LocalService::~LocalService() {
+  Shutdown();
+  std::lock_guard lock(link_->mu);
+  link_->service = nullptr;
+}
 
 void LocalService::SetJobs(const std::vector<LocalJob>& jobs) {
+  Deferred after;
+  {
+    std::lock_guard lock(mu_);
+    sessions_.SetJobs(jobs);
+    gather_.JobsChanged(jobs, after);  // resubmissions waiting for a newer plan
+  }
+  after.Run();
+}
+
+uint64_t LocalService::resubmissions() const {
   std::lock_guard lock(mu_);
-  sessions_.SetJobs(jobs);
+  return resubmissions_;
 }
 
 size_t LocalService::num_sessions() const {
@@ -209,8 +237,22 @@ absl::Status LocalService::SubmitInternal(const tributary::v1::SubmitRequest& re
       sub.handle->ResultOrPark(&waiter);
     }
 
-    const GatherKey key{session->job_id, req.tensor_name(),
-                        session->iterations[req.tensor_name()]++};
+    sub.session_id = session->id;
+    uint64_t iteration = 0;
+    auto failed = session->failed.find(req.tensor_name());
+    if (failed != session->failed.end() && !failed->second.empty()) {
+      // A retry of the lowest iteration of the name that failed as retriable.
+      iteration = failed->second.begin()->first;
+      sub.retry_of_epoch = failed->second.begin()->second;
+      failed->second.erase(failed->second.begin());
+      if (failed->second.empty()) session->failed.erase(failed);
+      resubmissions_++;
+      Log()->info("{} iteration {} submitted again by local rank {} (failed on plan v{})", what,
+                  iteration, session->local_rank, *sub.retry_of_epoch);
+    } else {
+      iteration = session->iterations[req.tensor_name()]++;
+    }
+    const GatherKey key{session->job_id, req.tensor_name(), iteration};
     gather_.Add(*job, key, std::move(sub), after);
     return absl::OkStatus();
   }();

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -41,6 +42,8 @@ class LocalService {
   void Shutdown();
 
   size_t num_sessions() const;
+  // Submissions that ran an iteration again after it failed as retriable (see Submit).
+  uint64_t resubmissions() const;
 
   // A session for a local process; fills the session id, global rank, world size and plan
   // version. Errors as SessionRegistry::Join, UNAVAILABLE after Shutdown.
@@ -59,7 +62,11 @@ class LocalService {
   absl::Status UnregisterBuffer(const tributary::v1::UnregisterBufferRequest& req);
   // Validates the request (INVALID_ARGUMENT naming job and tensor; FAILED_PRECONDITION when the
   // job is no longer planned here; RESOURCE_EXHAUSTED with too many unreported handles), adds
-  // it to its gather and sets the handle in `resp`.
+  // it to its gather and sets the handle in `resp`. Each submission of a name is its next
+  // iteration, except after an iteration of the name failed as retriable (UNAVAILABLE carrying
+  // the plan epoch it ran under, dataplane::EpochOf): then the next submission is a retry of
+  // that iteration, which starts once this node has a newer plan of the job. Every process of
+  // the job saw the same failure, so all agree on the iteration they retry.
   absl::Status Submit(const tributary::v1::SubmitRequest& req, tributary::v1::SubmitResponse* resp);
   // Submit for the control ring: validated and gathered exactly as Submit, but there is no
   // handle to Wait on (nor a limit on unreported handles: the ring bounds what is in flight);
@@ -82,11 +89,19 @@ class LocalService {
   // Ends a session; gathers still missing its rank fail with ABORTED. mu_ held.
   void EndSessionLocked(const std::string& session_id, const std::string& why, Deferred& after);
 
+  // What the gather's retriable-failure callback reaches this service through (mu, then mu_).
+  struct Link {
+    std::mutex mu;
+    LocalService* service = nullptr;  // Guarded by mu; null once the service is gone.
+  };
+
   const common::Clock* clock_;
   mutable std::mutex mu_;
-  SessionRegistry sessions_;  // Guarded by mu_.
-  LocalGather gather_;        // Guarded by mu_.
-  bool shut_down_ = false;    // Guarded by mu_.
+  SessionRegistry sessions_;    // Guarded by mu_.
+  LocalGather gather_;          // Guarded by mu_.
+  bool shut_down_ = false;      // Guarded by mu_.
+  uint64_t resubmissions_ = 0;  // Guarded by mu_.
+  std::shared_ptr<Link> link_;
 };
 
 }  // namespace tributary::agent

@@ -34,7 +34,11 @@ struct Session {
   uint32_t local_size = 0;
   std::map<uint64_t, std::shared_ptr<SharedMemoryMapping>> buffers;  // by buffer id
   uint64_t next_buffer = 1;
-  std::map<std::string, uint64_t> iterations;             // per tensor name: the next iteration
+  std::map<std::string, uint64_t> iterations;  // per tensor name: the next iteration
+  // Per tensor name: iterations that failed as retriable, with the epoch (plan version) they
+  // failed under. The next submission of the name runs the lowest of them again instead of
+  // taking a new iteration, so that every process of the job agrees on what a retry is.
+  std::map<std::string, std::map<uint64_t, uint64_t>> failed;
   std::map<uint64_t, std::shared_ptr<OpHandle>> handles;  // by handle id, until reported
   uint64_t next_handle = 1;
   std::vector<std::function<void()>> on_end;  // run once when the session ends

@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <condition_variable>
 #include <cstdint>
+#include <cstring>
 #include <thread>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/agent_session.h"
 #include "common/logging.h"
@@ -170,27 +172,178 @@ absl::Status LeftError(const std::string& job_id) {
 // ---------------------------------------------------------------------------------------------
 // Handle
 
-struct Handle::State {
-  uint64_t id = 0;
+namespace {
+
+// What a submission asks of the agent; kept by a handle that may submit it again.
+struct Request {
   std::string name;
-  std::shared_ptr<internal::RingSlot> slot;  // set when submitted through the control ring
-  std::mutex mu;
-  bool done = false;    // Guarded by mu.
-  absl::Status result;  // Guarded by mu; meaningful when done.
+  uint64_t buffer_id = 0;
+  uint64_t offset_bytes = 0;
+  uint64_t count = 0;
+  v1::DataType dtype = v1::DATA_TYPE_UNSPECIFIED;
+  v1::CollectiveOp op = v1::COLLECTIVE_OP_UNSPECIFIED;
+  uint32_t root_rank = 0;
+  int32_t priority = 0;
 };
 
-uint64_t Handle::id() const { return state_ == nullptr ? 0 : state_->id; }
+// The agent marks the failures it will run again on a newer plan (agent/local_gather.cc,
+// kRetriableMarker) at the start of the message, which the control ring never cuts.
+constexpr char kRetriableMarker[] = "[retriable, plan v";
 
-bool Handle::via_control_ring() const { return state_ != nullptr && state_->slot != nullptr; }
+bool Retriable(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kUnavailable &&
+         absl::StartsWith(status.message(), kRetriableMarker);
+}
 
-std::optional<absl::Status> Handle::WaitOnRing(Clock::time_point deadline) const {
-  std::optional<absl::Status> result = session_->ring()->Wait(*state_->slot, deadline);
-  if (result) {
-    std::lock_guard lock(state_->mu);
-    state_->done = true;
-    state_->result = *result;
+}  // namespace
+
+namespace internal {
+
+// Copies of submitted regions kept for retries (ClientOptions::retry_collectives), reused so that
+// a copy costs a memcpy into memory already faulted in, not a fresh allocation whose pages the
+// kernel must hand over first (on a loaded machine that was ~40x slower for 64 MiB). Holds at
+// most kMaxBlocks free blocks and kMaxBytes free bytes; blocks in use are the handles'.
+// Thread-safe.
+class InputPool {
+ public:
+  struct Block {
+    std::unique_ptr<std::byte[]> data;
+    size_t capacity = 0;
+  };
+  static constexpr size_t kMaxBlocks = 64;
+  static constexpr size_t kMaxBytes = size_t{1} << 30;
+
+  // A block of at least `bytes` (the smallest free one that fits, else a new one).
+  Block Take(size_t bytes) {
+    {
+      std::lock_guard lock(mu_);
+      auto best = free_.end();
+      for (auto it = free_.begin(); it != free_.end(); ++it) {
+        if (it->capacity >= bytes && (best == free_.end() || it->capacity < best->capacity)) {
+          best = it;
+        }
+      }
+      if (best != free_.end()) {
+        Block b = std::move(*best);
+        free_bytes_ -= b.capacity;
+        free_.erase(best);
+        return b;
+      }
+    }
+    return Block{std::unique_ptr<std::byte[]>(new std::byte[std::max<size_t>(bytes, 1)]),
+                 std::max<size_t>(bytes, 1)};
   }
-  return result;
+  void Give(Block b) {
+    if (b.data == nullptr) return;
+    std::lock_guard lock(mu_);
+    if (free_.size() >= kMaxBlocks || free_bytes_ + b.capacity > kMaxBytes) return;
+    free_bytes_ += b.capacity;
+    free_.push_back(std::move(b));
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<Block> free_;  // Guarded by mu_.
+  size_t free_bytes_ = 0;    // Guarded by mu_.
+};
+
+}  // namespace internal
+
+// One submission of the operation to the agent: a ring ticket or an agent handle.
+struct Handle::Attempt {
+  uint64_t id = 0;
+  std::shared_ptr<internal::RingSlot> slot;  // set when submitted through the control ring
+};
+
+struct Handle::State {
+  ~State() { ReleaseInputs(); }
+  // Hands the copy of the inputs back to the pool (once the result is final). mu held, or the
+  // state is being destroyed.
+  void ReleaseInputs() {
+    if (pool != nullptr) pool->Give(std::move(inputs));
+    inputs = {};
+    input_bytes = 0;
+  }
+
+  std::string name;
+  // Transparent retry (ClientOptions::retry_collectives): set at the first submission.
+  bool retry = false;
+  uint32_t max_retries = 0;
+  Request request;
+  std::byte* region = nullptr;  // the region in the caller's buffer
+  std::shared_ptr<internal::InputPool> pool;
+  internal::InputPool::Block inputs;  // Guarded by mu: the region at the first submission,
+  size_t input_bytes = 0;             // until the result is final.
+  std::mutex mu;
+  Attempt attempt;              // Guarded by mu: the current submission.
+  uint64_t attempt_number = 0;  // Guarded by mu.
+  uint32_t retries = 0;         // Guarded by mu.
+  bool done = false;            // Guarded by mu.
+  absl::Status result;          // Guarded by mu; meaningful when done.
+};
+
+namespace {
+
+// Submits `r` once: through the control ring when it takes it, else the Submit RPC (waiting in
+// it up to `wait`; *done then tells whether the operation finished OK within it).
+absl::StatusOr<std::pair<uint64_t, std::shared_ptr<internal::RingSlot>>> SubmitOnce(
+    internal::AgentSession& session, const Request& r, milliseconds wait, bool* done) {
+  *done = false;
+  if (ControlRing* ring = session.ring(); ring != nullptr) {
+    internal::RingSubmission submission;
+    submission.tensor_name = r.name;
+    submission.buffer_id = r.buffer_id;
+    submission.offset_bytes = r.offset_bytes;
+    submission.count = r.count;
+    submission.dtype = r.dtype;
+    submission.op = r.op;
+    submission.root_rank = r.root_rank;
+    submission.priority = r.priority;
+    // Null when the name is too long for the ring or the ring is full: Submit below.
+    if (std::shared_ptr<internal::RingSlot> slot = ring->TrySubmit(submission)) {
+      const uint64_t ticket = slot->ticket;
+      return std::pair{ticket, std::move(slot)};
+    }
+  }
+  v1::SubmitRequest request;
+  request.set_session_id(session.session_id());
+  request.set_tensor_name(r.name);
+  request.set_buffer_id(r.buffer_id);
+  request.set_offset_bytes(r.offset_bytes);
+  request.set_count(r.count);
+  request.set_dtype(r.dtype);
+  request.set_op(r.op);
+  request.set_root_rank(r.root_rank);
+  request.set_priority(r.priority);
+  // A blocking call waits in the Submit itself (one round trip to the agent instead of two),
+  // for at most one wait slice; Handle::Wait covers the rest.
+  const milliseconds slice = std::clamp(wait, milliseconds(0), kMaxWaitSlice);
+  request.set_wait_timeout_ms(static_cast<uint32_t>(slice.count()));
+  v1::SubmitResponse response;
+  auto context = session.NewContext(slice + session.rpc_timeout());
+  RETURN_IF_ERROR(common::FromGrpcStatus(session.stub().Submit(context.get(), request, &response)));
+  *done = response.done();
+  return std::pair{response.handle(), std::shared_ptr<internal::RingSlot>()};
+}
+
+}  // namespace
+
+uint64_t Handle::id() const {
+  if (state_ == nullptr) return 0;
+  std::lock_guard lock(state_->mu);
+  return state_->attempt.id;
+}
+
+bool Handle::via_control_ring() const {
+  if (state_ == nullptr) return false;
+  std::lock_guard lock(state_->mu);
+  return state_->attempt.slot != nullptr;
+}
+
+uint32_t Handle::retries() const {
+  if (state_ == nullptr) return 0;
+  std::lock_guard lock(state_->mu);
+  return state_->retries;
 }
 
 const std::string& Handle::name() const {
@@ -198,69 +351,111 @@ const std::string& Handle::name() const {
   return state_ == nullptr ? kEmpty : state_->name;
 }
 
-absl::Status Handle::WaitOnce(uint32_t timeout_ms, bool* done) const {
+absl::Status Handle::WaitOnce(const Attempt& attempt, uint32_t timeout_ms, bool* done) const {
   v1::WaitRequest request;
   request.set_session_id(session_->session_id());
-  request.set_handle(state_->id);
+  request.set_handle(attempt.id);
   request.set_timeout_ms(timeout_ms);
   v1::WaitResponse response;
   // The agent answers after at most timeout_ms; leave room for the round trip and a busy agent.
   auto context = session_->NewContext(milliseconds(timeout_ms) + session_->rpc_timeout());
   grpc::Status status = session_->stub().Wait(context.get(), request, &response);
   *done = !status.ok() || response.done();
-  if (*done) {
-    std::lock_guard lock(state_->mu);
-    state_->done = true;
-    state_->result = common::FromGrpcStatus(status);
-  }
   return common::FromGrpcStatus(status);
 }
 
-absl::Status Handle::Wait(milliseconds timeout) const {
-  if (state_ == nullptr) return absl::FailedPreconditionError("waiting on an invalid handle");
-  {
-    std::lock_guard lock(state_->mu);
-    if (state_->done) return state_->result;
-  }
-  const auto start = Clock::now();
-  const auto deadline = start + std::max(timeout, milliseconds(0));
-  auto not_done = [&] {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "operation ", state_->name, " not done after ",
-        std::chrono::duration_cast<milliseconds>(Clock::now() - start).count(), " ms"));
-  };
-  if (state_->slot != nullptr) {
-    std::optional<absl::Status> result = WaitOnRing(deadline);
-    return result ? *result : not_done();
-  }
+std::optional<absl::Status> Handle::WaitAttempt(const Attempt& attempt,
+                                                Clock::time_point deadline) const {
+  if (attempt.slot != nullptr) return session_->ring()->Wait(*attempt.slot, deadline);
   while (true) {
     const auto remaining = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
     const milliseconds slice = std::clamp(remaining, milliseconds(0), kMaxWaitSlice);
     bool done = false;
-    absl::Status status = WaitOnce(static_cast<uint32_t>(slice.count()), &done);
+    absl::Status status = WaitOnce(attempt, static_cast<uint32_t>(slice.count()), &done);
     if (done) return status;
-    if (Clock::now() >= deadline) return not_done();
+    if (Clock::now() >= deadline) return std::nullopt;
+  }
+}
+
+bool Handle::Finish(uint64_t number, absl::Status result) const {
+  std::lock_guard lock(state_->mu);
+  if (state_->done) return true;
+  if (state_->attempt_number != number) return false;  // another waiter submitted it again
+  if (state_->retry && Retriable(result) && state_->retries < state_->max_retries &&
+      session_->active()) {
+    // The failed attempt may have written sums into part of the region (push/pull writes each
+    // chunk's sum as it comes back; the agent completes a failure only after such writes):
+    // the retry must add the original inputs.
+    if (state_->input_bytes > 0) {
+      std::memcpy(state_->region, state_->inputs.data.get(), state_->input_bytes);
+    }
+    bool done = false;
+    auto next = SubmitOnce(*session_, state_->request, milliseconds(0), &done);
+    if (next.ok()) {
+      state_->retries++;
+      state_->attempt_number++;
+      state_->attempt = Attempt{next->first, std::move(next->second)};
+      Log()->info("operation {} failed as retriable ({}); submitted again (retry {} of {})",
+                  state_->name, result, state_->retries, state_->max_retries);
+      return false;
+    }
+    result = Annotate(
+        result, absl::StrCat("(submitting it again failed: ", next.status().ToString(), ") "));
+  }
+  state_->done = true;
+  state_->result = std::move(result);
+  state_->ReleaseInputs();
+  return true;
+}
+
+absl::Status Handle::Wait(milliseconds timeout) const {
+  if (state_ == nullptr) return absl::FailedPreconditionError("waiting on an invalid handle");
+  const auto start = Clock::now();
+  const auto deadline = start + std::max(timeout, milliseconds(0));
+  while (true) {
+    Attempt attempt;
+    uint64_t number = 0;
+    {
+      std::lock_guard lock(state_->mu);
+      if (state_->done) return state_->result;
+      attempt = state_->attempt;
+      number = state_->attempt_number;
+    }
+    std::optional<absl::Status> result = WaitAttempt(attempt, deadline);
+    if (!result) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "operation ", state_->name, " not done after ",
+          std::chrono::duration_cast<milliseconds>(Clock::now() - start).count(), " ms"));
+    }
+    Finish(number, *std::move(result));  // the loop returns the result, or waits for the retry
   }
 }
 
 absl::StatusOr<bool> Handle::Test() const {
   if (state_ == nullptr) return absl::FailedPreconditionError("testing an invalid handle");
+  Attempt attempt;
+  uint64_t number = 0;
   {
     std::lock_guard lock(state_->mu);
     if (state_->done) {
       if (!state_->result.ok()) return state_->result;
       return true;
     }
+    attempt = state_->attempt;
+    number = state_->attempt_number;
   }
-  if (state_->slot != nullptr) {
-    std::optional<absl::Status> result = WaitOnRing(Clock::now());  // polls once
-    if (!result) return false;
-    RETURN_IF_ERROR(*result);
-    return true;
+  std::optional<absl::Status> result;
+  if (attempt.slot != nullptr) {
+    result = session_->ring()->Wait(*attempt.slot, Clock::now());  // polls once
+  } else {
+    bool done = false;
+    absl::Status status = WaitOnce(attempt, 0, &done);
+    if (done) result = std::move(status);
   }
-  bool done = false;
-  RETURN_IF_ERROR(WaitOnce(0, &done));
-  return done;
+  if (!result || !Finish(number, *result)) return false;  // running, or submitted again
+  std::lock_guard lock(state_->mu);
+  RETURN_IF_ERROR(state_->result);
+  return true;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -363,6 +558,7 @@ Client::Client(ClientOptions options, std::string job_id, uint32_t local_rank, u
       world_size_(world_size),
       plan_version_(plan_version),
       session_(std::move(session)),
+      input_pool_(std::make_shared<internal::InputPool>()),
       keepalive_(std::make_unique<internal::KeepAliveReactor>(session_)) {}
 
 Client::~Client() {
@@ -457,54 +653,38 @@ absl::StatusOr<Handle> Client::Submit(std::string_view name, const SharedBuffer&
                                                    " is not below the world size ", world_size_));
   }
 
-  const auto dtype_value = static_cast<v1::DataType>(static_cast<int>(dtype));
-  if (ControlRing* ring = session_->ring(); ring != nullptr) {
-    internal::RingSubmission submission;
-    submission.tensor_name = tensor;
-    submission.buffer_id = buffer.id();
-    submission.offset_bytes = offset_bytes;
-    submission.count = count;
-    submission.dtype = dtype_value;
-    submission.op = op;
-    submission.root_rank = root_rank;
-    submission.priority = priority;
-    // Null when the name is too long for the ring or the ring is full: Submit below.
-    if (std::shared_ptr<internal::RingSlot> slot = ring->TrySubmit(submission)) {
-      Handle handle;
-      handle.session_ = session_;
-      handle.state_ = std::make_shared<Handle::State>();
-      handle.state_->id = slot->ticket;
-      handle.state_->name = tensor;
-      handle.state_->slot = std::move(slot);
-      return handle;
-    }
+  Request r;
+  r.name = tensor;
+  r.buffer_id = buffer.id();
+  r.offset_bytes = offset_bytes;
+  r.count = count;
+  r.dtype = static_cast<v1::DataType>(static_cast<int>(dtype));
+  r.op = op;
+  r.root_rank = root_rank;
+  r.priority = priority;
+  auto state = std::make_shared<Handle::State>();
+  state->name = tensor;
+  state->retry = options_.retry_collectives && options_.max_retries > 0;
+  if (state->retry) {
+    state->max_retries = options_.max_retries;
+    state->region = static_cast<std::byte*>(buffer.data()) + offset_bytes;
+    // The inputs, for a retry after a failed attempt wrote sums into part of the region.
+    state->pool = input_pool_;
+    state->input_bytes = region * element;
+    state->inputs = input_pool_->Take(state->input_bytes);
+    std::memcpy(state->inputs.data.get(), state->region, state->input_bytes);
+    // The result comes from Wait, never from a Submit that waits: a Submit error is then always
+    // a refused submission, which is not retried.
+    wait = milliseconds(0);
   }
-
-  v1::SubmitRequest request;
-  request.set_session_id(session_->session_id());
-  request.set_tensor_name(tensor);
-  request.set_buffer_id(buffer.id());
-  request.set_offset_bytes(offset_bytes);
-  request.set_count(count);
-  request.set_dtype(dtype_value);
-  request.set_op(op);
-  request.set_root_rank(root_rank);
-  request.set_priority(priority);
-  // A blocking call waits in the Submit itself (one round trip to the agent instead of two),
-  // for at most one wait slice; Handle::Wait covers the rest.
-  const milliseconds slice = std::clamp(wait, milliseconds(0), kMaxWaitSlice);
-  request.set_wait_timeout_ms(static_cast<uint32_t>(slice.count()));
-  v1::SubmitResponse response;
-  auto context = session_->NewContext(slice + session_->rpc_timeout());
-  RETURN_IF_ERROR(
-      common::FromGrpcStatus(session_->stub().Submit(context.get(), request, &response)));
-
+  bool done = false;
+  ASSIGN_OR_RETURN(auto attempt, SubmitOnce(*session_, r, wait, &done));
+  state->request = std::move(r);
+  state->attempt = Handle::Attempt{attempt.first, std::move(attempt.second)};
+  state->done = done;
   Handle handle;
   handle.session_ = session_;
-  handle.state_ = std::make_shared<Handle::State>();
-  handle.state_->id = response.handle();
-  handle.state_->name = tensor;
-  handle.state_->done = response.done();
+  handle.state_ = std::move(state);
   return handle;
 }
 

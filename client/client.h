@@ -21,6 +21,7 @@ namespace tributary::client {
 
 namespace internal {
 class AgentSession;
+class InputPool;
 class KeepAliveReactor;
 }  // namespace internal
 
@@ -42,12 +43,22 @@ struct ClientOptions {
   bool control_ring = true;
   // Entries per direction of the ring: a power of two in [2, 4096].
   uint32_t control_ring_capacity = 256;
+  // Transparent retry. A collective that fails as retriable -- its job's plan changed under it,
+  // or a summation server was lost (UNAVAILABLE, marked retriable by the agent) -- is submitted
+  // again by Handle::Wait / Test, up to max_retries times, with the region's original inputs:
+  // the agent runs the same iteration again once it has the new plan, so every process agrees
+  // on it. Costs one copy of the region per submission (taken before it is sent; see
+  // client/README.md for figures). false: such failures are returned as they are.
+  bool retry_collectives = true;
+  uint32_t max_retries = 3;
 };
 
 enum class ReduceOp { kSum, kAverage };
 
 // A submitted collective. Cheap to copy; copies share the result. Valid after the Client is
-// gone, but then Wait fails (the session has ended).
+// gone, but then Wait fails (the session has ended). With ClientOptions::retry_collectives,
+// Wait and Test resubmit a retriable failure themselves (see there): the buffer must then stay
+// alive, and its region untouched, until Wait or Test has reported the result.
 // Threading: thread-safe.
 class Handle {
  public:
@@ -70,15 +81,22 @@ class Handle {
   bool via_control_ring() const;
   // The tensor name it was submitted with.
   const std::string& name() const;
+  // Times the operation was submitted again after a retriable failure (0 without one).
+  uint32_t retries() const;
 
  private:
   friend class Client;
   struct State;
+  struct Attempt;
 
-  // One Wait RPC with `timeout_ms`; sets *done.
-  absl::Status WaitOnce(uint32_t timeout_ms, bool* done) const;
-  // Waits on the control ring until `deadline`; nullopt when it passed first.
-  std::optional<absl::Status> WaitOnRing(std::chrono::steady_clock::time_point deadline) const;
+  // One Wait RPC on `attempt` with `timeout_ms`; sets *done.
+  absl::Status WaitOnce(const Attempt& attempt, uint32_t timeout_ms, bool* done) const;
+  // Waits for `attempt` until `deadline`; nullopt when it passed first.
+  std::optional<absl::Status> WaitAttempt(const Attempt& attempt,
+                                          std::chrono::steady_clock::time_point deadline) const;
+  // `result` ended attempt number `number`: true when it is the operation's result (now
+  // remembered); false when the operation was submitted again (or another thread did so).
+  bool Finish(uint64_t number, absl::Status result) const;
 
   std::shared_ptr<internal::AgentSession> session_;
   std::shared_ptr<State> state_;
@@ -195,6 +213,8 @@ class Client {
   const uint32_t world_size_;
   const uint64_t plan_version_;
   const std::shared_ptr<internal::AgentSession> session_;
+  // Copies of submitted regions for retries, reused across submissions.
+  const std::shared_ptr<internal::InputPool> input_pool_;
 
   std::mutex leave_mu_;
   bool left_ = false;          // Guarded by leave_mu_.

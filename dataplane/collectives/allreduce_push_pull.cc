@@ -64,10 +64,15 @@ PushPullServer::PushPullServer(Transport* transport, Reducer* reducer, const com
 
 void PushPullServer::SetJob(const JobView& view) {
   std::vector<Parked> replay;
+  std::vector<Outgoing> out;
   {
     std::lock_guard lock(mu_);
-    if (auto old = jobs_.find(view.job_hash());
-        old != jobs_.end() &&
+    auto old = jobs_.find(view.job_hash());
+    if (old != jobs_.end() && old->second->plan_version < view.plan_version) {
+      // A new epoch: what still accumulates under the old one can never complete consistently.
+      FailEpochLocked(*old->second, view.plan_version, out);
+    }
+    if (old != jobs_.end() &&
         (old->second->partition_bytes != view.partition_bytes ||
          old->second->server_addresses.size() != view.server_addresses.size() ||
          !view.tune_partition)) {
@@ -94,22 +99,55 @@ void PushPullServer::SetJob(const JobView& view) {
       }
     }
   }
+  SendAll(std::move(out));
   for (const Parked& p : replay) HandlePush(p.header, p.payload);
 }
 
+void PushPullServer::FailEpochLocked(const JobView& job, uint64_t new_version,
+                                     std::vector<Outgoing>& out) {
+  const uint64_t job_hash = job.job_hash();
+  // chunks_ is ordered by collective, then chunk: one descriptor per collective.
+  std::vector<WireHeader> open;
+  for (auto it = chunks_.lower_bound(ChunkKey{{job_hash, 0, 0}, 0});
+       it != chunks_.end() && it->first.key.job == job_hash; ++it) {
+    if (open.empty() || KeyOf(open.back()) != it->first.key) open.push_back(it->second.descriptor);
+  }
+  for (const WireHeader& h : open) {
+    stats_->plan_change_failures++;
+    const std::string what =
+        absl::StrCat(Describe(h), " on summation server ", job.my_server_index);
+    FailLocked(job, h,
+               new_version == 0
+                   ? WithEpoch(absl::UnavailableError(absl::StrCat(
+                                   "job ", job.job_id, " (plan v", h.plan_version,
+                                   ") left this node's plans during ", what, "; retry")),
+                               h.plan_version)
+                   : PlanChangedError(job.job_id, h.plan_version, new_version, what),
+               out);
+  }
+}
+
 void PushPullServer::RemoveJob(uint64_t job_hash) {
-  std::lock_guard lock(mu_);
-  jobs_.erase(job_hash);
-  maps_.erase(job_hash);
-  tuning_.erase(tuning_.lower_bound({job_hash, 0}), tuning_.lower_bound({job_hash + 1, 0}));
-  for (auto it = chunks_.begin(); it != chunks_.end();) {
-    if (it->first.key.job == job_hash) {
-      if (it->second.sum) AddHeld(-static_cast<int64_t>(it->second.sum->size()));
-      it = chunks_.erase(it);
-    } else {
-      ++it;
+  std::vector<Outgoing> out;
+  {
+    std::lock_guard lock(mu_);
+    if (auto job = jobs_.find(job_hash); job != jobs_.end()) {
+      // Its unfinished collectives fail for every worker now, not at their deadline.
+      FailEpochLocked(*job->second, 0, out);
+    }
+    jobs_.erase(job_hash);
+    maps_.erase(job_hash);
+    tuning_.erase(tuning_.lower_bound({job_hash, 0}), tuning_.lower_bound({job_hash + 1, 0}));
+    for (auto it = chunks_.begin(); it != chunks_.end();) {
+      if (it->first.key.job == job_hash) {
+        if (it->second.sum) AddHeld(-static_cast<int64_t>(it->second.sum->size()));
+        it = chunks_.erase(it);
+      } else {
+        ++it;
+      }
     }
   }
+  SendAll(std::move(out));
 }
 
 void PushPullServer::AddHeld(int64_t delta) {
@@ -155,23 +193,22 @@ void PushPullServer::HandlePushLocked(const JobView& job, const WireHeader& h,
     return;
   }
   const CollectiveKey key = KeyOf(h);
-  if (auto f = failures_.find(key); f != failures_.end()) {
+  if (h.plan_version < job.plan_version) {
+    // Epoch fencing: a push of an older plan is never summed. Its sender alone is told, for
+    // its epoch, so that its attempt fails now (retriable) instead of at its deadline.
+    stats_->fenced_messages++;
+    if (Log()->should_log(spdlog::level::debug)) {
+      Log()->debug("push of {} of job {} plan v{} from rank {} fenced: this server runs plan v{}",
+                   Describe(h), job.job_id, h.plan_version, h.sender, job.plan_version);
+    }
+    ReplyErrorLocked(job, h,
+                     PlanChangedError(job.job_id, h.plan_version, job.plan_version,
+                                      absl::StrCat(Describe(h), " (summation server ",
+                                                   job.my_server_index, ")")),
+                     out);
+  } else if (auto f = failures_.find({key, h.plan_version}); f != failures_.end()) {
     // A late contribution to a collective that already failed: tell its sender again.
-    WireHeader e = h;
-    e.kind = static_cast<uint8_t>(MessageKind::kError);
-    e.error_code = static_cast<uint32_t>(f->second.status.code());
-    e.sender = WireHeader::kFromServer;
-    std::string msg(f->second.status.message());
-    out.push_back(
-        {job.worker_addresses[h.sender], e,
-         std::make_shared<std::vector<std::byte>>(AsSpan(msg).begin(), AsSpan(msg).end())});
-  } else if (h.plan_version != job.plan_version) {
-    FailLocked(job, h,
-               absl::FailedPreconditionError(absl::StrCat(
-                   "job ", job.job_id, ": worker rank ", h.sender, " pushed with plan v",
-                   h.plan_version, " but summation server ", job.my_server_index, " runs plan v",
-                   job.plan_version, "; retry once every agent has the plan")),
-               out);
+    ReplyErrorLocked(job, h, f->second.status, out);
   } else if (auto map = maps_.find(h.job); map == maps_.end() || job.my_server_index < 0 ||
                                            map->second.ServerOf(h.tensor, h.num_chunks, h.chunk) !=
                                                static_cast<uint32_t>(job.my_server_index)) {
@@ -204,10 +241,10 @@ void PushPullServer::HandlePushLocked(const JobView& job, const WireHeader& h,
                      "; every worker must submit the same name with the same size and dtype")),
                  out);
     } else if (st.received[h.sender]) {
-      FailLocked(job, h,
-                 absl::InternalError(absl::StrCat("job ", job.job_id, ": rank ", h.sender,
-                                                  " pushed ", Describe(h), " twice")),
-                 out);
+      // Summed once already: a duplicate is dropped, never added twice.
+      stats_->duplicate_pushes++;
+      Log()->warn("second push of {} of job {} from rank {} dropped", Describe(h), job.job_id,
+                  h.sender);
     } else {
       st.received[h.sender] = true;
       st.num_received++;
@@ -319,7 +356,7 @@ void PushPullServer::FailLocked(const JobView& job, const WireHeader& h, absl::S
     if (it->second.sum) AddHeld(-static_cast<int64_t>(it->second.sum->size()));
     it = chunks_.erase(it);
   }
-  failures_[key] = Failure{status, clock_->Now() + 2 * job.op_timeout};
+  failures_[{key, h.plan_version}] = Failure{status, clock_->Now() + 2 * job.op_timeout};
   WireHeader e = h;
   e.kind = static_cast<uint8_t>(MessageKind::kError);
   e.error_code = static_cast<uint32_t>(status.code());
@@ -327,6 +364,17 @@ void PushPullServer::FailLocked(const JobView& job, const WireHeader& h, absl::S
   const std::string msg(status.message());
   auto payload = std::make_shared<std::vector<std::byte>>(AsSpan(msg).begin(), AsSpan(msg).end());
   for (const std::string& addr : job.worker_addresses) out.push_back({addr, e, payload});
+}
+
+void PushPullServer::ReplyErrorLocked(const JobView& job, const WireHeader& h,
+                                      const absl::Status& status, std::vector<Outgoing>& out) {
+  WireHeader e = h;
+  e.kind = static_cast<uint8_t>(MessageKind::kError);
+  e.error_code = static_cast<uint32_t>(status.code());
+  e.sender = WireHeader::kFromServer;
+  const std::string msg(status.message());
+  out.push_back({job.worker_addresses[h.sender], e,
+                 std::make_shared<std::vector<std::byte>>(AsSpan(msg).begin(), AsSpan(msg).end())});
 }
 
 void PushPullServer::SendAll(std::vector<Outgoing> out) {
@@ -361,8 +409,15 @@ void PushPullServer::HandleAbort(const WireHeader& h, std::string_view message) 
   {
     std::lock_guard lock(mu_);
     auto job_it = jobs_.find(h.job);
-    if (job_it == jobs_.end() || failures_.contains(KeyOf(h))) return;
+    if (job_it == jobs_.end()) return;
     const JobView& job = *job_it->second;
+    if (h.plan_version != job.plan_version) {
+      stats_->fenced_messages++;  // an abort of another epoch's attempt
+      Log()->debug("abort of {} of job {} plan v{} fenced: this server runs plan v{}", Describe(h),
+                   job.job_id, h.plan_version, job.plan_version);
+      return;
+    }
+    if (failures_.contains({KeyOf(h), h.plan_version})) return;
     FailLocked(
         job, h,
         absl::Status(static_cast<absl::StatusCode>(h.error_code),
@@ -400,7 +455,8 @@ void PushPullServer::ExpireStale() {
     }
     for (size_t i = 0; i < stale.size(); ++i) {
       const auto& [job, h] = stale[i];
-      if (failures_.contains(KeyOf(h))) continue;  // failed by an earlier chunk of this sweep
+      // Failed by an earlier chunk of this sweep.
+      if (failures_.contains({KeyOf(h), h.plan_version})) continue;
       std::vector<uint32_t> missing;
       for (uint32_t r = 0; r < stale_received[i].size(); ++r) {
         if (!stale_received[i][r]) missing.push_back(r);
@@ -437,6 +493,11 @@ struct PushPullWorker::OpState {
   std::vector<uint32_t> outstanding;
   common::Clock::TimePoint deadline;
   bool finished = false;
+  // Results being written into the buffers outside the lock (HandleResult). A failure that
+  // comes meanwhile completes the operation only when they are done (`failed`), so that the
+  // caller, who may restore the inputs and retry, never races a late write of a sum.
+  uint32_t writers = 0;
+  std::optional<Completion> failed;
   // Partition tuning (see kTuneMinPartition): whether this op takes part, the partition it was
   // cut by, when it started on the injected clock, the report its chunk 0 carries (KiB/s) and
   // the decision its chunk-0 result carried (KiB).
@@ -485,8 +546,44 @@ PushPullWorker::PushPullWorker(Transport* transport, Reducer* reducer, const com
 PushPullWorker::~PushPullWorker() = default;
 
 void PushPullWorker::SetJob(const JobView& view) {
-  std::lock_guard lock(mu_);
-  jobs_[view.job_hash()] = std::make_shared<const JobView>(view);
+  std::vector<std::function<void()>> sends;
+  std::vector<Completion> done;
+  {
+    std::lock_guard lock(mu_);
+    const uint64_t job_hash = view.job_hash();
+    jobs_[job_hash] = std::make_shared<const JobView>(view);
+    // An operation of an older epoch that waits on a summation server the new plan dropped (it
+    // died, or was taken away) can never complete: fail it now, retriable. The others go on:
+    // their servers decide (PushPullServer fails what is unfinished when it switches plans).
+    const std::set<std::string> servers(view.server_addresses.begin(), view.server_addresses.end());
+    std::vector<std::pair<CollectiveKey, std::string>> lost;
+    for (auto it = ops_.lower_bound({job_hash, 0, 0});
+         it != ops_.end() && it->first.job == job_hash; ++it) {
+      const OpState& op = *it->second;
+      if (op.job->plan_version >= view.plan_version) continue;
+      for (uint32_t c = 0; c < op.num_chunks; ++c) {
+        if (op.chunk_state[c] == 2 || op.chunk_state[c] == 4) continue;  // summed
+        const std::string& server =
+            op.job->server_addresses[op.map.ServerOf(op.tensor_hash, op.num_chunks, c)];
+        if (!servers.contains(server)) {
+          lost.emplace_back(it->first, server);
+          break;
+        }
+      }
+    }
+    for (const auto& [key, server] : lost) {
+      const OpState& op = *ops_[key];
+      stats_->plan_change_failures++;
+      FailLocked(key,
+                 PlanChangedError(
+                     view.job_id, op.job->plan_version, view.plan_version,
+                     absl::StrCat("tensor '", op.op.tensor_name, "' iteration ", key.iteration,
+                                  " (summation server ", server, " left the plan)")),
+                 done);
+    }
+    if (!lost.empty()) PumpLocked(sends);
+  }
+  Flush(std::move(sends), std::move(done));
 }
 
 void PushPullWorker::RemoveJob(uint64_t job_hash) {
@@ -836,6 +933,14 @@ void PushPullWorker::HandleResult(const WireHeader& h, std::span<const std::byte
       return;
     }
     op = it->second;
+    if (h.plan_version != op->job->plan_version) {
+      // Epoch fencing: a sum of another attempt of this iteration (say, a late result of the
+      // attempt that failed before a re-plan) never lands in this attempt's buffers.
+      stats_->fenced_messages++;
+      Log()->debug("result for {} of plan v{} fenced: the operation runs plan v{}", Describe(h),
+                   h.plan_version, op->job->plan_version);
+      return;
+    }
     if (h.num_chunks != op->num_chunks || h.tensor_count != op->op.count ||
         h.dtype != static_cast<uint8_t>(op->op.dtype) ||
         (op->chunk_state[h.chunk] != 1 && op->chunk_state[h.chunk] != 3)) {
@@ -843,6 +948,7 @@ void PushPullWorker::HandleResult(const WireHeader& h, std::span<const std::byte
       stats_->malformed_messages++;
       return;
     }
+    op->writers++;
   }
   // Write the sum into every local buffer outside the lock. The buffers stay mapped: `op` holds
   // the keepalive, and only this chunk's range is touched.
@@ -877,20 +983,24 @@ void PushPullWorker::HandleResult(const WireHeader& h, std::span<const std::byte
   std::vector<Completion> done;
   {
     std::lock_guard lock(mu_);
-    if (op->finished || (op->chunk_state[h.chunk] != 1 && op->chunk_state[h.chunk] != 3)) {
-      return;  // failed meanwhile
+    if (--op->writers == 0 && op->failed) {
+      done.push_back(*std::move(op->failed));  // failed while this sum was being written
+      op->failed.reset();
     }
-    if (!op->sent_at.empty()) TraceChunkLocked(*op, h.chunk, server_index);
-    if (h.chunk == 0 && op->tuned) op->decision_kib = h.reserved1;
-    op->outstanding[server_index]--;
-    if (op->chunk_state[h.chunk] == 1) {
-      // The sum overtook the push's send completion: the chunk (its credit, and the staging the
-      // transport may still read) is done only at that completion.
-      op->chunk_state[h.chunk] = 4;
-    } else {
-      ChunkDoneLocked(op, h.chunk, done);
+    // Unless the operation failed meanwhile:
+    if (!op->finished && (op->chunk_state[h.chunk] == 1 || op->chunk_state[h.chunk] == 3)) {
+      if (!op->sent_at.empty()) TraceChunkLocked(*op, h.chunk, server_index);
+      if (h.chunk == 0 && op->tuned) op->decision_kib = h.reserved1;
+      op->outstanding[server_index]--;
+      if (op->chunk_state[h.chunk] == 1) {
+        // The sum overtook the push's send completion: the chunk (its credit, and the staging
+        // the transport may still read) is done only at that completion.
+        op->chunk_state[h.chunk] = 4;
+      } else {
+        ChunkDoneLocked(op, h.chunk, done);
+      }
+      PumpLocked(sends);
     }
-    PumpLocked(sends);
   }
   Flush(std::move(sends), std::move(done));
 }
@@ -955,6 +1065,14 @@ void PushPullWorker::HandleError(const WireHeader& h, std::string_view message) 
   std::vector<Completion> done;
   {
     std::lock_guard lock(mu_);
+    if (auto it = ops_.find(KeyOf(h));
+        it != ops_.end() && h.plan_version != it->second->job->plan_version) {
+      // An error of another attempt of this iteration (another epoch) does not fail this one.
+      stats_->fenced_messages++;
+      Log()->debug("error for {} of plan v{} fenced: the operation runs plan v{}", Describe(h),
+                   h.plan_version, it->second->job->plan_version);
+      return;
+    }
     if (h.error_code == static_cast<uint32_t>(absl::StatusCode::kInvalidArgument)) {
       // The workers disagreed (on the chunk count, perhaps): forget this tensor's partition
       // decisions before anything held starts, as the home server forgets its tuner.
@@ -984,6 +1102,15 @@ void PushPullWorker::FailLocked(const CollectiveKey& key, absl::Status status,
   Log()->warn("{} of tensor '{}' iteration {} failed: {}",
               op->is_broadcast() ? "broadcast" : "all-reduce", op->op.tensor_name, op->op.iteration,
               status.message());
+  // Retriable failures carry the epoch this attempt ran under: the agent runs the iteration
+  // again once it has a newer plan.
+  if (status.code() == absl::StatusCode::kUnavailable) {
+    status = WithEpoch(std::move(status), op->job->plan_version);
+  }
+  if (op->writers > 0) {
+    op->failed.emplace(std::move(op->op.done), std::move(status));  // HandleResult completes it
+    return;
+  }
   done.emplace_back(std::move(op->op.done), std::move(status));
 }
 
@@ -1021,6 +1148,18 @@ void PushPullWorker::ExpireStale() {
     }
     for (const auto& key : expired) {
       auto op = ops_[key];
+      if (auto job = jobs_.find(key.job);
+          job != jobs_.end() && job->second->plan_version > op->job->plan_version) {
+        // It ran under a plan that has been replaced meanwhile: retriable.
+        stats_->plan_change_failures++;
+        FailLocked(key,
+                   PlanChangedError(
+                       op->job->job_id, op->job->plan_version, job->second->plan_version,
+                       absl::StrCat("tensor '", op->op.tensor_name, "' iteration ", key.iteration,
+                                    " (timed out after ", op->job->op_timeout.count(), " ms)")),
+                   done);
+        continue;
+      }
       std::set<std::string> waiting;
       for (uint32_t c = 0; c < op->num_chunks; ++c) {
         if (op->chunk_state[c] != 2 && op->chunk_state[c] != 4) {  // 4: summed already

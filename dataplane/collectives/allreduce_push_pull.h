@@ -62,6 +62,13 @@ struct PushPullStats {
   std::atomic<uint64_t> ops_held{0};       // an op waited for iteration - 2 (partition tuning)
   // An op started with a partition other than the previous op of its tensor on this worker.
   std::atomic<uint64_t> partition_decisions_applied{0};
+  // Epoch fencing: messages dropped because they belong to another epoch (plan version) of
+  // their job than the receiver's collective (pushes, results, errors, aborts), never summed.
+  std::atomic<uint64_t> fenced_messages{0};
+  // A second push of one chunk by one worker in one epoch: dropped, never summed twice.
+  std::atomic<uint64_t> duplicate_pushes{0};
+  // Collectives failed as retriable (UNAVAILABLE, epoch attached) because their job's plan changed.
+  std::atomic<uint64_t> plan_change_failures{0};
 };
 
 // Online partition tuning (DESIGN.md §1.3, MIAD), agreed by construction. The tensor's home
@@ -91,9 +98,19 @@ bool PartitionTuned(const JobView& job, uint64_t tensor_bytes);
 // Holds one accumulator per chunk in flight, created on the first push and freed once the sum
 // has been sent to every worker: at most the chunks of the tensors its workers have submitted,
 // and at most twice the bytes of those tensors this server owns. Pushes whose
-// descriptors disagree (size, dtype, reduction, plan) fail the whole collective for every worker
+// descriptors disagree (size, dtype, reduction) fail the whole collective for every worker
 // with INVALID_ARGUMENT; chunks missing contributions past the job's timeout fail it with
 // DEADLINE_EXCEEDED naming the missing ranks.
+//
+// Epoch fencing (the plan version is the job's epoch): a push of an older epoch than the
+// server's plan is dropped and counted (stats().fenced_messages), and its sender alone is told
+// UNAVAILABLE "plan ... changed ...; retry" for that epoch; a push of a newer epoch is parked
+// until the plan arrives. When the plan moves on (SetJob) or the job leaves this node
+// (RemoveJob), every collective still accumulating under the old epoch fails for every worker
+// of the old plan with that retriable error, so a collective completes under one epoch or under
+// none: no sum mixes epochs, and a failed one leaves nothing behind that a retry of the same
+// iteration under the new epoch could be added to. A second push of one chunk by one worker is
+// dropped (stats().duplicate_pushes). Failures are remembered per (collective, epoch).
 class PushPullServer {
  public:
   PushPullServer(Transport* transport, Reducer* reducer, const common::Clock* clock,
@@ -108,7 +125,10 @@ class PushPullServer {
   // owner can fetch plans at once instead of at its next poll.
   void SetPlanMissingCallback(std::function<void()> cb) { on_plan_missing_ = std::move(cb); }
 
+  // Adds or replaces the job's plan; a newer epoch fails the old epoch's unfinished collectives
+  // (see the class comment).
   void SetJob(const JobView& view);
+  // Forgets the job; its unfinished collectives fail for every worker (retriable).
   void RemoveJob(uint64_t job_hash);
   // Called on the transport thread with a validated header.
   void HandlePush(const WireHeader& h, std::span<const std::byte> payload);
@@ -157,6 +177,12 @@ class PushPullServer {
 
   void HandlePushLocked(const JobView& job, const WireHeader& h, std::span<const std::byte> payload,
                         std::vector<Outgoing>& out);
+  // Fails every collective of `job` that still accumulates, with the retriable plan-change
+  // error (new_version 0: the job left this node). mu_ held.
+  void FailEpochLocked(const JobView& job, uint64_t new_version, std::vector<Outgoing>& out);
+  // Sends `status` to the sender of `h` only. mu_ held.
+  void ReplyErrorLocked(const JobView& job, const WireHeader& h, const absl::Status& status,
+                        std::vector<Outgoing>& out);
   // Sends the error to every worker of the job and drops the collective's state. mu_ held.
   void FailLocked(const JobView& job, const WireHeader& h, absl::Status status,
                   std::vector<Outgoing>& out);
@@ -174,8 +200,8 @@ class PushPullServer {
   std::map<uint64_t, std::shared_ptr<const JobView>> jobs_;
   std::map<uint64_t, ChunkMap> maps_;  // per job, from its weights
   std::map<ChunkKey, ChunkState> chunks_;
-  std::map<CollectiveKey, Failure> failures_;
-  std::map<std::pair<uint64_t, uint64_t>, Tuning> tuning_;  // by (job, tensor)
+  std::map<std::pair<CollectiveKey, uint64_t>, Failure> failures_;  // by (collective, epoch)
+  std::map<std::pair<uint64_t, uint64_t>, Tuning> tuning_;          // by (job, tensor)
   std::deque<Parked> parked_;
   uint64_t parked_bytes_ = 0;
   std::function<void()> on_plan_missing_;

@@ -511,6 +511,22 @@ void CollectiveEngine::DeliverLocked(const std::shared_ptr<OpState>& op, const W
                                      std::span<const std::byte> payload, std::vector<Outgoing>& out,
                                      std::vector<Completion>& done) {
   if (op->finished) return;
+  if (h.plan_version != op->descriptor.plan_version) {
+    // Ranks that run one iteration under different epochs (plans): never a shape disagreement,
+    // and never summed. The failure reaches every rank (retriable, UNAVAILABLE); it carries no
+    // epoch (see EpochOf), so a retry is a new iteration: this iteration's tombstone stays.
+    stats_.fenced_messages++;
+    const uint64_t from = std::min<uint64_t>(h.plan_version, op->descriptor.plan_version);
+    const uint64_t to = std::max<uint64_t>(h.plan_version, op->descriptor.plan_version);
+    FailLocked(
+        op,
+        absl::UnavailableError(PlanChangedError(op->view->job_id, from, to,
+                                                absl::StrCat(op->Name(), " (rank ", h.sender,
+                                                             " runs plan v", h.plan_version, ")"))
+                                   .message()),
+        true, out, done);
+    return;
+  }
   if (!SameDescriptor(h, op->descriptor)) {
     FailLocked(op,
                absl::InvalidArgumentError(absl::StrCat(

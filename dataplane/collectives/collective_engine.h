@@ -112,6 +112,9 @@ struct CollectiveEngineStats {
   std::atomic<uint64_t> early_dropped{0};       // over kMaxEarlyBytes or expired
   std::atomic<uint64_t> late_messages{0};       // for an operation already failed or finished
   std::atomic<uint64_t> send_failures{0};       // transport sends that failed
+  // Data of another epoch (plan version) than the running operation's: dropped, never summed;
+  // the operation fails for every rank with UNAVAILABLE "plan of job ... changed ...; retry".
+  std::atomic<uint64_t> fenced_messages{0};
 };
 
 // The peer-to-peer collectives of one node: ring and halving-doubling all-reduce, ring broadcast.

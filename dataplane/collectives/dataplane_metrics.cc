@@ -142,6 +142,17 @@ std::vector<prometheus::MetricFamily> DataPlaneStatsCollector::Collect() const {
   add("tributary_dataplane_malformed_messages_total",
       "Incoming data-plane messages dropped as malformed.", MetricType::Counter,
       node_->malformed_messages());
+  add("tributary_dataplane_fenced_messages_total",
+      "Incoming data-plane messages dropped because they belong to another epoch (plan version) "
+      "of their job than the receiver's collective; never summed.",
+      MetricType::Counter, p.fenced_messages.load() + e.fenced_messages.load());
+  add("tributary_dataplane_duplicate_pushes_total",
+      "Server role: second pushes of one chunk by one worker, dropped (never summed twice).",
+      MetricType::Counter, p.duplicate_pushes.load());
+  add("tributary_dataplane_plan_change_failures_total",
+      "Collectives failed as retriable (UNAVAILABLE) because their job's plan changed under "
+      "them, on this node (worker or server role).",
+      MetricType::Counter, p.plan_change_failures.load());
   add("tributary_dataplane_p2p_sent_bytes_total",
       "Ring / halving-doubling engine: payload bytes sent.", MetricType::Counter,
       e.bytes_sent.load());

@@ -1,5 +1,7 @@
 #include "dataplane/collectives/operation.h"
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "common/hash.h"
 #include "dataplane/collectives/job_view.h"
 
@@ -29,6 +31,26 @@ bool IsBlockwise(Reduction r) { return r == Reduction::kAllGather || IsReduceSca
 
 bool IsReduceScatter(Reduction r) {
   return r == Reduction::kReduceScatterSum || r == Reduction::kReduceScatterAverage;
+}
+
+absl::Status PlanChangedError(absl::string_view job_id, uint64_t from, uint64_t to,
+                              absl::string_view what) {
+  return WithEpoch(
+      absl::UnavailableError(absl::StrCat("plan of job ", job_id, " changed from v", from, " to v",
+                                          to, " during ", what, "; retry")),
+      from);
+}
+
+absl::Status WithEpoch(absl::Status status, uint64_t epoch) {
+  if (!status.ok()) status.SetPayload(kEpochPayloadUrl, absl::Cord(absl::StrCat(epoch)));
+  return status;
+}
+
+std::optional<uint64_t> EpochOf(const absl::Status& status) {
+  auto payload = status.GetPayload(kEpochPayloadUrl);
+  uint64_t epoch = 0;
+  if (!payload || !absl::SimpleAtoi(std::string(*payload), &epoch)) return std::nullopt;
+  return epoch;
 }
 
 uint64_t JobView::job_hash() const { return common::StableHash64(job_id); }

@@ -5,11 +5,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "common/dtype.h"
 
 namespace tributary::dataplane {
@@ -34,6 +36,21 @@ bool IsValidReduction(uint32_t raw);
 // All-gather or reduce-scatter: `count` is a block and the buffers hold world_size() blocks.
 bool IsBlockwise(Reduction r);
 bool IsReduceScatter(Reduction r);
+
+// Retriable failures (epoch fencing). A job's plan version is its epoch: every data-plane
+// message carries the epoch its sender runs the collective under, and messages of another epoch
+// than the receiver's collective are dropped and counted, never summed. A collective that cannot
+// complete under its epoch because the plan changed (a summation server left it, a server moved
+// on to a newer plan) fails with UNAVAILABLE carrying the epoch it ran under (`EpochOf`), so that
+// the agent can run the same iteration again once it has a newer plan.
+inline constexpr char kEpochPayloadUrl[] = "type.tributary.dev/plan-epoch";
+// UNAVAILABLE "plan of job J changed from vA to vB during <what>; retry", carrying epoch A.
+absl::Status PlanChangedError(absl::string_view job_id, uint64_t from, uint64_t to,
+                              absl::string_view what);
+// `status` with `epoch` attached (the epoch the failed attempt ran under).
+absl::Status WithEpoch(absl::Status status, uint64_t epoch);
+// The epoch attached by WithEpoch / PlanChangedError; nullopt when there is none.
+std::optional<uint64_t> EpochOf(const absl::Status& status);
 
 // One collective as the local training processes submitted it: in place on their buffers.
 struct Operation {

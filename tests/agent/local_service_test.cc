@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "agent/fake_collective_runner.h"
+#include "dataplane/collectives/operation.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/agent/shm_test_util.h"
@@ -624,6 +625,110 @@ TEST_F(LocalServiceTest, ParkedWaitIsAnsweredByCompletionOrByTickAfterItsTimeout
   EXPECT_EQ(Await(s0_, *h0)->status.code(), absl::StatusCode::kNotFound);
   // Not yet waited for: still there.
   EXPECT_TRUE(Result(s1_, *h1).ok());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Retries after a retriable failure (epoch fencing)
+
+TEST_F(LocalServiceTest, RetriableFailureMakesTheNextSubmissionRerunItsIterationOnANewerPlan) {
+  ASSERT_NO_FATAL_FAILURE(JoinBoth());
+  auto g0 = Submit(Request(s0_, "grad", b0_));
+  auto g1 = Submit(Request(s1_, "grad", b1_));
+  ASSERT_TRUE(g0.ok() && g1.ok());
+  ASSERT_EQ(runner_.num_starts(), 1u);
+  EXPECT_EQ(runner_.start(0).op.iteration, 0u);
+  // The data plane fails iteration 0 as retriable: its plan (v7) changed under it.
+  runner_.Complete(0, dataplane::PlanChangedError("job", 7, 8, "tensor 'grad' iteration 0"));
+  absl::Status failed = Result(s0_, *g0);
+  EXPECT_EQ(failed.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(failed.message(),
+            "[retriable, plan v7] plan of job job changed from v7 to v8 during tensor 'grad' "
+            "iteration 0; retry");
+  EXPECT_EQ(Result(s1_, *g1).code(), absl::StatusCode::kUnavailable);
+
+  // Both processes submit again: iteration 0 again (not 1), held until this node has a plan
+  // newer than v7.
+  auto r0 = Submit(Request(s0_, "grad", b0_));
+  auto r1 = Submit(Request(s1_, "grad", b1_));
+  ASSERT_TRUE(r0.ok() && r1.ok());
+  EXPECT_EQ(runner_.num_starts(), 1u);
+  EXPECT_EQ(service_.resubmissions(), 2u);
+  LocalJob v8 = TwoByTwoJob();
+  v8.plan_version = 8;
+  service_.SetJobs({v8});
+  ASSERT_EQ(runner_.num_starts(), 2u);
+  EXPECT_EQ(runner_.start(1).op.iteration, 0u);
+  runner_.Complete(1, absl::OkStatus());
+  EXPECT_TRUE(Result(s0_, *r0).ok());
+  EXPECT_TRUE(Result(s1_, *r1).ok());
+
+  // The next submissions take the next iteration again.
+  ASSERT_TRUE(Submit(Request(s0_, "grad", b0_)).ok());
+  ASSERT_TRUE(Submit(Request(s1_, "grad", b1_)).ok());
+  ASSERT_EQ(runner_.num_starts(), 3u);
+  EXPECT_EQ(runner_.start(2).op.iteration, 1u);
+}
+
+TEST_F(LocalServiceTest, RetryOnAPlanThatIsAlreadyNewerStartsAtOnce) {
+  ASSERT_NO_FATAL_FAILURE(JoinBoth());
+  ASSERT_TRUE(Submit(Request(s0_, "grad", b0_)).ok());
+  ASSERT_TRUE(Submit(Request(s1_, "grad", b1_)).ok());
+  // A lost summation server failed it under v6 (the worker's epoch); this node runs v7 already.
+  runner_.Complete(0, dataplane::WithEpoch(absl::UnavailableError("push of tensor 0x1 iteration 0 "
+                                                                  "chunk 0/1 to summation server "
+                                                                  "spare-1 failed: closed"),
+                                           6));
+  ASSERT_TRUE(Submit(Request(s0_, "grad", b0_)).ok());
+  ASSERT_TRUE(Submit(Request(s1_, "grad", b1_)).ok());
+  ASSERT_EQ(runner_.num_starts(), 2u);
+  EXPECT_EQ(runner_.start(1).op.iteration, 0u);
+}
+
+TEST_F(LocalServiceTest, NonRetriableFailuresTakeTheNextIteration) {
+  ASSERT_NO_FATAL_FAILURE(JoinBoth());
+  ASSERT_TRUE(Submit(Request(s0_, "grad", b0_)).ok());
+  ASSERT_TRUE(Submit(Request(s1_, "grad", b1_)).ok());
+  // UNAVAILABLE without an epoch, and a deadline: not run again.
+  runner_.Complete(0, absl::UnavailableError("send to rank 1 failed"));
+  ASSERT_TRUE(Submit(Request(s0_, "grad", b0_)).ok());
+  ASSERT_TRUE(Submit(Request(s1_, "grad", b1_)).ok());
+  ASSERT_EQ(runner_.num_starts(), 2u);
+  EXPECT_EQ(runner_.start(1).op.iteration, 1u);
+  runner_.Complete(1, absl::DeadlineExceededError("timed out"));
+  ASSERT_TRUE(Submit(Request(s0_, "grad", b0_)).ok());
+  ASSERT_TRUE(Submit(Request(s1_, "grad", b1_)).ok());
+  ASSERT_EQ(runner_.num_starts(), 3u);
+  EXPECT_EQ(runner_.start(2).op.iteration, 2u);
+  EXPECT_EQ(service_.resubmissions(), 0u);
+}
+
+TEST_F(LocalServiceTest, RetryWithoutANewerPlanFailsRetriableAtTheOpTimeout) {
+  ASSERT_NO_FATAL_FAILURE(JoinBoth());
+  ASSERT_TRUE(Submit(Request(s0_, "grad", b0_)).ok());
+  ASSERT_TRUE(Submit(Request(s1_, "grad", b1_)).ok());
+  runner_.Complete(0, dataplane::PlanChangedError("job", 7, 8, "tensor 'grad' iteration 0"));
+  auto r0 = Submit(Request(s0_, "grad", b0_));
+  auto r1 = Submit(Request(s1_, "grad", b1_));
+  ASSERT_TRUE(r0.ok() && r1.ok());
+  clock_.Advance(999ms);
+  service_.Tick();
+  EXPECT_FALSE(Await(s0_, *r0)->done);
+  clock_.Advance(1ms);
+  service_.Tick();
+  absl::Status s = Result(s0_, *r0);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(s.message(),
+            "[retriable, plan v7] job 'job' tensor 'grad' iteration 0 failed on plan v7 and no "
+            "newer plan of the job reached this node within 1000 ms; retry");
+  EXPECT_EQ(runner_.num_starts(), 1u);
+  // Still iteration 0 on the next try, which runs once v8 is here.
+  ASSERT_TRUE(Submit(Request(s0_, "grad", b0_)).ok());
+  ASSERT_TRUE(Submit(Request(s1_, "grad", b1_)).ok());
+  LocalJob v8 = TwoByTwoJob();
+  v8.plan_version = 8;
+  service_.SetJobs({v8});
+  ASSERT_EQ(runner_.num_starts(), 2u);
+  EXPECT_EQ(runner_.start(1).op.iteration, 0u);
 }
 
 }  // namespace

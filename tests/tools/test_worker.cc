@@ -1,8 +1,12 @@
 // One training process for the integration tests: joins a job through its node's agent, runs a
 // scenario, checks every element, and exits non-zero on any wrong element or unexpected error.
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -305,6 +309,75 @@ void BadInput(Client& c, const std::string& agent) {
       "after bad input: wrong sums");
 }
 
+// A training loop that goes on through a lost or frozen summation server: every iteration
+// all-reduces three tensors of exact sums, every element is checked, and no iteration may fail
+// (the client retries transparently). Before submitting each iteration listed in `signal_at`,
+// every rank writes one byte to `fifo` (it has finished the previous iteration) and global rank
+// 0 then waits for one from `go_fifo`: the test injects its fault once every rank is there, so
+// that the others are inside that iteration (submitted, unable to complete before rank 0 does)
+// and no sum of the previous one is still on its way. Prints the slowest iteration and the
+// retries.
+void Failover(Client& c, int iterations, const std::string& fifo, const std::string& go_fifo,
+              const std::vector<int>& signal_at) {
+  const uint32_t world = c.world_size(), rank = c.global_rank();
+  const std::vector<size_t> counts = {1, 4099, 262147};
+  std::vector<std::shared_ptr<SharedBuffer>> bufs;
+  for (size_t n : counts) {
+    auto b = c.AllocateBuffer(n * 4);
+    if (!b.ok()) return Fail(std::string(b.status().message()));
+    bufs.push_back(*b);
+  }
+  int fd = -1;
+  if (!fifo.empty()) {
+    fd = open(fifo.c_str(), O_WRONLY);  // the test holds the read end open
+    if (fd < 0) return Fail(absl::StrCat("open ", fifo, ": ", std::strerror(errno)));
+  }
+  double slowest = 0;
+  int slowest_it = -1;
+  uint32_t retries = 0;
+  for (int it = 0; it < iterations; ++it) {
+    if (fd >= 0 && std::find(signal_at.begin(), signal_at.end(), it) != signal_at.end()) {
+      const char b = 1;
+      Expect(write(fd, &b, 1) == 1, "signal the test");
+      if (rank == 0) {
+        const int go = open(go_fifo.c_str(), O_RDONLY);  // until the test opens it to write
+        char g = 0;
+        Expect(go >= 0 && read(go, &g, 1) == 1, "the test's go");
+        if (go >= 0) close(go);
+      }
+    }
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<tributary::client::Handle> handles;
+    for (size_t t = 0; t < counts.size(); ++t) {
+      float* f = static_cast<float*>(bufs[t]->data());
+      for (size_t i = 0; i < counts[t]; ++i) f[i] = (rank + 1.0f) * ((i + it) % 5);
+      auto h = c.AllReduceAsync(absl::StrCat("f", t, ".grad"), *bufs[t], 0, counts[t],
+                                DataType::kFloat32, ReduceOp::kSum);
+      if (!h.ok()) return Fail(absl::StrCat("submit: ", h.status().ToString()));
+      handles.push_back(*h);
+    }
+    for (size_t t = 0; t < counts.size(); ++t) {
+      absl::Status s = handles[t].Wait(std::chrono::seconds(90));
+      retries += handles[t].retries();
+      if (!s.ok()) return Fail(absl::StrCat("iteration ", it, " tensor ", t, ": ", s.ToString()));
+      const float* f = static_cast<const float*>(bufs[t]->data());
+      int64_t wrong = 0;
+      for (size_t i = 0; i < counts[t]; ++i) {
+        wrong += f[i] != world * (world + 1) / 2.0f * ((i + it) % 5);
+      }
+      Expect(wrong == 0, absl::StrCat("iteration ", it, " tensor ", t, ": ", wrong, " wrong"));
+    }
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    if (ms > slowest) {
+      slowest = ms;
+      slowest_it = it;
+    }
+  }
+  if (fd >= 0) close(fd);
+  std::printf("slowest_iteration_ms=%.0f at=%d retries=%u\n", slowest, slowest_it, retries);
+}
+
 void Disconnect(Client& c, uint32_t procs_per_node) {
   auto buf = c.AllocateBuffer(4096);
   if (!buf.ok()) return Fail(std::string(buf.status().message()));
@@ -345,12 +418,17 @@ int main(int argc, char** argv) {
   std::string agent, job, scenario;
   uint32_t local_rank = 0, local_size = 1;
   int iterations = 100;
+  std::string signal_fifo, go_fifo;
+  std::vector<int> signal_at;
   app.add_option("--agent", agent)->required();
   app.add_option("--job", job)->required();
   app.add_option("--local-rank", local_rank)->required();
   app.add_option("--local-size", local_size)->required();
   app.add_option("--scenario", scenario)->required();
   app.add_option("--iterations", iterations);
+  app.add_option("--signal-fifo", signal_fifo, "failover: rank 0 writes a byte here and...");
+  app.add_option("--go-fifo", go_fifo, "...waits for one from here before...");
+  app.add_option("--signal-at", signal_at, "...each of these iterations");
   CLI11_PARSE(app, argc, argv);
 
   tributary::client::ClientOptions options;
@@ -381,6 +459,8 @@ int main(int argc, char** argv) {
     Disconnect(**c, local_size);
   } else if (scenario == "timeout") {
     Timeout(**c);
+  } else if (scenario == "failover") {
+    Failover(**c, iterations, signal_fifo, go_fifo, signal_at);
   } else {
     Fail("unknown scenario " + scenario);
   }
