@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <utility>
 
@@ -43,10 +44,12 @@ absl::Status ErrnoStatus(int err, const std::string& call, const std::string& na
   }
 }
 
+constexpr char kNamePrefix[] = "tributary-";
+
 std::string NewName() {
   static std::atomic<uint64_t> counter{0};
   thread_local std::mt19937 rng(std::random_device{}());
-  return absl::StrFormat("/tributary-%d-%d-%08x", getpid(), counter.fetch_add(1),
+  return absl::StrFormat("/%s%d-%d-%08x", kNamePrefix, getpid(), counter.fetch_add(1),
                          static_cast<uint32_t>(rng()));
 }
 
@@ -111,6 +114,18 @@ SharedBuffer::~SharedBuffer() {
   if (shm_unlink(name_.c_str()) != 0 && errno != ENOENT) {
     Log()->warn("shm_unlink({}) failed: {}", name_, std::strerror(errno));
   }
+}
+
+int UnlinkSharedBuffersOf(int pid) {
+  const std::string prefix = absl::StrCat(kNamePrefix, pid, "-");
+  int removed = 0;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    if (shm_unlink(("/" + name).c_str()) == 0) ++removed;
+  }
+  return removed;
 }
 
 }  // namespace tributary::client

@@ -70,4 +70,11 @@ class SharedBuffer {
   uint64_t id_ = 0;
 };
 
+// Removes the shared-memory objects of SharedBuffers that process `pid` created and did not
+// unlink (it was killed, or exited without running destructors): the names
+// "/tributary-<pid>-*" (see SharedBuffer). For whoever started the process, once it has been
+// reaped (a live process's buffers are left alone only by not calling this). Returns how many
+// were removed; objects of other processes are never touched.
+int UnlinkSharedBuffersOf(int pid);
+
 }  // namespace tributary::client

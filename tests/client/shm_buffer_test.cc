@@ -3,12 +3,14 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -70,6 +72,35 @@ TEST(SharedBufferTest, StartsZeroedAndNamesAreUnique) {
     buffers.push_back(std::move(*buffer));
   }
   EXPECT_EQ(names.size(), 8u);
+}
+
+void MakeShm(const std::string& name) {
+  int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, S_IRUSR | S_IWUSR);
+  ASSERT_GE(fd, 0) << name << ": " << std::strerror(errno);
+  close(fd);
+}
+
+TEST(SharedBufferTest, UnlinksOnlyTheBuffersOfADeadProcess) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) _exit(0);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  const std::string p = std::to_string(child);
+  const std::vector<std::string> its = {"/tributary-" + p + "-0-0000aaaa",
+                                        "/tributary-" + p + "-7-0000bbbb"};
+  // Another pid that starts with the same digits, and another program's object.
+  const std::vector<std::string> others = {"/tributary-" + p + "0-0-0000cccc",
+                                           "/other-tributary-" + p + "-0-0000dddd"};
+  for (const auto& n : its) ASSERT_NO_FATAL_FAILURE(MakeShm(n));
+  for (const auto& n : others) ASSERT_NO_FATAL_FAILURE(MakeShm(n));
+  EXPECT_EQ(UnlinkSharedBuffersOf(child), 2);
+  for (const auto& n : its) EXPECT_FALSE(ShmExists(n)) << n;
+  for (const auto& n : others) {
+    EXPECT_TRUE(ShmExists(n)) << n;
+    shm_unlink(n.c_str());
+  }
+  EXPECT_EQ(UnlinkSharedBuffersOf(child), 0);
 }
 
 TEST(SharedBufferTest, RejectsZeroBytes) {
