@@ -120,7 +120,10 @@ class LauncherTest(unittest.TestCase):
         with tempfile.TemporaryDirectory() as parent:
             tmp = os.path.join(parent, "pids")
             os.mkdir(tmp)
-            script = (f'{record_pid(tmp)}: > /dev/shm/tributary-$$-0-0000abcd; '
+            # Each rank makes its object, records its pid, and waits for the other's before
+            # dying (so neither is stopped before it made its object).
+            script = (f': > /dev/shm/tributary-$$-0-0000abcd; {record_pid(tmp)}'
+                      f'while [ $(ls {tmp} | wc -l) -lt 2 ]; do sleep 0.05; done; '
                       f'kill -KILL $$')
             code, _, err, _ = run(["--np", "2", "--", "/bin/sh", "-c", script])
             pids = read_pids(tmp)
