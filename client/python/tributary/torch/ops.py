@@ -344,6 +344,27 @@ def _staged(state, tensor, region_elements, block):
     return entry, view
 
 
+def _in_place(state, tensor, name, start):
+    """An in-place operation on `tensor` (push_pull, broadcast): start(buffer, byte offset)
+    submits it on the tensor's own shared memory (zero copy) or on a staging buffer the
+    tensor is copied into, and back from when it is done. Returns the Handle."""
+    shared = state.find_shared(tensor)
+    if shared is not None:  # Zero copy: the tensor lives in shared memory.
+        return Handle(state, start(*shared), name, lambda: tensor, None)
+    entry, view = _staged(state, tensor, tensor.numel(), 0)
+    try:
+        core = start(entry[0], 0)
+    except BaseException:
+        state.pool.release(entry)
+        raise
+
+    def finish():
+        tensor.view(-1).copy_(view)
+        return tensor
+
+    return Handle(state, core, name, finish, entry)
+
+
 def push_pull_async(tensor, average=True, name=None, priority=0):
     """Starts an all-reduce of `tensor` across all processes, in place (BytePS's push_pull):
     sum, or average when `average`. Every process must use the same name (default: one
@@ -352,25 +373,8 @@ def push_pull_async(tensor, average=True, name=None, priority=0):
     op = "average" if average else "sum"
 
     def build(state, dtype, name):
-        shared = state.find_shared(tensor)
-        if shared is not None:  # Zero copy: the tensor lives in shared memory.
-            buffer, offset = shared
-            core = state.client.all_reduce_async(name, buffer, offset, tensor.numel(), dtype, op,
-                                                 priority)
-            return Handle(state, core, name, lambda: tensor, None)
-        entry, view = _staged(state, tensor, tensor.numel(), 0)
-        try:
-            core = state.client.all_reduce_async(name, entry[0], 0, tensor.numel(), dtype, op,
-                                                 priority)
-        except BaseException:
-            state.pool.release(entry)
-            raise
-
-        def finish():
-            tensor.view(-1).copy_(view)
-            return tensor
-
-        return Handle(state, core, name, finish, entry)
+        return _in_place(state, tensor, name, lambda buffer, offset: state.client.all_reduce_async(
+            name, buffer, offset, tensor.numel(), dtype, op, priority))
 
     return _submit("push_pull", "push_pull", tensor, name, build)
 
@@ -386,25 +390,8 @@ def broadcast_async(tensor, root_rank, name=None, priority=0):
         if not 0 <= root_rank < state.client.size:
             raise TributaryError(f"broadcast: root_rank {root_rank} is not a rank of this job "
                                  f"(size {state.client.size})", "INVALID_ARGUMENT")
-        shared = state.find_shared(tensor)
-        if shared is not None:
-            buffer, offset = shared
-            core = state.client.broadcast_async(name, buffer, offset, tensor.numel(), dtype,
-                                                root_rank, priority)
-            return Handle(state, core, name, lambda: tensor, None)
-        entry, view = _staged(state, tensor, tensor.numel(), 0)
-        try:
-            core = state.client.broadcast_async(name, entry[0], 0, tensor.numel(), dtype,
-                                                root_rank, priority)
-        except BaseException:
-            state.pool.release(entry)
-            raise
-
-        def finish():
-            tensor.view(-1).copy_(view)
-            return tensor
-
-        return Handle(state, core, name, finish, entry)
+        return _in_place(state, tensor, name, lambda buffer, offset: state.client.broadcast_async(
+            name, buffer, offset, tensor.numel(), dtype, root_rank, priority))
 
     return _submit("broadcast", "broadcast", tensor, name, build)
 
