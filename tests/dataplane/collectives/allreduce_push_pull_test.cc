@@ -200,6 +200,24 @@ TEST(PushPull, MismatchedDtypesFailEveryWorker) {
   for (auto& x : f) EXPECT_TRUE(Await(x).ok());
 }
 
+TEST(PushPull, SumAgainstAverageFailsEveryWorker) {
+  // The reduction travels with every push: a worker asking for the average while the others
+  // ask for the sum fails the collective for everyone instead of getting its own answer.
+  Cluster cluster(PushPullCluster(3, 2, 1));
+  Buffers b = MakeBuffers(3, 1, DataType::kFloat32, 3000, [](int, uint64_t) { return 1; });
+  std::vector<std::future<absl::Status>> f;
+  for (int node = 0; node < 3; ++node) {
+    const Reduction reduction = node == 1 ? Reduction::kAverage : Reduction::kSum;
+    f.push_back(
+        cluster.Start(node, MakeOp("grad", 0, DataType::kFloat32, 3000, reduction, b[node])));
+  }
+  for (auto& x : f) {
+    absl::Status s = Await(x);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(s.message(), HasSubstr("disagree"));
+  }
+}
+
 TEST(PushPull, MissingWorkerTimesOutNamingIt) {
   Cluster cluster(PushPullCluster(3, 1, 1));
   Buffers b = MakeBuffers(3, 1, DataType::kFloat32, 100, [](int, uint64_t) { return 1; });

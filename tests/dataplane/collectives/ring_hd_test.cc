@@ -320,6 +320,26 @@ TEST_P(MismatchTest, DtypeMismatchFailsEveryRank) {
   }
 }
 
+TEST_P(MismatchTest, SumAgainstAverageFailsEveryRank) {
+  // One rank asks for the average, the others for the sum: the reduction travels in every
+  // message, so nobody ends up with a result the others did not compute.
+  const int n = 4;
+  Ring ring(n);
+  std::vector<std::vector<std::byte>> bufs(n, std::vector<std::byte>(64 * 4));
+  std::vector<std::future<absl::Status>> futures;
+  for (int r = 0; r < n; ++r) {
+    const Reduction reduction = r == 2 ? Reduction::kAverage : Reduction::kSum;
+    futures.push_back(
+        ring.Post(r, GetParam(), MakeOp("g", 0, DataType::kFloat32, 64, reduction, bufs[r])));
+  }
+  for (int r = 0; r < n; ++r) {
+    absl::Status s = Await(futures[r]);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << "rank " << r << s;
+    EXPECT_THAT(s.message(), HasSubstr("disagree"));
+    EXPECT_THAT(s.message(), HasSubstr("average"));
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Algorithms, MismatchTest,
                          ::testing::Values(Algorithm::kRing, Algorithm::kHalvingDoubling),
                          [](const auto& info) { return std::string(AlgorithmName(info.param)); });
