@@ -30,7 +30,8 @@ enum class MessageKind : uint8_t {
 #pragma pack(push, 1)
 struct WireHeader {
   static constexpr uint32_t kMagic = 0x42495254;  // "TRIB"
-  static constexpr uint8_t kVersion = 2;
+  static constexpr uint8_t kVersion = 3;
+  static constexpr size_t kMacBytes = 16;
   static constexpr uint32_t kFromServer = UINT32_MAX;
 
   uint32_t magic = kMagic;
@@ -60,6 +61,10 @@ struct WireHeader {
   // Push/pull, result of chunk 0 only: the home server's current partition decision for this
   // tensor, KiB; workers apply it from iteration + 2 on. 0 = no decision (plan's partition).
   uint32_t reserved1 = 0;
+  // Proof of job membership: HMAC-SHA256 over this header (with `mac` zeroed) under the job's
+  // secret, first 16 bytes. Filled and checked by AuthenticatingTransport (message_auth.h);
+  // zero where no authenticator runs (in-process tests).
+  uint8_t mac[kMacBytes] = {};
 };
 #pragma pack(pop)
 static_assert(sizeof(WireHeader) <= Transport::kMaxHeaderBytes);
