@@ -12,6 +12,7 @@
 #include "agent/grpc_controller_client.h"
 #include "agent/node_discovery.h"
 #include "agent/plan_view.h"
+#include "common/buffer_socket_protocol.h"
 #include "common/logging.h"
 #include "common/metrics/metrics.h"
 #include "common/rpc/grpc_status.h"
@@ -101,7 +102,7 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& in) {
   parts.tick = options.tick;
   // Serve local processes before the controller can hand out plans that name this node.
   std::unique_ptr<Agent> agent(new Agent(std::move(parts)));
-  RETURN_IF_ERROR(agent->ServeLocal(options.local_address));
+  RETURN_IF_ERROR(agent->ServeLocal(options.local_address, options.socket_access));
   agent->StartLoops();
   Log()->info("agent {} up: data plane {}, local service {}, nic {:.0f} MB/s, sum {:.0f} MB/s",
               options.node_id, inv.data_plane_address(), options.local_address,
@@ -141,21 +142,37 @@ void Agent::StartLoops() {
 
 Agent::~Agent() { Stop(); }
 
-absl::Status Agent::ServeLocal(const std::string& address) {
+absl::Status Agent::ServeLocal(const std::string& address, const SocketAccess& access) {
   common::EnableHealthAndReflection();
+  const bool unix_socket = address.rfind("unix:", 0) == 0;
+  const std::string path = unix_socket ? address.substr(5) : std::string();
+  if (unix_socket) {
+    RETURN_IF_ERROR(ClaimSocketPath(path));
+    RETURN_IF_ERROR(ClaimSocketPath(common::buffer_socket::PathFor(path)));
+  }
   rings_ = std::make_unique<ControlRings>(local_.get());
   grpc_service_ = std::make_unique<LocalGrpcService>(local_.get(), rings_.get());
   grpc::ServerBuilder builder;
   int port = -1;
-  if (address.rfind("unix:", 0) == 0) {
-    std::error_code ec;
-    std::filesystem::remove(address.substr(5), ec);  // a stale socket file
-  }
+  // One agent per address: never share a port with another process (SO_REUSEPORT).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(grpc_service_.get());
   server_ = builder.BuildAndStart();
   if (!server_) {
     return absl::UnavailableError(absl::StrCat("cannot serve local processes on ", address));
+  }
+  if (unix_socket) {
+    RETURN_IF_ERROR(ApplySocketAccess(path, access));
+    ASSIGN_OR_RETURN(buffer_socket_,
+                     BufferSocketServer::Start(
+                         common::buffer_socket::PathFor(path), access,
+                         [service = local_.get()](const common::PeerCredentials& peer,
+                                                  const std::string& session_id,
+                                                  uint64_t size_bytes, common::UniqueFd fd) {
+                           return service->RegisterBuffer(peer, session_id, size_bytes,
+                                                          std::move(fd));
+                         }));
   }
   common::SetServing(server_.get(), "tributary.v1.Agent");
   return absl::OkStatus();
@@ -238,6 +255,7 @@ void Agent::Stop() {
   local_->Shutdown();
   if (rings_) rings_->Shutdown();  // after the sessions ended: their rings are stopping
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  if (buffer_socket_) buffer_socket_->Stop();
   runner_->Shutdown();
   Log()->info("agent {} stopped", node_id_);
 }

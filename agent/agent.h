@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "agent/buffer_socket.h"
 #include "agent/collective_runner.h"
 #include "agent/controller_client.h"
 #include "agent/local_grpc_service.h"
@@ -33,6 +34,8 @@ struct AgentOptions {
   std::string data_plane_host = "127.0.0.1";  // UCX listener; peers dial this address
   uint16_t data_plane_port = 0;               // 0 = ephemeral
   std::string local_address = "unix:/tmp/tributary-agent.sock";  // for training processes
+  // Who may use the local sockets (the gRPC one and the buffer socket beside it).
+  SocketAccess socket_access;
   double nic_bytes_per_s = 0;  // declared NIC bandwidth; 0 = discover from sysfs
   double sum_bytes_per_s = 0;  // declared summation rate; 0 = measure at start-up
   // Per-message cost alpha of ALGORITHM_AUTO's cost model (beta and gamma come from the NIC and
@@ -89,7 +92,10 @@ class Agent {
 
   // Serves the local service over gRPC at `address` (unix:PATH or host:port; a stale socket
   // file is removed first). UNAVAILABLE when it cannot listen.
-  absl::Status ServeLocal(const std::string& address);
+  // For a unix: address: claims the path (a live socket of another agent is ALREADY_EXISTS, a
+  // file that is not a socket is never deleted), applies `access` to it and serves the buffer
+  // socket (agent/buffer_socket.h) at "<path>.buffers".
+  absl::Status ServeLocal(const std::string& address, const SocketAccess& access = {});
   // One deadline sweep: the data plane's, then the local gathers' and waits'.
   void Tick();
   void Stop();
@@ -126,6 +132,7 @@ class Agent {
   std::unique_ptr<ControlRings> rings_;  // the local processes' fast path, from ServeLocal
   std::unique_ptr<LocalGrpcService> grpc_service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<BufferSocketServer> buffer_socket_;  // from ServeLocal, unix: addresses only
   std::unique_ptr<ControllerClient> controller_;
   uint64_t last_dataplane_sent_ = 0;      // heartbeat thread only
   uint64_t last_dataplane_received_ = 0;  // heartbeat thread only

@@ -222,7 +222,6 @@ ControlRings::~ControlRings() { Shutdown(); }
 
 absl::Status ControlRings::Attach(const tributary::v1::AttachControlRingRequest& req,
                                   tributary::v1::AttachControlRingResponse* resp) {
-  RETURN_IF_ERROR(CheckSharedMemoryRequest(req.shm_name(), req.size_bytes()));
   auto exists = [&] {
     return absl::AlreadyExistsError(
         absl::StrCat("session '", req.session_id(), "' already has a control ring"));
@@ -235,12 +234,12 @@ absl::Status ControlRings::Attach(const tributary::v1::AttachControlRingRequest&
   }
   // System calls and the service with no lock of ours held.
   ASSIGN_OR_RETURN(std::shared_ptr<SharedMemoryMapping> mapping,
-                   MapSharedMemory(req.shm_name(), req.size_bytes()));
+                   service_->FindBuffer(req.session_id(), req.buffer_id()));
   absl::StatusOr<ring::RingConfig> config = ring::ReadHeader(mapping->data(), mapping->size());
   if (!config.ok()) {
     return absl::Status(config.status().code(),
-                        absl::StrCat("session '", req.session_id(), "', control ring '",
-                                     req.shm_name(), "': ", config.status().message()));
+                        absl::StrCat("session '", req.session_id(), "', control ring in buffer ",
+                                     req.buffer_id(), ": ", config.status().message()));
   }
   auto host =
       std::make_shared<Host>(service_, req.session_id(), std::move(mapping), *config, options_);
@@ -259,8 +258,8 @@ absl::Status ControlRings::Attach(const tributary::v1::AttachControlRingRequest&
     return watched;
   }
   host->Start();
-  Log()->info("session {} attached control ring {} ({}/{} entries)", req.session_id(),
-              req.shm_name(), config->sq_capacity, config->cq_capacity);
+  Log()->info("session {} attached control ring in buffer {} ({}/{} entries)", req.session_id(),
+              req.buffer_id(), config->sq_capacity, config->cq_capacity);
   resp->set_version(ring::kVersion);
   return absl::OkStatus();
 }

@@ -101,12 +101,6 @@ grpc::ServerUnaryReactor* LocalGrpcService::LeaveJob(grpc::CallbackServerContext
   return Finish(ctx, absl::OkStatus());  // idempotent
 }
 
-grpc::ServerUnaryReactor* LocalGrpcService::RegisterBuffer(
-    grpc::CallbackServerContext* ctx, const tributary::v1::RegisterBufferRequest* req,
-    tributary::v1::RegisterBufferResponse* resp) {
-  return Finish(ctx, service_->RegisterBuffer(*req, resp));
-}
-
 grpc::ServerUnaryReactor* LocalGrpcService::UnregisterBuffer(
     grpc::CallbackServerContext* ctx, const tributary::v1::UnregisterBufferRequest* req,
     tributary::v1::UnregisterBufferResponse*) {
@@ -138,7 +132,7 @@ grpc::ServerUnaryReactor* LocalGrpcService::AttachControlRing(
   if (rings_ == nullptr) {
     return Finish(ctx, absl::UnimplementedError("this agent serves no control rings"));
   }
-  // Maps the object and starts the ring's thread: short, like RegisterBuffer's mapping.
+  // Maps the object and starts the ring's thread: short, like a buffer registration.
   return Finish(ctx, rings_->Attach(*req, resp));
 }
 

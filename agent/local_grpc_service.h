@@ -30,9 +30,6 @@ class LocalGrpcService final : public tributary::v1::Agent::CallbackService {
   grpc::ServerUnaryReactor* LeaveJob(grpc::CallbackServerContext* ctx,
                                      const tributary::v1::LeaveJobRequest* req,
                                      tributary::v1::LeaveJobResponse* resp) override;
-  grpc::ServerUnaryReactor* RegisterBuffer(grpc::CallbackServerContext* ctx,
-                                           const tributary::v1::RegisterBufferRequest* req,
-                                           tributary::v1::RegisterBufferResponse* resp) override;
   grpc::ServerUnaryReactor* UnregisterBuffer(
       grpc::CallbackServerContext* ctx, const tributary::v1::UnregisterBufferRequest* req,
       tributary::v1::UnregisterBufferResponse* resp) override;

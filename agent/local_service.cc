@@ -13,6 +13,8 @@ namespace {
 using common::DataType;
 
 constexpr size_t kMaxTensorName = 1024;
+// Buffers one session may have registered at once.
+constexpr size_t kMaxBuffersPerSession = 4096;
 constexpr size_t kMaxHandlesPerSession = 1 << 16;
 constexpr uint32_t kMaxWaitMs = 3600000;
 
@@ -113,22 +115,51 @@ void LocalService::EndSessionLocked(const std::string& session_id, const std::st
   }
 }
 
-absl::Status LocalService::RegisterBuffer(const tributary::v1::RegisterBufferRequest& req,
-                                          tributary::v1::RegisterBufferResponse* resp) {
-  RETURN_IF_ERROR(CheckSharedMemoryRequest(req.shm_name(), req.size_bytes()));
+absl::StatusOr<uint64_t> LocalService::RegisterBuffer(const common::PeerCredentials& peer,
+                                                      const std::string& session_id,
+                                                      uint64_t size_bytes, common::UniqueFd fd) {
+  RETURN_IF_ERROR(CheckBufferSize(size_bytes));
+  const auto check_owner = [&](Session& session) -> absl::Status {
+    if (session.owner_uid && *session.owner_uid != peer.uid) {
+      return absl::PermissionDeniedError(absl::StrCat("session '", session_id, "' belongs to uid ",
+                                                      *session.owner_uid, "; uid ", peer.uid,
+                                                      " may not add buffers to it"));
+    }
+    return absl::OkStatus();
+  };
   {
     std::lock_guard lock(mu_);
-    RETURN_IF_ERROR(sessions_.Find(req.session_id()).status());
+    ASSIGN_OR_RETURN(std::shared_ptr<Session> session, sessions_.Find(session_id));
+    RETURN_IF_ERROR(check_owner(*session));
   }
-  // Map outside the lock: shm_open and mmap are system calls.
-  ASSIGN_OR_RETURN(std::shared_ptr<SharedMemoryMapping> mapping,
-                   MapSharedMemory(req.shm_name(), req.size_bytes()));
+  // Map outside the lock: fcntl, fstat and mmap are system calls.
+  ASSIGN_OR_RETURN(
+      std::shared_ptr<SharedMemoryMapping> mapping,
+      MapSealedMemory(fd.get(), size_bytes, absl::StrCat("buffer of session '", session_id, "'")));
   std::lock_guard lock(mu_);
-  ASSIGN_OR_RETURN(std::shared_ptr<Session> session, sessions_.Find(req.session_id()));
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session, sessions_.Find(session_id));
+  RETURN_IF_ERROR(check_owner(*session));
+  if (session->buffers.size() >= kMaxBuffersPerSession) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("session '", session_id, "' already has ", session->buffers.size(),
+                     " buffers (the limit); unregister some first"));
+  }
+  session->owner_uid = peer.uid;
   const uint64_t id = session->next_buffer++;
   session->buffers[id] = std::move(mapping);
-  resp->set_buffer_id(id);
-  return absl::OkStatus();
+  return id;
+}
+
+absl::StatusOr<std::shared_ptr<SharedMemoryMapping>> LocalService::FindBuffer(
+    const std::string& session_id, uint64_t buffer_id) {
+  std::lock_guard lock(mu_);
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session, sessions_.Find(session_id));
+  auto it = session->buffers.find(buffer_id);
+  if (it == session->buffers.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("session '", session_id, "' has no buffer ", buffer_id));
+  }
+  return it->second;
 }
 
 absl::Status LocalService::UnregisterBuffer(const tributary::v1::UnregisterBufferRequest& req) {

@@ -18,6 +18,7 @@
 #include "agent/op_handle.h"
 #include "agent/session_registry.h"
 #include "common/clock.h"
+#include "common/unix_fd.h"
 #include "tributary/v1/agent.pb.h"
 
 namespace tributary::agent {
@@ -54,9 +55,15 @@ class LocalService {
   // Ends the session (`why` goes into the log and into the errors of the gathers that still
   // miss its rank: ABORTED). Unknown ids are ignored, so it is idempotent.
   void EndSession(const std::string& session_id, const std::string& why);
-  // Maps the process's shared-memory object and gives it a buffer id in its session.
-  absl::Status RegisterBuffer(const tributary::v1::RegisterBufferRequest& req,
-                              tributary::v1::RegisterBufferResponse* resp);
+  // Maps the process's sealed memfd (from the buffer socket, agent/buffer_socket.h) and gives it
+  // a buffer id in its session. The first buffer binds the session to the sender's uid; a
+  // buffer from another uid is PERMISSION_DENIED.
+  absl::StatusOr<uint64_t> RegisterBuffer(const common::PeerCredentials& peer,
+                                          const std::string& session_id, uint64_t size_bytes,
+                                          common::UniqueFd fd);
+  // The session's registered buffer `buffer_id` (NOT_FOUND naming what is missing).
+  absl::StatusOr<std::shared_ptr<SharedMemoryMapping>> FindBuffer(const std::string& session_id,
+                                                                  uint64_t buffer_id);
   // Forgets the buffer (operations still running keep their own reference to the mapping).
   // NOT_FOUND only for an unknown session.
   absl::Status UnregisterBuffer(const tributary::v1::UnregisterBufferRequest& req);

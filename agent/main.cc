@@ -1,10 +1,15 @@
 // tributary-agent: one per node. Runs the summation and communication services and serves the
 // node's training processes.
+#include <grp.h>
+
 #include <csignal>
 #include <cstdlib>
 #include <thread>
 
 #include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "agent/agent.h"
 #include "common/logging.h"
 #include "common/metrics/metrics.h"
@@ -13,6 +18,32 @@
 
 namespace {
 volatile std::sig_atomic_t g_stop = 0;
+
+absl::Status ParseSocketAccess(const std::string& group, const std::string& mode,
+                               const std::vector<uid_t>& uids,
+                               tributary::agent::SocketAccess* access) {
+  char* end = nullptr;
+  const unsigned long bits = std::strtoul(mode.c_str(), &end, 8);
+  if (mode.empty() || *end != '\0' || bits > 0777 || (bits & 0600) != 0600) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--socket-mode '", mode, "' must be octal, at most 0777, with owner read and write"));
+  }
+  access->mode = static_cast<mode_t>(bits);
+  if (!group.empty()) {
+    gid_t gid = 0;
+    if (const struct group* g = getgrnam(group.c_str()); g != nullptr) {
+      access->group = g->gr_gid;
+    } else if (absl::SimpleAtoi(group, &gid)) {
+      access->group = gid;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--socket-group '", group, "' is neither a group name nor a gid"));
+    }
+  }
+  access->allowed_uids = uids;
+  return absl::OkStatus();
+}
+
 void OnSignal(int) { g_stop = 1; }
 }  // namespace
 
@@ -60,9 +91,23 @@ int main(int argc, char** argv) {
                  "receiving an earlier one travel together in one message (0 = off)")
       ->capture_default_str();
   app.add_option("--reducer-threads", options.reducer_threads, "Summation threads (0 = all)");
+  std::string socket_group, socket_mode = "0660";
+  std::vector<uid_t> socket_uids;
+  app.add_option("--socket-group", socket_group,
+                 "Group (name or gid) that owns the local sockets; its members may use the agent");
+  app.add_option("--socket-mode", socket_mode, "Mode of the local sockets (octal)")
+      ->capture_default_str();
+  app.add_option("--socket-allow-uid", socket_uids,
+                 "Further uids that may use the agent (root and the agent's own uid always may)");
   tributary::common::AddProcessFlags(app, process_flags);
   CLI11_PARSE(app, argc, argv);
   tributary::common::InitLogging(process_flags.log_level, process_flags.log_format);
+  if (absl::Status s =
+          ParseSocketAccess(socket_group, socket_mode, socket_uids, &options.socket_access);
+      !s.ok()) {
+    tributary::common::Logger("agent")->critical("{}", s.message());
+    return 2;
+  }
   options.nic_bytes_per_s = nic_gbps * 1e9 / 8;
   options.sum_bytes_per_s = sum_gbps * 1e9;
   options.offers_summation = !no_summation;

@@ -1,7 +1,8 @@
 #include "agent/session_registry.h"
 
-#include <mutex>
-#include <random>
+#include <sys/random.h>
+
+#include <cstdint>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -9,11 +10,16 @@
 namespace tributary::agent {
 namespace {
 
+// 128 bits from the kernel's CSPRNG: a session id is a capability (whoever holds it acts for the
+// session), so it must not be guessable from the ids of other sessions.
 std::string NewSessionId() {
-  static std::mutex mu;
-  static std::mt19937_64 rng(std::random_device{}());
-  std::lock_guard lock(mu);
-  return absl::StrFormat("%016x", rng());
+  uint64_t words[2] = {0, 0};
+  size_t filled = 0;
+  while (filled < sizeof(words)) {
+    const ssize_t n = getrandom(reinterpret_cast<char*>(words) + filled, sizeof(words) - filled, 0);
+    if (n > 0) filled += static_cast<size_t>(n);
+  }
+  return absl::StrFormat("%016x%016x", words[0], words[1]);
 }
 
 }  // namespace

@@ -1,11 +1,14 @@
 // The jobs this node works for and the sessions of its local training processes.
 #pragma once
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +36,8 @@ struct Session {
   uint32_t local_rank = 0;
   uint32_t local_size = 0;
   std::map<uint64_t, std::shared_ptr<SharedMemoryMapping>> buffers;  // by buffer id
+  // The uid whose process registered the session's first buffer: the only one that may add more.
+  std::optional<uid_t> owner_uid;
   uint64_t next_buffer = 1;
   std::map<std::string, uint64_t> iterations;  // per tensor name: the next iteration
   // Per tensor name: iterations that failed as retriable, with the epoch (plan version) they

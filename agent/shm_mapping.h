@@ -1,4 +1,5 @@
-// A training process's POSIX shared-memory object mapped into the agent.
+// A training process's shared memory (a sealed memfd it sent over the buffer socket) mapped
+// into the agent.
 #pragma once
 
 #include <cstddef>
@@ -34,14 +35,16 @@ class SharedMemoryMapping {
   const uint64_t size_;
 };
 
-// INVALID_ARGUMENT unless `name` is '/' followed by 1 to 254 characters without '/' and
-// `size_bytes` is in [1, 1 TiB].
-absl::Status CheckSharedMemoryRequest(const std::string& name, uint64_t size_bytes);
+// INVALID_ARGUMENT unless `size_bytes` is in [1, 1 TiB].
+absl::Status CheckBufferSize(uint64_t size_bytes);
 
-// Maps the first `size_bytes` of the existing object `name` (checked as above). NOT_FOUND when
-// it does not exist, INVALID_ARGUMENT when it is smaller than `size_bytes`, RESOURCE_EXHAUSTED
-// when mmap fails. System calls: call it with no lock held.
-absl::StatusOr<std::shared_ptr<SharedMemoryMapping>> MapSharedMemory(const std::string& name,
-                                                                     uint64_t size_bytes);
+// Maps the first `size_bytes` of the memfd `fd` a training process sent over the buffer socket
+// (common/buffer_socket_protocol.h). The file must be sealed against shrinking and growing
+// (F_SEAL_SHRINK | F_SEAL_GROW), so that it can never shrink under the mapping (SIGBUS), and
+// hold at least `size_bytes`: INVALID_ARGUMENT, saying what is wrong, otherwise.
+// RESOURCE_EXHAUSTED when mmap fails. `what` names it in messages ("buffer of session s").
+// System calls: call it with no lock held.
+absl::StatusOr<std::shared_ptr<SharedMemoryMapping>> MapSealedMemory(int fd, uint64_t size_bytes,
+                                                                     const std::string& what);
 
 }  // namespace tributary::agent

@@ -24,10 +24,12 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "agent/buffer_socket.h"
 #include "agent/control_ring_host.h"
 #include "agent/fake_collective_runner.h"
 #include "agent/local_grpc_service.h"
 #include "client/client.h"
+#include "common/buffer_socket_protocol.h"
 #include "common/clock.h"
 #include "common/logging.h"
 #include "common/shm_ring.h"
@@ -138,6 +140,17 @@ int Main(int argc, char** argv) {
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server) {
     std::fprintf(stderr, "cannot serve on unix:%s\n", socket.c_str());
+    return 1;
+  }
+  // Processes hand their buffers (sealed memfds) to the agent over the buffer socket.
+  auto buffer_socket = agent::BufferSocketServer::Start(
+      common::buffer_socket::PathFor(socket), {},
+      [&service](const common::PeerCredentials& peer, const std::string& session, uint64_t size,
+                 common::UniqueFd fd) {
+        return service.RegisterBuffer(peer, session, size, std::move(fd));
+      });
+  if (!buffer_socket.ok()) {
+    std::fprintf(stderr, "buffer socket: %s\n", buffer_socket.status().ToString().c_str());
     return 1;
   }
 

@@ -2,18 +2,24 @@
 
 #include <utility>
 
+#include "client/buffer_channel.h"
+
 namespace tributary::client::internal {
 
 AgentSession::AgentSession(std::shared_ptr<grpc::Channel> channel,
                            std::unique_ptr<v1::Agent::Stub> stub, std::string agent_address,
                            std::string session_id, std::chrono::milliseconds rpc_timeout,
-                           std::shared_ptr<ControlRing> ring)
+                           std::shared_ptr<ControlRing> ring,
+                           std::unique_ptr<BufferChannel> buffers)
     : channel_(std::move(channel)),
       stub_(std::move(stub)),
       agent_address_(std::move(agent_address)),
       session_id_(std::move(session_id)),
       rpc_timeout_(rpc_timeout),
-      ring_(std::move(ring)) {}
+      ring_(std::move(ring)),
+      buffers_(std::move(buffers)) {}
+
+AgentSession::~AgentSession() = default;
 
 std::unique_ptr<grpc::ClientContext> AgentSession::NewContext(
     std::chrono::milliseconds timeout) const {

@@ -12,6 +12,8 @@
 
 namespace tributary::client::internal {
 
+class BufferChannel;
+
 // One joined session with the local agent: the channel, the stub, the session id and, when the
 // agent serves one, the session's control ring (the fast path).
 //
@@ -25,7 +27,9 @@ class AgentSession {
   // control ring, or null (the agent has none: Submit/Wait only).
   AgentSession(std::shared_ptr<grpc::Channel> channel, std::unique_ptr<v1::Agent::Stub> stub,
                std::string agent_address, std::string session_id,
-               std::chrono::milliseconds rpc_timeout, std::shared_ptr<ControlRing> ring = nullptr);
+               std::chrono::milliseconds rpc_timeout, std::shared_ptr<ControlRing> ring = nullptr,
+               std::unique_ptr<BufferChannel> buffers = nullptr);
+  ~AgentSession();
 
   v1::Agent::Stub& stub() const { return *stub_; }
   const std::string& agent_address() const { return agent_address_; }
@@ -33,6 +37,9 @@ class AgentSession {
   std::chrono::milliseconds rpc_timeout() const { return rpc_timeout_; }
   // Null when the session has no control ring.
   ControlRing* ring() const { return ring_.get(); }
+  // The agent's buffer socket; null when it could not be reached at join (then
+  // Client::AllocateBuffer says why).
+  BufferChannel* buffers() const { return buffers_.get(); }
 
   // A fresh context whose deadline is `timeout` from now.
   std::unique_ptr<grpc::ClientContext> NewContext(std::chrono::milliseconds timeout) const;
@@ -50,6 +57,7 @@ class AgentSession {
   const std::string session_id_;
   const std::chrono::milliseconds rpc_timeout_;
   const std::shared_ptr<ControlRing> ring_;
+  const std::unique_ptr<BufferChannel> buffers_;
   std::atomic<bool> active_{true};
 };
 

@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/agent_session.h"
+#include "client/buffer_channel.h"
 #include "common/logging.h"
 #include "common/rpc/grpc_status.h"
 #include "common/status_macros.h"
@@ -126,10 +127,13 @@ bool IsBlockwise(v1::CollectiveOp op) {
          op == v1::COLLECTIVE_OP_REDUCE_SCATTER_AVERAGE;
 }
 
-// Creates the session's control ring and has the agent attach it; null (Submit/Wait only) when
-// the agent serves none (UNIMPLEMENTED: an older agent) or refuses this one.
+// Creates the session's control ring, registers its memory over the buffer socket and has the
+// agent attach it; null (Submit/Wait only) when there is no buffer socket, the agent serves no
+// ring (UNIMPLEMENTED: an older agent) or refuses this one.
 std::shared_ptr<ControlRing> AttachControlRing(v1::Agent::Stub& stub, const ClientOptions& options,
-                                               const std::string& session_id) {
+                                               const std::string& session_id,
+                                               internal::BufferChannel* buffers) {
+  if (buffers == nullptr) return nullptr;
   absl::StatusOr<std::unique_ptr<ControlRing>> ring =
       ControlRing::Create(options.control_ring_capacity);
   if (!ring.ok()) {
@@ -137,15 +141,31 @@ std::shared_ptr<ControlRing> AttachControlRing(v1::Agent::Stub& stub, const Clie
                 ring.status());
     return nullptr;
   }
+  absl::StatusOr<uint64_t> buffer_id =
+      buffers->Register(session_id, (*ring)->memfd(), (*ring)->size_bytes(), options.rpc_timeout);
+  if (!buffer_id.ok()) {
+    Log()->warn("session {}: the agent took no control ring ({}); collectives go through Submit",
+                session_id, buffer_id.status());
+    return nullptr;
+  }
   v1::AttachControlRingRequest request;
   request.set_session_id(session_id);
-  request.set_shm_name((*ring)->shm_name());
-  request.set_size_bytes((*ring)->size_bytes());
+  request.set_buffer_id(*buffer_id);
   v1::AttachControlRingResponse response;
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + options.rpc_timeout);
   const absl::Status attached =
       common::FromGrpcStatus(stub.AttachControlRing(&context, request, &response));
+  if (!attached.ok()) {
+    // The agent keeps no ring: it need not keep the ring's memory either.
+    v1::UnregisterBufferRequest forget;
+    forget.set_session_id(session_id);
+    forget.set_buffer_id(*buffer_id);
+    v1::UnregisterBufferResponse forgotten;
+    grpc::ClientContext forget_context;
+    forget_context.set_deadline(std::chrono::system_clock::now() + options.rpc_timeout);
+    (void)stub.UnregisterBuffer(&forget_context, forget, &forgotten);
+  }
   if (attached.code() == absl::StatusCode::kUnimplemented) {
     Log()->info("agent {} serves no control ring; collectives go through Submit",
                 options.agent_address);
@@ -158,7 +178,7 @@ std::shared_ptr<ControlRing> AttachControlRing(v1::Agent::Stub& stub, const Clie
         options.agent_address, session_id, attached);
     return nullptr;
   }
-  (*ring)->Unlink();  // mapped on both sides: nothing is left behind if the process dies
+  (*ring)->CloseMemfd();  // mapped on both sides; gone with the last mapping
   return std::shared_ptr<ControlRing>(std::move(*ring));
 }
 
@@ -532,11 +552,24 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
     backoff = std::min(backoff * 2, kMaxJoinBackoff);
   }
 
+  absl::StatusOr<std::unique_ptr<internal::BufferChannel>> buffers =
+      internal::BufferChannel::Connect(options.agent_address);
+  if (!buffers.ok()) {
+    if (buffers.status().code() == absl::StatusCode::kPermissionDenied) {
+      return Annotate(buffers.status(), prefix);
+    }
+    Log()->warn("{}no buffer socket ({}); this client cannot allocate shared buffers", prefix,
+                buffers.status());
+  }
+  internal::BufferChannel* channel_of_buffers = buffers.ok() ? buffers->get() : nullptr;
   std::shared_ptr<ControlRing> ring;
-  if (options.control_ring) ring = AttachControlRing(*stub, options, response.session_id());
+  if (options.control_ring) {
+    ring = AttachControlRing(*stub, options, response.session_id(), channel_of_buffers);
+  }
   auto session = std::make_shared<internal::AgentSession>(
       std::move(channel), std::move(stub), options.agent_address, response.session_id(),
-      options.rpc_timeout, std::move(ring));
+      options.rpc_timeout, std::move(ring),
+      buffers.ok() ? *std::move(buffers) : std::unique_ptr<internal::BufferChannel>());
   std::unique_ptr<Client> client(new Client(options, job_id, local_rank, local_size,
                                             response.global_rank(), response.world_size(),
                                             response.plan_version(), std::move(session)));
@@ -593,16 +626,19 @@ absl::Status Client::Leave() {
 
 absl::StatusOr<std::shared_ptr<SharedBuffer>> Client::AllocateBuffer(size_t bytes) {
   if (!session_->active()) return LeftError(job_id_);
+  internal::BufferChannel* buffers = session_->buffers();
+  if (buffers == nullptr) {
+    // Say why: connecting again gives the current reason (no agent, a TCP address, ...).
+    absl::StatusOr<std::unique_ptr<internal::BufferChannel>> again =
+        internal::BufferChannel::Connect(session_->agent_address());
+    return absl::FailedPreconditionError(absl::StrCat(
+        "this client has no buffer socket to agent ", session_->agent_address(), ": ",
+        again.ok() ? "it was unreachable when the client joined" : again.status().message()));
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<SharedBuffer> buffer, SharedBuffer::Create(bytes));
-  v1::RegisterBufferRequest request;
-  request.set_session_id(session_->session_id());
-  request.set_shm_name(buffer->name());
-  request.set_size_bytes(buffer->size());
-  v1::RegisterBufferResponse response;
-  auto context = session_->NewContext();
-  RETURN_IF_ERROR(
-      common::FromGrpcStatus(session_->stub().RegisterBuffer(context.get(), request, &response)));
-  buffer->SetRegistration(session_, response.buffer_id());
+  ASSIGN_OR_RETURN(const uint64_t id, buffers->Register(session_->session_id(), buffer->fd(),
+                                                        buffer->size(), session_->rpc_timeout()));
+  buffer->SetRegistration(session_, id);
   return std::shared_ptr<SharedBuffer>(std::move(buffer));
 }
 

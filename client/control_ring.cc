@@ -45,12 +45,6 @@ ControlRing::ControlRing(std::unique_ptr<SharedBuffer> buffer, ring::RingView vi
       sq_(&view_.header->sq, view_.sq, view_.config.sq_capacity),
       cq_(&view_.header->cq, view_.cq, view_.config.cq_capacity) {}
 
-void ControlRing::Unlink() {
-  if (shm_unlink(buffer_->name().c_str()) != 0 && errno != ENOENT) {
-    Log()->warn("shm_unlink({}) failed: {}", buffer_->name(), std::strerror(errno));
-  }
-}
-
 std::shared_ptr<RingSlot> ControlRing::TrySubmit(const RingSubmission& s) {
   if (closed() || s.tensor_name.empty() || s.tensor_name.size() > ring::kMaxTensorName) {
     return nullptr;

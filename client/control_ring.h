@@ -55,12 +55,12 @@ class ControlRing {
   ControlRing(const ControlRing&) = delete;
   ControlRing& operator=(const ControlRing&) = delete;
 
-  // For AttachControlRing.
-  const std::string& shm_name() const { return buffer_->name(); }
+  // For AttachControlRing: the ring's memfd (until CloseMemfd) and size, to register it with
+  // the agent over the buffer socket.
+  int memfd() const { return buffer_->fd(); }
   uint64_t size_bytes() const { return buffer_->size(); }
-  // The agent has mapped the object: the name can go (nothing is left in /dev/shm if the
-  // process dies).
-  void Unlink();
+  // The agent has mapped the memory: the descriptor can go (the mappings keep it alive).
+  void CloseMemfd() { buffer_->fd_.Reset(); }
 
   // Pushes a submission and returns its slot; null when the ring cannot take it now (as many
   // operations in flight as the completion queue holds, submission queue full, or closed):

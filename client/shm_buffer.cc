@@ -8,8 +8,6 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
-#include <random>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -44,55 +42,42 @@ absl::Status ErrnoStatus(int err, const std::string& call, const std::string& na
   }
 }
 
-constexpr char kNamePrefix[] = "tributary-";
-
-std::string NewName() {
+std::string NewLabel() {
   static std::atomic<uint64_t> counter{0};
-  thread_local std::mt19937 rng(std::random_device{}());
-  return absl::StrFormat("/%s%d-%d-%08x", kNamePrefix, getpid(), counter.fetch_add(1),
-                         static_cast<uint32_t>(rng()));
+  return absl::StrFormat("tributary-%d-%d", getpid(), counter.fetch_add(1));
 }
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SharedBuffer>> SharedBuffer::Create(size_t bytes) {
   if (bytes == 0) return absl::InvalidArgumentError("shared buffer size must be > 0 bytes");
-  std::string name;
-  int fd = -1;
-  for (int attempt = 0; attempt < 8 && fd < 0; ++attempt) {
-    name = NewName();
-    fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, S_IRUSR | S_IWUSR);
-    if (fd < 0 && errno != EEXIST) return ErrnoStatus(errno, "shm_open", name);
+  const std::string name = NewLabel();
+  common::UniqueFd fd(memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!fd.valid()) return ErrnoStatus(errno, "memfd_create", name);
+  if (ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) {
+    return ErrnoStatus(errno, "ftruncate", name);
   }
-  if (fd < 0) return ErrnoStatus(EEXIST, "shm_open", name);
-
-  auto fail = [&](const char* call) {
-    const int err = errno;
-    close(fd);
-    shm_unlink(name.c_str());
-    return ErrnoStatus(err, call, name);
-  };
-  if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) return fail("ftruncate");
-  // Reserve the pages now: a full /dev/shm then fails here with RESOURCE_EXHAUSTED instead of
-  // a SIGBUS on first touch. Filesystems without fallocate support just skip it.
-  if (int err = posix_fallocate(fd, 0, static_cast<off_t>(bytes)); err != 0) {
-    if (err == ENOSPC || err == EFBIG) {
-      errno = err;
-      return fail("posix_fallocate");
-    }
+  // Reserve the pages now: a full tmpfs or memory cgroup then fails here with
+  // RESOURCE_EXHAUSTED instead of a SIGBUS on first touch.
+  if (int err = posix_fallocate(fd.get(), 0, static_cast<off_t>(bytes)); err != 0) {
+    if (err == ENOSPC || err == EFBIG || err == ENOMEM) return ErrnoStatus(err, "fallocate", name);
   }
-  void* data = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (data == MAP_FAILED) return fail("mmap");
-  close(fd);  // The mapping keeps the object alive.
-  return std::unique_ptr<SharedBuffer>(new SharedBuffer(std::move(name), data, bytes));
+  // The agent maps only sealed memory: its size can never change under the mapping.
+  if (fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    return ErrnoStatus(errno, "fcntl(F_ADD_SEALS)", name);
+  }
+  void* data = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  if (data == MAP_FAILED) return ErrnoStatus(errno, "mmap", name);
+  return std::unique_ptr<SharedBuffer>(new SharedBuffer(name, data, bytes, std::move(fd)));
 }
 
-SharedBuffer::SharedBuffer(std::string name, void* data, size_t size)
-    : name_(std::move(name)), data_(data), size_(size) {}
+SharedBuffer::SharedBuffer(std::string name, void* data, size_t size, common::UniqueFd fd)
+    : name_(std::move(name)), data_(data), size_(size), fd_(std::move(fd)) {}
 
 void SharedBuffer::SetRegistration(std::shared_ptr<internal::AgentSession> session, uint64_t id) {
   session_ = std::move(session);
   id_ = id;
+  fd_.Reset();  // the agent holds its own mapping; ours keeps the memory alive here
 }
 
 SharedBuffer::~SharedBuffer() {
@@ -111,21 +96,6 @@ SharedBuffer::~SharedBuffer() {
   if (munmap(data_, size_) != 0) {
     Log()->warn("munmap of shared buffer {} failed: {}", name_, std::strerror(errno));
   }
-  if (shm_unlink(name_.c_str()) != 0 && errno != ENOENT) {
-    Log()->warn("shm_unlink({}) failed: {}", name_, std::strerror(errno));
-  }
-}
-
-int UnlinkSharedBuffersOf(int pid) {
-  const std::string prefix = absl::StrCat(kNamePrefix, pid, "-");
-  int removed = 0;
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind(prefix, 0) != 0) continue;
-    if (shm_unlink(("/" + name).c_str()) == 0) ++removed;
-  }
-  return removed;
 }
 
 }  // namespace tributary::client

@@ -1,4 +1,4 @@
-// POSIX shared memory through which a training process hands tensors to its local agent.
+// Shared memory through which a training process hands tensors to its local agent.
 #pragma once
 
 #include <cstddef>
@@ -8,31 +8,34 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/unix_fd.h"
 
 namespace tributary::client {
 
 namespace internal {
 class AgentSession;
+class ControlRing;
 }  // namespace internal
 
 class Client;
 
-// A POSIX shared-memory object created by this process (shm_open with O_CREAT | O_EXCL, sized
-// with ftruncate, mapped MAP_SHARED read/write) that the local agent maps too, once
-// registered. Tensor bytes move between the process and the agent through it; no bytes travel
-// over gRPC.
+// Anonymous shared memory created by this process (memfd_create, sized, its size sealed with
+// F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL, mapped MAP_SHARED read/write) that the local agent
+// maps too once registered: Client::AllocateBuffer sends the memfd over the agent's buffer socket
+// (common/buffer_socket_protocol.h). Tensor bytes move between the process and the agent through
+// it; no bytes travel over gRPC. It has no name: no other process can open it, and it is gone
+// once the last mapping closes -- nothing is left behind in /dev/shm when a process dies.
 //
-// Ownership: the buffer owns the object and the mapping. The destructor unregisters it from the
-// agent (best effort, only while the session is active), unmaps it and shm_unlinks the name, so
-// the object is gone once the last mapping (the agent's) closes. A buffer may outlive the
-// Client that allocated it.
+// Ownership: the buffer owns the mapping (and the memfd until it is registered). The destructor
+// unregisters it from the agent (best effort, only while the session is active) and unmaps it.
+// A buffer may outlive the Client that allocated it.
 // Threading: the accessors are thread-safe; the bytes are the caller's to synchronise — do not
 // write a region while a collective on it is in flight.
 class SharedBuffer {
  public:
-  // Creates and maps a new object of `bytes` bytes (> 0), zero-filled, named
-  // "/tributary-<pid>-<counter>-<random>". Not registered with any agent (id() == 0);
-  // Client::AllocateBuffer creates and registers one.
+  // Creates and maps a new sealed memfd of `bytes` bytes (> 0), zero-filled, labelled
+  // "tributary-<pid>-<counter>" (what /proc/PID/maps shows). Not registered with any agent
+  // (id() == 0); Client::AllocateBuffer creates and registers one.
   static absl::StatusOr<std::unique_ptr<SharedBuffer>> Create(size_t bytes);
 
   SharedBuffer(const SharedBuffer&) = delete;
@@ -45,8 +48,11 @@ class SharedBuffer {
   size_t size() const { return size_; }
   // The agent's id of the registered buffer; 0 when not registered.
   uint64_t id() const { return id_; }
-  // The name passed to shm_open (starts with '/').
+  // The memfd's label, for messages.
   const std::string& name() const { return name_; }
+  // The memfd while the buffer is not registered (what Client::AllocateBuffer sends to the
+  // agent); -1 once it is.
+  int fd() const { return fd_.get(); }
 
   // The whole buffer as elements of T (size() / sizeof(T) of them; the tail that does not fill
   // a whole T is left out).
@@ -58,7 +64,9 @@ class SharedBuffer {
  private:
   friend class Client;
 
-  SharedBuffer(std::string name, void* data, size_t size);
+  friend class internal::ControlRing;
+
+  SharedBuffer(std::string name, void* data, size_t size, common::UniqueFd fd);
 
   // Called by Client::AllocateBuffer once the agent has registered the buffer.
   void SetRegistration(std::shared_ptr<internal::AgentSession> session, uint64_t id);
@@ -66,15 +74,9 @@ class SharedBuffer {
   const std::string name_;
   void* const data_;
   const size_t size_;
+  common::UniqueFd fd_;
   std::shared_ptr<internal::AgentSession> session_;
   uint64_t id_ = 0;
 };
-
-// Removes the shared-memory objects of SharedBuffers that process `pid` created and did not
-// unlink (it was killed, or exited without running destructors): the names
-// "/tributary-<pid>-*" (see SharedBuffer). For whoever started the process, once it has been
-// reaped (a live process's buffers are left alone only by not calling this). Returns how many
-// were removed; objects of other processes are never touched.
-int UnlinkSharedBuffersOf(int pid);
 
 }  // namespace tributary::client

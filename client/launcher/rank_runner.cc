@@ -13,7 +13,6 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
-#include "client/shm_buffer.h"
 
 extern char** environ;
 
@@ -232,9 +231,6 @@ absl::StatusOr<int> RunRanks(const std::vector<RankLaunch>& launches,
       const pid_t w = waitpid(r.pid, &status, WNOHANG);
       if (w == r.pid || (w < 0 && errno == ECHILD)) {
         r.running = false;
-        // A rank that was killed (or exited without its destructors) leaves its shared
-        // buffers in /dev/shm: they are named after its pid, which is now free.
-        UnlinkSharedBuffersOf(r.pid);
         r.status = w == r.pid ? DecodeStatus(status) : 1;
         if (r.status != 0 && !result) {
           stop_all(r.status, absl::StrCat("rank ", r.rank, " exited with status ", r.status,

@@ -240,16 +240,13 @@ TEST_F(AgentTest, TickSweepsTheDataPlaneAndTheLocalGathers) {
   EXPECT_EQ(runner_->ticks(), 1);
   // A submission whose partner never comes fails at the plan's op timeout (1500 ms).
   testing::ScopedShm shm(64);
-  tributary::v1::RegisterBufferRequest reg;
-  reg.set_session_id(joined->session_id());
-  reg.set_shm_name(shm.name());
-  reg.set_size_bytes(64);
-  tributary::v1::RegisterBufferResponse buffer;
-  ASSERT_TRUE(agent_->local().RegisterBuffer(reg, &buffer).ok());
+  absl::StatusOr<uint64_t> buffer =
+      testing::RegisterShm(agent_->local(), joined->session_id(), shm);
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
   tributary::v1::SubmitRequest req;
   req.set_session_id(joined->session_id());
   req.set_tensor_name("grad");
-  req.set_buffer_id(buffer.buffer_id());
+  req.set_buffer_id(*buffer);
   req.set_count(16);
   req.set_dtype(tributary::v1::DATA_TYPE_FLOAT32);
   req.set_op(tributary::v1::COLLECTIVE_OP_SUM);

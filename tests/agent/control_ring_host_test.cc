@@ -112,19 +112,16 @@ class ControlRingHostTest : public ::testing::Test {
     return resp.session_id();
   }
   uint64_t Register(const std::string& session, const testing::ScopedShm& shm) {
-    tributary::v1::RegisterBufferRequest req;
-    req.set_session_id(session);
-    req.set_shm_name(shm.name());
-    req.set_size_bytes(shm.size());
-    tributary::v1::RegisterBufferResponse resp;
-    EXPECT_TRUE(service_.RegisterBuffer(req, &resp).ok());
-    return resp.buffer_id();
+    absl::StatusOr<uint64_t> id = testing::RegisterShm(service_, session, shm);
+    EXPECT_TRUE(id.ok()) << id.status();
+    return id.value_or(0);
   }
   absl::Status Attach(const std::string& session, const RawClient& client) {
+    absl::StatusOr<uint64_t> id = testing::RegisterShm(service_, session, client.shm());
+    if (!id.ok()) return id.status();
     tributary::v1::AttachControlRingRequest req;
     req.set_session_id(session);
-    req.set_shm_name(client.shm().name());
-    req.set_size_bytes(client.shm().size());
+    req.set_buffer_id(*id);
     tributary::v1::AttachControlRingResponse resp;
     absl::Status s = rings_.Attach(req, &resp);
     if (s.ok()) EXPECT_EQ(resp.version(), ring::kVersion);
@@ -208,7 +205,8 @@ TEST_F(ControlRingHostTest, RefusedEntriesGetAnErrorNamingTheProblemAndTheSessio
   EXPECT_EQ(ring::StatusOf(got[0]).message(),
             "job 'solo' tensor 't': buffer 9 is not registered in this session");
   EXPECT_EQ(ring::StatusOf(got[1]).message(),
-            "job 'solo' tensor 't': bytes [56, 72) do not fit buffer 1 of 64 bytes");
+            "job 'solo' tensor 't': bytes [56, 72) do not fit buffer " + std::to_string(b) +
+                " of 64 bytes");
   EXPECT_EQ(ring::StatusOf(got[2]).message(), "job 'solo' tensor 't': unknown dtype 99");
   EXPECT_THAT(ring::StatusOf(got[3]).message(), HasSubstr("op 42"));
   EXPECT_THAT(ring::StatusOf(got[4]).message(), HasSubstr("tensor name length 0"));
@@ -313,8 +311,7 @@ TEST_F(ControlRingHostTest, AttachErrors) {
 
   tributary::v1::AttachControlRingRequest missing;
   missing.set_session_id(s);
-  missing.set_shm_name("/tributary-no-such-ring");
-  missing.set_size_bytes(4096);
+  missing.set_buffer_id(12345);  // never registered
   EXPECT_EQ(rings_.Attach(missing, &resp).code(), absl::StatusCode::kNotFound);
 
   c.header()->version = 9;

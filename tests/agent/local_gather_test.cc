@@ -32,7 +32,7 @@ TEST(LocalGatherTest, ThreeRanksInAnyOrderBecomeOneOperationInRankOrder) {
   std::vector<std::shared_ptr<OpHandle>> handles;
   Deferred after;
   for (uint32_t rank : {2u, 0u, 1u}) {
-    auto mapping = MapSharedMemory(shm.name(), shm.size());
+    auto mapping = MapSealedMemory(shm.fd(), shm.size(), shm.name());
     ASSERT_TRUE(mapping.ok()) << mapping.status();
     Submission sub;
     sub.local_rank = rank;

@@ -62,14 +62,11 @@ class LocalGrpcServiceTest : public ::testing::Test {
     if (!s.ok()) return s;
     return resp.session_id();
   }
+  // Buffers come over the buffer socket, not gRPC: straight into the service here.
   uint64_t Register(const std::string& session, const testing::ScopedShm& shm) {
-    tributary::v1::RegisterBufferRequest req;
-    req.set_session_id(session);
-    req.set_shm_name(shm.name());
-    req.set_size_bytes(shm.size());
-    tributary::v1::RegisterBufferResponse resp;
-    EXPECT_TRUE(stub_->RegisterBuffer(Context().get(), req, &resp).ok());
-    return resp.buffer_id();
+    absl::StatusOr<uint64_t> id = testing::RegisterShm(service_, session, shm);
+    EXPECT_TRUE(id.ok()) << id.status();
+    return id.value_or(0);
   }
   absl::StatusOr<uint64_t> Submit(const std::string& session, uint64_t buffer) {
     tributary::v1::SubmitRequest req;
@@ -207,8 +204,7 @@ TEST_F(LocalGrpcServiceTest, AttachControlRingIsUnimplementedWithoutRings) {
   ASSERT_TRUE(s0.ok());
   tributary::v1::AttachControlRingRequest req;
   req.set_session_id(*s0);
-  req.set_shm_name("/tributary-ring");
-  req.set_size_bytes(4096);
+  req.set_buffer_id(1);
   tributary::v1::AttachControlRingResponse resp;
   const grpc::Status status = stub_->AttachControlRing(Context().get(), req, &resp);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED);

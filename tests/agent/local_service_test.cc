@@ -2,6 +2,9 @@
 // failures, against a FakeCollectiveRunner and a FakeClock.
 #include "agent/local_service.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -18,8 +21,8 @@ namespace tributary::agent {
 namespace {
 
 using ::testing::ElementsAre;
+using ::testing::HasSubstr;
 using ::testing::IsEmpty;
-using testing::LeftoverShm;
 using ::testing::MatchesRegex;
 using testing::ScopedShm;
 using namespace std::chrono_literals;
@@ -27,7 +30,6 @@ using namespace std::chrono_literals;
 // However the tests end, no shared-memory object of theirs is left behind.
 class NoShmLeftovers : public ::testing::Environment {
  public:
-  void TearDown() override { EXPECT_THAT(LeftoverShm(), IsEmpty()); }
 };
 const auto* const kNoShmLeftovers = ::testing::AddGlobalTestEnvironment(new NoShmLeftovers);
 
@@ -69,16 +71,9 @@ class LocalServiceTest : public ::testing::Test {
     EXPECT_TRUE(resp.ok()) << resp.status();
     return resp.ok() ? resp->session_id() : "";
   }
-  absl::StatusOr<uint64_t> Register(const std::string& session, const std::string& name,
+  absl::StatusOr<uint64_t> Register(const std::string& session, const ScopedShm& shm,
                                     uint64_t size) {
-    tributary::v1::RegisterBufferRequest req;
-    req.set_session_id(session);
-    req.set_shm_name(name);
-    req.set_size_bytes(size);
-    tributary::v1::RegisterBufferResponse resp;
-    absl::Status s = service_.RegisterBuffer(req, &resp);
-    if (!s.ok()) return s;
-    return resp.buffer_id();
+    return service_.RegisterBuffer(testing::Self(), session, size, shm.Dup());
   }
   static tributary::v1::SubmitRequest Request(
       const std::string& session, const std::string& tensor, uint64_t buffer, uint64_t count = 16,
@@ -121,8 +116,8 @@ class LocalServiceTest : public ::testing::Test {
   void JoinBoth() {
     s0_ = Join(0);
     s1_ = Join(1);
-    auto b0 = Register(s0_, shm0_.name(), shm0_.size());
-    auto b1 = Register(s1_, shm1_.name(), shm1_.size());
+    auto b0 = Register(s0_, shm0_, shm0_.size());
+    auto b1 = Register(s1_, shm1_, shm1_.size());
     ASSERT_TRUE(b0.ok()) << b0.status();
     ASSERT_TRUE(b1.ok()) << b1.status();
     b0_ = *b0;
@@ -149,7 +144,7 @@ TEST_F(LocalServiceTest, JoinGivesGlobalRankWorldSizeAndPlanVersion) {
   EXPECT_EQ(r1->global_rank(), 3u);
   EXPECT_EQ(r1->world_size(), 4u);
   EXPECT_EQ(r1->plan_version(), 7u);
-  EXPECT_THAT(r0->session_id(), MatchesRegex("[0-9a-f]{16}"));
+  EXPECT_THAT(r0->session_id(), MatchesRegex("[0-9a-f]{32}"));
   EXPECT_NE(r0->session_id(), r1->session_id());
   EXPECT_EQ(service_.num_sessions(), 2u);
 }
@@ -241,7 +236,7 @@ TEST_F(LocalServiceTest, ShutdownEndsSessionsParkedWaitsAndNewJoins) {
   auto joined = JoinAs(0, 1, "solo");
   ASSERT_TRUE(joined.ok()) << joined.status();
   const std::string session = joined->session_id();
-  auto buffer = Register(session, shm0_.name(), shm0_.size());
+  auto buffer = Register(session, shm0_, shm0_.size());
   ASSERT_TRUE(buffer.ok());
   bool ended = false;
   ASSERT_TRUE(service_.WatchSession(session, [&] { ended = true; }).ok());
@@ -268,8 +263,8 @@ TEST_F(LocalServiceTest, ShutdownEndsSessionsParkedWaitsAndNewJoins) {
 TEST_F(LocalServiceTest, RegisteredBuffersMapTheProcesssMemory) {
   const std::string session = Join(0);
   Join(1);
-  auto first = Register(session, shm0_.name(), 4096);
-  auto second = Register(session, shm1_.name(), 1024);  // a prefix of the object is fine
+  auto first = Register(session, shm0_, 4096);
+  auto second = Register(session, shm1_, 1024);  // a prefix of the object is fine
   ASSERT_TRUE(first.ok()) << first.status();
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_EQ(*first, 1u);
@@ -294,30 +289,46 @@ TEST_F(LocalServiceTest, RegisteredBuffersMapTheProcesssMemory) {
   EXPECT_EQ(service_.UnregisterBuffer(unregister).code(), absl::StatusCode::kNotFound);
 }
 
-TEST_F(LocalServiceTest, RegisterRejectsSmallMissingAndMisnamedObjects) {
+TEST_F(LocalServiceTest, RegisterRejectsSmallUnsealedAndForeignMemory) {
   const std::string session = Join(0);
   ScopedShm small(1024);
-  auto too_small = Register(session, small.name(), 4096);
+  auto too_small = Register(session, small, 4096);
   EXPECT_EQ(too_small.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(too_small.status().message(),
-            "shared memory '" + small.name() + "' has 1024 bytes, fewer than the 4096 declared");
+  EXPECT_EQ(too_small.status().message(), "buffer of session '" + session +
+                                              "': the memfd holds 1024 bytes, fewer than the "
+                                              "4096 declared");
+  // Unsealed memory could shrink under the agent's mapping (SIGBUS): refused.
+  ScopedShm unsealed(1024, /*seal=*/false);
+  auto loose = Register(session, unsealed, 1024);
+  EXPECT_EQ(loose.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(loose.status().message(), HasSubstr("must be sealed with F_SEAL_SHRINK"));
+  // A descriptor that is not a memfd at all (a pipe) is refused before anything is mapped.
+  int pipe_fds[2];
+  ASSERT_EQ(pipe2(pipe_fds, O_CLOEXEC), 0);
+  common::UniqueFd read_end(pipe_fds[0]), write_end(pipe_fds[1]);
+  auto pipe = service_.RegisterBuffer(testing::Self(), session, 64, std::move(read_end));
+  EXPECT_EQ(pipe.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(pipe.status().message(), HasSubstr("not a sealable memfd"));
 
-  const std::string missing = "/" + testing::ShmPrefix() + "never-created";
-  auto unknown = Register(session, missing, 64);
-  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(unknown.status().message(),
-            "shm_open('" + missing + "') failed: No such file or directory");
-
-  auto unnamed = Register(session, "no-slash", 64);
-  EXPECT_EQ(unnamed.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(unnamed.status().message(),
-            "shm_name 'no-slash' must be '/' followed by up to 254 characters without '/'");
-  auto empty = Register(session, small.name(), 0);
+  auto empty = Register(session, small, 0);
   EXPECT_EQ(empty.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(empty.status().message(),
-            "buffer '" + small.name() + "': size_bytes 0 is not in [1, 1 TiB]");
-  auto no_session = Register("nobody", small.name(), 64);
+  EXPECT_EQ(empty.status().message(), "buffer size 0 bytes is not in [1, 1 TiB]");
+  auto no_session = Register("nobody", small, 64);
   EXPECT_EQ(no_session.status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(LocalServiceTest, ASessionBelongsToTheUidOfItsFirstBuffer) {
+  const std::string session = Join(0);
+  ScopedShm shm(64);
+  ASSERT_TRUE(Register(session, shm, 64).ok());
+  common::PeerCredentials stranger = testing::Self();
+  stranger.uid += 4242;
+  auto refused = service_.RegisterBuffer(stranger, session, 64, shm.Dup());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("uid " + std::to_string(stranger.uid) + " may not add buffers"));
+  // The owner keeps going.
+  EXPECT_TRUE(Register(session, shm, 64).ok());
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,8 +1,7 @@
-// POSIX shared-memory objects that a test creates, as a training process would, and that are
-// unlinked when the test ends however it ends.
+// Shared memory that a test creates as a training process would: a memfd, sized, its size sealed,
+// mapped into the test too, and registered with the agent the way the buffer socket does.
 #pragma once
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -10,41 +9,27 @@
 #include <atomic>
 #include <cstddef>
 #include <string>
-#include <vector>
 
+#include "absl/status/statusor.h"
+#include "agent/local_service.h"
+#include "common/unix_fd.h"
 #include "gtest/gtest.h"
 
 namespace tributary::agent::testing {
 
-// Every object this binary creates starts with this prefix (and the process id).
-inline std::string ShmPrefix() { return "tributary-agent-test-" + std::to_string(getpid()) + "-"; }
-
-// Names in /dev/shm left by this process (none once every ScopedShm is gone).
-inline std::vector<std::string> LeftoverShm() {
-  std::vector<std::string> out;
-  DIR* dir = opendir("/dev/shm");
-  if (dir == nullptr) return out;
-  const std::string prefix = ShmPrefix();
-  while (dirent* e = readdir(dir)) {
-    if (std::string(e->d_name).rfind(prefix, 0) == 0) out.push_back(e->d_name);
-  }
-  closedir(dir);
-  return out;
-}
-
-// A shared-memory object of `size` bytes, mapped into the test too. Unlinked and unmapped in
-// the destructor, which also runs when an ASSERT fails.
+// A sealed memfd of `size` bytes (unsealed when `seal` is false, to test the refusal), mapped
+// into the test. Unmapped and closed in the destructor, which also runs when an ASSERT fails.
 class ScopedShm {
  public:
-  explicit ScopedShm(size_t size) : size_(size) {
+  explicit ScopedShm(size_t size, bool seal = true) : size_(size) {
     static std::atomic<int> next{0};
-    name_ = "/" + ShmPrefix() + std::to_string(next++);
-    const int fd = shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    EXPECT_GE(fd, 0) << name_;
-    if (fd < 0) return;
-    EXPECT_EQ(ftruncate(fd, static_cast<off_t>(size)), 0);
-    void* data = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
+    name_ = "tributary-agent-test-" + std::to_string(next++);
+    fd_ = common::UniqueFd(memfd_create(name_.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    EXPECT_TRUE(fd_.valid()) << name_;
+    if (!fd_.valid()) return;
+    EXPECT_EQ(ftruncate(fd_.get(), static_cast<off_t>(size)), 0);
+    if (seal) EXPECT_EQ(fcntl(fd_.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+    void* data = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd_.get(), 0);
     EXPECT_NE(data, MAP_FAILED);
     if (data != MAP_FAILED) data_ = static_cast<std::byte*>(data);
   }
@@ -52,11 +37,13 @@ class ScopedShm {
   ScopedShm& operator=(const ScopedShm&) = delete;
   ~ScopedShm() {
     if (data_ != nullptr) munmap(data_, size_);
-    shm_unlink(name_.c_str());
   }
 
   const std::string& name() const { return name_; }
   size_t size() const { return size_; }
+  int fd() const { return fd_.get(); }
+  // A duplicate of the memfd, as the buffer socket hands the agent one.
+  common::UniqueFd Dup() const { return common::UniqueFd(fcntl(fd_.get(), F_DUPFD_CLOEXEC, 0)); }
   template <typename T>
   T* as() const {
     return reinterpret_cast<T*>(data_);
@@ -65,7 +52,18 @@ class ScopedShm {
  private:
   std::string name_;
   size_t size_;
+  common::UniqueFd fd_;
   std::byte* data_ = nullptr;
 };
+
+// This process's credentials, as SO_PEERCRED reports them.
+inline common::PeerCredentials Self() { return {getpid(), getuid(), getgid()}; }
+
+// Registers `shm` (its first `size` bytes; all of it by default) with `session`, as the buffer
+// socket does for a process of this uid.
+inline absl::StatusOr<uint64_t> RegisterShm(LocalService& service, const std::string& session,
+                                            const ScopedShm& shm, uint64_t size = 0) {
+  return service.RegisterBuffer(Self(), session, size == 0 ? shm.size() : size, shm.Dup());
+}
 
 }  // namespace tributary::agent::testing

@@ -15,6 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include "agent/buffer_socket.h"
+#include "common/buffer_socket_protocol.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -80,23 +82,23 @@ class FakeAgent final : public v1::Agent::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status RegisterBuffer(grpc::ServerContext*, const v1::RegisterBufferRequest* request,
-                              v1::RegisterBufferResponse* response) override {
-    int fd = shm_open(request->shm_name().c_str(), O_RDWR, 0);
-    if (fd < 0) return grpc::Status(grpc::StatusCode::NOT_FOUND, "no such shm object");
+  // What the agent's buffer socket hands over (agent/buffer_socket.h): the memfd, mapped here.
+  absl::StatusOr<uint64_t> RegisterBuffer(const common::PeerCredentials&, const std::string&,
+                                          uint64_t size_bytes, common::UniqueFd fd) {
     struct stat st;
-    fstat(fd, &st);
-    if (static_cast<uint64_t>(st.st_size) != request->size_bytes()) {
-      close(fd);
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "size mismatch");
+    fstat(fd.get(), &st);
+    if (static_cast<uint64_t>(st.st_size) != size_bytes) {
+      return absl::InvalidArgumentError("size mismatch");
     }
-    void* data = mmap(nullptr, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
+    if ((fcntl(fd.get(), F_GET_SEALS) & (F_SEAL_SHRINK | F_SEAL_GROW)) !=
+        (F_SEAL_SHRINK | F_SEAL_GROW)) {
+      return absl::InvalidArgumentError("not sealed");
+    }
+    void* data = mmap(nullptr, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
     std::lock_guard lock(mu_);
     const uint64_t id = next_buffer_id_++;
     buffers_[id] = {data, static_cast<size_t>(st.st_size)};
-    response->set_buffer_id(id);
-    return grpc::Status::OK;
+    return id;
   }
 
   grpc::Status UnregisterBuffer(grpc::ServerContext*, const v1::UnregisterBufferRequest* request,
@@ -218,11 +220,22 @@ class ClientTest : public ::testing::Test {
     builder.RegisterService(&agent_);
     server_ = builder.BuildAndStart();
     ASSERT_NE(server_, nullptr);
+    auto buffers = agent::BufferSocketServer::Start(
+        common::buffer_socket::PathFor(socket_path_), {},
+        [this](const common::PeerCredentials& peer, const std::string& session, uint64_t size,
+               common::UniqueFd fd) {
+          return agent_.RegisterBuffer(peer, session, size, std::move(fd));
+        });
+    ASSERT_TRUE(buffers.ok()) << buffers.status();
+    buffers_ = *std::move(buffers);
     options_.agent_address = "unix:" + socket_path_;
     options_.rpc_timeout = 2000ms;
     options_.join_timeout = 5000ms;
+    // This fake agent serves no control ring: only the test of joining offers one.
+    options_.control_ring = false;
   }
   void TearDown() override {
+    if (buffers_) buffers_->Stop();
     server_->Shutdown(std::chrono::system_clock::now() + 1s);
     unlink(socket_path_.c_str());
   }
@@ -236,11 +249,13 @@ class ClientTest : public ::testing::Test {
   std::string socket_path_;
   FakeAgent agent_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<agent::BufferSocketServer> buffers_;
   ClientOptions options_;
 };
 
 TEST_F(ClientTest, ConnectRetriesWhileTheAgentHasNoPlan) {
   agent_.join_failures_left = 2;
+  options_.control_ring = true;
   std::unique_ptr<Client> client = Join();
   ASSERT_NE(client, nullptr);
   EXPECT_EQ(agent_.joins.load(), 3);
@@ -249,6 +264,9 @@ TEST_F(ClientTest, ConnectRetriesWhileTheAgentHasNoPlan) {
   EXPECT_EQ(client->world_size(), kWorldSize);
   EXPECT_EQ(client->plan_version(), 7u);
   EXPECT_FALSE(client->has_control_ring());  // this fake agent lacks AttachControlRing
+  // The ring's memory was registered to offer it, and unregistered when the agent declined.
+  EXPECT_EQ(agent_.registered(), 0u);
+  EXPECT_EQ(agent_.unregistered(), 1);
   EXPECT_EQ(client->local_rank(), 1u);
   EXPECT_EQ(client->local_size(), 2u);
   ASSERT_TRUE(agent_.WaitKeepAlive(/*open=*/true));
@@ -466,11 +484,9 @@ TEST_F(ClientTest, LeaveEndsTheSessionAndBuffersCleanUp) {
   client.reset();  // Leaves the job and cancels the keepalive stream.
   EXPECT_EQ(agent_.leaves(), 1);
   EXPECT_TRUE(agent_.WaitKeepAlive(/*open=*/false));
-  // The buffer outlives the client: it still unmaps and unlinks, without RPCs.
-  const std::string name = (*kept)->name();
+  // The buffer outlives the client: it still unmaps, without RPCs.
   kept->reset();
   EXPECT_EQ(agent_.unregistered(), 1);
-  EXPECT_LT(shm_open(name.c_str(), O_RDONLY, 0), 0);
 }
 
 TEST_F(ClientTest, CallsAfterLeaveFail) {

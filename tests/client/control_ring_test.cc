@@ -18,6 +18,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "tests/util/buffer_socket.h"
 
 namespace tributary::client {
 namespace {
@@ -46,6 +47,7 @@ class ControlRingTest : public ::testing::Test {
     builder.RegisterService(grpc_service_.get());
     server_ = builder.BuildAndStart();
     ASSERT_NE(server_, nullptr);
+    buffers_ = tributary::testing::ServeBuffers(service_, socket_);
     options_.agent_address = "unix:" + socket_;
     options_.rpc_timeout = 5000ms;
     options_.join_timeout = 5000ms;
@@ -55,6 +57,7 @@ class ControlRingTest : public ::testing::Test {
     rings_.Shutdown();
     service_.Shutdown();
     server_->Shutdown(std::chrono::system_clock::now() + 1s);
+    buffers_.reset();
     unlink(socket_.c_str());
   }
 
@@ -72,6 +75,7 @@ class ControlRingTest : public ::testing::Test {
   agent::ControlRings rings_{&service_};
   std::unique_ptr<agent::LocalGrpcService> grpc_service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<agent::BufferSocketServer> buffers_;
   std::string socket_;
   ClientOptions options_;
   std::vector<std::unique_ptr<Client>> clients_;
@@ -329,6 +333,7 @@ TEST(ControlRingFallbackTest, AnAgentWithoutTheRpcIsServedThroughSubmit) {
   builder.RegisterService(&grpc_service);
   auto server = builder.BuildAndStart();
   ASSERT_NE(server, nullptr);
+  auto buffers = tributary::testing::ServeBuffers(service, socket);
   {
     ClientOptions options;
     options.agent_address = "unix:" + socket;

@@ -15,9 +15,11 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "client/buffer_channel.h"
 #include "client/client.h"
 #include "common/hash.h"
 #include "common/rpc/grpc_status.h"
+#include "common/unix_fd.h"
 #include "grpcpp/grpcpp.h"
 #include "tests/util/typed_values.h"
 #include "tributary/v1/agent.grpc.pb.h"
@@ -279,26 +281,30 @@ void BadInput(Client& c, const std::string& agent) {
              }),
              absl::StatusCode::kInvalidArgument, "broadcast root out of range");
   {
-    tributary::v1::RegisterBufferRequest req;
-    req.set_session_id(c.session_id());
-    req.set_shm_name("/tributary-does-not-exist");
-    req.set_size_bytes(64);
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    tributary::v1::RegisterBufferResponse resp;
-    ExpectCode(tributary::common::FromGrpcStatus(stub->RegisterBuffer(&ctx, req, &resp)),
-               absl::StatusCode::kNotFound, "missing shm object");
-  }
-  {
-    tributary::v1::RegisterBufferRequest req;
-    req.set_session_id(c.session_id());
-    req.set_shm_name((*buf)->name());
-    req.set_size_bytes(1 << 20);  // larger than the object
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    tributary::v1::RegisterBufferResponse resp;
-    ExpectCode(tributary::common::FromGrpcStatus(stub->RegisterBuffer(&ctx, req, &resp)),
-               absl::StatusCode::kInvalidArgument, "buffer larger than its object");
+    // Buffers arrive over the buffer socket as sealed memfds; the agent refuses the rest.
+    auto channel = tributary::client::internal::BufferChannel::Connect(agent);
+    Expect(channel.ok(), absl::StrCat("buffer socket: ", channel.status().ToString()));
+    if (!channel.ok()) return;
+    const auto memfd = [](size_t size, bool seal) {
+      const int fd = memfd_create("bad-input", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+      if (ftruncate(fd, static_cast<off_t>(size)) != 0) return -1;
+      if (seal && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) return -1;
+      return fd;
+    };
+    // An unsealed memfd could be shrunk after registration and kill the agent with SIGBUS.
+    tributary::common::UniqueFd unsealed(memfd(64, false));
+    ExpectCode(
+        (*channel)->Register(c.session_id(), unsealed.get(), 64, std::chrono::seconds(5)).status(),
+        absl::StatusCode::kInvalidArgument, "unsealed memfd", "must be sealed");
+    tributary::common::UniqueFd small(memfd(64, true));
+    ExpectCode((*channel)
+                   ->Register(c.session_id(), small.get(), 1 << 20, std::chrono::seconds(5))
+                   .status(),
+               absl::StatusCode::kInvalidArgument, "memfd smaller than declared",
+               "fewer than the 1048576 declared");
+    ExpectCode(
+        (*channel)->Register("no-such-session", small.get(), 64, std::chrono::seconds(5)).status(),
+        absl::StatusCode::kNotFound, "unknown session", "no-such-session");
   }
   // Nothing was lost: rejected submissions used no iteration, the next one is exact.
   for (size_t i = 0; i < 256; ++i) Put(DataType::kFloat32, (*buf)->data(), i, 3);
@@ -386,9 +392,6 @@ void Disconnect(Client& c, uint32_t procs_per_node) {
   Expect(s.ok(), absl::StrCat("warm-up: ", s.ToString()));
   if (c.global_rank() == 1) {
     std::fflush(stdout);
-    // A real crash would leave the shared-memory name behind (the agent keeps its mapping, so
-    // unlinking it changes nothing for the test); the test must not leave it in /dev/shm.
-    shm_unlink((*buf)->name().c_str());
     _exit(3);  // dies without leaving the job or submitting "d.lost"
   }
   const auto start = std::chrono::steady_clock::now();

@@ -1,0 +1,237 @@
+#include "agent/buffer_socket.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/buffer_socket_protocol.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+
+namespace tributary::agent {
+namespace {
+
+namespace protocol = common::buffer_socket;
+constexpr auto Log = common::ComponentLog<"agent">;
+
+absl::Status Errno(std::string_view what, const std::string& path) {
+  return absl::UnavailableError(
+      absl::StrCat(std::string(what), " '", path, "': ", std::strerror(errno)));
+}
+
+absl::StatusOr<sockaddr_un> UnixAddress(const std::string& path) {
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof(address.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat("socket path '", path, "' must have 1 to ",
+                                                   sizeof(address.sun_path) - 1, " bytes"));
+  }
+  std::memcpy(address.sun_path, path.data(), path.size());
+  return address;
+}
+
+void Respond(int fd, absl::Status status, uint64_t buffer_id) {
+  protocol::Response response;
+  response.code = static_cast<int32_t>(status.code());
+  response.buffer_id = buffer_id;
+  const std::string message(status.message());
+  std::memcpy(response.message, message.data(),
+              std::min(message.size(), sizeof(response.message) - 1));
+  (void)common::SendWithFd(fd, {reinterpret_cast<const std::byte*>(&response), sizeof(response)},
+                           -1);
+}
+
+}  // namespace
+
+absl::Status CheckPeer(const SocketAccess& access, const common::PeerCredentials& peer) {
+  if (peer.uid == 0 || peer.uid == geteuid()) return absl::OkStatus();
+  if (access.group && peer.gid == *access.group) return absl::OkStatus();
+  if (std::find(access.allowed_uids.begin(), access.allowed_uids.end(), peer.uid) !=
+      access.allowed_uids.end()) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(
+      absl::StrCat("uid ", peer.uid, " (gid ", peer.gid, ", pid ", peer.pid,
+                   ") may not use this agent: allowed are root, uid ", geteuid(),
+                   access.group ? absl::StrCat(", group ", *access.group) : std::string(),
+                   access.allowed_uids.empty()
+                       ? std::string()
+                       : absl::StrCat(", uids ", absl::StrJoin(access.allowed_uids, ",")),
+                   " (agent flags --socket-group / --socket-allow-uid)"));
+}
+
+absl::Status ClaimSocketPath(const std::string& path) {
+  struct stat st {};
+  if (lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return absl::OkStatus();
+    return Errno("stat", path);
+  }
+  if (!S_ISSOCK(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "'", path, "' exists and is not a socket; not deleting it (choose another path)"));
+  }
+  ASSIGN_OR_RETURN(sockaddr_un address, UnixAddress(path));
+  for (int type : {SOCK_STREAM, SOCK_SEQPACKET}) {
+    common::UniqueFd probe(socket(AF_UNIX, type | SOCK_CLOEXEC, 0));
+    if (!probe.valid()) return Errno("socket", path);
+    if (connect(probe.get(), reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "another process is serving '", path, "' (another agent on this node?); not taking it"));
+    }
+    if (errno != ECONNREFUSED && errno != EPROTOTYPE) return Errno("connect", path);
+  }
+  if (unlink(path.c_str()) != 0 && errno != ENOENT) return Errno("unlink stale socket", path);
+  Log()->info("removed the stale socket '{}' (nobody was listening)", path);
+  return absl::OkStatus();
+}
+
+absl::Status ApplySocketAccess(const std::string& path, const SocketAccess& access) {
+  if (access.group && chown(path.c_str(), static_cast<uid_t>(-1), *access.group) != 0) {
+    return Errno("chown", path);
+  }
+  if (chmod(path.c_str(), access.mode) != 0) return Errno("chmod", path);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<BufferSocketServer>> BufferSocketServer::Start(
+    const std::string& path, SocketAccess access, Handler handler) {
+  ASSIGN_OR_RETURN(sockaddr_un address, UnixAddress(path));
+  RETURN_IF_ERROR(ClaimSocketPath(path));
+  common::UniqueFd listener(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (!listener.valid()) return Errno("socket", path);
+  // Bound with no access for others until the mode is applied.
+  const mode_t old_mask = umask(0177);
+  const int bound = bind(listener.get(), reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  umask(old_mask);
+  if (bound != 0) return Errno("bind", path);
+  RETURN_IF_ERROR(ApplySocketAccess(path, access));
+  if (listen(listener.get(), 64) != 0) return Errno("listen", path);
+  common::UniqueFd wake(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!wake.valid()) return Errno("eventfd", path);
+  std::unique_ptr<BufferSocketServer> server(new BufferSocketServer(
+      path, std::move(access), std::move(handler), std::move(listener), std::move(wake)));
+  server->acceptor_ = std::thread([s = server.get()] { s->AcceptLoop(); });
+  return server;
+}
+
+BufferSocketServer::BufferSocketServer(std::string path, SocketAccess access, Handler handler,
+                                       common::UniqueFd listener, common::UniqueFd wake)
+    : path_(std::move(path)),
+      access_(std::move(access)),
+      handler_(std::move(handler)),
+      listener_(std::move(listener)),
+      wake_(std::move(wake)) {}
+
+BufferSocketServer::~BufferSocketServer() { Stop(); }
+
+void BufferSocketServer::Stop() {
+  {
+    std::lock_guard lock(mu_);
+    if (stopped_) return;
+    stopped_ = true;
+    for (Connection& c : connections_) shutdown(c.fd.get(), SHUT_RDWR);
+  }
+  const uint64_t one = 1;
+  (void)!write(wake_.get(), &one, sizeof(one));
+  if (acceptor_.joinable()) acceptor_.join();
+  for (Connection& c : connections_) {
+    if (c.thread.joinable()) c.thread.join();
+  }
+  connections_.clear();
+  listener_.Reset();
+  unlink(path_.c_str());
+}
+
+void BufferSocketServer::ReapLocked() {
+  for (auto it = connections_.begin(); it != connections_.end();) {
+    if (it->done.load()) {
+      it->thread.join();
+      it = connections_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void BufferSocketServer::AcceptLoop() {
+  while (true) {
+    pollfd fds[2] = {{listener_.get(), POLLIN, 0}, {wake_.get(), POLLIN, 0}};
+    if (poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      Log()->error("buffer socket '{}': poll: {}", path_, std::strerror(errno));
+      return;
+    }
+    if (fds[1].revents != 0) return;
+    common::UniqueFd fd(accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+    if (!fd.valid()) continue;
+    std::lock_guard lock(mu_);
+    if (stopped_) return;
+    ReapLocked();
+    if (connections_.size() >= kMaxConnections) {
+      refused_++;
+      Respond(fd.get(),
+              absl::ResourceExhaustedError(absl::StrCat(
+                  "the agent serves at most ", kMaxConnections, " buffer-socket connections")),
+              0);
+      continue;
+    }
+    Connection& c = connections_.emplace_back();
+    c.fd = std::move(fd);
+    c.thread = std::thread([this, &c] { Serve(&c); });
+  }
+}
+
+void BufferSocketServer::Serve(Connection* connection) {
+  const int fd = connection->fd.get();
+  absl::StatusOr<common::PeerCredentials> peer = common::GetPeerCredentials(fd);
+  absl::Status allowed = peer.ok() ? CheckPeer(access_, *peer) : peer.status();
+  while (true) {
+    protocol::Request request;
+    common::UniqueFd memfd;
+    absl::Status received =
+        common::ReceiveWithFd(fd, {reinterpret_cast<std::byte*>(&request), sizeof(request)}, &memfd,
+                              std::chrono::milliseconds(-1));
+    if (absl::IsNotFound(received) || absl::IsUnavailable(received)) break;  // closed
+    absl::Status status = received;
+    if (status.ok() &&
+        (request.magic != protocol::kRequestMagic || request.version != protocol::kVersion ||
+         request.kind != protocol::kRegisterBuffer)) {
+      status = absl::InvalidArgumentError(
+          absl::StrCat("not a buffer-socket request of version ", protocol::kVersion));
+    }
+    if (status.ok() && !memfd.valid()) {
+      status = absl::InvalidArgumentError("the request carries no file descriptor");
+    }
+    if (status.ok()) status = allowed;
+    uint64_t id = 0;
+    if (status.ok()) {
+      const std::string session(request.session_id,
+                                strnlen(request.session_id, sizeof(request.session_id)));
+      absl::StatusOr<uint64_t> registered =
+          handler_(*peer, session, request.size_bytes, std::move(memfd));
+      status = registered.status();
+      if (registered.ok()) id = *registered;
+    }
+    if (!status.ok()) {
+      refused_++;
+      Log()->warn("buffer socket: request from pid {} uid {} refused: {}",
+                  peer.ok() ? peer->pid : 0, peer.ok() ? peer->uid : 0, status.ToString());
+    }
+    Respond(fd, status, id);
+    // A malformed message ends the connection: the stream cannot be trusted any more.
+    if (absl::IsInvalidArgument(received)) break;
+  }
+  connection->done = true;
+}
+
+}  // namespace tributary::agent

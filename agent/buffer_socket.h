@@ -1,0 +1,90 @@
+// The agent's local sockets: who may connect (mode, group, SO_PEERCRED), how a socket path is
+// claimed (never deleting what is not ours), and the buffer socket through which training
+// processes hand their sealed memfds to the agent (common/buffer_socket_protocol.h).
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/unix_fd.h"
+
+namespace tributary::agent {
+
+// Who may use the agent's local sockets. Root and the agent's own uid always may; so may the
+// members of `group` (by the peer's primary gid, and by the file's group for connect) and the
+// uids listed. The socket files get `mode` (default 0660: no world access) and `group`.
+struct SocketAccess {
+  mode_t mode = 0660;
+  std::optional<gid_t> group;
+  std::vector<uid_t> allowed_uids;
+};
+
+// OK when `peer` may use the agent; PERMISSION_DENIED naming the uid and the rule otherwise.
+absl::Status CheckPeer(const SocketAccess& access, const common::PeerCredentials& peer);
+
+// Makes `path` free for a new Unix socket: nothing there, or a stale socket nobody listens on
+// (removed). ALREADY_EXISTS when a live process serves it; FAILED_PRECONDITION when the path is
+// not a socket (it is never deleted).
+absl::Status ClaimSocketPath(const std::string& path);
+
+// chmod / chown of a socket file just bound.
+absl::Status ApplySocketAccess(const std::string& path, const SocketAccess& access);
+
+class BufferSocketServer {
+ public:
+  // Registers the memfd `fd` of `size_bytes` for `session_id` on behalf of `peer`; returns the
+  // buffer id. Runs on a connection's thread.
+  using Handler = std::function<absl::StatusOr<uint64_t>(const common::PeerCredentials& peer,
+                                                         const std::string& session_id,
+                                                         uint64_t size_bytes, common::UniqueFd fd)>;
+
+  static constexpr int kMaxConnections = 256;
+
+  // Claims `path`, listens (SOCK_SEQPACKET) and serves until Stop.
+  static absl::StatusOr<std::unique_ptr<BufferSocketServer>> Start(const std::string& path,
+                                                                   SocketAccess access,
+                                                                   Handler handler);
+  ~BufferSocketServer();
+  // Closes the socket (removes the file) and every connection; joins the threads. Idempotent.
+  void Stop();
+
+  const std::string& path() const { return path_; }
+  uint64_t refused_requests() const { return refused_.load(); }
+
+ private:
+  struct Connection {
+    common::UniqueFd fd;
+    std::thread thread;
+    std::atomic<bool> done{false};
+  };
+  BufferSocketServer(std::string path, SocketAccess access, Handler handler,
+                     common::UniqueFd listener, common::UniqueFd wake);
+  void AcceptLoop();
+  void Serve(Connection* connection);
+  void ReapLocked();
+
+  const std::string path_;
+  const SocketAccess access_;
+  const Handler handler_;
+  common::UniqueFd listener_;
+  common::UniqueFd wake_;  // eventfd: Stop wakes the acceptor
+  std::thread acceptor_;
+  std::atomic<uint64_t> refused_{0};
+
+  std::mutex mu_;
+  bool stopped_ = false;
+  std::list<Connection> connections_;
+};
+
+}  // namespace tributary::agent

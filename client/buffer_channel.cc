@@ -1,0 +1,89 @@
+#include "client/buffer_channel.h"
+
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/buffer_socket_protocol.h"
+
+namespace tributary::client::internal {
+
+namespace protocol = common::buffer_socket;
+
+absl::StatusOr<std::unique_ptr<BufferChannel>> BufferChannel::Connect(
+    const std::string& agent_address) {
+  if (agent_address.rfind("unix:", 0) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("shared buffers need the local agent's unix socket; agent address '",
+                     agent_address, "' is not unix:PATH"));
+  }
+  std::string socket_path = agent_address.substr(5);
+  if (socket_path.rfind("//", 0) == 0) socket_path = socket_path.substr(2);  // unix:///abs
+  const std::string path = protocol::PathFor(socket_path);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  if (path.size() >= sizeof(address.sun_path)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("buffer socket path '", path, "' is too long for a unix socket"));
+  }
+  std::memcpy(address.sun_path, path.data(), path.size());
+  common::UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) {
+    return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  }
+  if (connect(fd.get(), reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    const int error = errno;
+    if (error == EACCES || error == EPERM) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "cannot connect to the agent's buffer socket '", path, "': ", std::strerror(error),
+          "; the agent admits root, its own uid, its --socket-group and --socket-allow-uid"));
+    }
+    return absl::UnavailableError(absl::StrCat("cannot connect to the agent's buffer socket '",
+                                               path, "': ", std::strerror(error)));
+  }
+  return std::unique_ptr<BufferChannel>(new BufferChannel(path, std::move(fd)));
+}
+
+absl::StatusOr<uint64_t> BufferChannel::Register(const std::string& session_id, int fd,
+                                                 uint64_t size_bytes,
+                                                 std::chrono::milliseconds timeout) {
+  protocol::Request request;
+  if (session_id.size() >= sizeof(request.session_id)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("session id of ", session_id.size(), " bytes is too long"));
+  }
+  std::memcpy(request.session_id, session_id.data(), session_id.size());
+  request.size_bytes = size_bytes;
+  std::lock_guard lock(mu_);
+  if (!socket_.valid()) {
+    return absl::UnavailableError(absl::StrCat("the agent closed its buffer socket '", path_, "'"));
+  }
+  absl::Status sent = common::SendWithFd(
+      socket_.get(), {reinterpret_cast<const std::byte*>(&request), sizeof(request)}, fd);
+  protocol::Response response;
+  absl::Status received =
+      sent.ok() ? common::ReceiveWithFd(socket_.get(),
+                                        {reinterpret_cast<std::byte*>(&response), sizeof(response)},
+                                        nullptr, timeout)
+                : sent;
+  if (!received.ok() || response.magic != protocol::kResponseMagic) {
+    socket_.Reset();  // the stream is out of step: the next call says so
+    const std::string why =
+        received.ok() ? std::string("a malformed response") : std::string(received.message());
+    return absl::Status(absl::IsDeadlineExceeded(received) ? absl::StatusCode::kDeadlineExceeded
+                                                           : absl::StatusCode::kUnavailable,
+                        absl::StrCat("registering a buffer over '", path_, "': ", why));
+  }
+  if (response.code != 0) {
+    return absl::Status(
+        static_cast<absl::StatusCode>(response.code),
+        std::string(response.message, strnlen(response.message, sizeof(response.message))));
+  }
+  return response.buffer_id;
+}
+
+}  // namespace tributary::client::internal
