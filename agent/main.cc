@@ -9,6 +9,7 @@
 #include "common/logging.h"
 #include "common/metrics/metrics.h"
 #include "common/process_flags.h"
+#include "common/rpc/tls_flags.h"
 #include "common/trace.h"
 
 namespace {
@@ -60,9 +61,15 @@ int main(int argc, char** argv) {
                  "receiving an earlier one travel together in one message (0 = off)")
       ->capture_default_str();
   app.add_option("--reducer-threads", options.reducer_threads, "Summation threads (0 = all)");
+  // mTLS on the link to the controller only; the local socket for training processes is unix.
+  tributary::common::AddTlsFlags(app, options.controller_tls, /*client=*/true);
   tributary::common::AddProcessFlags(app, process_flags);
   CLI11_PARSE(app, argc, argv);
   tributary::common::InitLogging(process_flags.log_level, process_flags.log_format);
+  if (absl::Status s = tributary::common::ValidateTlsConfig(options.controller_tls); !s.ok()) {
+    tributary::common::Logger("agent")->critical("cannot start: {}", s.message());
+    return 2;
+  }
   options.nic_bytes_per_s = nic_gbps * 1e9 / 8;
   options.sum_bytes_per_s = sum_gbps * 1e9;
   options.offers_summation = !no_summation;
