@@ -322,6 +322,64 @@ TEST_F(TlsTest, ControllerPicksUpARenewedCertificate) {
   EXPECT_EQ(AliveNodes(), 3);
 }
 
+// Runs `tributary-run ARGS -- sh -c <a test worker per rank, from the launcher's environment>`
+// and returns its exit status and output.
+std::pair<int, std::string> RunLauncher(const std::string& dir, std::vector<std::string> args) {
+  std::vector<std::string> argv = {std::string(TRIBUTARY_BIN_DIR) + "/tributary-run"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  for (const std::string& a :
+       {std::string("--"), std::string("/bin/sh"), std::string("-c"),
+        absl::StrCat("exec ", TRIBUTARY_BIN_DIR,
+                     "/tributary_test_worker --scenario exact --agent \"$TRIBUTARY_AGENT_ADDRESS\" "
+                     "--job \"$TRIBUTARY_JOB\" --local-rank \"$TRIBUTARY_LOCAL_RANK\" "
+                     "--local-size \"$TRIBUTARY_LOCAL_SIZE\"")}) {
+    argv.push_back(a);
+  }
+  static int n = 0;
+  const std::string log = absl::StrCat(dir, "/launcher-", n++, ".log");
+  auto pid = client::SpawnProcess(argv, log);
+  if (!pid.ok()) return {-1, std::string(pid.status().message())};
+  const int code = client::WaitProcess(*pid, std::chrono::seconds(120));
+  std::ifstream f(log);
+  std::stringstream text;
+  text << f.rdbuf();
+  return {code, text.str()};
+}
+
+// tributary-run against the TLS cluster with --controller: an admin's certificate creates the
+// job and the ranks' sums are exact; a non-admin's is refused before any rank starts.
+TEST_F(TlsTest, TributaryRunWithAnAdminCertificate) {
+  std::vector<std::string> common = {
+      "--np",         "2",
+      "--job",        "launched",
+      "--controller", cluster_->controller_address(),
+      "--workers",    "worker-0,worker-1",
+      "--agents",     cluster_->agent_address(0) + "," + cluster_->agent_address(1),
+      "--tls-ca",     certs_->crt("ca")};
+  auto with = [&](const std::string& who) {
+    std::vector<std::string> args = common;
+    for (const std::string& a : {std::string("--tls-cert"), certs_->crt(who),
+                                 std::string("--tls-key"), certs_->key(who)}) {
+      args.push_back(a);
+    }
+    return args;
+  };
+  auto [code, output] = RunLauncher(*dir_, with("admin"));
+  EXPECT_EQ(code, 0) << output;
+  std::tie(code, output) = RunLauncher(*dir_, with("alice"));
+  EXPECT_EQ(code, 1) << output;
+  EXPECT_THAT(output, HasSubstr("is not an admin: CreateJob needs"));
+  std::tie(code, output) = RunLauncher(*dir_, common);  // no certificate: a half TLS config
+  EXPECT_EQ(code, 1) << output;
+  EXPECT_THAT(output, HasSubstr("missing: --tls-cert --tls-key"));
+}
+
+// tributary-run starting its own local cluster over mTLS (--tls-dir).
+TEST_F(TlsTest, TributaryRunStartsALocalClusterOverTls) {
+  auto [code, output] = RunLauncher(*dir_, {"--np", "2", "--spares", "1", "--tls-dir", *dir_});
+  EXPECT_EQ(code, 0) << output;
+}
+
 TEST(TlsConfigTest, BadFilesAreClearErrors) {
   char tmpl[] = "/tmp/tributary-tls-config-XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
