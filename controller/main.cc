@@ -61,16 +61,16 @@ int main(int argc, char** argv) {
   tributary::common::InitLogging(process_flags.log_level, process_flags.log_format);
   auto log = tributary::common::Logger("controller");
 
-  auto credentials = tributary::common::MakeServerCredentials(tls, "controller", listen);
-  if (!credentials.ok()) {
-    log->critical("cannot start: {}", credentials.status().message());
-    return 2;
-  }
   authz_options.tls = tls.enabled();
   if (!authz_options.tls && (!authz_options.admins.empty() || !authz_options.fleet.empty())) {
     log->critical(
         "cannot start: --tls-admin and --tls-fleet-identity need mTLS (--tls-cert, "
         "--tls-key, --tls-ca)");
+    return 2;
+  }
+  auto credentials = tributary::common::MakeServerCredentials(tls, "controller", listen);
+  if (!credentials.ok()) {
+    log->critical("cannot start: {}", credentials.status().message());
     return 2;
   }
   const tributary::controller::Authorizer authz(authz_options);
