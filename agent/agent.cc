@@ -16,6 +16,7 @@
 #include "common/logging.h"
 #include "common/metrics/metrics.h"
 #include "common/rpc/grpc_status.h"
+#include "common/rpc/tls.h"
 #include "common/status_macros.h"
 #include "topology/topology_discovery.h"
 #include "topology/topology_file.h"
@@ -86,6 +87,17 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& in) {
 
   GrpcControllerClient::Options copts;
   copts.controller_address = options.controller_address;
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      common::MakeChannelCredentials(options.controller_tls);
+  if (!credentials.ok()) return credentials.status();
+  copts.credentials = *std::move(credentials);
+  common::ApplyTlsChannelArgs(options.controller_tls, &copts.channel_args);
+  if (!options.controller_tls.enabled()) {
+    Log()->warn(
+        "TLS is off (no --tls-cert/--tls-key/--tls-ca): the link to the controller {} is "
+        "plaintext and unauthenticated; use this only on a trusted local network",
+        options.controller_address);
+  }
   copts.node_id = options.node_id;
   copts.inventory = inv;
 

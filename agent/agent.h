@@ -19,6 +19,7 @@
 #include "agent/local_grpc_service.h"
 #include "agent/local_service.h"
 #include "common/clock.h"
+#include "common/rpc/tls.h"
 #include "grpcpp/grpcpp.h"
 #include "prometheus/collectable.h"
 #include "prometheus/registry.h"
@@ -31,6 +32,9 @@ inline constexpr double kDefaultSelectorAlphaSeconds = 150e-6;
 struct AgentOptions {
   std::string node_id;  // default: the hostname
   std::string controller_address = "127.0.0.1:7070";
+  // mTLS to the controller (--tls-cert/--tls-key/--tls-ca); empty: plaintext. The local
+  // socket for training processes is not affected.
+  common::TlsConfig controller_tls;
   std::string data_plane_host = "127.0.0.1";  // UCX listener; peers dial this address
   uint16_t data_plane_port = 0;               // 0 = ephemeral
   std::string local_address = "unix:/tmp/tributary-agent.sock";  // for training processes

@@ -35,13 +35,14 @@ std::chrono::milliseconds ReconnectBackoff::Next() {
 }
 
 GrpcControllerClient::GrpcControllerClient(Options options) : options_(std::move(options)) {
-  grpc::ChannelArguments args;
+  grpc::ChannelArguments args = options_.channel_args;
   // The channel's own reconnection stays short: the pace of attempts is ReconnectBackoff's.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
-  channel_ = grpc::CreateCustomChannel(options_.controller_address,
-                                       grpc::InsecureChannelCredentials(), args);
+  channel_ = grpc::CreateCustomChannel(
+      options_.controller_address,
+      options_.credentials ? options_.credentials : grpc::InsecureChannelCredentials(), args);
   stub_ = tributary::v1::Controller::NewStub(channel_);
 }
 

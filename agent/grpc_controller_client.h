@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "agent/controller_client.h"
+#include "grpcpp/grpcpp.h"
 #include "tributary/v1/controller.grpc.pb.h"
 
 namespace tributary::agent {
@@ -53,6 +54,10 @@ class GrpcControllerClient final : public ControllerClient {
  public:
   struct Options {
     std::string controller_address;
+    // How to dial it (common/rpc/tls.h: MakeChannelCredentials); null: plaintext.
+    std::shared_ptr<grpc::ChannelCredentials> credentials;
+    // Channel arguments the credentials need (ApplyTlsChannelArgs: the TLS server name).
+    grpc::ChannelArguments channel_args;
     std::string node_id;
     tributary::v1::NodeInventory inventory;
     std::chrono::milliseconds rpc_timeout{2000};

@@ -14,6 +14,7 @@
 #include "common/logging.h"
 #include "common/metrics/metrics.h"
 #include "common/process_flags.h"
+#include "common/rpc/tls_flags.h"
 #include "common/trace.h"
 
 namespace {
@@ -99,9 +100,15 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--socket-allow-uid", socket_uids,
                  "Further uids that may use the agent (root and the agent's own uid always may)");
+  // mTLS on the link to the controller only; the local sockets are guarded by mode and peer uid.
+  tributary::common::AddTlsFlags(app, options.controller_tls, /*client=*/true);
   tributary::common::AddProcessFlags(app, process_flags);
   CLI11_PARSE(app, argc, argv);
   tributary::common::InitLogging(process_flags.log_level, process_flags.log_format);
+  if (absl::Status s = tributary::common::ValidateTlsConfig(options.controller_tls); !s.ok()) {
+    tributary::common::Logger("agent")->critical("cannot start: {}", s.message());
+    return 2;
+  }
   if (absl::Status s =
           ParseSocketAccess(socket_group, socket_mode, socket_uids, &options.socket_access);
       !s.ok()) {

@@ -9,10 +9,13 @@ namespace {
 constexpr const char* kMethodNames[] = {"RegisterNode", "Heartbeat", "GetAssignments", "ListNodes",
                                         "CreateJob",    "GetJob",    "ListJobs",       "DeleteJob"};
 
+const Authorizer kAllowAll{AuthzOptions{}};
+
 }  // namespace
 
-ControllerService::ControllerService(ClusterState* state, prometheus::Registry* registry)
-    : state_(state) {
+ControllerService::ControllerService(ClusterState* state, prometheus::Registry* registry,
+                                     const Authorizer* authz)
+    : state_(state), authz_(authz != nullptr ? authz : &kAllowAll) {
   if (registry == nullptr) {
     own_registry_ = std::make_unique<prometheus::Registry>();
     registry = own_registry_.get();
@@ -47,6 +50,8 @@ grpc::ServerUnaryReactor* ControllerService::RegisterNode(
     grpc::CallbackServerContext* ctx, const tributary::v1::RegisterNodeRequest* req,
     tributary::v1::RegisterNodeResponse* resp) {
   const auto start = std::chrono::steady_clock::now();
+  if (absl::Status denied = authz_->RegisterNode(*ctx, *req); !denied.ok())
+    return Finish(kRegisterNode, start, ctx, denied);
   return Finish(kRegisterNode, start, ctx, state_->RegisterNode(*req, resp));
 }
 
@@ -54,6 +59,8 @@ grpc::ServerUnaryReactor* ControllerService::Heartbeat(grpc::CallbackServerConte
                                                        const tributary::v1::HeartbeatRequest* req,
                                                        tributary::v1::HeartbeatResponse* resp) {
   const auto start = std::chrono::steady_clock::now();
+  if (absl::Status denied = authz_->ActForNode(*ctx, req->node_id(), "Heartbeat"); !denied.ok())
+    return Finish(kHeartbeat, start, ctx, denied);
   return Finish(kHeartbeat, start, ctx, state_->Heartbeat(*req, resp));
 }
 
@@ -61,6 +68,9 @@ grpc::ServerUnaryReactor* ControllerService::GetAssignments(
     grpc::CallbackServerContext* ctx, const tributary::v1::GetAssignmentsRequest* req,
     tributary::v1::GetAssignmentsResponse* resp) {
   const auto start = std::chrono::steady_clock::now();
+  if (absl::Status denied = authz_->ActForNode(*ctx, req->node_id(), "GetAssignments");
+      !denied.ok())
+    return Finish(kGetAssignments, start, ctx, denied);
   return Finish(kGetAssignments, start, ctx, state_->GetAssignments(*req, resp));
 }
 
@@ -68,6 +78,8 @@ grpc::ServerUnaryReactor* ControllerService::ListNodes(grpc::CallbackServerConte
                                                        const tributary::v1::ListNodesRequest*,
                                                        tributary::v1::ListNodesResponse* resp) {
   const auto start = std::chrono::steady_clock::now();
+  if (absl::Status denied = authz_->Read(*ctx, "ListNodes"); !denied.ok())
+    return Finish(kListNodes, start, ctx, denied);
   state_->ListNodes(resp);
   return Finish(kListNodes, start, ctx, absl::OkStatus());
 }
@@ -76,6 +88,8 @@ grpc::ServerUnaryReactor* ControllerService::CreateJob(grpc::CallbackServerConte
                                                        const tributary::v1::CreateJobRequest* req,
                                                        tributary::v1::Job* resp) {
   const auto start = std::chrono::steady_clock::now();
+  if (absl::Status denied = authz_->Admin(*ctx, "CreateJob"); !denied.ok())
+    return Finish(kCreateJob, start, ctx, denied);
   return Finish(kCreateJob, start, ctx, state_->CreateJob(*req, resp));
 }
 
@@ -83,6 +97,8 @@ grpc::ServerUnaryReactor* ControllerService::GetJob(grpc::CallbackServerContext*
                                                     const tributary::v1::GetJobRequest* req,
                                                     tributary::v1::Job* resp) {
   const auto start = std::chrono::steady_clock::now();
+  if (absl::Status denied = authz_->Read(*ctx, "GetJob"); !denied.ok())
+    return Finish(kGetJob, start, ctx, denied);
   return Finish(kGetJob, start, ctx, state_->GetJob(req->job_id(), resp));
 }
 
@@ -90,6 +106,8 @@ grpc::ServerUnaryReactor* ControllerService::ListJobs(grpc::CallbackServerContex
                                                       const tributary::v1::ListJobsRequest*,
                                                       tributary::v1::ListJobsResponse* resp) {
   const auto start = std::chrono::steady_clock::now();
+  if (absl::Status denied = authz_->Read(*ctx, "ListJobs"); !denied.ok())
+    return Finish(kListJobs, start, ctx, denied);
   state_->ListJobs(resp);
   return Finish(kListJobs, start, ctx, absl::OkStatus());
 }
@@ -98,6 +116,8 @@ grpc::ServerUnaryReactor* ControllerService::DeleteJob(grpc::CallbackServerConte
                                                        const tributary::v1::DeleteJobRequest* req,
                                                        tributary::v1::DeleteJobResponse*) {
   const auto start = std::chrono::steady_clock::now();
+  if (absl::Status denied = authz_->Admin(*ctx, "DeleteJob"); !denied.ok())
+    return Finish(kDeleteJob, start, ctx, denied);
   return Finish(kDeleteJob, start, ctx, state_->DeleteJob(req->job_id()));
 }
 

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <memory>
 
+#include "controller/authz.h"
 #include "controller/cluster_state.h"
 #include "tributary/v1/controller.grpc.pb.h"
 
@@ -13,8 +14,10 @@ namespace tributary::controller {
 class ControllerService final : public tributary::v1::Controller::CallbackService {
  public:
   // `registry` receives tributary_controller_rpcs_total and _rpc_duration_seconds; null: one of
-  // its own. It must outlive this object.
-  explicit ControllerService(ClusterState* state, prometheus::Registry* registry = nullptr);
+  // its own. `authz` decides who may call what (null: everyone, as without TLS). Both must
+  // outlive this object.
+  explicit ControllerService(ClusterState* state, prometheus::Registry* registry = nullptr,
+                             const Authorizer* authz = nullptr);
 
   grpc::ServerUnaryReactor* RegisterNode(grpc::CallbackServerContext* ctx,
                                          const tributary::v1::RegisterNodeRequest* req,
@@ -57,6 +60,7 @@ class ControllerService final : public tributary::v1::Controller::CallbackServic
                                    grpc::CallbackServerContext* ctx, const absl::Status& s);
 
   ClusterState* state_;
+  const Authorizer* authz_;
   std::unique_ptr<prometheus::Registry> own_registry_;
   prometheus::Family<prometheus::Counter>* rpcs_;
   prometheus::Histogram* duration_[kNumMethods];

@@ -10,6 +10,9 @@
 #include "common/metrics/metrics.h"
 #include "common/process_flags.h"
 #include "common/rpc/grpc_status.h"
+#include "common/rpc/tls.h"
+#include "common/rpc/tls_flags.h"
+#include "controller/authz.h"
 #include "controller/cluster_state.h"
 #include "controller/controller_service.h"
 #include "controller/state_store.h"
@@ -41,10 +44,36 @@ int main(int argc, char** argv) {
                  "without it jobs live in memory only");
   app.add_option("--restore-grace-ms", restore_grace_ms,
                  "Restored jobs keep their plan this long waiting for their nodes to register");
+  tributary::common::TlsConfig tls;
+  tributary::common::AddTlsFlags(app, tls, /*client=*/false);
+  tributary::controller::AuthzOptions authz_options;
+  app.add_option("--tls-admin", authz_options.admins,
+                 "mTLS: identity (client certificate CN or DNS SAN) allowed to create and delete "
+                 "jobs; repeat for several")
+      ->group("TLS");
+  app.add_option("--tls-fleet-identity", authz_options.fleet,
+                 "mTLS: identity that may act for any node (agents sharing one certificate, e.g. "
+                 "a DaemonSet's Secret); without it an agent's certificate must name its node id "
+                 "and hostname")
+      ->group("TLS");
   tributary::common::AddProcessFlags(app, process_flags);
   CLI11_PARSE(app, argc, argv);
   tributary::common::InitLogging(process_flags.log_level, process_flags.log_format);
   auto log = tributary::common::Logger("controller");
+
+  authz_options.tls = tls.enabled();
+  if (!authz_options.tls && (!authz_options.admins.empty() || !authz_options.fleet.empty())) {
+    log->critical(
+        "cannot start: --tls-admin and --tls-fleet-identity need mTLS (--tls-cert, "
+        "--tls-key, --tls-ca)");
+    return 2;
+  }
+  auto credentials = tributary::common::MakeServerCredentials(tls, "controller", listen);
+  if (!credentials.ok()) {
+    log->critical("cannot start: {}", credentials.status().message());
+    return 2;
+  }
+  const tributary::controller::Authorizer authz(authz_options);
 
   tributary::controller::ClusterState::Options options;
   options.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
@@ -68,7 +97,7 @@ int main(int argc, char** argv) {
     log->critical("cannot start: {}", restored.status().message());
     return 2;
   }
-  tributary::controller::ControllerService service(&state, registry.get());
+  tributary::controller::ControllerService service(&state, registry.get(), &authz);
   std::shared_ptr<prometheus::Collectable> state_collector = state.collector();
   auto process = std::make_shared<tributary::common::metrics::ProcessCollector>();
   std::unique_ptr<tributary::common::metrics::MetricsServer> metrics;
@@ -87,7 +116,7 @@ int main(int argc, char** argv) {
   tributary::common::EnableHealthAndReflection();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(listen, *credentials, &port);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {

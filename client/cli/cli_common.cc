@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/rpc/grpc_status.h"
+#include "common/rpc/tls_flags.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace tributary::client::cli {
@@ -20,6 +21,7 @@ void AddGlobalOptions(CLI::App& app, GlobalOptions& global) {
                  "trace, debug, info, warn, error, off (default: $TRIBUTARY_LOG_LEVEL or info)");
   app.add_option("--log-format", global.log_format,
                  "text or json (one JSON object per line; default: $TRIBUTARY_LOG_FORMAT or text)");
+  common::AddTlsFlags(app, global.tls, /*client=*/true);
 }
 
 void SetAction(CLI::App* command, GlobalOptions& global, std::function<absl::Status()> run) {
@@ -29,10 +31,15 @@ void SetAction(CLI::App* command, GlobalOptions& global, std::function<absl::Sta
   });
 }
 
-ControllerClient::ControllerClient(const GlobalOptions& global)
-    : global_(global),
-      stub_(v1::Controller::NewStub(
-          grpc::CreateChannel(global.controller, grpc::InsecureChannelCredentials()))) {}
+ControllerClient::ControllerClient(const GlobalOptions& global) : global_(global) {
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      common::MakeChannel(global.controller, global.tls);
+  if (channel.ok()) {
+    stub_ = v1::Controller::NewStub(*channel);
+  } else {
+    channel_status_ = channel.status();
+  }
+}
 
 std::unique_ptr<grpc::ClientContext> ControllerClient::NewContext() const {
   auto context = std::make_unique<grpc::ClientContext>();
@@ -42,16 +49,25 @@ std::unique_ptr<grpc::ClientContext> ControllerClient::NewContext() const {
 }
 
 absl::Status ControllerClient::Convert(const grpc::Status& status) const {
+  if (!channel_status_.ok()) return channel_status_;
   absl::Status s = common::FromGrpcStatus(status);
   if (s.code() == absl::StatusCode::kUnavailable ||
       (s.code() == absl::StatusCode::kDeadlineExceeded && s.message() == "Deadline Exceeded")) {
+    // A TLS mismatch shows as an unreachable controller; say what to check.
+    const char* hint =
+        s.code() != absl::StatusCode::kUnavailable ? ""
+        : global_.tls.enabled()
+            ? " (with mTLS: is the controller's certificate signed by --tls-ca and does it name "
+              "the controller's host or --tls-server-name?)"
+            : " (if the controller uses mTLS, pass --tls-cert, --tls-key and --tls-ca)";
     return absl::Status(s.code(),
-                        absl::StrCat("controller ", global_.controller, ": ", s.message()));
+                        absl::StrCat("controller ", global_.controller, ": ", s.message(), hint));
   }
   return s;
 }
 
 absl::StatusOr<v1::ListNodesResponse> ControllerClient::ListNodes() {
+  if (!channel_status_.ok()) return channel_status_;
   v1::ListNodesResponse response;
   auto context = NewContext();
   grpc::Status status = stub_->ListNodes(context.get(), v1::ListNodesRequest(), &response);
@@ -60,6 +76,7 @@ absl::StatusOr<v1::ListNodesResponse> ControllerClient::ListNodes() {
 }
 
 absl::StatusOr<v1::ListJobsResponse> ControllerClient::ListJobs() {
+  if (!channel_status_.ok()) return channel_status_;
   v1::ListJobsResponse response;
   auto context = NewContext();
   grpc::Status status = stub_->ListJobs(context.get(), v1::ListJobsRequest(), &response);
@@ -68,6 +85,7 @@ absl::StatusOr<v1::ListJobsResponse> ControllerClient::ListJobs() {
 }
 
 absl::StatusOr<v1::Job> ControllerClient::GetJob(const std::string& job_id) {
+  if (!channel_status_.ok()) return channel_status_;
   v1::GetJobRequest request;
   request.set_job_id(job_id);
   v1::Job response;
@@ -78,6 +96,7 @@ absl::StatusOr<v1::Job> ControllerClient::GetJob(const std::string& job_id) {
 }
 
 absl::StatusOr<v1::Job> ControllerClient::CreateJob(const v1::CreateJobRequest& request) {
+  if (!channel_status_.ok()) return channel_status_;
   v1::Job response;
   auto context = NewContext();
   grpc::Status status = stub_->CreateJob(context.get(), request, &response);
@@ -86,6 +105,7 @@ absl::StatusOr<v1::Job> ControllerClient::CreateJob(const v1::CreateJobRequest& 
 }
 
 absl::Status ControllerClient::DeleteJob(const std::string& job_id) {
+  if (!channel_status_.ok()) return channel_status_;
   v1::DeleteJobRequest request;
   request.set_job_id(job_id);
   v1::DeleteJobResponse response;

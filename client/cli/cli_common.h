@@ -9,6 +9,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/rpc/tls.h"
 #include "grpcpp/grpcpp.h"
 #include "tributary/v1/controller.grpc.pb.h"
 
@@ -23,11 +24,14 @@ struct GlobalOptions {
   std::string log_level;
   // "text" or "json"; empty: TRIBUTARY_LOG_FORMAT, else text.
   std::string log_format;
+  // mTLS to the controller (--tls-cert, --tls-key, --tls-ca, --tls-server-name); empty:
+  // plaintext.
+  common::TlsConfig tls;
   // Result of the subcommand that ran; main prints "error: <message>" and exits 1 if not OK.
   absl::Status status;
 };
 
-// Adds --controller, --rpc-timeout-ms and --log-level to `app`.
+// Adds --controller, --rpc-timeout-ms, --log-level, --log-format and the --tls-* flags to `app`.
 void AddGlobalOptions(CLI::App& app, GlobalOptions& global);
 
 // Makes `run` the action of `command`: it runs after parsing, its result lands in
@@ -35,7 +39,7 @@ void AddGlobalOptions(CLI::App& app, GlobalOptions& global);
 void SetAction(CLI::App* command, GlobalOptions& global, std::function<absl::Status()> run);
 
 // The controller calls the CLI makes, each with the global deadline; errors keep their code,
-// and unreachable-controller errors name the address.
+// and unreachable-controller errors name the address. Bad TLS files are the error of every call.
 class ControllerClient {
  public:
   explicit ControllerClient(const GlobalOptions& global);
@@ -51,6 +55,7 @@ class ControllerClient {
   absl::Status Convert(const grpc::Status& status) const;
 
   const GlobalOptions& global_;
+  absl::Status channel_status_;  // why no channel could be made (bad --tls-* files)
   std::unique_ptr<v1::Controller::Stub> stub_;
 };
 

@@ -45,6 +45,33 @@ absl::StatusOr<pid_t> SpawnProcess(const std::vector<std::string>& argv,
   return pid;
 }
 
+namespace {
+
+// --tls-cert/--tls-key/--tls-ca/--tls-reload-seconds for the process identified as `name`.
+std::vector<std::string> TlsArgs(const common::TlsConfig& tls, int reload_seconds) {
+  if (!tls.enabled()) return {};
+  return {"--tls-cert",
+          tls.cert,
+          "--tls-key",
+          tls.key,
+          "--tls-ca",
+          tls.ca,
+          "--tls-reload-seconds",
+          std::to_string(reload_seconds)};
+}
+
+}  // namespace
+
+common::TlsConfig LocalCluster::client_tls(const std::string& name) const {
+  common::TlsConfig tls;
+  if (options_.tls_dir.empty()) return tls;
+  tls.cert = absl::StrCat(options_.tls_dir, "/", name, ".crt");
+  tls.key = absl::StrCat(options_.tls_dir, "/", name, ".key");
+  tls.ca = absl::StrCat(options_.tls_dir, "/ca.crt");
+  tls.reload_seconds = options_.tls_reload_seconds;
+  return tls;
+}
+
 int WaitProcess(pid_t pid, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   int status = 0;
@@ -110,6 +137,9 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
                                      "--log-level",
                                      o.log_level};
     if (o.emulate_nic) argv.push_back("--emulate-nic");
+    for (std::string& a : TlsArgs(c->client_tls(c->node_id(i)), o.tls_reload_seconds)) {
+      argv.push_back(std::move(a));
+    }
     for (std::string& a : metrics_args(c->node_id(i))) argv.push_back(std::move(a));
     if (i < o.workers && !o.worker_topology_file.empty()) {
       argv.push_back("--topology-file");
@@ -186,6 +216,13 @@ absl::Status LocalCluster::StartController(const std::string& listen,
     argv.push_back("--state-db");
     argv.push_back(o.state_db);
   }
+  for (std::string& a : TlsArgs(client_tls("controller"), o.tls_reload_seconds)) {
+    argv.push_back(std::move(a));
+  }
+  if (!o.tls_dir.empty()) {
+    argv.push_back("--tls-admin");
+    argv.push_back(o.tls_admin);
+  }
   auto pid = SpawnProcess(argv, o.run_dir + "/controller.log");
   if (!pid.ok()) return pid.status();
   controller_pid_ = *pid;
@@ -207,8 +244,10 @@ absl::Status LocalCluster::StartController(const std::string& listen,
     std::this_thread::sleep_for(std::chrono::milliseconds(10));  // polling for the port file
   }
   controller_address_ = absl::StrCat("127.0.0.1:", port);
-  stub_ = tributary::v1::Controller::NewStub(
-      grpc::CreateChannel(controller_address_, grpc::InsecureChannelCredentials()));
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      common::MakeChannel(controller_address_, client_tls("admin"));
+  if (!channel.ok()) return channel.status();
+  stub_ = tributary::v1::Controller::NewStub(*channel);
   return absl::OkStatus();
 }
 

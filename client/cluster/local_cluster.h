@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/rpc/tls.h"
 #include "tributary/v1/controller.grpc.pb.h"
 
 namespace tributary::client {
@@ -41,6 +42,15 @@ struct LocalClusterOptions {
   bool metrics = false;
   // The controller's --state-db (jobs survive RestartController); empty: state in memory.
   std::string state_db;
+  // mTLS on every gRPC link to the controller: a folder holding ca.crt (the CA everyone
+  // trusts), controller.crt/.key (naming 127.0.0.1), one <node id>.crt/.key per agent (naming
+  // the node id and this machine's hostname) and admin.crt/.key (this object's own client,
+  // which is the controller's --tls-admin). Empty: plaintext, as before.
+  std::string tls_dir;
+  // The controller's --tls-admin: the identity admin.crt names.
+  std::string tls_admin = "admin";
+  // Every process's --tls-reload-seconds.
+  int tls_reload_seconds = 10;
 };
 
 // Owns the processes: Stop (or the destructor) ends them, SIGTERM first, SIGKILL after a
@@ -62,6 +72,9 @@ class LocalCluster {
   int num_nodes() const { return options_.workers + options_.spares; }
   const std::string& run_dir() const { return options_.run_dir; }
   tributary::v1::Controller::Stub& controller() { return *stub_; }
+  // The TLS files of a client with identity `name` in options.tls_dir (NAME.crt/.key, the CA;
+  // "admin" is the admin); an empty config without tls_dir.
+  common::TlsConfig client_tls(const std::string& name = "admin") const;
   // "127.0.0.1:PORT" of the /metrics listener of node i's agent / of the controller; empty
   // unless options.metrics.
   std::string metrics_address(int node) const;

@@ -113,6 +113,7 @@ absl::StatusOr<int> Launch(const LaunchOptions& options) {
     cluster_options.spares = options.spares;
     cluster_options.nic_gbps = {options.nic_gbps};
     cluster_options.log_level = options.log_level;
+    cluster_options.tls_dir = options.tls_dir;
     ASSIGN_OR_RETURN(cluster, LocalCluster::Start(cluster_options));
     stub = &cluster->controller();
     controller = cluster->controller_address();
@@ -120,8 +121,9 @@ absl::StatusOr<int> Launch(const LaunchOptions& options) {
     agents.clear();
     for (int i = 0; i < nodes; ++i) agents.push_back(cluster->agent_address(i));
   } else {
-    own_stub = v1::Controller::NewStub(
-        grpc::CreateChannel(controller, grpc::InsecureChannelCredentials()));
+    ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                     common::MakeChannel(controller, options.tls));
+    own_stub = v1::Controller::NewStub(channel);
     stub = own_stub.get();
   }
 

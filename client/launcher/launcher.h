@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "client/launcher/rank_runner.h"
+#include "common/rpc/tls.h"
 #include "tributary/v1/controller.pb.h"
 
 namespace tributary::client::launcher {
@@ -26,6 +27,13 @@ struct LaunchOptions {
   std::string controller;
   std::vector<std::string> workers;
   std::vector<std::string> agents;
+  // mTLS to that controller (an admin's certificate: the launcher creates and deletes the
+  // job); empty: plaintext.
+  common::TlsConfig tls;
+  // Local cluster: run it with mTLS from this folder (LocalClusterOptions::tls_dir: ca.crt,
+  // controller.*, one <node id>.* per worker "worker-I" and spare "spare-I", admin.*);
+  // empty: plaintext.
+  std::string tls_dir;
   // Job id; empty: "tributary-run-<pid>".
   std::string job;
   v1::Algorithm algorithm = v1::ALGORITHM_AUTO;

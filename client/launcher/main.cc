@@ -8,6 +8,7 @@
 
 #include "CLI/CLI.hpp"
 #include "client/launcher/launcher.h"
+#include "common/rpc/tls_flags.h"
 
 namespace {
 
@@ -73,6 +74,11 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--bin-dir", o.bin_dir, "folder of tributary-controller and tributary-agent")
       ->capture_default_str();
+  tributary::common::AddTlsFlags(app, o.tls, /*client=*/true);
+  app.add_option("--tls-dir", o.tls_dir,
+                 "local cluster: run it with mTLS, certificates from this folder (ca.crt, "
+                 "controller.crt/.key, worker-I.crt/.key, spare-I.crt/.key, admin.crt/.key)")
+      ->group("TLS");
   app.add_option("command", o.command, "the training command and its arguments (after --)")
       ->required();
   try {

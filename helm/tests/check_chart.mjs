@@ -8,6 +8,8 @@
 //                      chart renders (on loopback ports), the agent registers, and the helm test
 //                      pod's script passes against them (and fails before any agent registered).
 //   flags-persistence BIN_DIR   the same with controller.persistence.enabled (--state-db).
+//   flags-tls BIN_DIR  the same with tls.enabled: certificates made with openssl at tls.mountPath;
+//                      plaintext refused, mTLS health SERVING, the test pod's script over mTLS.
 import { execFileSync, spawn, spawnSync } from "node:child_process";
 import fs from "node:fs";
 import net from "node:net";
@@ -84,6 +86,35 @@ for (const [group, dir] of Object.entries({
 })) {
   MODELS[group] = await import(pathToFileURL(path.join(MODULES, dir, "index.js")).href);
 }
+// cert-manager's Certificate has no model in kubernetes-models: its required fields and enums
+// (cert-manager.io/v1 CRD) are checked here.
+const CERT_USAGES = new Set(["signing", "digital signature", "content commitment", "key encipherment",
+  "key agreement", "data encipherment", "cert sign", "crl sign", "encipher only", "decipher only", "any",
+  "server auth", "client auth", "code signing", "email protection", "s/mime", "ipsec end system",
+  "ipsec tunnel", "ipsec user", "timestamping", "ocsp signing", "microsoft sgc", "netscape sgc"]);
+class Certificate {
+  constructor(obj) { this.obj = obj; }
+  validate() {
+    const { metadata, spec } = this.obj;
+    assert.ok(metadata?.name, "metadata.name");
+    assert.ok(typeof spec?.secretName === "string" && spec.secretName, "spec.secretName is required");
+    assert.ok(typeof spec.issuerRef?.name === "string" && spec.issuerRef.name, "spec.issuerRef.name is required");
+    assert.ok(["Issuer", "ClusterIssuer"].includes(spec.issuerRef.kind), `issuerRef.kind ${spec.issuerRef.kind}`);
+    assert.ok(spec.commonName || spec.dnsNames?.length, "a commonName or dnsNames");
+    for (const u of spec.usages || []) assert.ok(CERT_USAGES.has(u), `usage ${u}`);
+    assert.ok(["RSA", "ECDSA", "Ed25519"].includes(spec.privateKey?.algorithm ?? "RSA"));
+    assert.ok(["Never", "Always", undefined].includes(spec.privateKey?.rotationPolicy));
+    for (const d of ["duration", "renewBefore"]) {
+      if (spec[d] !== undefined) assert.match(spec[d], /^([0-9]+(\.[0-9]+)?(h|m|s))+$/, d);
+    }
+    const known = new Set(["secretName", "issuerRef", "commonName", "dnsNames", "ipAddresses", "uris",
+      "emailAddresses", "duration", "renewBefore", "privateKey", "usages", "isCA", "subject",
+      "secretTemplate", "keystores", "revisionHistoryLimit", "additionalOutputFormats", "literalSubject",
+      "nameConstraints", "otherNames", "encodeUsagesInRequest"]);
+    for (const k of Object.keys(spec)) assert.ok(known.has(k), `unknown field spec.${k}`);
+  }
+}
+MODELS["cert-manager.io/v1"] = { Certificate };
 function modelClass(obj) {
   const Model = MODELS[obj.apiVersion]?.[obj.kind];
   if (!Model) throw new Error(`no OpenAPI model for ${obj.apiVersion} ${obj.kind}`);
@@ -121,6 +152,16 @@ const VALUE_SETS = {
     "networkPolicy.metricsFrom": [{ namespaceSelector: { matchLabels: { "kubernetes.io/metadata.name": "monitoring" } } }],
   },
   "no-agents": { "agent.gpu.enabled": false, "metrics.serviceMonitor.enabled": true },
+  "tls-secret": {
+    "tls.enabled": true, "tls.secretName": "tributary-tls", "tls.agentSecretName": "tributary-agents-tls",
+    "tls.admins": ["ops", "launcher"], "tls.serverName": "controller.example", "agent.cpu.enabled": true,
+    "controller.persistence.enabled": true,
+  },
+  "tls-cert-manager": {
+    "tls.enabled": true, "tls.certManager.enabled": true,
+    "tls.certManager.issuerRef": { name: "cluster-ca", kind: "ClusterIssuer", group: "cert-manager.io" },
+    "tls.agentIdentity": "agents.tributary",
+  },
 };
 
 function assertChartObjects(name, set, objs) {
@@ -135,8 +176,15 @@ function assertChartObjects(name, set, objs) {
   const metricsPort = portOf(argValue(c.args, "--metrics-listen"));
   const ports = Object.fromEntries(c.ports.map((p) => [p.name, p.containerPort]));
   assert.deepEqual(ports, { grpc: grpcPort, metrics: metricsPort }, "container ports = --listen / --metrics-listen");
+  const tls = get("tls.enabled", false);
   for (const probe of [c.livenessProbe, c.readinessProbe]) {
-    assert.equal(probe.grpc?.port, grpcPort, "probes are gRPC health probes on the --listen port");
+    if (tls) {
+      // kubelet's gRPC probe is plaintext, which the mTLS port refuses.
+      assert.equal(probe.tcpSocket?.port, grpcPort, "with TLS, TCP probes on the --listen port");
+      assert.equal(probe.grpc, undefined);
+    } else {
+      assert.equal(probe.grpc?.port, grpcPort, "probes are gRPC health probes on the --listen port");
+    }
   }
   assert.equal(pod.securityContext.runAsNonRoot, true);
   const persistent = get("controller.persistence.enabled", false);
@@ -264,10 +312,85 @@ function assertChartObjects(name, set, objs) {
   } else {
     assert.equal(policies.length, 0);
   }
+  assertTls(set, objs, { deploy, daemonSets, controllerAddress });
   const testPod = one(objs, "Pod");
   assert.equal(testPod.metadata.annotations["helm.sh/hook"], "test");
   assert.equal(testPod.spec.containers[0].env.find((e) => e.name === "TRIBUTARY_CONTROLLER").value, controllerAddress);
   assert.equal(testPod.spec.containers[0].image, c.image, "the test pod runs the controller image (it has the CLI)");
+}
+
+// mTLS: every gRPC process gets --tls-cert/--tls-key/--tls-ca inside the mount of its role's
+// Secret (the controller's, the agents', the test pod's), the controller its authorization
+// flags, and cert-manager's Certificates write exactly the Secrets the pods mount.
+function assertTls(set, objs, { deploy, daemonSets, controllerAddress }) {
+  const get = (k, dflt) => (k in set ? set[k] : dflt);
+  const enabled = get("tls.enabled", false);
+  const certManager = enabled && get("tls.certManager.enabled", false);
+  const mountPath = get("tls.mountPath", "/etc/tributary/tls");
+  const testPod = one(objs, "Pod");
+  const tlsSecretOf = (podSpec, container) => {
+    const mount = (container.volumeMounts || []).find((m) => m.name === "tls");
+    const volume = (podSpec.volumes || []).find((v) => v.name === "tls");
+    if (!enabled) {
+      assert.equal(mount, undefined, "no TLS mount without tls.enabled");
+      assert.equal(volume, undefined);
+      return undefined;
+    }
+    assert.equal(mount.mountPath, mountPath);
+    assert.equal(mount.readOnly, true);
+    return volume.secret.secretName;
+  };
+  const flagsIn = (argv, what, client) => {
+    if (!enabled) {
+      assert.ok(!argv.some((a) => a.startsWith("--tls-")), `${what}: no --tls-* flags without tls.enabled`);
+      return;
+    }
+    assert.equal(argValue(argv, "--tls-cert"), `${mountPath}/tls.crt`, what);
+    assert.equal(argValue(argv, "--tls-key"), `${mountPath}/tls.key`, what);
+    assert.equal(argValue(argv, "--tls-ca"), `${mountPath}/ca.crt`, what);
+    assert.equal(Number(argValue(argv, "--tls-reload-seconds")), get("tls.reloadSeconds", 30), what);
+    const serverName = get("tls.serverName", "");
+    if (client && serverName) assert.equal(argValue(argv, "--tls-server-name"), serverName, what);
+    else assert.ok(!argv.includes("--tls-server-name"), what);
+  };
+  const full = deploy.metadata.name.replace(/-controller$/, "");
+  const expected = (role) => certManager ? `${full}-${role}-tls`
+    : (role === "agent" && get("tls.agentSecretName", "")) || (role === "client" && get("tls.clientSecretName", ""))
+      || get("tls.secretName", "");
+
+  const c = deploy.spec.template.spec.containers[0];
+  flagsIn(c.args, "controller", false);
+  assert.equal(tlsSecretOf(deploy.spec.template.spec, c), enabled ? expected("controller") : undefined);
+  const valuesOf = (argv, flag) => argv.flatMap((a, i) => (a === flag ? [argv[i + 1]] : []));
+  assert.deepEqual(valuesOf(c.args, "--tls-admin"), enabled ? get("tls.admins", []) : []);
+  assert.deepEqual(valuesOf(c.args, "--tls-fleet-identity"), enabled ? [get("tls.agentIdentity", "tributary-agent")] : []);
+  for (const ds of daemonSets) {
+    const a = ds.spec.template.spec.containers[0];
+    flagsIn(a.args, `agent ${ds.metadata.name}`, true);
+    assert.equal(tlsSecretOf(ds.spec.template.spec, a), enabled ? expected("agent") : undefined);
+  }
+  const t = testPod.spec.containers[0];
+  const envFlags = (t.env.find((e) => e.name === "TRIBUTARY_TLS_FLAGS")?.value ?? "").split(" ").filter((x) => x);
+  flagsIn(envFlags, "helm test pod", true);
+  assert.equal(tlsSecretOf(testPod.spec, t), enabled ? expected("client") : undefined);
+  assert.match(t.args[0], /tributary --controller "\$TRIBUTARY_CONTROLLER" \$TRIBUTARY_TLS_FLAGS nodes/);
+
+  const certs = byKind(objs, "Certificate");
+  if (!certManager) {
+    assert.equal(certs.length, 0);
+    return;
+  }
+  assert.deepEqual(certs.map((x) => x.spec.secretName).sort(),
+    ["agent", "client", "controller"].map(expected).sort(), "one Certificate per mounted Secret");
+  for (const cert of certs) assert.deepEqual(cert.spec.issuerRef, set["tls.certManager.issuerRef"]);
+  const controllerCert = certs.find((x) => x.spec.secretName === expected("controller"));
+  const host = controllerAddress.slice(0, controllerAddress.lastIndexOf(":"));
+  assert.ok(controllerCert.spec.dnsNames.includes(host), `the controller's certificate names ${host}`);
+  assert.ok(controllerCert.spec.usages.includes("server auth"));
+  const agentCert = certs.find((x) => x.spec.secretName === expected("agent"));
+  assert.equal(agentCert.spec.commonName, get("tls.agentIdentity", "tributary-agent"),
+    "the agents' certificate names the controller's --tls-fleet-identity");
+  assert.ok(agentCert.spec.usages.includes("client auth"));
 }
 
 function checkChart() {
@@ -284,7 +407,11 @@ function checkChart() {
     [{ "controller.grpcPort": -1 }, "/controller/grpcPort': minimum: got -1"],
     [{ "agent.metricsPort": 70000 }, "/agent/metricsPort': maximum: got 70,000"],
     [{ "agent.gpu.bogus": 1 }, "additional properties 'bogus' not allowed"],
-    [{ tls: { enabled: true } }, "additional properties 'tls' not allowed"],
+    [{ "tls.bogus": 1 }, "additional properties 'bogus' not allowed"],
+    [{ "tls.reloadSeconds": 0 }, "/tls/reloadSeconds': minimum: got 0"],
+    [{ "tls.certManager.issuerRef": { name: "ca", kind: "Bogus" } }, "/tls/certManager/issuerRef/kind"],
+    [{ "tls.enabled": true }, "tls.enabled needs tls.secretName"],
+    [{ "tls.enabled": true, "tls.certManager.enabled": true }, "tls.certManager.enabled needs tls.certManager.issuerRef.name"],
     [{ "log.level": "loud" }, "/log/level"],
     [{ "agent.socketDir": "run/tributary" }, "/agent/socketDir"],
   ];
@@ -528,7 +655,43 @@ function healthCheck(port) {
   });
 }
 
-async function checkFlags(binDir, persistence) {
+// The same Health/Check over mTLS with the PEM files in `dir` (tls.crt, tls.key, ca.crt).
+function healthCheckTls(port, dir) {
+  const grpc = require("@grpc/grpc-js");
+  const Client = grpc.makeGenericClientConstructor({
+    Check: {
+      path: "/grpc.health.v1.Health/Check", requestStream: false, responseStream: false,
+      requestSerialize: () => Buffer.alloc(0), requestDeserialize: (b) => b,
+      responseSerialize: (b) => b, responseDeserialize: (b) => b,
+    },
+  }, "Health");
+  const read = (f) => fs.readFileSync(path.join(dir, f));
+  const client = new Client(`127.0.0.1:${port}`,
+    grpc.credentials.createSsl(read("ca.crt"), read("tls.key"), read("tls.crt")));
+  return new Promise((resolve, reject) => {
+    client.Check({}, { deadline: Date.now() + 3000 }, (err, reply) => {
+      client.close();
+      if (err) return reject(new Error(`mTLS grpc.health.v1.Health/Check on port ${port}: ${err.message}`));
+      resolve(reply.length === 2 && reply[0] === 0x08 && reply[1] === 1 ? "SERVING" : reply.toString("hex"));
+    });
+  });
+}
+
+// The Secret the chart mounts, made with openssl in `dir`: one certificate for every role (the
+// agents' identity, naming 127.0.0.1 for the controller), as tls.crt / tls.key / ca.crt.
+function makeTlsSecret(dir, identity) {
+  fs.mkdirSync(dir, { recursive: true });
+  const ossl = (...a) => execFileSync("openssl", a, { cwd: dir, stdio: ["ignore", "ignore", "pipe"] });
+  const ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+  ossl("req", "-x509", ...ec, "-days", "1", "-subj", "/CN=helm-test-ca", "-keyout", "ca.key", "-out", "ca.crt");
+  fs.writeFileSync(path.join(dir, "ext.cnf"),
+    "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n");
+  ossl("req", "-new", ...ec, "-subj", `/CN=${identity}`, "-keyout", "tls.key", "-out", "tls.csr");
+  ossl("x509", "-req", "-in", "tls.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days", "1",
+    "-extfile", "ext.cnf", "-out", "tls.crt");
+}
+
+async function checkFlags(binDir, persistence, tls = false) {
   for (const b of ["tributary-controller", "tributary-agent", "tributary"]) {
     if (!fs.existsSync(path.join(binDir, b))) {
       console.log(`FAIL ${path.join(binDir, b)} is not built (ninja -C build tributary-controller tributary-agent tributary)`);
@@ -544,6 +707,11 @@ async function checkFlags(binDir, persistence) {
     "controller.persistence.enabled": persistence,
   };
   if (persistence) set["controller.persistence.mountPath"] = path.join(tmp, "state");
+  if (tls) {
+    Object.assign(set, { "tls.enabled": true, "tls.secretName": "tributary-tls", "tls.mountPath": path.join(tmp, "tls"),
+      "tls.reloadSeconds": 1 });
+    makeTlsSecret(set["tls.mountPath"], "tributary-agent");
+  }
   const objs = render(set);
   const controller = one(objs, "Deployment").spec.template.spec.containers[0];
   const agent = one(objs, "DaemonSet").spec.template.spec.containers[0];
@@ -564,12 +732,24 @@ async function checkFlags(binDir, persistence) {
     children.push(c);
     await waitFor("controller serving on the rendered --listen port", () => canConnect(grpc), c, clog);
     await waitFor("controller /metrics on the rendered port", () => canConnect(cmetrics), c, clog);
-    const probePort = one(objs, "Deployment").spec.template.spec.containers[0].readinessProbe.grpc.port;
-    const health = await healthCheck(probePort);
-    check(`the chart's gRPC probe (grpc.health.v1 on port ${probePort}) answers SERVING`, () => {
-      assert.equal(probePort, grpc);
-      assert.equal(health, "SERVING");
-    });
+    if (tls) {
+      const probePort = controller.readinessProbe.tcpSocket.port;
+      const plaintext = await healthCheck(probePort).then((h) => h, (e) => e.message);
+      const secured = await healthCheckTls(grpc, set["tls.mountPath"]);
+      check(`with mTLS: the chart's TCP probe port is --listen's, a plaintext Health/Check is refused, an mTLS one answers SERVING`, () => {
+        assert.equal(probePort, grpc);
+        assert.notEqual(plaintext, "SERVING");
+        assert.match(plaintext, /UNAVAILABLE|failed|closed/i, plaintext);
+        assert.equal(secured, "SERVING");
+      });
+    } else {
+      const probePort = controller.readinessProbe.grpc.port;
+      const health = await healthCheck(probePort);
+      check(`the chart's gRPC probe (grpc.health.v1 on port ${probePort}) answers SERVING`, () => {
+        assert.equal(probePort, grpc);
+        assert.equal(health, "SERVING");
+      });
+    }
 
     // The helm test pod's script, with the binaries on PATH, against the controller.
     const runTestPod = () => spawnSync(testPod.command[0], [...testPod.command.slice(1), ...testPod.args], {
@@ -595,6 +775,13 @@ async function checkFlags(binDir, persistence) {
     check("helm test pod passes with the agent registered; the node is the rendered --node-id", () => {
       assert.match(last.stdout, /helm-flags-node\s+alive/);
     });
+    if (tls) {
+      const plain = spawnSync(path.join(binDir, "tributary"), ["--controller", `127.0.0.1:${grpc}`, "nodes"], { encoding: "utf8" });
+      check("with mTLS: the CLI without the test pod's --tls-* flags is refused, and says which flags to pass", () => {
+        assert.notEqual(plain.status, 0, plain.stdout);
+        assert.match(plain.stderr, /pass --tls-cert, --tls-key and --tls-ca/);
+      });
+    }
     check("controller and agent still running with the rendered args", () => {
       assert.equal(c.exitStatus, null, fs.readFileSync(clog, "utf8"));
       assert.equal(a.exitStatus, null, fs.readFileSync(alog, "utf8"));
@@ -611,11 +798,11 @@ async function checkFlags(binDir, persistence) {
 
 if (MODE === "chart") {
   checkChart();
-} else if (MODE === "flags" || MODE === "flags-persistence") {
+} else if (MODE === "flags" || MODE === "flags-persistence" || MODE === "flags-tls") {
   assert.ok(BIN_DIR, "flags needs BIN_DIR");
-  await checkFlags(path.resolve(BIN_DIR), MODE === "flags-persistence");
+  await checkFlags(path.resolve(BIN_DIR), MODE === "flags-persistence", MODE === "flags-tls");
 } else {
-  console.error("usage: check_chart.mjs --helm HELM --modules DIR chart|flags BIN_DIR|flags-persistence BIN_DIR");
+  console.error("usage: check_chart.mjs --helm HELM --modules DIR chart|flags BIN_DIR|flags-persistence BIN_DIR|flags-tls BIN_DIR");
   process.exit(2);
 }
 if (failures) {

@@ -7,6 +7,7 @@
 #   helm/tests/run.sh chart                 lint, render, validate, assert (helm/tests/check_chart.mjs)
 #   helm/tests/run.sh flags BIN_DIR         start the binaries with the args the chart renders
 #   helm/tests/run.sh flags-persistence BIN_DIR   the same with controller.persistence on
+#   helm/tests/run.sh flags-tls BIN_DIR     the same with tls.enabled (certificates from openssl)
 #
 # Exits 77 (ctest: skipped) only when the tools cannot be fetched, saying why.
 set -euo pipefail

@@ -78,3 +78,39 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- define "tributary.agentSocket" -}}
 {{- printf "unix:%s/agent.sock" (trimSuffix "/" .Values.agent.socketDir) -}}
 {{- end -}}
+
+{{/* mTLS: the Secret mounted by `role` (controller, agent or client: the helm test pod). */}}
+{{- define "tributary.tlsSecret" -}}
+{{- $ := index . 0 -}}
+{{- $role := index . 1 -}}
+{{- $t := $.Values.tls -}}
+{{- if $t.certManager.enabled -}}
+{{- printf "%s-%s-tls" (include "tributary.fullname" $) $role -}}
+{{- else if and (eq $role "agent") $t.agentSecretName -}}
+{{- $t.agentSecretName -}}
+{{- else if and (eq $role "client") $t.clientSecretName -}}
+{{- $t.clientSecretName -}}
+{{- else -}}
+{{- required "tls.enabled needs tls.secretName (a Secret with tls.crt, tls.key and ca.crt) or tls.certManager.enabled" $t.secretName -}}
+{{- end -}}
+{{- end -}}
+
+{{/* mTLS: the --tls-* flags of a container, one per line; (list . "client") adds
+     --tls-server-name for processes that dial the controller. */}}
+{{- define "tributary.tlsArgs" -}}
+{{- $ := index . 0 -}}
+{{- $t := $.Values.tls -}}
+{{- $dir := trimSuffix "/" $t.mountPath -}}
+- --tls-cert
+- {{ printf "%s/tls.crt" $dir | quote }}
+- --tls-key
+- {{ printf "%s/tls.key" $dir | quote }}
+- --tls-ca
+- {{ printf "%s/ca.crt" $dir | quote }}
+- --tls-reload-seconds
+- {{ $t.reloadSeconds | quote }}
+{{- if and (eq (index . 1) "client") $t.serverName }}
+- --tls-server-name
+- {{ $t.serverName | quote }}
+{{- end }}
+{{- end -}}
