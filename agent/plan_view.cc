@@ -36,6 +36,7 @@ absl::StatusOr<dataplane::JobView> ToJobView(const tributary::v1::JobPlan& plan,
   v.tune_partition = !plan.fixed_partition();
   v.credit_bytes = std::max(plan.credit_bytes(), plan.partition_bytes());
   v.op_timeout = std::chrono::milliseconds(plan.op_timeout_ms());
+  v.secret = plan.job_secret();
   return v;
 }
 

@@ -116,11 +116,14 @@ int main(int argc, char** argv) {
   tributary::common::EnableHealthAndReflection();
   grpc::ServerBuilder builder;
   int port = 0;
+  // gRPC sets SO_REUSEPORT by default: a second controller would bind the same port and both
+  // would report serving, each with half of the agents. One controller per port.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(listen, *credentials, &port);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {
-    log->critical("cannot listen on {}", listen);
+    log->critical("cannot listen on {} (another controller on that port?)", listen);
     return 1;
   }
   tributary::common::SetServing(server.get(), "tributary.v1.Controller");

@@ -32,6 +32,9 @@ struct JobView {
   // Node ids for metric labels, parallel to the address lists (may be empty: addresses are used).
   std::vector<std::string> worker_node_ids;
   std::vector<std::string> server_node_ids;
+  // The job's data-plane secret (JobPlan.job_secret): AuthenticatingTransport signs and checks
+  // every message of the job with it. Empty in-process (no authenticator runs there).
+  std::string secret;
   // Per-peer byte counters (DataPlaneNode::SetJob fills them when metrics are attached).
   std::shared_ptr<const JobPeerCounters> counters;
 
