@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "agent/collective_runner.h"
 #include "agent/controller_client.h"
+#include "agent/data_plane_transport.h"
 #include "agent/local_grpc_service.h"
 #include "agent/local_service.h"
 #include "common/clock.h"
@@ -30,8 +31,10 @@ inline constexpr double kDefaultSelectorAlphaSeconds = 150e-6;
 struct AgentOptions {
   std::string node_id;  // default: the hostname
   std::string controller_address = "127.0.0.1:7070";
-  std::string data_plane_host = "127.0.0.1";  // UCX listener; peers dial this address
+  std::string data_plane_host = "127.0.0.1";  // data-plane listener; peers dial this address
   uint16_t data_plane_port = 0;               // 0 = ephemeral
+  // The data plane's transport: auto picks TCP unless UCX_TLS allows RDMA (DataPlaneRunner).
+  DataPlaneTransport data_plane_transport = DataPlaneTransport::kAuto;
   std::string local_address = "unix:/tmp/tributary-agent.sock";  // for training processes
   double nic_bytes_per_s = 0;  // declared NIC bandwidth; 0 = discover from sysfs
   double sum_bytes_per_s = 0;  // declared summation rate; 0 = measure at start-up

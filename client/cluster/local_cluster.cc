@@ -110,6 +110,10 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
                                      "--log-level",
                                      o.log_level};
     if (o.emulate_nic) argv.push_back("--emulate-nic");
+    if (!o.transport.empty()) {
+      argv.push_back("--transport");
+      argv.push_back(o.transport);
+    }
     for (std::string& a : metrics_args(c->node_id(i))) argv.push_back(std::move(a));
     if (i < o.workers && !o.worker_topology_file.empty()) {
       argv.push_back("--topology-file");
