@@ -52,6 +52,7 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& in) {
   DataPlaneRunner::Options data_plane;
   data_plane.listen_host = options.data_plane_host;
   data_plane.port = options.data_plane_port;
+  data_plane.transport = options.data_plane_transport;
   data_plane.paced_bytes_per_s = options.emulate_nic ? options.nic_bytes_per_s : 0;
   data_plane.reducer_threads = options.reducer_threads;
   data_plane.bundling.max_record_bytes = options.bundle_record_bytes;
@@ -105,6 +106,7 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& in) {
   parts.node_id = options.node_id;
   parts.inventory = inv;
   parts.collectables.push_back(runner->stats_collector());
+  parts.collectables.push_back(runner->transport_stats_collector());
   parts.runner = std::move(runner);
   parts.controller = std::make_unique<GrpcControllerClient>(std::move(copts));
   parts.clock = common::SystemClock::Get();

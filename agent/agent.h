@@ -16,6 +16,7 @@
 #include "agent/buffer_socket.h"
 #include "agent/collective_runner.h"
 #include "agent/controller_client.h"
+#include "agent/data_plane_transport.h"
 #include "agent/local_grpc_service.h"
 #include "agent/local_service.h"
 #include "common/clock.h"
@@ -35,8 +36,10 @@ struct AgentOptions {
   // mTLS to the controller (--tls-cert/--tls-key/--tls-ca); empty: plaintext. The local
   // socket for training processes is not affected.
   common::TlsConfig controller_tls;
-  std::string data_plane_host = "127.0.0.1";  // UCX listener; peers dial this address
+  std::string data_plane_host = "127.0.0.1";  // data-plane listener; peers dial this address
   uint16_t data_plane_port = 0;               // 0 = ephemeral
+  // The data plane's transport: auto picks TCP unless UCX_TLS allows RDMA (DataPlaneRunner).
+  DataPlaneTransport data_plane_transport = DataPlaneTransport::kAuto;
   std::string local_address = "unix:/tmp/tributary-agent.sock";  // for training processes
   // Who may use the local sockets (the gRPC one and the buffer socket beside it).
   SocketAccess socket_access;

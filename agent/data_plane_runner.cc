@@ -1,13 +1,21 @@
 #include "agent/data_plane_runner.h"
 
 #include <chrono>
+#include <cstdlib>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "dataplane/transport/paced/paced_transport.h"
+#include "dataplane/transport/tcp/tcp_transport.h"
 #include "dataplane/transport/ucx/ucx_transport.h"
 
 namespace tributary::agent {
+namespace {
+
+constexpr auto Log = common::ComponentLog<"agent">;
+
+}  // namespace
 
 double MeasureSumRate(dataplane::Reducer& reducer) {
   constexpr size_t kCount = 1 << 20;  // 4 MiB of float32
@@ -29,16 +37,49 @@ absl::StatusOr<std::unique_ptr<DataPlaneRunner>> DataPlaneRunner::Create(
   std::unique_ptr<DataPlaneRunner> r(new DataPlaneRunner());
   r->reducer_ = std::make_unique<dataplane::CpuReducer>(options.reducer_threads);
 
-  dataplane::UcxTransportOptions ucx;
-  ucx.listen_host = options.listen_host;
-  ucx.port = options.port;
-  absl::StatusOr<std::unique_ptr<dataplane::UcxTransport>> transport =
-      dataplane::UcxTransport::Create(ucx);
+  const TransportChoice choice =
+      ChooseDataPlaneTransport(options.transport, std::getenv("UCX_TLS"));
+  r->transport_kind_ = choice.transport;
+  absl::StatusOr<std::unique_ptr<dataplane::Transport>> transport;
+  std::function<dataplane::TransportListenerStats()> listener_stats;
+  if (choice.transport == DataPlaneTransport::kTcp) {
+    dataplane::TcpTransportOptions tcp;
+    tcp.listen_host = options.listen_host;
+    tcp.port = options.port;
+    absl::StatusOr<std::unique_ptr<dataplane::TcpTransport>> created =
+        dataplane::TcpTransport::Create(tcp);
+    if (created.ok()) {
+      const dataplane::TcpTransport* raw = created->get();  // Owned by transport_ from here.
+      listener_stats = [raw] {
+        return dataplane::TransportListenerStats{
+            .rejected_connections = raw->rejected_connections(),
+            .protocol_errors = raw->protocol_errors()};
+      };
+      transport = *std::move(created);
+    } else {
+      transport = created.status();
+    }
+  } else {
+    dataplane::UcxTransportOptions ucx;
+    ucx.listen_host = options.listen_host;
+    ucx.port = options.port;
+    absl::StatusOr<std::unique_ptr<dataplane::UcxTransport>> created =
+        dataplane::UcxTransport::Create(ucx);
+    if (created.ok()) {
+      transport = *std::move(created);
+    } else {
+      transport = created.status();
+    }
+  }
+  const char* name = DataPlaneTransportName(choice.transport);
   if (!transport.ok()) {
     return absl::Status(transport.status().code(),
-                        absl::StrCat("starting the UCX data plane on ", options.listen_host, ": ",
-                                     transport.status().message()));
+                        absl::StrCat("starting the ", name, " data plane on ", options.listen_host,
+                                     ": ", transport.status().message()));
   }
+  Log()->info("data plane: {} transport on {} ({})", name, (*transport)->Address(), choice.reason);
+  r->transport_stats_collector_ =
+      std::make_shared<dataplane::TransportStatsCollector>(std::move(listener_stats));
   std::unique_ptr<dataplane::Transport> inner;
   if (options.paced_bytes_per_s > 0) {
     inner = std::make_unique<dataplane::PacedTransport>(*std::move(transport),

@@ -1,6 +1,6 @@
-// The production CollectiveRunner: the node's whole data plane (UCX transport, optionally paced
-// to an emulated NIC, counted; CPU reducer; the `dataplane::DataPlaneNode` that routes push/pull,
-// ring and halving-doubling).
+// The production CollectiveRunner: the node's whole data plane (TCP or UCX transport, optionally
+// paced to an emulated NIC, bundled, counted; CPU reducer; the `dataplane::DataPlaneNode` that
+// routes push/pull, ring and halving-doubling).
 #pragma once
 
 #include <memory>
@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "agent/collective_runner.h"
+#include "agent/data_plane_transport.h"
 #include "dataplane/collectives/algorithm_selector.h"
 #include "dataplane/collectives/data_plane_node.h"
 #include "dataplane/collectives/dataplane_metrics.h"
@@ -25,8 +26,9 @@ namespace tributary::agent {
 class DataPlaneRunner final : public CollectiveRunner {
  public:
   struct Options {
-    std::string listen_host = "127.0.0.1";  // UCX listener; peers dial this address
+    std::string listen_host = "127.0.0.1";  // data-plane listener; peers dial this address
     uint16_t port = 0;                      // 0 = ephemeral
+    DataPlaneTransport transport = DataPlaneTransport::kAuto;
     // > 0: pace egress to this rate in bytes per second (a NIC emulated on loopback).
     double paced_bytes_per_s = 0;
     int reducer_threads = 0;  // 0 = all cores
@@ -34,16 +36,19 @@ class DataPlaneRunner final : public CollectiveRunner {
     dataplane::BundlingOptions bundling;
   };
 
-  // Starts the UCX transport and builds the data plane on it; its metrics go into `registry`,
-  // times come from `clock` (both must outlive the runner). UNAVAILABLE-style errors of UCX
+  // Starts the transport (chosen as ChooseDataPlaneTransport says, from the environment's
+  // UCX_TLS; the choice is logged) and builds the data plane on it; its metrics go into
+  // `registry`, times come from `clock` (both must outlive the runner). The transport's errors
   // name the listen host.
   static absl::StatusOr<std::unique_ptr<DataPlaneRunner>> Create(const Options& options,
                                                                  prometheus::Registry& registry,
                                                                  const common::Clock* clock);
   ~DataPlaneRunner() override;
 
-  // The UCX address peers dial.
+  // The address peers dial.
   std::string address() const;
+  // The transport actually running (never kAuto).
+  DataPlaneTransport transport() const { return transport_kind_; }
   dataplane::Reducer& reducer() { return *reducer_; }
   // ALGORITHM_AUTO's cost model for jobs set from now on: `alpha_seconds` per message, the NIC's
   // and the summation's rates in bytes per second (a non-positive summation rate counts as
@@ -54,6 +59,10 @@ class DataPlaneRunner final : public CollectiveRunner {
   absl::Status SetSelectorCalibration(std::string_view json);
   // The scrape-time collector of the data plane's statistics.
   std::shared_ptr<prometheus::Collectable> stats_collector() const { return stats_collector_; }
+  // The scrape-time collector of the listener's rejection counters (zero under UCX).
+  std::shared_ptr<prometheus::Collectable> transport_stats_collector() const {
+    return transport_stats_collector_;
+  }
 
   void SetJob(const dataplane::JobView& view, dataplane::Algorithm algorithm) override;
   void RemoveJob(const std::string& job_id) override;
@@ -72,6 +81,8 @@ class DataPlaneRunner final : public CollectiveRunner {
 
   std::unique_ptr<dataplane::DataPlaneMetrics> metrics_;
   std::shared_ptr<prometheus::Collectable> stats_collector_;
+  std::shared_ptr<prometheus::Collectable> transport_stats_collector_;
+  DataPlaneTransport transport_kind_ = DataPlaneTransport::kTcp;
   std::unique_ptr<dataplane::CpuReducer> reducer_;
   std::unique_ptr<dataplane::Transport> transport_;
   dataplane::CountingTransport* counting_ = nullptr;  // the outermost transport (transport_)

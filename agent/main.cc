@@ -57,8 +57,15 @@ int main(int argc, char** argv) {
   app.add_option("--node-id", options.node_id, "Node identity (default: hostname)");
   app.add_option("--controller", options.controller_address, "Controller address host:port");
   app.add_option("--data-plane-host", options.data_plane_host,
-                 "IP address of this node's UCX listener (peers dial it)");
-  app.add_option("--data-plane-port", options.data_plane_port, "UCX listener port (0 = any)");
+                 "IP address of this node's data-plane listener (peers dial it)");
+  app.add_option("--data-plane-port", options.data_plane_port,
+                 "Data-plane listener port (0 = any)");
+  std::string transport = "auto";
+  app.add_option("--transport", transport,
+                 "Data-plane transport: tcp (hardened against hostile bytes), ucx, or auto (tcp "
+                 "unless UCX_TLS allows RDMA transports)")
+      ->check(CLI::IsMember({"auto", "tcp", "ucx"}))
+      ->capture_default_str();
   app.add_option("--listen", options.local_address,
                  "Address for local training processes (unix:PATH or host:port)");
   app.add_option("--nic-gbps", nic_gbps,
@@ -119,6 +126,7 @@ int main(int argc, char** argv) {
   options.sum_bytes_per_s = sum_gbps * 1e9;
   options.offers_summation = !no_summation;
   options.selector_alpha_seconds = selector_alpha_us * 1e-6;
+  options.data_plane_transport = *tributary::agent::ParseDataPlaneTransport(transport);
   // UCX must never wander onto the machine's real NICs unless told to.
   setenv("UCX_NET_DEVICES", "lo", 0);
   setenv("UCX_TLS", "tcp", 0);

@@ -21,6 +21,15 @@
 // all-reduce of the same buffer (256 KiB .. max_bytes, default 16 MiB), ring and
 // halving-doubling, n = 4 and 8, egress paced to rate_mbit (default 1000; 0: not paced), with the
 // line-rate bound (n-1)/n * S / B (x2 for the all-reduce) and nccl-tests' busbw.
+//
+// collectives_bench transports [ranks] [max_bytes]: the data plane's two network transports side
+// by side over loopback, TcpTransport and UcxTransport (UCX_TLS=tcp, UCX_NET_DEVICES=lo unless
+// set): `ranks` (default 4) DataPlaneNodes per transport, each on its own transport instance
+// (real sockets, one progress thread each), every rank a worker and a summation server (k = 0),
+// ring and push/pull, float32 sums of 4 KiB .. max_bytes (default 64 MiB), partition 512 KiB,
+// no bundling. The transports alternate iteration by iteration (so drift on a shared machine hits
+// both); medians. All ranks share this machine's cores: the figures compare the transports'
+// costs (syscalls, copies, progress), not a NIC.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -34,11 +43,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/clock.h"
+#include "common/logging.h"
 #include "dataplane/collectives/algorithm_selector.h"
 #include "dataplane/collectives/data_plane_node.h"
 #include "dataplane/reduce/cpu/cpu_reducer.h"
 #include "dataplane/transport/inprocess/inprocess_transport.h"
 #include "dataplane/transport/paced/paced_transport.h"
+#include "dataplane/transport/tcp/tcp_transport.h"
+#include "dataplane/transport/ucx/ucx_transport.h"
 #include "tests/util/cluster_harness.h"
 
 namespace tributary::dataplane {
@@ -269,11 +281,139 @@ int GatherScatter(int argc, char** argv) {
   return 0;
 }
 
+// ---------------------------------------------------------------------------------------------
+// TCP vs UCX over loopback
+
+// n ranks, each a DataPlaneNode on its own network transport from `make`; every rank a worker
+// and a server with equal shares.
+class NetworkRanks {
+ public:
+  NetworkRanks(int n, const std::function<std::unique_ptr<Transport>()>& make,
+               uint64_t partition_bytes)
+      : reducer_(1) {
+    JobView view;
+    view.job_id = "net";
+    view.plan_version = 1;
+    view.partition_bytes = partition_bytes;
+    view.credit_bytes = 16 << 20;
+    view.op_timeout = std::chrono::milliseconds(600000);
+    for (int i = 0; i < n; ++i) {
+      transports_.push_back(make());
+      view.worker_addresses.push_back(transports_.back()->Address());
+    }
+    view.server_addresses = view.worker_addresses;
+    for (int i = 0; i < n; ++i) view.server_weights.push_back((uint64_t{1} << 32) / n);
+    view.server_weights[0] += (uint64_t{1} << 32) % n;
+    for (int i = 0; i < n; ++i) {
+      nodes_.push_back(std::make_unique<DataPlaneNode>(transports_[i].get(), &reducer_,
+                                                       common::SystemClock::Get()));
+      view.my_worker_rank = i;
+      view.my_server_index = i;
+      nodes_.back()->SetJob(view, Algorithm::kAuto);
+    }
+  }
+  ~NetworkRanks() {
+    for (auto& t : transports_) t->Shutdown();
+  }
+
+  // Seconds of one float32 sum of `bufs` by `algorithm` (posted to its implementation).
+  double Time(Algorithm algorithm, std::vector<std::vector<std::byte>>& bufs, uint64_t count) {
+    const int n = static_cast<int>(nodes_.size());
+    std::vector<std::promise<absl::Status>> promises(n);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < n; ++r) {
+      Operation op;
+      op.tensor_name = "t";
+      op.iteration = iteration_;
+      op.dtype = common::DataType::kFloat32;
+      op.count = count;
+      op.buffers = {bufs[r].data()};
+      op.done = [p = &promises[r]](absl::Status st) { p->set_value(std::move(st)); };
+      CollectiveAlgorithm& impl = algorithm == Algorithm::kPushPull
+                                      ? static_cast<CollectiveAlgorithm&>(nodes_[r]->push_pull())
+                                      : nodes_[r]->engine();
+      absl::Status s = impl.Post("net", algorithm, std::move(op));
+      if (!s.ok()) promises[r].set_value(s);
+    }
+    for (auto& p : promises) {
+      absl::Status s = p.get_future().get();
+      if (!s.ok()) {
+        std::fprintf(stderr, "all-reduce failed: %s\n", s.ToString().c_str());
+        std::exit(1);
+      }
+    }
+    ++iteration_;
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+ private:
+  CpuReducer reducer_;
+  std::vector<std::unique_ptr<Transport>> transports_;
+  std::vector<std::unique_ptr<DataPlaneNode>> nodes_;
+  uint64_t iteration_ = 0;
+};
+
+int Transports(int argc, char** argv) {
+  const int n = argc > 2 ? std::atoi(argv[2]) : 4;
+  const uint64_t max_bytes = argc > 3 ? std::strtoull(argv[3], nullptr, 10) : 64 << 20;
+  setenv("UCX_NET_DEVICES", "lo", 0);
+  setenv("UCX_TLS", "tcp", 0);
+  common::InitLogging("warn");  // Not the connections' info lines at shutdown.
+  auto tcp = [] {
+    absl::StatusOr<std::unique_ptr<TcpTransport>> t = TcpTransport::Create({});
+    if (!t.ok()) {
+      std::fprintf(stderr, "tcp transport: %s\n", t.status().ToString().c_str());
+      std::exit(1);
+    }
+    return std::unique_ptr<Transport>(*std::move(t));
+  };
+  auto ucx = [] {
+    absl::StatusOr<std::unique_ptr<UcxTransport>> t = UcxTransport::Create({});
+    if (!t.ok()) {
+      std::fprintf(stderr, "ucx transport: %s\n", t.status().ToString().c_str());
+      std::exit(1);
+    }
+    return std::unique_ptr<Transport>(*std::move(t));
+  };
+  NetworkRanks tcp_ranks(n, tcp, kPartitionBytes);
+  NetworkRanks ucx_ranks(n, ucx, kPartitionBytes);
+  std::printf(
+      "# %d ranks per transport over loopback (UCX_TLS=%s), float32 sum, k = 0, partition %llu "
+      "KiB, no bundling, %u hardware threads; medians, transports alternating\n",
+      n, std::getenv("UCX_TLS"), static_cast<unsigned long long>(kPartitionBytes >> 10),
+      std::thread::hardware_concurrency());
+  std::printf("%10s  %-10s %6s %10s %10s %12s %12s %9s\n", "bytes", "algorithm", "iters", "tcp_us",
+              "ucx_us", "tcp_busbw", "ucx_busbw", "ucx/tcp");
+  for (uint64_t bytes = 4 << 10; bytes <= max_bytes; bytes *= 4) {
+    const uint64_t count = bytes / 4;
+    std::vector<std::vector<std::byte>> bufs(n, std::vector<std::byte>(bytes));
+    const int iters = static_cast<int>(std::clamp<uint64_t>((256ull << 20) / bytes, 5, 50));
+    for (Algorithm alg : {Algorithm::kRing, Algorithm::kPushPull}) {
+      tcp_ranks.Time(alg, bufs, count);  // warm-up (and connections)
+      ucx_ranks.Time(alg, bufs, count);
+      std::vector<double> t_tcp, t_ucx;
+      for (int i = 0; i < iters; ++i) {
+        t_tcp.push_back(tcp_ranks.Time(alg, bufs, count));
+        t_ucx.push_back(ucx_ranks.Time(alg, bufs, count));
+      }
+      const double a = Median(t_tcp);
+      const double b = Median(t_ucx);
+      const double bus = 2.0 * (n - 1) / n * bytes / 1e9;  // GB moved per rank, as nccl-tests
+      std::printf("%10llu  %-10s %6d %10.1f %10.1f %12.3f %12.3f %9.3f\n",
+                  static_cast<unsigned long long>(bytes), std::string(AlgorithmName(alg)).c_str(),
+                  iters, a * 1e6, b * 1e6, bus / a, bus / b, b / a);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
 int Main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "hd-pipelining") {
     return HalvingDoublingPipelining(argc, argv);
   }
   if (argc > 1 && std::string(argv[1]) == "gather-scatter") return GatherScatter(argc, argv);
+  if (argc > 1 && std::string(argv[1]) == "transports") return Transports(argc, argv);
   const uint64_t max_bytes = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 16 << 20;
   // Every rank is a worker and a summation server (k = 0, equal shares); the reducer uses one
   // thread per call: the rank's own (transport) thread.

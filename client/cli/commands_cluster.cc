@@ -43,6 +43,7 @@ struct ClusterFlags {
   std::vector<double> nic_gbps = {1};
   double sum_gbps = 0;
   bool emulate_nic = true;
+  std::string transport = "auto";  // the agents' --transport
   std::string log_level = "warn";
   std::string run_dir;
   std::string topology_file;
@@ -64,6 +65,11 @@ void AddClusterFlags(CLI::App* cmd, ClusterFlags* f) {
                 "pace each agent's data-plane egress to its NIC speed (loopback is otherwise "
                 "CPU-bound)")
       ->capture_default_str();
+  cmd->add_option("--transport", f->transport,
+                  "the agents' data-plane transport: tcp, ucx, or auto (tcp unless UCX_TLS allows "
+                  "RDMA)")
+      ->check(CLI::IsMember({"auto", "tcp", "ucx"}))
+      ->capture_default_str();
   cmd->add_option("--agent-log-level", f->log_level, "log level of the controller and agents")
       ->capture_default_str();
   cmd->add_option("--run-dir", f->run_dir, "folder for sockets and logs (default: a temp dir)");
@@ -80,6 +86,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> StartCluster(const ClusterFlags& f
   o.nic_gbps = f.nic_gbps;
   o.sum_gbps = f.sum_gbps;
   o.emulate_nic = f.emulate_nic;
+  o.transport = f.transport;
   o.worker_topology_file = f.topology_file;
   o.log_level = f.log_level;
   return LocalCluster::Start(o);

@@ -140,6 +140,10 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
     for (std::string& a : TlsArgs(c->client_tls(c->node_id(i)), o.tls_reload_seconds)) {
       argv.push_back(std::move(a));
     }
+    if (!o.transport.empty()) {
+      argv.push_back("--transport");
+      argv.push_back(o.transport);
+    }
     for (std::string& a : metrics_args(c->node_id(i))) argv.push_back(std::move(a));
     if (i < o.workers && !o.worker_topology_file.empty()) {
       argv.push_back("--topology-file");

@@ -29,6 +29,8 @@ struct LocalClusterOptions {
   double sum_gbps = 0;
   // Agents pace their data-plane egress to their NIC speed (see PacedTransport).
   bool emulate_nic = false;
+  // The agents' --transport (auto, tcp, ucx); empty: their default (auto).
+  std::string transport;
   // Worker agents report this topology file instead of discovering this machine's.
   std::string worker_topology_file;
   int reducer_threads = 1;

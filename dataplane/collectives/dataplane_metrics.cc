@@ -162,4 +162,22 @@ std::vector<prometheus::MetricFamily> DataPlaneStatsCollector::Collect() const {
   return out;
 }
 
+std::vector<prometheus::MetricFamily> TransportStatsCollector::Collect() const {
+  using common::metrics::AddSample;
+  using common::metrics::MakeFamily;
+  const TransportListenerStats stats = read_ ? read_() : TransportListenerStats{};
+  std::vector<prometheus::MetricFamily> out;
+  out.push_back(MakeFamily("tributary_dataplane_rejected_connections_total",
+                           "Connections to the data-plane port closed before completing the "
+                           "handshake (bad bytes, handshake deadline, over the half-open cap).",
+                           prometheus::MetricType::Counter));
+  AddSample(out.back(), static_cast<double>(stats.rejected_connections));
+  out.push_back(MakeFamily("tributary_dataplane_protocol_errors_total",
+                           "Data-plane connections closed for breaking the framing after the "
+                           "handshake (bad magic, lengths over a limit, truncated frames).",
+                           prometheus::MetricType::Counter));
+  AddSample(out.back(), static_cast<double>(stats.protocol_errors));
+  return out;
+}
+
 }  // namespace tributary::dataplane

@@ -1,6 +1,8 @@
 // Prometheus metrics of one node's data plane (dashboards/METRICS.md, "Agent: data plane").
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -74,6 +76,25 @@ class DataPlaneStatsCollector : public prometheus::Collectable {
 
  private:
   const DataPlaneNode* node_;
+};
+
+// What the data-plane transport's listener refused (TcpTransport's counters; zero for transports
+// without them).
+struct TransportListenerStats {
+  uint64_t rejected_connections = 0;
+  uint64_t protocol_errors = 0;
+};
+
+// Scrape-time view of the transport listener's counters, read through `read` (which must stay
+// valid as long as scrapes can happen).
+class TransportStatsCollector : public prometheus::Collectable {
+ public:
+  explicit TransportStatsCollector(std::function<TransportListenerStats()> read)
+      : read_(std::move(read)) {}
+  std::vector<prometheus::MetricFamily> Collect() const override;
+
+ private:
+  std::function<TransportListenerStats()> read_;
 };
 
 }  // namespace tributary::dataplane

@@ -1,16 +1,25 @@
 // End to end: a controller, 3 worker agents with 2 training processes each and 2 spare
-// summation agents, all real processes talking real gRPC and real UCX over loopback.
+// summation agents, all real processes talking real gRPC and a real data plane over loopback
+// (the agents' default transport, TCP under ctest's UCX_TLS=tcp; LocalClusterUcxTest: UCX).
 #include "client/cluster/local_cluster.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
 #include <fstream>
 #include <map>
+#include <random>
 #include <regex>
 #include <set>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "dataplane/collectives/wire.h"
-#include "dataplane/transport/ucx/ucx_transport.h"
+#include "dataplane/transport/tcp/tcp_transport.h"
+#include "dataplane/transport/tcp/tcp_wire.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -29,8 +38,11 @@ struct WorkerResult {
 
 class LocalClusterTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
+  static void SetUpTestSuite() { StartCluster(""); }
+  // `transport`: the agents' --transport (empty: their default).
+  static void StartCluster(const std::string& transport) {
     client::LocalClusterOptions o;
+    o.transport = transport;
     o.bin_dir = TRIBUTARY_BIN_DIR;
     o.workers = kWorkers;
     o.spares = kSpares;
@@ -235,7 +247,7 @@ TEST_F(LocalClusterTest, MalformedDataPlaneMessagesAreDroppedAndServiceContinues
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     ASSERT_TRUE(cluster_->controller().ListNodes(&ctx, {}, &nodes).ok());
   }
-  auto transport = dataplane::UcxTransport::Create({});
+  auto transport = dataplane::TcpTransport::Create({});
   ASSERT_TRUE(transport.ok()) << transport.status();
   dataplane::WireHeader h;
   h.kind = static_cast<uint8_t>(dataplane::MessageKind::kPush);
@@ -258,6 +270,70 @@ TEST_F(LocalClusterTest, MalformedDataPlaneMessagesAreDroppedAndServiceContinues
   }
   ExpectAllPassed(RunWorkers("malformed", "iterations", {"--iterations", "3"}));
   (*transport)->Shutdown();
+  EXPECT_TRUE(cluster_->WaitForAliveNodes(kWorkers + kSpares, std::chrono::seconds(5)).ok());
+}
+
+// Issue 13: bytes that are not the protocol on an agent's data-plane port (UCX's TCP stack
+// aborted the process on 16 bytes of 0xff) close that connection only; every agent stays up and
+// the next all-reduces are exact.
+TEST_F(LocalClusterTest, HostileBytesOnDataPlanePortsLeaveEveryAgentServing) {
+  ASSERT_NO_FATAL_FAILURE(CreateJob("hostile"));
+  tributary::v1::ListNodesResponse nodes;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    ASSERT_TRUE(cluster_->controller().ListNodes(&ctx, {}, &nodes).ok());
+  }
+  ASSERT_EQ(nodes.nodes_size(), kWorkers + kSpares);
+  auto bytes = [](const std::string& text) {
+    std::vector<std::byte> out(text.size());
+    std::memcpy(out.data(), text.data(), text.size());
+    return out;
+  };
+  auto concat = [](std::vector<std::byte> a, const std::vector<std::byte>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  std::vector<std::byte> huge_frame(dataplane::tcp::kFrameHeaderBytes);
+  dataplane::tcp::EncodeFrameHeader({.payload_length = uint64_t{1} << 40}, huge_frame.data());
+  const std::vector<std::byte> hello = dataplane::tcp::EncodeHello("127.0.0.1:9");
+  std::vector<std::vector<std::byte>> inputs = {
+      std::vector<std::byte>(16, std::byte{0xff}),
+      std::vector<std::byte>(4096, std::byte{0}),
+      bytes("GET /metrics HTTP/1.1\r\n\r\n"),
+      concat(hello, huge_frame),
+      concat(hello, bytes("garbage after a valid handshake")),
+  };
+  std::mt19937_64 random(13);
+  for (int i = 0; i < 20; ++i) {
+    std::vector<std::byte> noise(1 + random() % 512);
+    for (std::byte& b : noise) b = std::byte(random() & 0xff);
+    inputs.push_back(i % 2 == 0 ? noise : concat(hello, noise));
+  }
+  for (const auto& n : nodes.nodes()) {
+    const std::string addr = n.inventory().data_plane_address();
+    const uint16_t port = static_cast<uint16_t>(std::stoi(addr.substr(addr.rfind(':') + 1)));
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      sockaddr_in sa{};
+      sa.sin_family = AF_INET;
+      sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      sa.sin_port = htons(port);
+      ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)), 0) << addr;
+      timeval timeout{.tv_sec = 10, .tv_usec = 0};
+      setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+      send(fd, inputs[i].data(), inputs[i].size(), MSG_NOSIGNAL);
+      shutdown(fd, SHUT_WR);
+      // The agent closes the connection (EOF or reset); a deadline bounds a failing test.
+      std::byte scratch[256];
+      ssize_t r;
+      while ((r = recv(fd, scratch, sizeof(scratch), 0)) > 0) {
+      }
+      EXPECT_TRUE(r == 0 || errno == ECONNRESET) << addr << " input " << i << ": " << r;
+      close(fd);
+    }
+  }
+  ExpectAllPassed(RunWorkers("hostile", "iterations", {"--iterations", "3"}));
   EXPECT_TRUE(cluster_->WaitForAliveNodes(kWorkers + kSpares, std::chrono::seconds(5)).ok());
 }
 
@@ -318,6 +394,28 @@ TEST_F(LocalClusterTest, WorkloadFileErrorsNameTheLine) {
   std::stringstream ss;
   ss << f.rdbuf();
   EXPECT_THAT(ss.str(), ::testing::HasSubstr("bad.tensors:2: expected \"name count\""));
+}
+
+}  // namespace
+}  // namespace tributary
+
+namespace tributary {
+namespace {
+
+// The same cluster on the UCX transport (--transport ucx), the one RDMA networks use.
+class LocalClusterUcxTest : public LocalClusterTest {
+ protected:
+  static void SetUpTestSuite() { StartCluster("ucx"); }
+};
+
+TEST_F(LocalClusterUcxTest, ExactSumsAveragesAndBroadcastsForEveryDtype) {
+  ASSERT_NO_FATAL_FAILURE(CreateJob("ucx-exact"));
+  ExpectAllPassed(RunWorkers("ucx-exact", "exact"));
+}
+
+TEST_F(LocalClusterUcxTest, RingJobIsExactForEveryDtype) {
+  ASSERT_NO_FATAL_FAILURE(CreateJob("ucx-ring", 30000, tributary::v1::ALGORITHM_RING));
+  ExpectAllPassed(RunWorkers("ucx-ring", "exact"));
 }
 
 }  // namespace

@@ -1,0 +1,1038 @@
+#include "dataplane/transport/tcp/tcp_transport.h"
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <new>
+#include <optional>
+#include <set>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "common/logging.h"
+#include "dataplane/transport/tcp/tcp_address.h"
+#include "dataplane/transport/tcp/tcp_wire.h"
+
+namespace tributary::dataplane {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using tcp::FrameHeader;
+using tcp::kAckBytes;
+using tcp::kFrameHeaderBytes;
+using tcp::kHelloFixedBytes;
+using tcp::kMaxAddressBytes;
+using tcp::SocketAddress;
+
+constexpr auto Log = common::ComponentLog<"transport">;
+
+// epoll user data of the two fixed descriptors; connections get ids from kFirstConnectionId on.
+constexpr uint64_t kWakeId = 0;
+constexpr uint64_t kListenerId = 1;
+constexpr uint64_t kFirstConnectionId = 2;
+
+// Each accepted connection reads through a buffer of this size (small frames are handed to the
+// handler straight from it); a payload with at least kDirectReadBytes still to come is read
+// straight into its own buffer instead.
+constexpr size_t kReadBufferBytes = 256 << 10;
+constexpr size_t kDirectReadBytes = 64 << 10;
+// Bytes read from one connection per readable event before the loop serves the others
+// (epoll is level-triggered, so the rest is reported again).
+constexpr size_t kReadBudgetBytes = 8 << 20;
+// Connections accepted per readable event of the listener.
+constexpr int kAcceptBudget = 256;
+// iovecs per sendmsg (IOV_MAX is 1024 on Linux).
+constexpr int kMaxIov = 512;
+// When accept fails for lack of descriptors or memory, the listener rests this long (epoll is
+// level-triggered: without the pause the loop would spin on the pending connection).
+constexpr std::chrono::milliseconds kAcceptPause{100};
+// Warnings about connections (hostile input) per window, then a count of the suppressed ones.
+constexpr int kWarningsPerWindow = 20;
+constexpr std::chrono::seconds kWarningWindow{10};
+
+std::string ErrnoText(int error) { return std::strerror(error); }
+
+absl::Status ErrnoStatus(absl::string_view call, int error) {
+  return absl::InternalError(absl::StrCat(call, ": ", ErrnoText(error)));
+}
+
+void SetNoDelay(int fd) {
+  const int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+}  // namespace
+
+// Everything below "progress thread only" is touched by the progress thread alone (and by
+// Teardown on it), so it needs no lock.
+class TcpTransport::Impl {
+ public:
+  explicit Impl(TcpTransportOptions options) : options_(std::move(options)) {}
+
+  ~Impl() {
+    Shutdown();
+    for (int fd : {listen_fd_, epoll_fd_, event_fd_}) {
+      if (fd >= 0) close(fd);
+    }
+  }
+
+  // Binds and listens on the caller's thread (errors come back directly), then starts the
+  // progress thread.
+  absl::Status Start() {
+    if (options_.max_half_open_connections == 0) {
+      return absl::InvalidArgumentError("max_half_open_connections must be at least 1");
+    }
+    absl::StatusOr<SocketAddress> listen_address =
+        tcp::ResolveListenAddress(options_.listen_host, options_.port);
+    if (!listen_address.ok()) return listen_address.status();
+    const std::string where = absl::StrCat(options_.listen_host, ":", options_.port);
+    listen_fd_ =
+        socket(listen_address->storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (listen_fd_ < 0) return ErrnoStatus("socket", errno);
+    // An agent restarting on its fixed port must not wait for TIME_WAIT sockets to expire; Linux
+    // still refuses the bind while another socket listens on the port.
+    const int one = 1;
+    setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(listen_fd_, listen_address->get(), listen_address->length) != 0) {
+      const int error = errno;
+      const std::string message = absl::StrCat("cannot listen on ", where, ": ", ErrnoText(error));
+      if (error == EADDRINUSE || error == EADDRNOTAVAIL || error == EACCES) {
+        return absl::UnavailableError(message);
+      }
+      return absl::InternalError(message);
+    }
+    if (listen(listen_fd_, SOMAXCONN) != 0) return ErrnoStatus("listen", errno);
+    SocketAddress bound;
+    bound.length = sizeof(bound.storage);
+    if (getsockname(listen_fd_, bound.get(), &bound.length) != 0) {
+      return ErrnoStatus("getsockname", errno);
+    }
+    address_ = tcp::FormatAddress(bound.get());
+    hello_ = tcp::EncodeHello(address_);
+
+    event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (event_fd_ < 0) return ErrnoStatus("eventfd", errno);
+    epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+    if (epoll_fd_ < 0) return ErrnoStatus("epoll_create1", errno);
+    for (auto [fd, id] : {std::pair{event_fd_, kWakeId}, std::pair{listen_fd_, kListenerId}}) {
+      epoll_event event{};
+      event.events = EPOLLIN;
+      event.data.u64 = id;
+      if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &event) != 0) {
+        return ErrnoStatus("epoll_ctl", errno);
+      }
+    }
+    Log()->debug("tcp transport listening on {}", address_);
+    thread_ = std::thread([this] { Run(); });
+    return absl::OkStatus();
+  }
+
+  const std::string& Address() const { return address_; }
+
+  void SetReceiveHandler(ReceiveHandler handler) {
+    auto shared = std::make_shared<const ReceiveHandler>(std::move(handler));
+    std::lock_guard lock(handler_mu_);
+    handler_ = std::move(shared);
+  }
+
+  void Send(const std::string& peer_address, std::span<const std::byte> header,
+            std::span<const std::byte> payload, SendCallback done) {
+    auto op = std::make_unique<SendOp>();
+    op->address = peer_address;
+    op->payload = payload;
+    op->done = std::move(done);
+    if (header.size() > kMaxHeaderBytes) {
+      op->status = absl::InvalidArgumentError(
+          absl::StrCat("send to ", peer_address, ": header of ", header.size(),
+                       " bytes exceeds the limit of ", kMaxHeaderBytes));
+    } else if (payload.size() > options_.max_payload_bytes) {
+      op->status = absl::InvalidArgumentError(absl::StrCat(
+          "send to ", peer_address, ": payload of ", payload.size(),
+          " bytes exceeds the transport's limit of ", options_.max_payload_bytes, " bytes"));
+    } else if (absl::StatusOr<SocketAddress> parsed = tcp::ParsePeerAddress(peer_address);
+               !parsed.ok()) {
+      op->status = parsed.status();
+    } else {
+      op->sockaddr = *parsed;
+      op->header_length = static_cast<uint32_t>(header.size());
+      if (!header.empty()) {
+        std::memcpy(op->frame + kFrameHeaderBytes, header.data(), header.size());
+      }
+    }
+
+    if (progress_thread_id_.load() == std::this_thread::get_id()) {
+      // From a handler or completion: never wait for ourselves; the loop posts it next.
+      local_queue_.push_back(std::move(op));
+      return;
+    }
+    bool wake = false;
+    {
+      std::lock_guard lock(mu_);
+      if (!closed_) {
+        wake = queue_.empty();
+        queue_.push_back(std::move(op));
+      }
+    }
+    if (op != nullptr) {  // Shut down: no progress thread is left to run `done`.
+      Finish(std::move(op), Cancelled(peer_address));
+      return;
+    }
+    if (wake) Wake();
+  }
+
+  void Shutdown() {
+    {
+      std::lock_guard lock(mu_);
+      stop_requested_ = true;
+    }
+    Wake();
+    if (progress_thread_id_.load() == std::this_thread::get_id()) {
+      Log()->warn(
+          "tcp transport {}: shutdown called on its progress thread; it stops after the "
+          "current callback",
+          address_);
+      return;
+    }
+    std::lock_guard lock(join_mu_);
+    if (thread_.joinable()) thread_.join();
+  }
+
+  uint64_t rejected_connections() const { return rejected_.load(); }
+  uint64_t protocol_errors() const { return protocol_errors_.load(); }
+  uint64_t accepted_connections() const { return accepted_.load(); }
+
+ private:
+  // One Send: the frame (frame header + copied user header) and the borrowed payload.
+  struct SendOp {
+    std::string address;
+    SocketAddress sockaddr;
+    uint32_t header_length = 0;
+    std::byte frame[kFrameHeaderBytes + kMaxHeaderBytes];
+    std::span<const std::byte> payload;
+    SendCallback done;
+    absl::Status status;  // Non-OK: fails without being posted.
+
+    size_t frame_size() const { return kFrameHeaderBytes + header_length; }
+    size_t total() const { return frame_size() + payload.size(); }
+  };
+
+  // An outgoing connection, cached per peer address while healthy.
+  struct Peer {
+    enum class State { kConnecting, kAwaitingAck, kConnected };
+    uint64_t id = 0;
+    std::string address;
+    int fd = -1;
+    State state = State::kConnecting;
+    Clock::time_point connect_deadline;
+    size_t hello_sent = 0;
+    std::byte ack[kAckBytes];
+    size_t ack_received = 0;
+    std::deque<std::unique_ptr<SendOp>> queue;  // Wire order; the front may be partly written.
+    size_t front_written = 0;
+    uint64_t next_sequence = 0;
+    bool want_out = false;  // EPOLLOUT registered.
+  };
+
+  // An accepted connection: a handshake, then frames it hands to the receive handler.
+  struct Inbound {
+    uint64_t id = 0;
+    int fd = -1;
+    std::string remote;        // The socket's remote address.
+    std::string peer_address;  // The listening address its handshake named.
+    bool handshaken = false;
+    Clock::time_point handshake_deadline;
+    std::byte hello[kHelloFixedBytes + kMaxAddressBytes];
+    size_t hello_received = 0;
+    size_t hello_needed = kHelloFixedBytes;
+    // After the handshake: buffered reads.
+    std::unique_ptr<std::byte[]> buffer;
+    size_t begin = 0;
+    size_t end = 0;
+    uint64_t next_sequence = 0;
+    // A frame whose bytes are still arriving.
+    bool in_frame = false;
+    FrameHeader frame;
+    std::byte header[kMaxHeaderBytes];
+    size_t header_received = 0;
+    std::unique_ptr<std::byte[]> payload;
+    uint64_t payload_received = 0;
+
+    std::string Name() const {
+      return peer_address.empty() ? remote : absl::StrCat(remote, " (", peer_address, ")");
+    }
+  };
+
+  static absl::Status Cancelled(const std::string& address) {
+    return absl::CancelledError(
+        absl::StrCat("send to ", address, " cancelled: transport shut down"));
+  }
+
+  static void Finish(std::unique_ptr<SendOp> op, absl::Status status) {
+    if (op->done) op->done(std::move(status));
+  }
+
+  void Wake() {
+    if (event_fd_ < 0) return;
+    const uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = write(event_fd_, &one, sizeof(one));
+  }
+
+  // Logs a warning about a connection, at most kWarningsPerWindow per window.
+  template <typename... Args>
+  void Warn(spdlog::format_string_t<Args...> format, Args&&... args) {
+    const Clock::time_point now = Clock::now();
+    if (now - warning_window_start_ >= kWarningWindow) {
+      if (warnings_suppressed_ > 0) {
+        Log()->warn("tcp transport {}: {} more connection warnings suppressed", address_,
+                    warnings_suppressed_);
+      }
+      warning_window_start_ = now;
+      warnings_in_window_ = 0;
+      warnings_suppressed_ = 0;
+    }
+    if (warnings_in_window_ < kWarningsPerWindow) {
+      ++warnings_in_window_;
+      Log()->warn(format, std::forward<Args>(args)...);
+    } else {
+      ++warnings_suppressed_;
+    }
+  }
+
+  // --- Progress thread only below. ---
+
+  void Run() {
+    progress_thread_id_.store(std::this_thread::get_id());
+    Loop();
+    Teardown();
+    progress_thread_id_.store(std::thread::id());
+  }
+
+  void Loop() {
+    epoll_event events[128];
+    while (true) {
+      DrainQueue();
+      RunLocalWork();
+      if (stopping_) return;
+      ExpireDeadlines(Clock::now());
+      RunLocalWork();
+      const int timeout = local_queue_.empty() ? NextTimeoutMs(Clock::now()) : 0;
+      const int n = epoll_wait(epoll_fd_, events, 128, timeout);
+      if (n < 0 && errno != EINTR) {
+        Log()->error("tcp transport {}: epoll_wait: {}", address_, ErrnoText(errno));
+      }
+      for (int i = 0; i < n; ++i) Dispatch(events[i]);
+    }
+  }
+
+  void Dispatch(const epoll_event& event) {
+    const uint64_t id = event.data.u64;
+    if (id == kWakeId) {
+      uint64_t count;
+      [[maybe_unused]] ssize_t r = read(event_fd_, &count, sizeof(count));
+      return;
+    }
+    if (id == kListenerId) {
+      AcceptAll();
+      return;
+    }
+    if (auto it = inbound_.find(id); it != inbound_.end()) {
+      ReadInbound(*it->second);
+      return;
+    }
+    if (auto it = peer_by_id_.find(id); it != peer_by_id_.end()) {
+      OnPeerEvent(*it->second, event.events);
+    }
+    // Otherwise the connection was closed earlier in this batch.
+  }
+
+  // Takes the sends queued by other threads and posts them; notices a stop request.
+  void DrainQueue() {
+    std::vector<std::unique_ptr<SendOp>> ops;
+    {
+      std::lock_guard lock(mu_);
+      ops.swap(queue_);
+      if (stop_requested_) {
+        stopping_ = true;
+        closed_ = true;
+      }
+    }
+    for (auto& op : ops) Post(std::move(op));
+    FlushDirty();
+  }
+
+  // Sends from handlers and completions, then the writes they made due.
+  void RunLocalWork() {
+    while (!local_queue_.empty()) {
+      std::unique_ptr<SendOp> op = std::move(local_queue_.front());
+      local_queue_.pop_front();
+      Post(std::move(op));
+    }
+    FlushDirty();
+  }
+
+  void Post(std::unique_ptr<SendOp> op) {
+    if (!op->status.ok()) {
+      absl::Status status = op->status;
+      Finish(std::move(op), std::move(status));
+      return;
+    }
+    if (stopping_) {
+      absl::Status cancelled = Cancelled(op->address);
+      Finish(std::move(op), std::move(cancelled));
+      return;
+    }
+    absl::StatusOr<Peer*> peer = GetOrConnect(*op);
+    if (!peer.ok()) {
+      Finish(std::move(op), peer.status());
+      return;
+    }
+    tcp::EncodeFrameHeader(FrameHeader{.header_length = op->header_length,
+                                       .payload_length = op->payload.size(),
+                                       .sequence = (*peer)->next_sequence++},
+                           op->frame);
+    (*peer)->queue.push_back(std::move(op));
+    dirty_.insert((*peer)->id);
+  }
+
+  // Writes what the peers that got new sends can take now, in one sendmsg per peer and turn.
+  void FlushDirty() {
+    while (!dirty_.empty()) {
+      std::unordered_set<uint64_t> dirty;
+      dirty.swap(dirty_);
+      for (uint64_t id : dirty) {
+        auto it = peer_by_id_.find(id);
+        if (it != peer_by_id_.end() && !it->second->want_out) Flush(*it->second);
+      }
+      // Completions run by Flush may have queued sends from this thread.
+      while (!local_queue_.empty()) {
+        std::unique_ptr<SendOp> op = std::move(local_queue_.front());
+        local_queue_.pop_front();
+        Post(std::move(op));
+      }
+    }
+  }
+
+  absl::StatusOr<Peer*> GetOrConnect(const SendOp& op) {
+    if (auto it = peers_.find(op.address); it != peers_.end()) return it->second.get();
+    auto unavailable = [&](absl::string_view why) {
+      Log()->warn("tcp transport {}: cannot connect to {}: {}", address_, op.address, why);
+      return absl::UnavailableError(absl::StrCat("send to ", op.address, " failed: ", why));
+    };
+    const int fd =
+        socket(op.sockaddr.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return unavailable(absl::StrCat("socket: ", ErrnoText(errno)));
+    SetNoDelay(fd);
+    if (connect(fd, op.sockaddr.get(), op.sockaddr.length) != 0 && errno != EINPROGRESS) {
+      const int error = errno;
+      close(fd);
+      return unavailable(absl::StrCat("connect failed: ", ErrnoText(error)));
+    }
+    auto peer = std::make_unique<Peer>();
+    peer->id = next_id_++;
+    peer->address = op.address;
+    peer->fd = fd;
+    peer->connect_deadline = Clock::now() + options_.connect_timeout;
+    // Connect completion shows as writability (or an error).
+    epoll_event event{};
+    event.events = EPOLLOUT;
+    event.data.u64 = peer->id;
+    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &event) != 0) {
+      const int error = errno;
+      close(fd);
+      return unavailable(absl::StrCat("epoll_ctl: ", ErrnoText(error)));
+    }
+    peer->want_out = true;
+    Peer* raw = peer.get();
+    peer_by_id_[raw->id] = raw;
+    peers_.emplace(op.address, std::move(peer));
+    return raw;
+  }
+
+  void SetEvents(int fd, uint64_t id, uint32_t events) {
+    epoll_event event{};
+    event.events = events;
+    event.data.u64 = id;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, fd, &event);
+  }
+
+  void SetWantOut(Peer& peer, bool want) {
+    if (peer.want_out == want) return;
+    peer.want_out = want;
+    SetEvents(peer.fd, peer.id, EPOLLIN | (want ? EPOLLOUT : 0u));
+  }
+
+  void OnPeerEvent(Peer& peer, uint32_t events) {
+    if (peer.state == Peer::State::kConnecting) {
+      int error = 0;
+      socklen_t length = sizeof(error);
+      if (getsockopt(peer.fd, SOL_SOCKET, SO_ERROR, &error, &length) != 0) error = errno;
+      if (error != 0) {
+        FailPeer(peer, absl::StrCat("connect failed: ", ErrnoText(error)));
+        return;
+      }
+      if ((events & EPOLLOUT) == 0) return;
+      peer.state = Peer::State::kAwaitingAck;
+      peer.want_out = false;
+      SetEvents(peer.fd, peer.id, EPOLLIN);
+      Flush(peer);  // The hello.
+      return;
+    }
+    if ((events & (EPOLLIN | EPOLLERR | EPOLLHUP)) != 0 && !ReadPeer(peer)) return;
+    if ((events & EPOLLOUT) != 0) Flush(peer);
+  }
+
+  // Reads what a listener sends on an outgoing connection: the ack, then nothing but EOF.
+  // Returns false when the peer failed (and is gone).
+  bool ReadPeer(Peer& peer) {
+    if (peer.state == Peer::State::kAwaitingAck) {
+      const ssize_t n =
+          recv(peer.fd, peer.ack + peer.ack_received, kAckBytes - peer.ack_received, 0);
+      if (n == 0) {
+        FailPeer(peer, "connection closed by the peer during the handshake");
+        return false;
+      }
+      if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return true;
+        FailPeer(peer, absl::StrCat("connection failed: ", ErrnoText(errno)));
+        return false;
+      }
+      peer.ack_received += static_cast<size_t>(n);
+      if (peer.ack_received < kAckBytes) return true;
+      if (absl::Status ack = tcp::ParseAck(peer.ack); !ack.ok()) {
+        ++protocol_errors_;
+        FailPeer(peer, std::string(ack.message()), /*violation=*/true);
+        return false;
+      }
+      peer.state = Peer::State::kConnected;
+      Log()->debug("tcp transport {}: connected to {}", address_, peer.address);
+      return Flush(peer);
+    }
+    std::byte scratch[64];
+    const ssize_t n = recv(peer.fd, scratch, sizeof(scratch), 0);
+    if (n == 0) {
+      FailPeer(peer, "connection closed by the peer");
+      return false;
+    }
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return true;
+      FailPeer(peer, absl::StrCat("connection failed: ", ErrnoText(errno)));
+      return false;
+    }
+    ++protocol_errors_;
+    FailPeer(peer, "the peer sent bytes on a send-only connection", /*violation=*/true);
+    return false;
+  }
+
+  // Writes the hello (while awaiting the ack) or the queued frames (once connected) until the
+  // queue is empty or the socket is full. Completes fully written sends with OK. Returns false
+  // when the peer failed (and is gone).
+  bool Flush(Peer& peer) {
+    std::vector<std::unique_ptr<SendOp>> written;
+    bool alive = true;
+    while (true) {
+      iovec iov[kMaxIov];
+      int count = 0;
+      size_t requested = 0;
+      auto add = [&](const void* data, size_t size) {
+        if (size == 0) return;
+        iov[count].iov_base = const_cast<void*>(data);
+        iov[count].iov_len = size;
+        ++count;
+        requested += size;
+      };
+      const bool hello_left = peer.hello_sent < hello_.size();
+      if (hello_left) add(hello_.data() + peer.hello_sent, hello_.size() - peer.hello_sent);
+      if (peer.state == Peer::State::kConnected) {
+        size_t skip = peer.front_written;
+        for (const auto& op : peer.queue) {
+          if (count + 2 > kMaxIov) break;
+          const size_t frame = op->frame_size();
+          if (skip < frame) {
+            add(op->frame + skip, frame - skip);
+            add(op->payload.data(), op->payload.size());
+          } else {
+            add(op->payload.data() + (skip - frame), op->payload.size() - (skip - frame));
+          }
+          skip = 0;
+        }
+      }
+      if (count == 0) break;
+      msghdr message{};
+      message.msg_iov = iov;
+      message.msg_iovlen = static_cast<size_t>(count);
+      const ssize_t n = sendmsg(peer.fd, &message, MSG_NOSIGNAL);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+          SetWantOut(peer, true);
+          break;
+        }
+        FailPeer(peer, absl::StrCat("send failed: ", ErrnoText(errno)));
+        alive = false;
+        break;
+      }
+      size_t left = static_cast<size_t>(n);
+      if (hello_left) {
+        const size_t hello_part = std::min(left, hello_.size() - peer.hello_sent);
+        peer.hello_sent += hello_part;
+        left -= hello_part;
+      }
+      while (left > 0) {
+        SendOp& front = *peer.queue.front();
+        const size_t remaining = front.total() - peer.front_written;
+        if (left < remaining) {
+          peer.front_written += left;
+          break;
+        }
+        left -= remaining;
+        peer.front_written = 0;
+        written.push_back(std::move(peer.queue.front()));
+        peer.queue.pop_front();
+      }
+      if (static_cast<size_t>(n) < requested) {  // The socket is full.
+        SetWantOut(peer, true);
+        break;
+      }
+    }
+    if (alive && peer.hello_sent == hello_.size() &&
+        (peer.queue.empty() || peer.state != Peer::State::kConnected)) {
+      SetWantOut(peer, false);
+    }
+    for (auto& op : written) Finish(std::move(op), absl::OkStatus());
+    return alive;
+  }
+
+  // Closes an outgoing connection and drops it from the cache; its pending sends fail with
+  // UNAVAILABLE naming the peer and `reason` (CANCELLED while shutting down). The next Send to
+  // the address reconnects.
+  void FailPeer(Peer& peer, std::string reason, bool violation = false) {
+    std::deque<std::unique_ptr<SendOp>> pending;
+    pending.swap(peer.queue);
+    const std::string address = peer.address;
+    if (!stopping_) {
+      if (violation) {
+        Warn("tcp transport {}: closing connection to {}: {}", address_, address, reason);
+      } else if (!pending.empty() || peer.state != Peer::State::kConnected) {
+        Log()->warn("tcp transport {}: connection to {} failed with {} sends pending: {}", address_,
+                    address, pending.size(), reason);
+      } else {
+        // An idle connection closing (e.g. the peer shut down) fails no send: not a warning.
+        Log()->info("tcp transport {}: connection to {} closed: {}", address_, address, reason);
+      }
+    }
+    epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, peer.fd, nullptr);
+    close(peer.fd);
+    peer_by_id_.erase(peer.id);
+    dirty_.erase(peer.id);
+    peers_.erase(address);  // Destroys `peer`.
+    for (auto& op : pending) {
+      absl::Status status =
+          stopping_
+              ? Cancelled(address)
+              : absl::UnavailableError(absl::StrCat("send to ", address, " failed: ", reason));
+      Finish(std::move(op), std::move(status));
+    }
+  }
+
+  void AcceptAll() {
+    for (int accepted = 0; accepted < kAcceptBudget; ++accepted) {
+      sockaddr_storage remote{};
+      socklen_t length = sizeof(remote);
+      const int fd = accept4(listen_fd_, reinterpret_cast<sockaddr*>(&remote), &length,
+                             SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) {
+        const int error = errno;
+        if (error == EAGAIN || error == EWOULDBLOCK) return;
+        if (error == EINTR || error == ECONNABORTED) continue;
+        Warn("tcp transport {}: accept: {}; not accepting for {} ms", address_, ErrnoText(error),
+             kAcceptPause.count());
+        SetEvents(listen_fd_, kListenerId, 0);
+        accept_paused_until_ = Clock::now() + kAcceptPause;
+        return;
+      }
+      auto conn = std::make_unique<Inbound>();
+      conn->id = next_id_++;
+      conn->fd = fd;
+      conn->remote = tcp::FormatAddress(reinterpret_cast<const sockaddr*>(&remote));
+      conn->handshake_deadline = Clock::now() + options_.handshake_timeout;
+      SetNoDelay(fd);
+      epoll_event event{};
+      event.events = EPOLLIN;
+      event.data.u64 = conn->id;
+      if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &event) != 0) {
+        Warn("tcp transport {}: cannot watch connection from {}: {}", address_, conn->remote,
+             ErrnoText(errno));
+        close(fd);
+        continue;
+      }
+      const uint64_t id = conn->id;
+      half_open_.insert(id);
+      Inbound& added = *inbound_.emplace(id, std::move(conn)).first->second;
+      // A peer's hello usually arrives with the connection: read it now, so that it does not
+      // count against the half-open cap.
+      ReadInbound(added);
+      while (half_open_.size() > options_.max_half_open_connections) {
+        Reject(*inbound_.at(*half_open_.begin()),
+               absl::StrCat("more than ", options_.max_half_open_connections,
+                            " connections without a completed handshake; closing the oldest"));
+      }
+    }
+  }
+
+  void CloseInbound(Inbound& conn) {
+    epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, conn.fd, nullptr);
+    close(conn.fd);
+    half_open_.erase(conn.id);
+    inbound_.erase(conn.id);  // Destroys `conn`.
+  }
+
+  // Closes a connection that did not complete its handshake.
+  void Reject(Inbound& conn, absl::string_view reason, bool warn = true) {
+    ++rejected_;
+    if (warn) {
+      Warn("tcp transport {}: rejected connection from {}: {}", address_, conn.remote, reason);
+    } else {
+      Log()->debug("tcp transport {}: connection from {} closed before its handshake", address_,
+                   conn.remote);
+    }
+    CloseInbound(conn);
+  }
+
+  // Closes a connection that broke the framing.
+  void ProtocolError(Inbound& conn, absl::string_view reason) {
+    ++protocol_errors_;
+    Warn("tcp transport {}: closing connection from {}: {}", address_, conn.Name(), reason);
+    CloseInbound(conn);
+  }
+
+  // Reads from an accepted connection until it would block or has used its budget; hands
+  // complete frames to the handler. Closes the connection on EOF, errors and violations.
+  void ReadInbound(Inbound& conn) {
+    size_t budget = kReadBudgetBytes;
+    while (budget > 0) {
+      if (!conn.handshaken) {
+        const ssize_t n = recv(conn.fd, conn.hello + conn.hello_received,
+                               conn.hello_needed - conn.hello_received, 0);
+        if (n <= 0) {
+          if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+          const bool silent = n == 0 && conn.hello_received == 0;
+          Reject(conn,
+                 n == 0
+                     ? absl::StrCat("closed after ", conn.hello_received, " bytes of the handshake")
+                     : absl::StrCat("receive failed: ", ErrnoText(errno)),
+                 /*warn=*/!silent);
+          return;
+        }
+        conn.hello_received += static_cast<size_t>(n);
+        if (!HandshakeStep(conn)) return;
+        continue;
+      }
+      const size_t payload_left =
+          conn.in_frame ? conn.frame.payload_length - conn.payload_received : 0;
+      if (conn.in_frame && conn.header_received == conn.frame.header_length &&
+          conn.begin == conn.end && payload_left >= kDirectReadBytes) {
+        const ssize_t n = recv(conn.fd, conn.payload.get() + conn.payload_received,
+                               std::min<uint64_t>(payload_left, budget), 0);
+        if (!Received(conn, n)) return;
+        conn.payload_received += static_cast<uint64_t>(n);
+        budget -= std::min(budget, static_cast<size_t>(n));
+        if (conn.payload_received == conn.frame.payload_length) DeliverPartial(conn);
+        continue;
+      }
+      if (conn.begin == conn.end) {
+        conn.begin = conn.end = 0;
+      } else if (conn.end == kReadBufferBytes) {
+        std::memmove(conn.buffer.get(), conn.buffer.get() + conn.begin, conn.end - conn.begin);
+        conn.end -= conn.begin;
+        conn.begin = 0;
+      }
+      const ssize_t n = recv(conn.fd, conn.buffer.get() + conn.end, kReadBufferBytes - conn.end, 0);
+      if (!Received(conn, n)) return;
+      conn.end += static_cast<size_t>(n);
+      budget -= std::min(budget, static_cast<size_t>(n));
+      if (!ParseBuffered(conn)) return;
+    }
+  }
+
+  // Classifies a recv result on a handshaken connection; false when there is nothing to use
+  // (would block) or the connection was closed.
+  bool Received(Inbound& conn, ssize_t n) {
+    if (n > 0) return true;
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return false;
+      Log()->info("tcp transport {}: connection from {} failed: {}{}", address_, conn.Name(),
+                  ErrnoText(errno), conn.in_frame ? " (a partial frame is dropped)" : "");
+      CloseInbound(conn);
+      return false;
+    }
+    if (conn.in_frame || conn.begin != conn.end) {
+      ProtocolError(conn, "frame truncated by the end of the connection");
+      return false;
+    }
+    Log()->debug("tcp transport {}: connection from {} closed", address_, conn.Name());
+    CloseInbound(conn);
+    return false;
+  }
+
+  // Validates what arrived of the hello; completes the handshake when all of it did. Returns
+  // false when the connection was closed.
+  bool HandshakeStep(Inbound& conn) {
+    if (conn.hello_received < conn.hello_needed) return true;
+    if (conn.hello_needed == kHelloFixedBytes) {
+      absl::StatusOr<size_t> length = tcp::ParseHelloFixed(std::span(conn.hello, kHelloFixedBytes));
+      if (!length.ok()) {
+        Reject(conn, length.status().message());
+        return false;
+      }
+      conn.hello_needed = kHelloFixedBytes + *length;
+      return true;
+    }
+    absl::StatusOr<std::string> address = tcp::ParseHelloAddress(
+        std::span(conn.hello + kHelloFixedBytes, conn.hello_needed - kHelloFixedBytes));
+    if (!address.ok()) {
+      Reject(conn, address.status().message());
+      return false;
+    }
+    const std::vector<std::byte> ack = tcp::EncodeAck();
+    // The socket's send buffer is empty, so the ack goes in one piece or the connection is bad.
+    if (send(conn.fd, ack.data(), ack.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(ack.size())) {
+      Reject(conn, absl::StrCat("cannot send the handshake reply: ", ErrnoText(errno)));
+      return false;
+    }
+    conn.peer_address = *std::move(address);
+    conn.handshaken = true;
+    half_open_.erase(conn.id);
+    conn.buffer = std::make_unique_for_overwrite<std::byte[]>(kReadBufferBytes);
+    ++accepted_;
+    Log()->debug("tcp transport {}: accepted connection from {}", address_, conn.Name());
+    return true;
+  }
+
+  // Hands every complete frame in the read buffer to the handler and moves the bytes of an
+  // incomplete one into its own buffers. Returns false when the connection was closed.
+  bool ParseBuffered(Inbound& conn) {
+    while (true) {
+      std::byte* data = conn.buffer.get();
+      if (!conn.in_frame) {
+        if (conn.end - conn.begin < kFrameHeaderBytes) return true;
+        absl::StatusOr<FrameHeader> frame =
+            tcp::ParseFrameHeader(std::span(data + conn.begin, kFrameHeaderBytes),
+                                  options_.max_payload_bytes, conn.next_sequence);
+        if (!frame.ok()) {
+          ProtocolError(conn, frame.status().message());
+          return false;
+        }
+        conn.begin += kFrameHeaderBytes;
+        ++conn.next_sequence;
+        const uint64_t size = frame->header_length + frame->payload_length;
+        if (conn.end - conn.begin >= size) {  // The whole frame is here: no copy.
+          const std::byte* start = data + conn.begin;
+          conn.begin += size;
+          Deliver(std::span(start, frame->header_length),
+                  std::span(start + frame->header_length, frame->payload_length));
+          continue;
+        }
+        // Pages of a large buffer are only committed as the payload arrives.
+        std::byte* payload =
+            new (std::nothrow) std::byte[std::max<uint64_t>(frame->payload_length, 1)];
+        if (payload == nullptr) {
+          ProtocolError(conn, absl::StrCat("cannot allocate ", frame->payload_length,
+                                           " bytes for a frame's payload"));
+          return false;
+        }
+        conn.payload.reset(payload);
+        conn.in_frame = true;
+        conn.frame = *frame;
+        conn.header_received = 0;
+        conn.payload_received = 0;
+      }
+      const size_t header_part =
+          std::min(conn.end - conn.begin, conn.frame.header_length - conn.header_received);
+      std::memcpy(conn.header + conn.header_received, data + conn.begin, header_part);
+      conn.header_received += header_part;
+      conn.begin += header_part;
+      const size_t payload_part = static_cast<size_t>(std::min<uint64_t>(
+          conn.end - conn.begin, conn.frame.payload_length - conn.payload_received));
+      if (payload_part > 0) {
+        std::memcpy(conn.payload.get() + conn.payload_received, data + conn.begin, payload_part);
+      }
+      conn.payload_received += payload_part;
+      conn.begin += payload_part;
+      if (conn.header_received < conn.frame.header_length ||
+          conn.payload_received < conn.frame.payload_length) {
+        return true;  // The buffer is used up.
+      }
+      DeliverPartial(conn);
+    }
+  }
+
+  // Delivers the frame assembled in the connection's own buffers.
+  void DeliverPartial(Inbound& conn) {
+    std::unique_ptr<std::byte[]> payload = std::move(conn.payload);
+    conn.in_frame = false;
+    Deliver(std::span(conn.header, conn.frame.header_length),
+            std::span(payload.get(), conn.frame.payload_length));
+  }
+
+  void Deliver(std::span<const std::byte> header, std::span<const std::byte> payload) {
+    std::shared_ptr<const ReceiveHandler> handler;
+    {
+      std::lock_guard lock(handler_mu_);
+      handler = handler_;
+    }
+    if (handler == nullptr || !*handler) {
+      Log()->warn("tcp transport {}: no receive handler; dropping a {}-byte message", address_,
+                  payload.size());
+      return;
+    }
+    (*handler)(header, payload);
+  }
+
+  void ExpireDeadlines(Clock::time_point now) {
+    if (accept_paused_until_ && now >= *accept_paused_until_) {
+      accept_paused_until_.reset();
+      SetEvents(listen_fd_, kListenerId, EPOLLIN);
+    }
+    // Ids grow with accept time and the timeout is fixed, so the oldest expires first.
+    while (!half_open_.empty()) {
+      Inbound& oldest = *inbound_.at(*half_open_.begin());
+      if (now < oldest.handshake_deadline) break;
+      Reject(oldest,
+             absl::StrCat("handshake not completed within ", options_.handshake_timeout.count(),
+                          " ms (", oldest.hello_received, " bytes received)"));
+    }
+    std::vector<Peer*> expired;
+    for (auto& [address, peer] : peers_) {
+      if (peer->state != Peer::State::kConnected && now >= peer->connect_deadline) {
+        expired.push_back(peer.get());
+      }
+    }
+    for (Peer* peer : expired) {
+      FailPeer(*peer,
+               absl::StrCat("connect timed out after ", options_.connect_timeout.count(), " ms"));
+    }
+  }
+
+  int NextTimeoutMs(Clock::time_point now) const {
+    std::optional<Clock::time_point> next = accept_paused_until_;
+    auto consider = [&](Clock::time_point t) {
+      if (!next || t < *next) next = t;
+    };
+    if (!half_open_.empty()) consider(inbound_.at(*half_open_.begin())->handshake_deadline);
+    for (const auto& [address, peer] : peers_) {
+      if (peer->state != Peer::State::kConnected) consider(peer->connect_deadline);
+    }
+    if (!next) return -1;
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(*next - now).count();
+    return static_cast<int>(std::clamp<int64_t>(left, 0, 60'000));
+  }
+
+  // Fails what is pending with CANCELLED and closes every socket.
+  void Teardown() {
+    stopping_ = true;
+    std::vector<std::unique_ptr<SendOp>> queued;
+    {
+      std::lock_guard lock(mu_);
+      closed_ = true;
+      queued.swap(queue_);
+    }
+    for (auto& op : queued) Post(std::move(op));
+    std::vector<Peer*> peers;
+    for (auto& [address, peer] : peers_) peers.push_back(peer.get());
+    for (Peer* peer : peers) FailPeer(*peer, "transport shut down");
+    std::vector<Inbound*> conns;
+    for (auto& [id, conn] : inbound_) conns.push_back(conn.get());
+    for (Inbound* conn : conns) CloseInbound(*conn);
+    // Completions above may have sent again from this thread: those are cancelled too.
+    while (!local_queue_.empty()) {
+      std::unique_ptr<SendOp> op = std::move(local_queue_.front());
+      local_queue_.pop_front();
+      Post(std::move(op));
+    }
+    epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, listen_fd_, nullptr);
+    close(listen_fd_);
+    listen_fd_ = -1;
+  }
+
+  const TcpTransportOptions options_;
+  std::string address_;           // Written before the thread starts, constant after.
+  std::vector<std::byte> hello_;  // Likewise.
+  std::thread thread_;
+  std::atomic<std::thread::id> progress_thread_id_;
+  int listen_fd_ = -1;
+  int event_fd_ = -1;
+  int epoll_fd_ = -1;
+  std::mutex join_mu_;
+
+  std::mutex mu_;
+  std::vector<std::unique_ptr<SendOp>> queue_;  // Guarded by mu_.
+  bool stop_requested_ = false;                 // Guarded by mu_.
+  bool closed_ = false;  // Guarded by mu_; no more sends are queued once set.
+
+  std::mutex handler_mu_;
+  std::shared_ptr<const ReceiveHandler> handler_;  // Guarded by handler_mu_.
+
+  std::atomic<uint64_t> rejected_ = 0;
+  std::atomic<uint64_t> protocol_errors_ = 0;
+  std::atomic<uint64_t> accepted_ = 0;
+
+  // --- Progress thread only. ---
+  bool stopping_ = false;
+  uint64_t next_id_ = kFirstConnectionId;
+  std::deque<std::unique_ptr<SendOp>> local_queue_;
+  std::unordered_map<std::string, std::unique_ptr<Peer>> peers_;
+  std::unordered_map<uint64_t, Peer*> peer_by_id_;
+  std::unordered_set<uint64_t> dirty_;  // Peers with sends posted since the last flush.
+  std::unordered_map<uint64_t, std::unique_ptr<Inbound>> inbound_;
+  std::set<uint64_t> half_open_;  // Accepted, handshake not complete; ordered by accept time.
+  std::optional<Clock::time_point> accept_paused_until_;
+  Clock::time_point warning_window_start_;
+  int warnings_in_window_ = 0;
+  uint64_t warnings_suppressed_ = 0;
+};
+
+absl::StatusOr<std::unique_ptr<TcpTransport>> TcpTransport::Create(
+    const TcpTransportOptions& options) {
+  auto impl = std::make_unique<Impl>(options);
+  if (absl::Status started = impl->Start(); !started.ok()) return started;
+  return std::unique_ptr<TcpTransport>(new TcpTransport(std::move(impl)));
+}
+
+TcpTransport::TcpTransport(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+TcpTransport::~TcpTransport() { Shutdown(); }
+
+std::string TcpTransport::Address() const { return impl_->Address(); }
+
+void TcpTransport::SetReceiveHandler(ReceiveHandler handler) {
+  impl_->SetReceiveHandler(std::move(handler));
+}
+
+void TcpTransport::Send(const std::string& peer_address, std::span<const std::byte> header,
+                        std::span<const std::byte> payload, SendCallback done) {
+  impl_->Send(peer_address, header, payload, std::move(done));
+}
+
+void TcpTransport::Shutdown() { impl_->Shutdown(); }
+
+uint64_t TcpTransport::rejected_connections() const { return impl_->rejected_connections(); }
+uint64_t TcpTransport::protocol_errors() const { return impl_->protocol_errors(); }
+uint64_t TcpTransport::accepted_connections() const { return impl_->accepted_connections(); }
+
+}  // namespace tributary::dataplane

@@ -1,0 +1,95 @@
+// The hardened TCP data-plane transport: tensor bytes between agents as length-prefixed frames
+// over plain TCP sockets, every byte from the network validated before it is trusted.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "dataplane/transport/transport.h"
+
+namespace tributary::dataplane {
+
+struct TcpTransportOptions {
+  // Numeric IP (or resolvable name) to listen on; also the host part of Address(), so it must be
+  // an address peers can dial (not 0.0.0.0).
+  std::string listen_host = "127.0.0.1";
+  // TCP port of the listener; 0 picks an ephemeral port (see Address()).
+  uint16_t port = 0;
+  // How long an outgoing connection may take (TCP connect plus the handshake's reply) before its
+  // sends fail with UNAVAILABLE.
+  std::chrono::milliseconds connect_timeout{5000};
+  // How long an accepted connection may take to send its complete handshake before it is closed.
+  std::chrono::milliseconds handshake_timeout{5000};
+  // The largest payload a frame may announce, in bytes; larger sends fail with INVALID_ARGUMENT,
+  // larger incoming frames close their connection.
+  uint64_t max_payload_bytes = uint64_t{1} << 30;
+  // Accepted connections that have not completed the handshake, at most; one more closes the
+  // oldest of them.
+  size_t max_half_open_connections = 64;
+};
+
+// A Transport over TCP: one listening socket, one outgoing connection per peer address (cached),
+// incoming connections that only receive. Same contract as UcxTransport (see ../transport.h and
+// README.md): Send from any thread; header copied, payload borrowed until `done`; each completion
+// exactly once; order per sender; UNAVAILABLE naming the peer on connect timeout or peer death;
+// CANCELLED for what is pending at Shutdown, after which no callback runs.
+//
+// Hostile input: any byte sequence on the listening port or on an accepted connection is
+// validated (handshake magic, version and address; frame magic, lengths and sequence) and a
+// violation closes only that connection, counts it (rejected_connections(), protocol_errors())
+// and logs a warning naming the remote address (rate-limited). Nothing the network sends can
+// crash the process or stall other connections.
+//
+// Threading: one progress thread sleeps in epoll_wait on the listener, the sockets and an eventfd
+// (new sends, shutdown); an idle transport uses no CPU. Every socket is non-blocking and touched
+// only by that thread.
+class TcpTransport final : public Transport {
+ public:
+  // Binds the listener (SO_REUSEADDR, so a restart on a fixed port does not wait for TIME_WAIT)
+  // and starts the progress thread. INVALID_ARGUMENT for a bad listen_host or options,
+  // UNAVAILABLE when the port is in use.
+  static absl::StatusOr<std::unique_ptr<TcpTransport>> Create(const TcpTransportOptions& options);
+
+  // Calls Shutdown(). Must not run on the progress thread (i.e. inside a handler or completion).
+  ~TcpTransport() override;
+
+  TcpTransport(const TcpTransport&) = delete;
+  TcpTransport& operator=(const TcpTransport&) = delete;
+
+  // "host:port" with the port actually bound ("[v6addr]:port" for IPv6).
+  std::string Address() const override;
+  void SetReceiveHandler(ReceiveHandler handler) override;
+  // `peer_address` must be "ipv4:port" or "[ipv6]:port" with a numeric host; anything else
+  // completes with INVALID_ARGUMENT, as does a header over kMaxHeaderBytes or a payload over
+  // max_payload_bytes. A peer that cannot be reached completes with UNAVAILABLE within
+  // connect_timeout. OK means every byte was handed to the kernel, not that the peer got it.
+  void Send(const std::string& peer_address, std::span<const std::byte> header,
+            std::span<const std::byte> payload, SendCallback done) override;
+  // Joins the progress thread, so it should not be called from a receive handler or completion;
+  // there it only requests the stop, and a later call from another thread (or the destructor)
+  // finishes it.
+  void Shutdown() override;
+
+  // Accepted connections closed before completing the handshake: bad handshake bytes, handshake
+  // deadline passed, evicted over max_half_open_connections, or closed by the remote end early.
+  uint64_t rejected_connections() const;
+  // Connections closed for a violation after the handshake: bad frame magic or version, a length
+  // over a limit, a wrong sequence number, a frame truncated by EOF, unexpected bytes on an
+  // outgoing connection, or a bad handshake reply.
+  uint64_t protocol_errors() const;
+  // Accepted connections that completed the handshake.
+  uint64_t accepted_connections() const;
+
+ private:
+  class Impl;
+  explicit TcpTransport(std::unique_ptr<Impl> impl);
+
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tributary::dataplane
