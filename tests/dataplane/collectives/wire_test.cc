@@ -48,7 +48,7 @@ std::string Error(const WireHeader& h, size_t payload) {
 }
 
 TEST(WireTest, OneHeaderForEveryMessage) {
-  EXPECT_EQ(sizeof(WireHeader), 100u);
+  EXPECT_EQ(sizeof(WireHeader), 104u);
   EXPECT_TRUE(ParseHeader(AsBytes(Push()), 40).ok());
   EXPECT_TRUE(ParseHeader(AsBytes(Data()), 12).ok());
   // Results come from a server; errors and aborts carry a code, whatever their algorithm.
