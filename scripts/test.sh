@@ -1,8 +1,27 @@
 #!/usr/bin/env bash
 # The whole test suite: install what is missing, build, run every test (unit, integration over
 # real processes and UCX on loopback, formatting).
+#   scripts/test.sh [ctest args]                    build/, the normal build
+#   SANITIZE=asan scripts/test.sh [ctest args]      build-asan/ (preset asan: ASan + UBSan)
+#   SANITIZE=tsan scripts/test.sh [ctest args]      build-tsan/ (preset tsan: the data plane,
+#                                                   agent and client tests under TSan)
+# Sanitizer builds have no Python extensions (tests/README.md, "Sanitizers").
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/build.sh
 export UCX_NET_DEVICES=lo UCX_TLS=tcp UCX_WARN_UNUSED_ENV_VARS=n
-ctest --test-dir build --output-on-failure --timeout 600 -j2 "$@"
+case "${SANITIZE:-}" in
+  "")
+    scripts/build.sh
+    ctest --test-dir build --output-on-failure --timeout 600 -j2 "$@"
+    ;;
+  asan | tsan)
+    scripts/install_deps.sh
+    [ -f "build-$SANITIZE/build.ninja" ] || cmake --preset "$SANITIZE" >/dev/null
+    cmake --build --preset "$SANITIZE" -j"$(nproc)"
+    ctest --preset "$SANITIZE" --timeout 600 -j2 "$@"
+    ;;
+  *)
+    echo "SANITIZE must be asan or tsan, not '$SANITIZE'" >&2
+    exit 2
+    ;;
+esac

@@ -28,6 +28,65 @@ absl::Status Invalid(std::string_view source, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(std::string(source), ": ", what));
 }
 
+bool IsUtf8(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    size_t n = 0;
+    uint32_t cp = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xE0) == 0xC0) {
+      n = 1, cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      n = 2, cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      n = 3, cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (s.size() - i <= n) return false;
+    for (size_t k = 1; k <= n; ++k) {
+      const auto d = static_cast<unsigned char>(s[i + k]);
+      if ((d & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (d & 0x3F);
+    }
+    // Overlong forms, UTF-16 surrogates and values beyond U+10FFFF are not UTF-8.
+    constexpr uint32_t kMin[] = {0, 0x80, 0x800, 0x10000};
+    if (cp < kMin[n] || (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF) return false;
+    i += n + 1;
+  }
+  return true;
+}
+
+// Every string of `m` (recursively) is UTF-8, as protobuf's string type and the JSON writer
+// require: a parser that passes raw bytes through (YAML, XML) must not produce a topology that
+// cannot be sent or written (found by tests/fuzz/topology_yaml_fuzz.cc).
+absl::Status CheckUtf8(const google::protobuf::Message& m, const std::string& path,
+                       std::string_view source) {
+  const google::protobuf::Reflection* refl = m.GetReflection();
+  std::vector<const google::protobuf::FieldDescriptor*> fields;
+  refl->ListFields(m, &fields);
+  for (const google::protobuf::FieldDescriptor* f : fields) {
+    const std::string at = path.empty() ? f->name() : absl::StrCat(path, ".", f->name());
+    const int n = f->is_repeated() ? refl->FieldSize(m, f) : 1;
+    for (int i = 0; i < n; ++i) {
+      const std::string where = f->is_repeated() ? absl::StrCat(at, "[", i, "]") : at;
+      if (f->type() == google::protobuf::FieldDescriptor::TYPE_STRING) {
+        const std::string v =
+            f->is_repeated() ? refl->GetRepeatedString(m, f, i) : refl->GetString(m, f);
+        if (!IsUtf8(v)) return Invalid(source, absl::StrCat(where, ": not valid UTF-8"));
+      } else if (f->type() == google::protobuf::FieldDescriptor::TYPE_MESSAGE) {
+        RETURN_IF_ERROR(
+            CheckUtf8(f->is_repeated() ? refl->GetRepeatedMessage(m, f, i) : refl->GetMessage(m, f),
+                      where, source));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 // ---- NCCL XML ----
 
 struct PendingNvLink {
@@ -473,6 +532,7 @@ void FillDefaultBandwidths(Topology& topology) {
 }
 
 absl::Status ValidateTopology(const Topology& t, std::string_view source) {
+  RETURN_IF_ERROR(CheckUtf8(t, "", source));
   std::set<int> gpus;
   std::set<std::string> buses;
   for (int i = 0; i < t.gpus_size(); ++i) {

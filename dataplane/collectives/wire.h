@@ -4,6 +4,7 @@
 // is rejected, never trusted. DataPlaneNode routes a parsed message by its `algorithm`.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -27,8 +28,12 @@ enum class MessageKind : uint8_t {
                 // every other rank); payload: the reason (text)
 };
 
+// Every field sits at a multiple of its size and the struct is 8-aligned: code binds references
+// to the fields (StrCat, std::max, fmt), and a reference to a misaligned field is undefined
+// behaviour (UBSan -fsanitize=alignment, found by tests/fuzz/wire_header_fuzz.cc). Version 3:
+// reserved0 grew from 3 to 7 bytes to put `job` at offset 16; the 16-byte job MAC ends it.
 #pragma pack(push, 1)
-struct WireHeader {
+struct alignas(8) WireHeader {
   static constexpr uint32_t kMagic = 0x42495254;  // "TRIB"
   static constexpr uint8_t kVersion = 3;
   static constexpr size_t kMacBytes = 16;
@@ -40,7 +45,7 @@ struct WireHeader {
   uint8_t dtype = 0;      // common::DataType
   uint8_t reduce = 0;     // Reduction
   uint8_t algorithm = 0;  // Algorithm, never kAuto
-  uint8_t reserved0[3] = {0, 0, 0};
+  uint8_t reserved0[7] = {0, 0, 0, 0, 0, 0, 0};
   uint64_t job = 0;        // StableHash64(job id)
   uint64_t tensor = 0;     // StableHash64(tensor name)
   uint64_t iteration = 0;  // n-th submission of this tensor name in the job
@@ -68,6 +73,8 @@ struct WireHeader {
 };
 #pragma pack(pop)
 static_assert(sizeof(WireHeader) <= Transport::kMaxHeaderBytes);
+static_assert(sizeof(WireHeader) == 120 && offsetof(WireHeader, mac) == 104 && offsetof(WireHeader, job) == 16 &&
+              offsetof(WireHeader, world_size) == 56 && offsetof(WireHeader, chunk_offset) == 80);
 
 // Identifies one collective: sums never mix jobs, tensors or iterations.
 struct CollectiveKey {

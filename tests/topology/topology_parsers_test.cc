@@ -308,6 +308,23 @@ TEST(JsonYamlTest, BadYamlNamesFileLineAndField) {
   EXPECT_THAT(t.status().message(), HasSubstr("malformed YAML"));
 }
 
+// Found by tests/fuzz/topology_yaml_fuzz.cc: YAML passes raw bytes through, and a name that is
+// not UTF-8 was accepted, then aborted TopologyToJson (nlohmann::json throws on it).
+TEST(JsonYamlTest, StringsThatAreNotUtf8AreRejected) {
+  for (std::string bad : {std::string("\xff"), std::string("a\xc3"), std::string("\xc0\xaf"),
+                          std::string("\xed\xa0\x80")}) {
+    absl::StatusOr<Topology> t = ParseTopologyYaml(
+        "hostname: h\nnics:\n  - name: \"" + bad + "\"\n    speed_bits_per_s: 1e9\n", "u.yaml");
+    ASSERT_FALSE(t.ok()) << bad.size();
+    EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(t.status().message(), HasSubstr("u.yaml: nics[0].name: not valid UTF-8"));
+  }
+  absl::StatusOr<Topology> t =
+      ParseTopologyYaml("hostname: \"h\xc3\xa9\xe2\x82\xac\xf0\x9f\x99\x82\"\n", "ok.yaml");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_TRUE(ParseTopologyJson(TopologyToJson(*t), "back.json").ok());
+}
+
 TEST(LoadTopologyFileTest, MissingFileIsNotFound) {
   EXPECT_EQ(LoadTopologyFile("/nonexistent/topo.json").status().code(),
             absl::StatusCode::kNotFound);
