@@ -1,13 +1,106 @@
 #include "controller/controller_service.h"
 
+#include <deque>
+#include <mutex>
+
 #include "common/metrics/metrics.h"
 #include "common/rpc/grpc_status.h"
 
 namespace tributary::controller {
 namespace {
 
-constexpr const char* kMethodNames[] = {"RegisterNode", "Heartbeat", "GetAssignments", "ListNodes",
-                                        "CreateJob",    "GetJob",    "ListJobs",       "DeleteJob"};
+constexpr const char* kMethodNames[] = {"RegisterNode", "Heartbeat", "GetAssignments",
+                                        "ListNodes",    "CreateJob", "GetJob",
+                                        "ListJobs",     "DeleteJob", "WatchAssignments"};
+
+// One node's watch stream. Owned by gRPC: deleted in OnDone, after it has left ClusterState (so
+// no Push can reach it). Push comes with ClusterState's mutex held, the write callbacks on gRPC
+// threads; mu_ orders them.
+class WatchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
+                           public ClusterState::AssignmentsWatcher {
+ public:
+  static constexpr size_t kMaxQueued = 16;
+
+  WatchReactor(ClusterState* state, std::string node_id)
+      : state_(state), node_id_(std::move(node_id)) {}
+
+  // Subscribes; false (and finished) when the state refuses.
+  absl::Status Begin(const tributary::v1::WatchAssignmentsRequest& req) {
+    absl::Status s = state_->Watch(req, this);
+    if (s.ok()) {
+      subscribed_ = true;
+    } else {
+      FinishOnce(common::ToGrpcStatus(s));
+    }
+    return s;
+  }
+
+  void Push(uint64_t, const grpc::ByteBuffer& message) override {
+    std::lock_guard lock(mu_);
+    if (finishing_) return;
+    if (queue_.size() >= kMaxQueued) {
+      // A slow reader: the one in flight stays, the newest state replaces the rest.
+      queue_.erase(std::next(queue_.begin()), queue_.end());
+    }
+    queue_.push_back(message);
+    if (!writing_) {
+      writing_ = true;
+      StartWrite(&queue_.front());
+    }
+  }
+
+  void OnWriteDone(bool ok) override {
+    bool finish = false;
+    {
+      std::lock_guard lock(mu_);
+      queue_.pop_front();
+      if (!ok || finishing_) {
+        writing_ = false;
+        finish = true;
+      } else if (!queue_.empty()) {
+        StartWrite(&queue_.front());
+      } else {
+        writing_ = false;
+      }
+    }
+    if (finish) FinishOnce(grpc::Status(grpc::StatusCode::UNAVAILABLE, "watch stream broken"));
+  }
+
+  void OnCancel() override {
+    bool finish;
+    {
+      std::lock_guard lock(mu_);
+      finishing_ = true;
+      finish = !writing_;  // else OnWriteDone finishes
+    }
+    if (finish) FinishOnce(grpc::Status::CANCELLED);
+  }
+
+  void OnDone() override {
+    if (subscribed_) state_->Unwatch(node_id_, this);
+    delete this;
+  }
+
+ private:
+  void FinishOnce(const grpc::Status& status) {
+    {
+      std::lock_guard lock(mu_);
+      finishing_ = true;
+      if (finished_) return;
+      finished_ = true;
+    }
+    Finish(status);
+  }
+
+  ClusterState* const state_;
+  const std::string node_id_;
+  bool subscribed_ = false;
+  std::mutex mu_;
+  std::deque<grpc::ByteBuffer> queue_;  // front: being written while writing_
+  bool writing_ = false;
+  bool finishing_ = false;
+  bool finished_ = false;
+};
 
 }  // namespace
 
@@ -64,12 +157,37 @@ grpc::ServerUnaryReactor* ControllerService::GetAssignments(
   return Finish(kGetAssignments, start, ctx, state_->GetAssignments(*req, resp));
 }
 
+grpc::ServerWriteReactor<grpc::ByteBuffer>* ControllerService::WatchAssignments(
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request) {
+  const auto start = std::chrono::steady_clock::now();
+  tributary::v1::WatchAssignmentsRequest req;
+  absl::Status s;
+  if (!grpc::SerializationTraits<tributary::v1::WatchAssignmentsRequest>::Deserialize(
+           const_cast<grpc::ByteBuffer*>(request), &req)
+           .ok()) {
+    s = absl::InvalidArgumentError(
+        "WatchAssignments: the request is not a WatchAssignmentsRequest");
+  }
+  auto* reactor = new WatchReactor(state_, req.node_id());
+  if (s.ok()) {
+    s = reactor->Begin(req);
+  } else {
+    reactor->Finish(common::ToGrpcStatus(s));
+  }
+  duration_[kWatchAssignments]->Observe(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  rpcs_
+      ->Add({{"method", kMethodNames[kWatchAssignments]},
+             {"code", absl::StatusCodeToString(s.code())}})
+      .Increment();
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* ControllerService::ListNodes(grpc::CallbackServerContext* ctx,
-                                                       const tributary::v1::ListNodesRequest*,
+                                                       const tributary::v1::ListNodesRequest* req,
                                                        tributary::v1::ListNodesResponse* resp) {
   const auto start = std::chrono::steady_clock::now();
-  state_->ListNodes(resp);
-  return Finish(kListNodes, start, ctx, absl::OkStatus());
+  return Finish(kListNodes, start, ctx, state_->ListNodes(*req, resp));
 }
 
 grpc::ServerUnaryReactor* ControllerService::CreateJob(grpc::CallbackServerContext* ctx,

@@ -9,8 +9,12 @@
 
 namespace tributary::controller {
 
-// Handlers answer inline on the gRPC thread: ClusterState never blocks on I/O.
-class ControllerService final : public tributary::v1::Controller::CallbackService {
+// Handlers answer inline on the gRPC thread: ClusterState never blocks on I/O and never plans
+// under its mutex. WatchAssignments is a raw (ByteBuffer) stream: ClusterState serializes each
+// plan once and every node's message shares those bytes.
+class ControllerService final
+    : public tributary::v1::Controller::WithRawCallbackMethod_WatchAssignments<
+          tributary::v1::Controller::CallbackService> {
  public:
   // `registry` receives tributary_controller_rpcs_total and _rpc_duration_seconds; null: one of
   // its own. It must outlive this object.
@@ -25,6 +29,11 @@ class ControllerService final : public tributary::v1::Controller::CallbackServic
   grpc::ServerUnaryReactor* GetAssignments(grpc::CallbackServerContext* ctx,
                                            const tributary::v1::GetAssignmentsRequest* req,
                                            tributary::v1::GetAssignmentsResponse* resp) override;
+  // One stream per agent (a serialized WatchAssignmentsRequest in, WatchAssignmentsResponse
+  // messages out); at most kMaxQueued messages wait per stream, beyond that only the newest (each
+  // carries the full set).
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* WatchAssignments(
+      grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* ListNodes(grpc::CallbackServerContext* ctx,
                                       const tributary::v1::ListNodesRequest* req,
                                       tributary::v1::ListNodesResponse* resp) override;
@@ -51,6 +60,7 @@ class ControllerService final : public tributary::v1::Controller::CallbackServic
     kGetJob,
     kListJobs,
     kDeleteJob,
+    kWatchAssignments,
     kNumMethods
   };
   grpc::ServerUnaryReactor* Finish(Method method, std::chrono::steady_clock::time_point start,
