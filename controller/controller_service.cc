@@ -26,6 +26,8 @@ class WatchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
 
   // Subscribes; false (and finished) when the state refuses.
   absl::Status Begin(const tributary::v1::WatchAssignmentsRequest& req) {
+    // At once, before any message: the agent knows its watch is up even when nothing is due.
+    StartSendInitialMetadata();
     absl::Status s = state_->Watch(req, this);
     if (s.ok()) {
       subscribed_ = true;

@@ -18,7 +18,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-constexpr auto kTimeout = std::chrono::seconds(1);
+constexpr auto kTimeout = std::chrono::milliseconds(1000);
 constexpr auto kDebounce = std::chrono::milliseconds(200);
 
 class ScaleStateTest : public ::testing::Test {
