@@ -123,16 +123,44 @@ ControllerService::ControllerService(ClusterState* state, prometheus::Registry* 
                       prometheus::Histogram::BucketBoundaries{
                           0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1});
   }
+  planning_thread_ = std::thread([this] { PlanningLoop(); });
+}
+
+ControllerService::~ControllerService() {
+  {
+    std::lock_guard lock(planning_mu_);
+    planning_stop_ = true;
+  }
+  planning_cv_.notify_all();
+  planning_thread_.join();
+}
+
+void ControllerService::PlanningLoop() {
+  std::unique_lock lock(planning_mu_);
+  while (true) {
+    planning_cv_.wait(lock, [this] { return planning_stop_ || !planning_queue_.empty(); });
+    if (planning_queue_.empty()) return;  // stopping, nothing left
+    std::function<void()> task = std::move(planning_queue_.front());
+    planning_queue_.pop_front();
+    lock.unlock();
+    task();
+    lock.lock();
+  }
+}
+
+void ControllerService::Record(Method method, std::chrono::steady_clock::time_point start,
+                               const absl::Status& s) {
+  duration_[method]->Observe(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  rpcs_->Add({{"method", kMethodNames[method]}, {"code", absl::StatusCodeToString(s.code())}})
+      .Increment();
 }
 
 grpc::ServerUnaryReactor* ControllerService::Finish(Method method,
                                                     std::chrono::steady_clock::time_point start,
                                                     grpc::CallbackServerContext* ctx,
                                                     const absl::Status& s) {
-  duration_[method]->Observe(
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  rpcs_->Add({{"method", kMethodNames[method]}, {"code", absl::StatusCodeToString(s.code())}})
-      .Increment();
+  Record(method, start, s);
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   reactor->Finish(common::ToGrpcStatus(s));
   return reactor;
@@ -176,12 +204,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ControllerService::WatchAssignments(
   } else {
     reactor->Finish(common::ToGrpcStatus(s));
   }
-  duration_[kWatchAssignments]->Observe(
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  rpcs_
-      ->Add({{"method", kMethodNames[kWatchAssignments]},
-             {"code", absl::StatusCodeToString(s.code())}})
-      .Increment();
+  Record(kWatchAssignments, start, s);
   return reactor;
 }
 
@@ -196,7 +219,17 @@ grpc::ServerUnaryReactor* ControllerService::CreateJob(grpc::CallbackServerConte
                                                        const tributary::v1::CreateJobRequest* req,
                                                        tributary::v1::Job* resp) {
   const auto start = std::chrono::steady_clock::now();
-  return Finish(kCreateJob, start, ctx, state_->CreateJob(*req, resp));
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  {
+    std::lock_guard lock(planning_mu_);
+    planning_queue_.push_back([this, start, reactor, req, resp] {
+      const absl::Status s = state_->CreateJob(*req, resp);
+      Record(kCreateJob, start, s);
+      reactor->Finish(common::ToGrpcStatus(s));
+    });
+  }
+  planning_cv_.notify_one();
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* ControllerService::GetJob(grpc::CallbackServerContext* ctx,

@@ -2,7 +2,12 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
 #include <memory>
+#include <mutex>
+#include <thread>
 
 #include "controller/cluster_state.h"
 #include "tributary/v1/controller.grpc.pb.h"
@@ -19,6 +24,8 @@ class ControllerService final
   // `registry` receives tributary_controller_rpcs_total and _rpc_duration_seconds; null: one of
   // its own. It must outlive this object.
   explicit ControllerService(ClusterState* state, prometheus::Registry* registry = nullptr);
+  // Runs the queued CreateJob calls, then ends the planning thread.
+  ~ControllerService() override;
 
   grpc::ServerUnaryReactor* RegisterNode(grpc::CallbackServerContext* ctx,
                                          const tributary::v1::RegisterNodeRequest* req,
@@ -65,6 +72,16 @@ class ControllerService final
   };
   grpc::ServerUnaryReactor* Finish(Method method, std::chrono::steady_clock::time_point start,
                                    grpc::CallbackServerContext* ctx, const absl::Status& s);
+  void Record(Method method, std::chrono::steady_clock::time_point start, const absl::Status& s);
+  // CreateJob plans (hundreds of ms for a 1,024-worker job): on this thread, in order, never on
+  // a gRPC thread that heartbeats need.
+  void PlanningLoop();
+
+  std::mutex planning_mu_;
+  std::condition_variable planning_cv_;
+  std::deque<std::function<void()>> planning_queue_;  // guarded by planning_mu_
+  bool planning_stop_ = false;                        // guarded by planning_mu_
+  std::thread planning_thread_;
 
   ClusterState* state_;
   std::unique_ptr<prometheus::Registry> own_registry_;
