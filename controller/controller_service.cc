@@ -13,18 +13,54 @@ constexpr const char* kMethodNames[] = {"RegisterNode", "Heartbeat", "GetAssignm
                                         "ListNodes",    "CreateJob", "GetJob",
                                         "ListJobs",     "DeleteJob", "WatchAssignments"};
 
-// One node's watch stream. Owned by gRPC: deleted in OnDone, after it has left ClusterState (so
-// no Push can reach it). Push comes with ClusterState's mutex held, the write callbacks on gRPC
-// threads; mu_ orders them.
+}  // namespace
+
+// Starts the watch streams' writes on its own thread: ClusterState pushes with its mutex held, and
+// a write started there would run gRPC's write path (serialization, sendmsg) under that mutex,
+// for every agent of a plan, while heartbeats wait.
+class WatchHub {
+ public:
+  WatchHub() : thread_([this] { Loop(); }) {}
+  ~WatchHub() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  // `reactor` has a reference for the hub (taken by the caller).
+  void Ready(WatchReactor* reactor) {
+    {
+      std::lock_guard lock(mu_);
+      ready_.push_back(reactor);
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  void Loop();
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<WatchReactor*> ready_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+// One node's watch stream. Owned by gRPC until OnDone and by the hub while queued there: deleted
+// when both let go, after it has left ClusterState (so no Push can reach it). Push comes with
+// ClusterState's mutex held and only queues; writes start on the hub's thread and continue from
+// OnWriteDone; mu_ orders them.
 class WatchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
                            public ClusterState::AssignmentsWatcher {
  public:
   static constexpr size_t kMaxQueued = 16;
 
-  WatchReactor(ClusterState* state, std::string node_id)
-      : state_(state), node_id_(std::move(node_id)) {}
+  WatchReactor(ClusterState* state, WatchHub* hub, std::string node_id)
+      : state_(state), hub_(hub), node_id_(std::move(node_id)) {}
 
-  // Subscribes; false (and finished) when the state refuses.
+  // Subscribes; finishes the stream when the state refuses.
   absl::Status Begin(const tributary::v1::WatchAssignmentsRequest& req) {
     // At once, before any message: the agent knows its watch is up even when nothing is due.
     StartSendInitialMetadata();
@@ -45,10 +81,24 @@ class WatchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
       queue_.erase(std::next(queue_.begin()), queue_.end());
     }
     queue_.push_back(message);
-    if (!writing_) {
-      writing_ = true;
-      StartWrite(&queue_.front());
+    if (!writing_ && !kicked_) {
+      kicked_ = true;
+      refs_++;
+      hub_->Ready(this);
     }
+  }
+
+  // On the hub's thread: starts writing the queue.
+  void Kick() {
+    {
+      std::lock_guard lock(mu_);
+      kicked_ = false;
+      if (!writing_ && !finishing_ && !queue_.empty()) {
+        writing_ = true;
+        StartWrite(&queue_.front());
+      }
+    }
+    Unref();
   }
 
   void OnWriteDone(bool ok) override {
@@ -80,10 +130,19 @@ class WatchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
 
   void OnDone() override {
     if (subscribed_) state_->Unwatch(node_id_, this);
-    delete this;
+    Unref();
   }
 
  private:
+  void Unref() {
+    bool last;
+    {
+      std::lock_guard lock(mu_);
+      last = --refs_ == 0;
+    }
+    if (last) delete this;
+  }
+
   void FinishOnce(const grpc::Status& status) {
     {
       std::lock_guard lock(mu_);
@@ -95,16 +154,30 @@ class WatchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   }
 
   ClusterState* const state_;
+  WatchHub* const hub_;
   const std::string node_id_;
   bool subscribed_ = false;
   std::mutex mu_;
   std::deque<grpc::ByteBuffer> queue_;  // front: being written while writing_
   bool writing_ = false;
+  bool kicked_ = false;  // queued at the hub
   bool finishing_ = false;
   bool finished_ = false;
+  int refs_ = 1;  // gRPC's, until OnDone
 };
 
-}  // namespace
+void WatchHub::Loop() {
+  std::unique_lock lock(mu_);
+  while (true) {
+    cv_.wait(lock, [this] { return stop_ || !ready_.empty(); });
+    if (ready_.empty()) return;
+    WatchReactor* reactor = ready_.front();
+    ready_.pop_front();
+    lock.unlock();
+    reactor->Kick();
+    lock.lock();
+  }
+}
 
 ControllerService::ControllerService(ClusterState* state, prometheus::Registry* registry)
     : state_(state) {
@@ -124,6 +197,7 @@ ControllerService::ControllerService(ClusterState* state, prometheus::Registry* 
                           0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1});
   }
   planning_thread_ = std::thread([this] { PlanningLoop(); });
+  hub_ = std::make_unique<WatchHub>();
 }
 
 ControllerService::~ControllerService() {
@@ -198,7 +272,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* ControllerService::WatchAssignments(
     s = absl::InvalidArgumentError(
         "WatchAssignments: the request is not a WatchAssignmentsRequest");
   }
-  auto* reactor = new WatchReactor(state_, req.node_id());
+  auto* reactor = new WatchReactor(state_, hub_.get(), req.node_id());
   if (s.ok()) {
     s = reactor->Begin(req);
   } else {

@@ -14,6 +14,9 @@
 
 namespace tributary::controller {
 
+class WatchHub;
+class WatchReactor;
+
 // Handlers answer inline on the gRPC thread: ClusterState never blocks on I/O and never plans
 // under its mutex. WatchAssignments is a raw (ByteBuffer) stream: ClusterState serializes each
 // plan once and every node's message shares those bytes.
@@ -82,6 +85,7 @@ class ControllerService final
   std::deque<std::function<void()>> planning_queue_;  // guarded by planning_mu_
   bool planning_stop_ = false;                        // guarded by planning_mu_
   std::thread planning_thread_;
+  std::unique_ptr<WatchHub> hub_;  // starts the watch streams' writes
 
   ClusterState* state_;
   std::unique_ptr<prometheus::Registry> own_registry_;
