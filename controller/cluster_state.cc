@@ -224,7 +224,12 @@ absl::Status ClusterState::RegisterNode(const tributary::v1::RegisterNodeRequest
         for (const auto& [id, entry] : jobs_) MarkLocked(id);
       } else if (returned) {
         for (const std::string& id : node.jobs) MarkLocked(id);
-        for (const std::string& id : node.jobs) jobs_.at(id).lost.erase(req.node_id());
+        const std::set<std::string> jobs = node.jobs;
+        for (const std::string& id : jobs) {
+          JobEntry& entry = jobs_.at(id);
+          entry.lost.erase(req.node_id());
+          ReindexLocked(entry, {req.node_id()});  // still named as a worker or member?
+        }
       }
       for (const std::string& id : node.jobs) UpdateJobStateLocked(jobs_.at(id).job);
     }
@@ -260,9 +265,11 @@ absl::Status ClusterState::Heartbeat(const tributary::v1::HeartbeatRequest& req,
       if (node.inventory->offers_summation()) summation_nodes_.insert(req.node_id());
       Log()->info("node {} is alive again", req.node_id());
       // Only the jobs that need it: those it works for, and those that lost it when it died.
-      for (const std::string& id : node.jobs) {
+      const std::set<std::string> jobs = node.jobs;
+      for (const std::string& id : jobs) {
         JobEntry& entry = jobs_.at(id);
         entry.lost.erase(req.node_id());
+        ReindexLocked(entry, {req.node_id()});  // still named as a worker or member?
         UpdateJobStateLocked(entry.job, entry.awaiting);
         MarkLocked(id);
       }
@@ -820,9 +827,7 @@ absl::Status ClusterState::DeleteJob(const std::string& job_id) {
     for (const auto& [id, member] : entry.members) touched.insert(id);
     for (const std::string& id : entry.lost) touched.insert(id);
     for (const auto& w : entry.job.spec().worker_nodes()) touched.insert(w);
-    for (const std::string& id : touched) {
-      if (auto n = nodes_.find(id); n != nodes_.end()) n->second.jobs.erase(job_id);
-    }
+    for (auto& [id, node] : nodes_) node.jobs.erase(job_id);  // rare: the whole index, to be sure
     entry.members.clear();
     BumpLocked(touched);
     // The capacity it used on spare nodes is free again.

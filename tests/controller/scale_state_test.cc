@@ -194,6 +194,35 @@ TEST_F(ScaleStateTest, AssignmentsArePerNodeAndCarryOnlyTheNodesOwnIntraNodePlan
   }
 }
 
+TEST_F(ScaleStateTest, ANodeBackFromTheDeadForgetsADeletedJob) {
+  for (const auto& w : Names("w", 3)) Register(w, false);
+  Register("s0");
+  const tributary::v1::Job job = Create("j", Names("w", 3));
+  ASSERT_TRUE(Servers(job).contains("s0"));
+  clock_.Advance(kTimeout + std::chrono::milliseconds(1));
+  HeartbeatAllBut({"s0"});
+  state_.CheckLiveness();  // s0 dead: j lost it
+  clock_.Advance(kDebounce);
+  HeartbeatAllBut({"s0"});
+  state_.CheckLiveness();  // j re-planned without s0
+  ASSERT_FALSE(Servers(Get("j")).contains("s0"));
+  Heartbeat("s0");  // back: j is marked, and no longer names s0
+  ASSERT_TRUE(state_.DeleteJob("j").ok());
+  // s0 dies and comes back again: nothing may still point at j.
+  clock_.Advance(kTimeout + std::chrono::milliseconds(1));
+  HeartbeatAllBut({"s0"});
+  state_.CheckLiveness();
+  Heartbeat("s0");
+  clock_.Advance(kDebounce);
+  state_.CheckLiveness();
+  tributary::v1::ListNodesResponse nodes;
+  ASSERT_TRUE(state_.ListNodes({}, &nodes).ok());
+  for (const auto& n : nodes.nodes()) {
+    EXPECT_TRUE(n.worker_of().empty() && n.server_of().empty()) << n.node_id();
+  }
+  EXPECT_EQ(state_.pending_replans(), 0u);
+}
+
 class RecordingWatcher : public ClusterState::AssignmentsWatcher {
  public:
   void Push(uint64_t version, const grpc::ByteBuffer& message) override {
