@@ -52,15 +52,83 @@ void GrpcControllerClient::Start(PlansCallback on_plans, LoadFn load) {
   on_plans_ = std::move(on_plans);
   load_ = std::move(load);
   thread_ = std::thread([this] { Run(); });
+  watch_thread_ = std::thread([this] { WatchLoop(); });
 }
 
 void GrpcControllerClient::Stop() {
   {
     std::lock_guard lock(mu_);
     stop_ = true;
+    if (watch_ctx_ != nullptr) watch_ctx_->TryCancel();
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  if (watch_thread_.joinable()) watch_thread_.join();
+}
+
+void GrpcControllerClient::Deliver(uint64_t version, std::vector<tributary::v1::JobPlan> plans) {
+  std::lock_guard lock(deliver_mu_);
+  if (version <= held_version_) return;  // the watch and a fetch both brought it
+  held_version_ = version;
+  on_plans_(plans);
+}
+
+void GrpcControllerClient::WatchLoop() {
+  ReconnectBackoff backoff(options_.backoff);
+  uint64_t refused = 0;  // an incarnation the controller does not know: wait for the next one
+  while (true) {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::minutes(5));
+    tributary::v1::WatchAssignmentsRequest req;
+    req.set_node_id(options_.node_id);
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || (incarnation_ != 0 && incarnation_ != refused); });
+      if (stop_) return;
+      req.set_incarnation(incarnation_);
+      watch_ctx_ = ctx.get();
+    }
+    {
+      std::lock_guard lock(deliver_mu_);
+      req.set_since_version(held_version_);
+    }
+    std::unique_ptr<grpc::ClientReader<tributary::v1::WatchAssignmentsResponse>> reader =
+        stub_->WatchAssignments(ctx.get(), req);
+    reader->WaitForInitialMetadata();
+    watching_ = true;
+    tributary::v1::WatchAssignmentsResponse msg;
+    while (reader->Read(&msg)) {
+      backoff.Reset();
+      Deliver(msg.assignments_version(), std::vector<tributary::v1::JobPlan>(
+                                             std::make_move_iterator(msg.mutable_plans()->begin()),
+                                             std::make_move_iterator(msg.mutable_plans()->end())));
+    }
+    watching_ = false;
+    const grpc::Status s = reader->Finish();
+    {
+      std::lock_guard lock(mu_);
+      watch_ctx_ = nullptr;
+      if (stop_) return;
+    }
+    switch (s.error_code()) {
+      case grpc::StatusCode::UNIMPLEMENTED:
+        Log()->warn("controller {} has no assignments watch: polling with heartbeats",
+                    options_.controller_address);
+        watch_supported_ = false;
+        return;
+      case grpc::StatusCode::NOT_FOUND:
+        refused = req.incarnation();  // reopened once the node has registered again
+        continue;
+      case grpc::StatusCode::DEADLINE_EXCEEDED:
+        continue;  // a long-lived stream renewed
+      default:
+        Log()->debug("assignments watch ended: {}; reopening", s.error_message());
+        break;
+    }
+    std::unique_lock lock(mu_);
+    cv_.wait_for(lock, backoff.Next(), [this] { return stop_; });
+    if (stop_) return;
+  }
 }
 
 void GrpcControllerClient::RequestRefresh() {
@@ -74,6 +142,7 @@ void GrpcControllerClient::RequestRefresh() {
 bool GrpcControllerClient::WaitFor(std::chrono::milliseconds d) {
   std::unique_lock lock(mu_);
   cv_.wait_for(lock, d, [this] { return stop_ || refresh_; });
+  refreshed_ = refresh_;
   refresh_ = false;
   return !stop_;
 }
@@ -86,7 +155,7 @@ std::unique_ptr<grpc::ClientContext> GrpcControllerClient::Context() const {
 
 void GrpcControllerClient::Run() {
   uint64_t incarnation = 0;
-  uint64_t fetched_version = 0;
+  int behind = 0;  // heartbeats in a row whose version the watch had not delivered
   auto interval = std::chrono::milliseconds(500);
   ReconnectBackoff backoff(options_.backoff);
   auto last_sample = std::chrono::steady_clock::now();
@@ -122,7 +191,16 @@ void GrpcControllerClient::Run() {
       }
       incarnation = resp.incarnation();
       interval = std::chrono::milliseconds(std::max<uint32_t>(50, resp.heartbeat_interval_ms()));
-      fetched_version = 0;
+      {
+        // Versions are the controller's: after a restart they start again.
+        std::lock_guard lock(deliver_mu_);
+        held_version_ = 0;
+      }
+      {
+        std::lock_guard lock(mu_);
+        incarnation_ = incarnation;
+      }
+      cv_.notify_all();
       registered_ = true;
       Log()->info("node {} registered with controller {} (incarnation {})", options_.node_id,
                   options_.controller_address, incarnation);
@@ -155,14 +233,28 @@ void GrpcControllerClient::Run() {
       if (!WaitFor(interval)) return;
       continue;
     }
-    if (hb_resp.assignments_version() != fetched_version) {
+    if (hb_resp.heartbeat_interval_ms() != 0) {
+      interval = std::chrono::milliseconds(std::max<uint32_t>(50, hb_resp.heartbeat_interval_ms()));
+    }
+    uint64_t held;
+    {
+      std::lock_guard lock(deliver_mu_);
+      held = held_version_;
+    }
+    behind = hb_resp.assignments_version() == held ? 0 : behind + 1;
+    // The watch delivers changes; a fetch is the fallback when there is none, when it lags a
+    // whole heartbeat, or when the data plane asked for the plans (RequestRefresh).
+    const bool fetch = behind > 0 && (!watching_ || !watch_supported_ || behind >= 2 || refreshed_);
+    refreshed_ = false;
+    if (fetch) {
       tributary::v1::GetAssignmentsRequest req;
       req.set_node_id(options_.node_id);
       tributary::v1::GetAssignmentsResponse resp;
       grpc::Status as = stub_->GetAssignments(Context().get(), req, &resp);
       if (as.ok()) {
-        fetched_version = resp.assignments_version();
-        on_plans_(std::vector<tributary::v1::JobPlan>(resp.plans().begin(), resp.plans().end()));
+        behind = 0;
+        Deliver(resp.assignments_version(),
+                std::vector<tributary::v1::JobPlan>(resp.plans().begin(), resp.plans().end()));
         continue;  // heartbeat again at once: another change may have raced this fetch
       }
       Log()->warn("fetching assignments failed: {}", as.error_message());

@@ -45,11 +45,16 @@ class ReconnectBackoff {
   std::chrono::milliseconds base_;
 };
 
-// Runs one thread that (re-)registers the node, heartbeats at the interval the controller asks
-// for, and fetches assignments whenever the controller's assignments version moves. It survives
-// controller restarts: a NOT_FOUND heartbeat or a lost connection leads to registering again,
-// retried with ReconnectBackoff. Plans are only ever replaced by a successful GetAssignments, so
-// an unreachable controller never makes the agent drop a job. Every RPC has a deadline.
+// Runs one thread that (re-)registers the node and heartbeats at the interval the controller asks
+// for (it grows with the cluster), and one that holds a WatchAssignments stream: the controller
+// pushes the node's plans whenever they change, resumed from the version held after a broken
+// stream (reopened with ReconnectBackoff). The heartbeat thread fetches (GetAssignments) only when
+// there is no watch (an older controller answers UNIMPLEMENTED: polling from then on), when the
+// heartbeat's version stays ahead of what the watch delivered for two heartbeats, or on
+// RequestRefresh. It survives controller restarts: a NOT_FOUND heartbeat or a lost connection
+// leads to registering again, retried with ReconnectBackoff. Plans are only ever replaced by plans
+// the controller sent, each version delivered once and in order, so an unreachable controller
+// never makes the agent drop a job. Every unary RPC has a deadline; the watch one of minutes.
 class GrpcControllerClient final : public ControllerClient {
  public:
   struct Options {
@@ -77,6 +82,9 @@ class GrpcControllerClient final : public ControllerClient {
 
  private:
   void Run();
+  void WatchLoop();
+  // Hands `plans` at `version` to on_plans_ unless that version (or a newer one) was delivered.
+  void Deliver(uint64_t version, std::vector<tributary::v1::JobPlan> plans);
   bool WaitFor(std::chrono::milliseconds d);  // false when stopping
   std::unique_ptr<grpc::ClientContext> Context() const;
 
@@ -89,6 +97,14 @@ class GrpcControllerClient final : public ControllerClient {
   std::condition_variable cv_;
   bool stop_ = false;
   bool refresh_ = false;
+  bool refreshed_ = false;    // the last WaitFor ended for RequestRefresh (Run's thread)
+  uint64_t incarnation_ = 0;  // guarded by mu_: the watch opens streams for it
+  grpc::ClientContext* watch_ctx_ = nullptr;  // guarded by mu_: cancelled by Stop
+  std::mutex deliver_mu_;
+  uint64_t held_version_ = 0;          // guarded by deliver_mu_: the assignments version delivered
+  std::atomic<bool> watching_{false};  // a watch stream is open
+  std::atomic<bool> watch_supported_{true};
+  std::thread watch_thread_;
   std::atomic<bool> registered_{false};
   std::atomic<uint64_t> heartbeats_sent_{0}, heartbeats_failed_{0};
   std::thread thread_;

@@ -2,17 +2,22 @@
 
 #include <regex>
 #include <set>
+#include <unordered_map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/metrics/metrics.h"
 #include "controller/planner/job_planner.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/util/message_differencer.h"
+#include "google/protobuf/wire_format_lite.h"
 
 namespace tributary::controller {
 namespace {
 
+using google::protobuf::internal::WireFormatLite;
 using google::protobuf::util::MessageDifferencer;
 
 constexpr auto Log = common::ComponentLog<"controller">;
@@ -42,6 +47,11 @@ ClusterState::ClusterState(const common::Clock* clock, Options options, uint64_t
       *registry, "tributary_controller_plan_computations_total", "Plans computed, by result.");
   plans_ok_ = &plans.Add({{"result", "ok"}});
   plans_error_ = &plans.Add({{"result", "error"}});
+  plan_conflicts_ =
+      &common::metrics::CounterFamily(
+           *registry, "tributary_controller_plan_conflicts_total",
+           "Plans computed off the lock and thrown away because a node they use changed meanwhile.")
+           .Add({});
   plan_duration_ =
       &common::metrics::HistogramFamily(*registry, "tributary_controller_plan_duration_seconds",
                                         "Time to compute one job's plan.")
@@ -79,26 +89,24 @@ absl::StatusOr<size_t> ClusterState::Restore() {
   max_plan_version_ = std::max(max_plan_version_, loaded->max_plan_version);
   restored_at_ = clock_->Now();
   for (tributary::v1::Job& job : loaded->jobs) {
-    JobEntry entry;
+    const std::string id = job.job_id();
+    JobEntry& entry = jobs_[id];
     for (const auto& w : job.plan().workers()) entry.awaiting.insert(w.node_id());
     for (const auto& s : job.plan().servers()) entry.awaiting.insert(s.node_id());
     for (const auto& w : job.spec().worker_nodes()) entry.awaiting.insert(w);
-    for (const auto& [id, node] : nodes_) {
-      if (node.alive) entry.awaiting.erase(id);
+    for (const auto& [node_id, node] : nodes_) {
+      if (node.alive) entry.awaiting.erase(node_id);
     }
+    tributary::v1::JobPlan plan = job.plan();
     entry.job = std::move(job);
+    SetPlanLocked(entry, std::move(plan));
     UpdateJobStateLocked(entry.job, entry.awaiting);
-    Log()->info("job {} restored with plan v{}: {}", entry.job.job_id(), entry.job.plan().version(),
+    Log()->info("job {} restored with plan v{}: {}", id, entry.job.plan().version(),
                 entry.awaiting.empty() ? "its nodes are registered" : entry.job.message());
-    const std::string id = entry.job.job_id();
-    jobs_[id] = std::move(entry);
   }
   if (!loaded->created) restores_->Increment();
   restored_jobs_->Set(static_cast<double>(loaded->jobs.size()));
-  if (!loaded->jobs.empty()) {
-    assignments_version_++;
-    restoring_ = true;
-  }
+  if (!loaded->jobs.empty()) restoring_ = true;
   return loaded->jobs.size();
 }
 
@@ -114,7 +122,28 @@ absl::Status ClusterState::PersistLocked(const std::vector<const tributary::v1::
 
 uint64_t ClusterState::assignments_version() const {
   std::lock_guard lock(mu_);
-  return assignments_version_;
+  return assignments_seq_;
+}
+
+uint64_t ClusterState::assignments_version(const std::string& node_id) const {
+  std::lock_guard lock(mu_);
+  auto it = nodes_.find(node_id);
+  return it == nodes_.end() ? 0 : it->second.assignments_version;
+}
+
+size_t ClusterState::pending_replans() const {
+  std::lock_guard lock(mu_);
+  return marked_.size();
+}
+
+std::chrono::milliseconds ClusterState::HeartbeatIntervalLocked() const {
+  const auto by_size = std::chrono::milliseconds(static_cast<int64_t>(
+      1000.0 * static_cast<double>(nodes_.size()) / std::max(1.0, options_.max_heartbeats_per_s)));
+  return std::max(options_.heartbeat_interval, std::min(by_size, options_.heartbeat_timeout / 3));
+}
+
+void ClusterState::MarkLocked(const std::string& job_id) {
+  marked_.emplace(job_id, clock_->Now());  // keeps the first mark's time
 }
 
 absl::Status ClusterState::RegisterNode(const tributary::v1::RegisterNodeRequest& req,
@@ -132,125 +161,465 @@ absl::Status ClusterState::RegisterNode(const tributary::v1::RegisterNodeRequest
     return absl::InvalidArgumentError(
         absl::StrCat("node '", req.node_id(), "' declares negative bandwidth"));
   }
-  std::lock_guard lock(mu_);
-  NodeEntry& node = nodes_[req.node_id()];
-  const bool changed = !node.alive || !MessageDifferencer::Equals(node.inventory, inv);
-  node.inventory = inv;
-  node.incarnation = next_incarnation_++;
-  node.last_heartbeat = clock_->Now();
-  node.alive = true;
-  Log()->info("node {} registered: data plane {}, nic {:.0f} MB/s, {} cores", req.node_id(),
-              inv.data_plane_address(), inv.nic_bytes_per_s() / 1e6, inv.cpu_cores());
-  // After a restore every node registers again: that is no membership change. Until the grace
-  // has passed, registrations re-plan nothing, so restored jobs keep their plan and epoch and
-  // collectives running through the controller's restart are not disturbed (a node that is
-  // really new is planned in at the next change). A node back at another address than its
-  // restored plan has (its agent restarted too) makes that plan stale: the job is re-planned as
-  // soon as every node of it is back.
-  const bool restoring = restoring_ && clock_->Now() - restored_at_ < options_.restore_grace;
-  for (auto& [id, entry] : jobs_) {
-    if (entry.awaiting.erase(req.node_id()) == 0) continue;
-    bool here = false;
-    for (const auto& w : entry.job.plan().workers()) {
-      here |= w.node_id() == req.node_id() && w.data_plane_address() != inv.data_plane_address();
+  {
+    std::lock_guard lock(mu_);
+    auto [it, is_new] = nodes_.try_emplace(req.node_id());
+    NodeEntry& node = it->second;
+    const bool same_inventory =
+        !is_new && MessageDifferencer::Equals(*node.inventory, req.inventory());
+    const bool returned = !is_new && !node.alive;
+    if (!same_inventory) {
+      node.inventory = std::make_shared<const tributary::v1::NodeInventory>(inv);
     }
-    for (const auto& s : entry.job.plan().servers()) {
-      here |= s.node_id() == req.node_id() && s.data_plane_address() != inv.data_plane_address();
+    node.incarnation = next_incarnation_++;
+    node.last_heartbeat = clock_->Now();
+    node.alive = true;
+    if (node.inventory->offers_summation()) {
+      summation_nodes_.insert(req.node_id());
+    } else {
+      summation_nodes_.erase(req.node_id());
     }
-    if (here) {
-      Log()->warn(
-          "job {}: node {} came back at a new data-plane address {}: the job is re-planned "
-          "once every node of it is back",
-          id, req.node_id(), inv.data_plane_address());
-      entry.stale = true;
+    if (is_new) {
+      node.assignments_version = ++assignments_seq_;  // never 0: a watch since 0 gets the set
+      for (const auto& [id, entry] : jobs_) {
+        bool named = entry.members.contains(req.node_id()) || entry.lost.contains(req.node_id());
+        for (const auto& w : entry.job.spec().worker_nodes()) named |= w == req.node_id();
+        if (named) node.jobs.insert(id);
+      }
     }
-    UpdateJobStateLocked(entry.job, entry.awaiting);
-    if (entry.awaiting.empty()) {
-      Log()->info("job {}: every node of its restored plan v{} is back", id,
-                  entry.job.plan().version());
+    Log()->debug("node {} registered: data plane {}, nic {:.0f} MB/s, {} cores", req.node_id(),
+                 inv.data_plane_address(), inv.nic_bytes_per_s() / 1e6, inv.cpu_cores());
+    // After a restore every node registers again: that is no membership change. Until the grace
+    // has passed, registrations re-plan nothing, so restored jobs keep their plan and epoch and
+    // collectives running through the controller's restart are not disturbed (a node that is
+    // really new is planned in at the next change). A node back at another address than its
+    // restored plan has (its agent restarted too) makes that plan stale: the job is re-planned as
+    // soon as every node of it is back.
+    const bool restoring = restoring_ && clock_->Now() - restored_at_ < options_.restore_grace;
+    for (auto& [id, entry] : jobs_) {
+      if (entry.awaiting.erase(req.node_id()) == 0) continue;
+      bool here = false;
+      for (const auto& w : entry.job.plan().workers()) {
+        here |= w.node_id() == req.node_id() && w.data_plane_address() != inv.data_plane_address();
+      }
+      for (const auto& s : entry.job.plan().servers()) {
+        here |= s.node_id() == req.node_id() && s.data_plane_address() != inv.data_plane_address();
+      }
+      if (here) {
+        Log()->warn(
+            "job {}: node {} came back at a new data-plane address {}: the job is re-planned "
+            "once every node of it is back",
+            id, req.node_id(), inv.data_plane_address());
+        entry.stale = true;
+      }
+      UpdateJobStateLocked(entry.job, entry.awaiting);
+      if (entry.awaiting.empty()) {
+        Log()->info("job {}: every node of its restored plan v{} is back", id,
+                    entry.job.plan().version());
+      }
     }
+    if (!restoring) {
+      if (!same_inventory) {
+        // New capacity, or a node whose plans name an address it no longer has: every job.
+        for (const auto& [id, entry] : jobs_) MarkLocked(id);
+      } else if (returned) {
+        for (const std::string& id : node.jobs) MarkLocked(id);
+        const std::set<std::string> jobs = node.jobs;
+        for (const std::string& id : jobs) {
+          JobEntry& entry = jobs_.at(id);
+          entry.lost.erase(req.node_id());
+          ReindexLocked(entry, {req.node_id()});  // still named as a worker or member?
+        }
+      }
+      for (const std::string& id : node.jobs) UpdateJobStateLocked(jobs_.at(id).job);
+    }
+    for (const auto& [id, entry] : jobs_) {
+      if (entry.stale && entry.awaiting.empty()) MarkLocked(id);
+    }
+    resp->set_incarnation(node.incarnation);
+    resp->set_heartbeat_interval_ms(static_cast<uint32_t>(HeartbeatIntervalLocked().count()));
+    resp->set_assignments_version(node.assignments_version);
   }
-  bool replan = changed && !restoring;
-  for (const auto& [id, entry] : jobs_) replan |= entry.stale && entry.awaiting.empty();
-  if (replan) (void)ReplanAllLocked();
-  resp->set_incarnation(node.incarnation);
-  resp->set_heartbeat_interval_ms(static_cast<uint32_t>(options_.heartbeat_interval.count()));
-  resp->set_assignments_version(assignments_version_);
+  if (options_.replan_debounce.count() == 0) ReplanDue();
   return absl::OkStatus();
 }
 
 absl::Status ClusterState::Heartbeat(const tributary::v1::HeartbeatRequest& req,
                                      tributary::v1::HeartbeatResponse* resp) {
-  std::lock_guard lock(mu_);
-  auto it = nodes_.find(req.node_id());
-  if (it == nodes_.end() || it->second.incarnation != req.incarnation()) {
-    return absl::NotFoundError(absl::StrCat("node '", req.node_id(),
-                                            "' is not registered with this controller; "
-                                            "register again"));
+  bool returned = false;
+  {
+    std::lock_guard lock(mu_);
+    auto it = nodes_.find(req.node_id());
+    if (it == nodes_.end() || it->second.incarnation != req.incarnation()) {
+      return absl::NotFoundError(absl::StrCat("node '", req.node_id(),
+                                              "' is not registered with this controller; "
+                                              "register again"));
+    }
+    NodeEntry& node = it->second;
+    node.load = req.load();
+    if (!req.load().jobs().empty()) RecordObservationsLocked(req.load());
+    node.last_heartbeat = clock_->Now();
+    if (!node.alive) {
+      returned = true;
+      node.alive = true;
+      if (node.inventory->offers_summation()) summation_nodes_.insert(req.node_id());
+      Log()->info("node {} is alive again", req.node_id());
+      // Only the jobs that need it: those it works for, and those that lost it when it died.
+      const std::set<std::string> jobs = node.jobs;
+      for (const std::string& id : jobs) {
+        JobEntry& entry = jobs_.at(id);
+        entry.lost.erase(req.node_id());
+        ReindexLocked(entry, {req.node_id()});  // still named as a worker or member?
+        UpdateJobStateLocked(entry.job, entry.awaiting);
+        MarkLocked(id);
+      }
+    }
+    resp->set_assignments_version(node.assignments_version);
+    resp->set_heartbeat_interval_ms(static_cast<uint32_t>(HeartbeatIntervalLocked().count()));
   }
-  NodeEntry& node = it->second;
-  node.load = req.load();
-  RecordObservationsLocked(req.load());
-  node.last_heartbeat = clock_->Now();
-  if (!node.alive) {
-    node.alive = true;
-    Log()->info("node {} is alive again", req.node_id());
-    (void)ReplanAllLocked();
-  }
-  resp->set_assignments_version(assignments_version_);
+  if (returned && options_.replan_debounce.count() == 0) ReplanDue();
   return absl::OkStatus();
+}
+
+grpc::ByteBuffer ClusterState::AssignmentsMessageLocked(const std::string& node_id,
+                                                        const NodeEntry& node) const {
+  // WatchAssignmentsResponse by hand: field 1 (the version), then one field 2 per plan whose
+  // bytes are the shared common part followed by this node's intra_node entry. Protobuf merges
+  // concatenated fields, so the receiver parses one JobPlan per field 2.
+  std::vector<grpc::Slice> slices;
+  {
+    std::string head;
+    google::protobuf::io::StringOutputStream out(&head);
+    google::protobuf::io::CodedOutputStream coded(&out);
+    coded.WriteTag(WireFormatLite::MakeTag(1, WireFormatLite::WIRETYPE_VARINT));
+    coded.WriteVarint64(node.assignments_version);
+    coded.Trim();
+    slices.emplace_back(head);
+  }
+  for (const std::string& id : node.jobs) {
+    const JobEntry& entry = jobs_.at(id);
+    if (!entry.members.contains(node_id)) continue;
+    auto intra = entry.wire_intra.find(node_id);
+    const size_t length =
+        entry.wire_common.size() + (intra == entry.wire_intra.end() ? 0 : intra->second.size());
+    std::string tag;
+    {
+      google::protobuf::io::StringOutputStream out(&tag);
+      google::protobuf::io::CodedOutputStream coded(&out);
+      coded.WriteTag(WireFormatLite::MakeTag(2, WireFormatLite::WIRETYPE_LENGTH_DELIMITED));
+      coded.WriteVarint64(length);
+      coded.Trim();
+    }
+    slices.emplace_back(tag);
+    slices.push_back(entry.wire_common);
+    if (intra != entry.wire_intra.end()) slices.push_back(intra->second);
+  }
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+void ClusterState::BumpLocked(const std::set<std::string>& nodes) {
+  for (const std::string& id : nodes) {
+    auto it = nodes_.find(id);
+    if (it == nodes_.end()) continue;  // a restored plan's node that has not registered yet
+    NodeEntry& node = it->second;
+    node.assignments_version = ++assignments_seq_;
+    if (node.watchers.empty()) continue;
+    const grpc::ByteBuffer message = AssignmentsMessageLocked(id, node);
+    for (AssignmentsWatcher* w : node.watchers) w->Push(node.assignments_version, message);
+  }
+}
+
+void ClusterState::ReindexLocked(const JobEntry& entry, const std::set<std::string>& nodes) {
+  const std::string& job_id = entry.job.job_id();
+  for (const std::string& id : nodes) {
+    auto it = nodes_.find(id);
+    if (it == nodes_.end()) continue;
+    bool named = entry.members.contains(id) || entry.lost.contains(id);
+    for (const auto& w : entry.job.spec().worker_nodes()) named |= w == id;
+    if (named) {
+      it->second.jobs.insert(job_id);
+    } else {
+      it->second.jobs.erase(job_id);
+    }
+  }
+}
+
+void ClusterState::SetPlanLocked(JobEntry& entry, tributary::v1::JobPlan plan) {
+  std::set<std::string> touched;
+  for (const auto& [id, member] : entry.members) touched.insert(id);
+  entry.members.clear();
+  for (const auto& w : plan.workers()) entry.members[w.node_id()].worker = true;
+  for (const auto& s : plan.servers()) {
+    entry.members[s.node_id()].server = true;
+    entry.members[s.node_id()].spare_nic_bytes_per_s = SpareNicUse(plan, s.node_id());
+  }
+  for (const auto& [id, member] : entry.members) {
+    touched.insert(id);
+    entry.lost.erase(id);
+  }
+  entry.wire_intra.clear();
+  for (const auto& intra : plan.intra_node()) {
+    std::string bytes;
+    google::protobuf::io::StringOutputStream out(&bytes);
+    {
+      google::protobuf::io::CodedOutputStream coded(&out);
+      coded.WriteTag(WireFormatLite::MakeTag(tributary::v1::JobPlan::kIntraNodeFieldNumber,
+                                             WireFormatLite::WIRETYPE_LENGTH_DELIMITED));
+      coded.WriteVarint64(intra.ByteSizeLong());
+      intra.SerializeWithCachedSizes(&coded);
+    }
+    entry.wire_intra.insert_or_assign(intra.node_id(), grpc::Slice(bytes));
+  }
+  {
+    tributary::v1::JobPlan common;
+    common.CopyFrom(plan);
+    common.clear_intra_node();
+    entry.wire_common = grpc::Slice(common.SerializeAsString());
+  }
+  *entry.job.mutable_plan() = std::move(plan);
+  ReindexLocked(entry, touched);
+  BumpLocked(touched);
+}
+
+std::vector<NodeSnapshot> ClusterState::SnapshotLocked(const std::string& job_id,
+                                                       const tributary::v1::JobSpec& spec) const {
+  std::vector<NodeSnapshot> snapshot;
+  auto add = [&](const std::string& id) {
+    auto it = nodes_.find(id);
+    if (it == nodes_.end()) return;
+    const NodeEntry& node = it->second;
+    NodeSnapshot s;
+    s.node_id = id;
+    s.inventory = node.inventory;
+    s.alive = node.alive;
+    s.cpu_busy_fraction = node.load.cpu_busy_fraction();
+    s.measured_nic_bytes_per_s = ForeignNicBytesPerSecond(node.load);
+    for (const std::string& other : node.jobs) {
+      if (other == job_id) continue;
+      const auto& members = jobs_.at(other).members;
+      if (auto m = members.find(id); m != members.end()) {
+        s.committed_nic_bytes_per_s += m->second.spare_nic_bytes_per_s;
+      }
+    }
+    snapshot.push_back(std::move(s));
+  };
+  std::set<std::string> workers(spec.worker_nodes().begin(), spec.worker_nodes().end());
+  for (const std::string& w : workers) add(w);
+  for (const std::string& id : summation_nodes_) {
+    if (!workers.contains(id)) add(id);
+  }
+  return snapshot;
+}
+
+void ClusterState::Plan(PlanWork& work) const {
+  const auto start = std::chrono::steady_clock::now();
+  work.plan = PlanJob(work.job_id, work.spec, work.snapshot, work.base_version + 1);
+  plan_duration_->Observe(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  (work.plan.ok() ? plans_ok_ : plans_error_)->Increment();
+}
+
+bool ClusterState::StillValidLocked(const PlanWork& work,
+                                    const tributary::v1::JobPlan& plan) const {
+  std::unordered_map<std::string, const tributary::v1::NodeInventory*> planned;
+  for (const NodeSnapshot& s : work.snapshot) planned[s.node_id] = s.inventory.get();
+  auto same = [&](const std::string& id, bool must_be_alive) {
+    auto it = nodes_.find(id);
+    auto p = planned.find(id);
+    return it != nodes_.end() && p != planned.end() && it->second.inventory.get() == p->second &&
+           (!must_be_alive || it->second.alive);
+  };
+  for (const auto& w : plan.workers()) {
+    if (!same(w.node_id(), false)) return false;
+  }
+  for (const auto& s : plan.servers()) {
+    if (!same(s.node_id(), !s.is_worker())) return false;
+  }
+  return true;
+}
+
+void ClusterState::ReplanDue() {
+  std::vector<std::string> due;
+  {
+    std::lock_guard lock(mu_);
+    const auto now = clock_->Now();
+    for (auto it = marked_.begin(); it != marked_.end();) {
+      if (now - it->second >= options_.replan_debounce) {
+        due.push_back(it->first);
+        it = marked_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  if (!due.empty()) Replan(std::move(due));
+}
+
+void ClusterState::Replan(std::vector<std::string> job_ids) {
+  constexpr int kAttempts = 4;
+  for (int attempt = 0; attempt < kAttempts && !job_ids.empty(); ++attempt) {
+    std::vector<PlanWork> work;
+    {
+      std::lock_guard lock(mu_);
+      for (const std::string& id : job_ids) {
+        auto it = jobs_.find(id);
+        if (it == jobs_.end()) continue;  // deleted meanwhile
+        JobEntry& entry = it->second;
+        UpdateJobStateLocked(entry.job, entry.awaiting);
+        if (!entry.awaiting.empty()) continue;  // restored: its plan stays until its nodes are back
+        PlanWork w;
+        w.job_id = id;
+        w.spec = entry.job.spec();
+        w.base_version = entry.job.plan().version();
+        w.snapshot = SnapshotLocked(id, w.spec);
+        work.push_back(std::move(w));
+      }
+    }
+    for (PlanWork& w : work) Plan(w);  // off the lock
+    job_ids.clear();
+    std::lock_guard lock(mu_);
+    std::vector<std::pair<JobEntry*, tributary::v1::JobPlan>> changed;
+    uint64_t max_version = max_plan_version_;
+    for (PlanWork& w : work) {
+      auto it = jobs_.find(w.job_id);
+      if (it == jobs_.end()) continue;
+      JobEntry& entry = it->second;
+      if (entry.job.plan().version() != w.base_version || !entry.awaiting.empty()) {
+        continue;  // re-planned (or restored) by someone else meanwhile
+      }
+      if (!w.plan.ok()) {
+        Log()->warn("re-planning job {} failed, keeping plan v{}: {}", w.job_id,
+                    entry.job.plan().version(), w.plan.status().message());
+        continue;
+      }
+      if (!StillValidLocked(w, *w.plan)) {
+        plan_conflicts_->Increment();
+        job_ids.push_back(w.job_id);  // a node it uses changed while planning: again
+        continue;
+      }
+      entry.stale = false;
+      if (SamePlan(*w.plan, entry.job.plan())) continue;
+      max_version = std::max(max_version, w.plan->version());
+      changed.emplace_back(&entry, *std::move(w.plan));
+    }
+    if (changed.empty()) continue;
+    std::vector<tributary::v1::Job> put_jobs;
+    put_jobs.reserve(changed.size());
+    for (auto& [entry, plan] : changed) {
+      put_jobs.push_back(entry->job);
+      *put_jobs.back().mutable_plan() = plan;
+      UpdateJobStateLocked(put_jobs.back(), entry->awaiting);
+    }
+    std::vector<const tributary::v1::Job*> put;
+    for (const auto& j : put_jobs) put.push_back(&j);
+    if (absl::Status s = PersistLocked(put, {}, max_version); !s.ok()) {
+      for (auto& [entry, plan] : changed) {
+        Log()->warn("job {}: keeping plan v{} (the re-plan could not be stored)",
+                    entry->job.job_id(), entry->job.plan().version());
+        MarkLocked(entry->job.job_id());  // CheckLiveness tries again
+      }
+      continue;
+    }
+    max_plan_version_ = max_version;
+    for (auto& [entry, plan] : changed) {
+      SetPlanLocked(*entry, std::move(plan));
+      UpdateJobStateLocked(entry->job, entry->awaiting);
+      Log()->info("job {} re-planned: v{} with {} summation servers", entry->job.job_id(),
+                  entry->job.plan().version(), entry->job.plan().servers_size());
+    }
+  }
+  if (!job_ids.empty()) {
+    std::lock_guard lock(mu_);
+    for (const std::string& id : job_ids) {
+      Log()->warn("job {}: its nodes kept changing while it was planned; trying again later", id);
+      MarkLocked(id);
+    }
+  }
 }
 
 absl::Status ClusterState::GetAssignments(const tributary::v1::GetAssignmentsRequest& req,
                                           tributary::v1::GetAssignmentsResponse* resp) {
-  std::lock_guard lock(mu_);
-  if (!nodes_.contains(req.node_id())) {
-    return absl::NotFoundError(absl::StrCat("node '", req.node_id(), "' is not registered"));
+  grpc::ByteBuffer message;
+  {
+    std::lock_guard lock(mu_);
+    auto it = nodes_.find(req.node_id());
+    if (it == nodes_.end()) {
+      return absl::NotFoundError(absl::StrCat("node '", req.node_id(), "' is not registered"));
+    }
+    message = AssignmentsMessageLocked(req.node_id(), it->second);
   }
-  resp->set_assignments_version(assignments_version_);
-  for (const auto& [id, entry] : jobs_) {
-    const auto& plan = entry.job.plan();
-    bool involved = false;
-    for (const auto& w : plan.workers()) involved |= w.node_id() == req.node_id();
-    for (const auto& s : plan.servers()) involved |= s.node_id() == req.node_id();
-    if (involved) *resp->add_plans() = plan;
+  // The same bytes as a watch message (GetAssignmentsResponse has the same fields).
+  std::vector<grpc::Slice> slices;
+  if (!message.Dump(&slices).ok()) return absl::InternalError("cannot read the assignments");
+  std::string bytes;
+  for (const grpc::Slice& s : slices)
+    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  if (!resp->ParseFromString(bytes)) return absl::InternalError("cannot parse the assignments");
+  return absl::OkStatus();
+}
+
+absl::Status ClusterState::Watch(const tributary::v1::WatchAssignmentsRequest& req,
+                                 AssignmentsWatcher* watcher) {
+  std::lock_guard lock(mu_);
+  auto it = nodes_.find(req.node_id());
+  if (it == nodes_.end() || it->second.incarnation != req.incarnation()) {
+    return absl::NotFoundError(absl::StrCat("node '", req.node_id(),
+                                            "' is not registered with this controller at this "
+                                            "incarnation; register again"));
+  }
+  NodeEntry& node = it->second;
+  node.watchers.push_back(watcher);
+  if (node.assignments_version != req.since_version()) {
+    watcher->Push(node.assignments_version, AssignmentsMessageLocked(req.node_id(), node));
   }
   return absl::OkStatus();
 }
 
-void ClusterState::ListNodes(tributary::v1::ListNodesResponse* resp) {
+void ClusterState::Unwatch(const std::string& node_id, AssignmentsWatcher* watcher) {
+  std::lock_guard lock(mu_);
+  auto it = nodes_.find(node_id);
+  if (it == nodes_.end()) return;
+  std::erase(it->second.watchers, watcher);
+}
+
+absl::Status ClusterState::ListNodes(const tributary::v1::ListNodesRequest& req,
+                                     tributary::v1::ListNodesResponse* resp) {
+  constexpr uint32_t kDefaultPage = 500, kMaxPage = 5000;
+  constexpr size_t kMaxPageBytes = 1 << 20;
+  if (!req.page_token().empty() && !ValidId(req.page_token())) {
+    return absl::InvalidArgumentError(
+        "page_token is not one ListNodes returned; pass next_page_token as it was, or none");
+  }
+  const uint32_t page = req.page_size() == 0 ? kDefaultPage : std::min(req.page_size(), kMaxPage);
   std::lock_guard lock(mu_);
   const auto now = clock_->Now();
-  for (const auto& [id, node] : nodes_) {
+  size_t bytes = 0;
+  auto it = req.page_token().empty() ? nodes_.begin() : nodes_.upper_bound(req.page_token());
+  for (; it != nodes_.end(); ++it) {
+    if (resp->nodes_size() >= static_cast<int>(page) || bytes >= kMaxPageBytes) {
+      resp->set_next_page_token(std::prev(it)->first);
+      break;
+    }
+    const auto& [id, node] = *it;
     auto* out = resp->add_nodes();
     out->set_node_id(id);
-    *out->mutable_inventory() = node.inventory;
+    *out->mutable_inventory() = *node.inventory;
     out->set_state(node.alive ? tributary::v1::NODE_STATE_ALIVE : tributary::v1::NODE_STATE_DEAD);
     *out->mutable_load() = node.load;
     out->set_last_heartbeat_age_s(std::chrono::duration<double>(now - node.last_heartbeat).count());
     double committed = 0;
-    for (const auto& [job_id, entry] : jobs_) {
-      for (const auto& w : entry.job.plan().workers()) {
-        if (w.node_id() == id) out->add_worker_of(job_id);
-      }
-      for (const auto& s : entry.job.plan().servers()) {
-        if (s.node_id() == id && !s.is_worker()) out->add_server_of(job_id);
-      }
-      committed += SpareNicUse(entry.job.plan(), id);
+    for (const std::string& job_id : node.jobs) {
+      const auto& members = jobs_.at(job_id).members;
+      auto m = members.find(id);
+      if (m == members.end()) continue;
+      if (m->second.worker) out->add_worker_of(job_id);
+      if (m->second.server && !m->second.worker) out->add_server_of(job_id);
+      committed += m->second.spare_nic_bytes_per_s;
     }
     out->set_committed_nic_bytes_per_s(committed);
+    bytes += out->ByteSizeLong();
   }
-}
-
-absl::StatusOr<tributary::v1::JobPlan> ClusterState::PlanLocked(const std::string& job_id,
-                                                                const tributary::v1::JobSpec& spec,
-                                                                uint64_t version) const {
-  const auto start = std::chrono::steady_clock::now();
-  absl::StatusOr<tributary::v1::JobPlan> plan = ComputePlanLocked(job_id, spec, version);
-  plan_duration_->Observe(
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  (plan.ok() ? plans_ok_ : plans_error_)->Increment();
-  return plan;
+  return absl::OkStatus();
 }
 
 void ClusterState::RecordObservationsLocked(const tributary::v1::NodeLoad& load) {
@@ -284,7 +653,7 @@ std::vector<prometheus::MetricFamily> ClusterState::CollectMetrics() const {
       continue;
     }
     ++alive;
-    if (node.inventory.offers_summation() && !workers.contains(id)) ++spare;
+    if (node.inventory->offers_summation() && !workers.contains(id)) ++spare;
   }
   std::vector<prometheus::MetricFamily> out;
   out.push_back(MakeFamily("tributary_controller_nodes", "Nodes by state.", MetricType::Gauge));
@@ -327,24 +696,6 @@ std::vector<prometheus::MetricFamily> ClusterState::CollectMetrics() const {
   return out;
 }
 
-absl::StatusOr<tributary::v1::JobPlan> ClusterState::ComputePlanLocked(
-    const std::string& job_id, const tributary::v1::JobSpec& spec, uint64_t version) const {
-  std::vector<NodeSnapshot> snapshot;
-  for (const auto& [id, node] : nodes_) {
-    NodeSnapshot s;
-    s.node_id = id;
-    s.inventory = node.inventory;
-    s.alive = node.alive;
-    s.cpu_busy_fraction = node.load.cpu_busy_fraction();
-    s.measured_nic_bytes_per_s = ForeignNicBytesPerSecond(node.load);
-    for (const auto& [other_id, entry] : jobs_) {
-      if (other_id != job_id) s.committed_nic_bytes_per_s += SpareNicUse(entry.job.plan(), id);
-    }
-    snapshot.push_back(std::move(s));
-  }
-  return PlanJob(job_id, spec, snapshot, version);
-}
-
 void ClusterState::UpdateJobStateLocked(tributary::v1::Job& job,
                                         const std::set<std::string>& awaiting) const {
   if (!awaiting.empty()) {
@@ -375,50 +726,76 @@ absl::Status ClusterState::CreateJob(const tributary::v1::CreateJobRequest& req,
     return absl::InvalidArgumentError(
         absl::StrCat("job '", req.job_id(), "': ", spec.status().message()));
   }
-  std::lock_guard lock(mu_);
-  if (auto it = jobs_.find(req.job_id()); it != jobs_.end()) {
+  // Returns true when the request is answered (an existing job, or an error).
+  auto existing = [&](absl::Status* status) {
+    auto it = jobs_.find(req.job_id());
+    if (it == jobs_.end()) return false;
     if (!MessageDifferencer::Equals(it->second.job.spec(), *spec)) {
-      return absl::AlreadyExistsError(
+      *status = absl::AlreadyExistsError(
           absl::StrCat("job '", req.job_id(), "' exists with a different spec; delete it first"));
+    } else {
+      *job = it->second.job;  // idempotent retry
+      *status = absl::OkStatus();
     }
-    *job = it->second.job;  // idempotent retry
+    return true;
+  };
+  constexpr int kAttempts = 4;
+  for (int attempt = 0; attempt < kAttempts; ++attempt) {
+    PlanWork work;
+    work.job_id = req.job_id();
+    work.spec = *spec;
+    {
+      std::lock_guard lock(mu_);
+      if (absl::Status s; existing(&s)) return s;
+      for (const std::string& w : spec->worker_nodes()) {
+        auto it = nodes_.find(w);
+        if (it == nodes_.end()) {
+          return absl::NotFoundError(
+              absl::StrCat("job '", req.job_id(), "': worker node '", w, "' is not registered"));
+        }
+        if (!it->second.alive) {
+          return absl::FailedPreconditionError(
+              absl::StrCat("job '", req.job_id(), "': worker node '", w, "' is dead"));
+        }
+      }
+      work.snapshot = SnapshotLocked(req.job_id(), *spec);
+    }
+    Plan(work);  // off the lock
+    if (!work.plan.ok()) return work.plan.status();
+    std::lock_guard lock(mu_);
+    if (absl::Status s; existing(&s)) return s;  // created by a concurrent call meanwhile
+    if (!StillValidLocked(work, *work.plan)) {
+      plan_conflicts_->Increment();
+      continue;
+    }
+    // Above every version handed out: a job created again under an old id never reuses an epoch.
+    const uint64_t version = max_plan_version_ + 1;
+    work.plan->set_version(version);
+    tributary::v1::Job created;
+    created.set_job_id(req.job_id());
+    *created.mutable_spec() = *spec;
+    *created.mutable_plan() = *work.plan;
+    UpdateJobStateLocked(created);
+    *job = created;
+    if (req.dry_run()) return absl::OkStatus();
+    if (absl::Status s = PersistLocked({&created}, {}, version); !s.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("job '", req.job_id(), "' was not created: ", s.message()));
+    }
+    max_plan_version_ = version;
+    JobEntry& entry = jobs_[req.job_id()];
+    entry.job = std::move(created);
+    SetPlanLocked(entry, *std::move(work.plan));
+    Log()->info(
+        "job {} created: {} workers, {} summation servers, predicted {:.3f} s vs ring "
+        "{:.3f} s for {} bytes",
+        req.job_id(), job->plan().workers_size(), job->plan().servers_size(),
+        job->plan().predicted_seconds(), job->plan().ring_seconds(), job->plan().model_bytes());
     return absl::OkStatus();
   }
-  for (const std::string& w : spec->worker_nodes()) {
-    auto it = nodes_.find(w);
-    if (it == nodes_.end()) {
-      return absl::NotFoundError(
-          absl::StrCat("job '", req.job_id(), "': worker node '", w, "' is not registered"));
-    }
-    if (!it->second.alive) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("job '", req.job_id(), "': worker node '", w, "' is dead"));
-    }
-  }
-  // Above every version handed out: a job created again under an old id never reuses an epoch.
-  const uint64_t version = max_plan_version_ + 1;
-  absl::StatusOr<tributary::v1::JobPlan> plan = PlanLocked(req.job_id(), *spec, version);
-  if (!plan.ok()) return plan.status();
-  tributary::v1::Job created;
-  created.set_job_id(req.job_id());
-  *created.mutable_spec() = *spec;
-  *created.mutable_plan() = *std::move(plan);
-  UpdateJobStateLocked(created);
-  *job = created;
-  if (req.dry_run()) return absl::OkStatus();
-  if (absl::Status s = PersistLocked({&created}, {}, version); !s.ok()) {
-    return absl::UnavailableError(
-        absl::StrCat("job '", req.job_id(), "' was not created: ", s.message()));
-  }
-  max_plan_version_ = version;
-  jobs_[req.job_id()].job = std::move(created);
-  assignments_version_++;
-  Log()->info(
-      "job {} created: {} workers, {} summation servers, predicted {:.3f} s vs ring "
-      "{:.3f} s for {} bytes",
-      req.job_id(), job->plan().workers_size(), job->plan().servers_size(),
-      job->plan().predicted_seconds(), job->plan().ring_seconds(), job->plan().model_bytes());
-  return absl::OkStatus();
+  return absl::UnavailableError(
+      absl::StrCat("job '", req.job_id(),
+                   "' was not created: its nodes kept changing while it was planned; retry"));
 }
 
 absl::Status ClusterState::GetJob(const std::string& job_id, tributary::v1::Job* job) {
@@ -435,89 +812,72 @@ void ClusterState::ListJobs(tributary::v1::ListJobsResponse* resp) {
 }
 
 absl::Status ClusterState::DeleteJob(const std::string& job_id) {
-  std::lock_guard lock(mu_);
-  auto entry = jobs_.extract(job_id);
-  if (entry.empty()) return absl::OkStatus();
-  // The removal and the re-plans it causes (capacity it used on spare nodes is free again) are
-  // one transaction.
-  if (absl::Status s = ReplanAllLocked({job_id}); !s.ok()) {
-    jobs_.insert(std::move(entry));
-    return absl::UnavailableError(
-        absl::StrCat("job '", job_id, "' was not deleted: ", s.message()));
+  {
+    std::lock_guard lock(mu_);
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end()) return absl::OkStatus();
+    if (absl::Status s = PersistLocked({}, {job_id}, max_plan_version_); !s.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("job '", job_id, "' was not deleted: ", s.message()));
+    }
+    JobEntry entry = std::move(it->second);
+    jobs_.erase(it);
+    marked_.erase(job_id);
+    std::set<std::string> touched;
+    for (const auto& [id, member] : entry.members) touched.insert(id);
+    for (const std::string& id : entry.lost) touched.insert(id);
+    for (const auto& w : entry.job.spec().worker_nodes()) touched.insert(w);
+    for (auto& [id, node] : nodes_) node.jobs.erase(job_id);  // rare: the whole index, to be sure
+    entry.members.clear();
+    BumpLocked(touched);
+    // The capacity it used on spare nodes is free again.
+    for (const auto& [id, other] : jobs_) MarkLocked(id);
+    Log()->info("job {} deleted", job_id);
   }
-  Log()->info("job {} deleted", job_id);
+  if (options_.replan_debounce.count() == 0) ReplanDue();
   return absl::OkStatus();
 }
 
-absl::Status ClusterState::ReplanAllLocked(const std::vector<std::string>& deleted) {
-  replan_pending_ = false;
-  std::map<std::string, tributary::v1::JobPlan> previous;  // of the jobs whose plan changed
-  uint64_t max_version = max_plan_version_;
-  for (auto& [id, entry] : jobs_) {
-    tributary::v1::Job& job = entry.job;
-    UpdateJobStateLocked(job, entry.awaiting);
-    if (!entry.awaiting.empty()) continue;  // restored: its plan stays until its nodes are back
-    entry.stale = false;
-    absl::StatusOr<tributary::v1::JobPlan> plan =
-        PlanLocked(id, job.spec(), job.plan().version() + 1);
-    if (!plan.ok()) {
-      Log()->warn("re-planning job {} failed, keeping plan v{}: {}", id, job.plan().version(),
-                  plan.status().message());
-      continue;
-    }
-    if (SamePlan(*plan, job.plan())) continue;
-    previous.emplace(id, job.plan());
-    *job.mutable_plan() = *std::move(plan);
-    max_version = std::max(max_version, job.plan().version());
+void ClusterState::MarkDeadLocked(const std::string& node_id, NodeEntry& node) {
+  node.alive = false;
+  summation_nodes_.erase(node_id);
+  for (const std::string& id : node.jobs) {
+    JobEntry& entry = jobs_.at(id);
+    if (entry.members.contains(node_id)) entry.lost.insert(node_id);
+    UpdateJobStateLocked(entry.job, entry.awaiting);
+    MarkLocked(id);
   }
-  if (previous.empty() && deleted.empty()) return absl::OkStatus();
-  std::vector<const tributary::v1::Job*> put;
-  for (const auto& [id, plan] : previous) put.push_back(&jobs_.at(id).job);
-  if (absl::Status s = PersistLocked(put, deleted, max_version); !s.ok()) {
-    for (auto& [id, plan] : previous) {
-      Log()->warn("job {}: keeping plan v{} (the re-plan could not be stored)", id, plan.version());
-      tributary::v1::Job& job = jobs_.at(id).job;
-      *job.mutable_plan() = std::move(plan);
-      UpdateJobStateLocked(job);
-    }
-    replan_pending_ = true;
-    return s;
-  }
-  for (const auto& [id, plan] : previous) {
-    const tributary::v1::JobPlan& now = jobs_.at(id).job.plan();
-    Log()->info("job {} re-planned: v{} with {} summation servers", id, now.version(),
-                now.servers_size());
-  }
-  max_plan_version_ = max_version;
-  assignments_version_++;
-  return absl::OkStatus();
 }
 
 void ClusterState::CheckLiveness() {
-  std::lock_guard lock(mu_);
-  const auto now = clock_->Now();
-  bool died = replan_pending_;
-  if (restoring_ && now - restored_at_ >= options_.restore_grace) {
-    restoring_ = false;
-    for (auto& [id, entry] : jobs_) {
-      if (entry.awaiting.empty()) continue;
-      Log()->warn(
-          "job {}: nodes {} did not register within {} ms of the restore; re-planning "
-          "without them",
-          id, absl::StrJoin(entry.awaiting, ", "), options_.restore_grace.count());
-      entry.awaiting.clear();
-      died = true;
+  {
+    std::lock_guard lock(mu_);
+    const auto now = clock_->Now();
+    if (restoring_ && now - restored_at_ >= options_.restore_grace) {
+      restoring_ = false;
+      for (auto& [id, entry] : jobs_) {
+        if (entry.awaiting.empty()) continue;
+        Log()->warn(
+            "job {}: nodes {} did not register within {} ms of the restore; re-planning "
+            "without them",
+            id, absl::StrJoin(entry.awaiting, ", "), options_.restore_grace.count());
+        entry.awaiting.clear();
+        MarkLocked(id);
+      }
     }
-  }
-  for (auto& [id, node] : nodes_) {
-    if (node.alive && now - node.last_heartbeat > options_.heartbeat_timeout) {
-      node.alive = false;
-      died = true;
-      Log()->warn("node {} missed heartbeats for {} ms: dead", id,
-                  options_.heartbeat_timeout.count());
+    size_t died = 0;
+    for (auto& [id, node] : nodes_) {
+      if (node.alive && now - node.last_heartbeat > options_.heartbeat_timeout) {
+        MarkDeadLocked(id, node);
+        if (++died <= 10) {
+          Log()->warn("node {} missed heartbeats for {} ms: dead", id,
+                      options_.heartbeat_timeout.count());
+        }
+      }
     }
+    if (died > 10) Log()->warn("{} more nodes missed heartbeats: dead", died - 10);
   }
-  if (died) (void)ReplanAllLocked();
+  ReplanDue();
 }
 
 }  // namespace tributary::controller

@@ -8,12 +8,16 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/clock.h"
+#include "controller/planner/job_planner.h"
 #include "controller/state_store.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/slice.h"
 #include "prometheus/collectable.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
@@ -24,13 +28,28 @@
 
 namespace tributary::controller {
 
-// Node registry, job lifecycle and plan versions. Every method is thread-safe and cheap, so gRPC
-// handlers call it directly: the only I/O is one StateStore transaction per job change (create,
-// delete, re-plan), written under the mutex before the change is visible or answered. A node is
-// dead once it has missed heartbeats for `heartbeat_timeout`; CheckLiveness (called periodically,
-// or by tests after moving a FakeClock) applies that. Any change to a job's plan bumps the job's
-// plan version (its epoch: it never repeats, across restarts and across a delete and a create of
-// the same id) and the global assignments version that agents poll through heartbeats.
+// Node registry, job lifecycle and plan versions. Every method is thread-safe, and none plans
+// while holding the state's mutex: a plan is computed from a snapshot (the job's worker nodes and
+// the alive summation nodes, inventories shared, not copied) off the lock and committed with a
+// check that the nodes it uses are still there, alive and unchanged (else planned again), so
+// heartbeats never wait for a planner. The only I/O is one StateStore transaction per job change
+// (create, delete, re-plan), written under the mutex before the change is visible or answered.
+//
+// A node is dead once it has missed heartbeats for `heartbeat_timeout`; CheckLiveness (called
+// periodically, or by tests after moving a FakeClock) applies that. Events mark only the jobs
+// they affect for a re-plan: a death the jobs whose plan or worker list names the node, a return
+// the jobs that name it as a worker or lost it when it died (not every job), a new node or a
+// changed inventory every job (new capacity). Marked jobs are re-planned once `replan_debounce`
+// has passed since they were first marked (so a burst of deaths and returns costs one re-plan
+// per job), by CheckLiveness; with a zero debounce, at once, before the call that caused them
+// returns. Any change to a job's plan bumps the job's plan version (its epoch: it never repeats,
+// across restarts and across a delete and a create of the same id).
+//
+// Assignments: each node has its own assignments version, bumped only when a plan it takes part
+// in changes (or it joins or leaves one), and gets only its part of each plan (every field but
+// `intra_node`, of which only its own entry). The part is serialized once per plan version and
+// shared by every message that carries it; AssignmentsWatchers (watch streams) get one message
+// per change, in version order.
 //
 // Restore: jobs read back from the store keep their stored plan, and their version, until every
 // node of the plan has registered again (or `restore_grace` has passed; the missing nodes then
@@ -44,6 +63,21 @@ class ClusterState {
     std::chrono::milliseconds heartbeat_timeout{3000};
     // How long restored jobs wait for their nodes to register before re-planning without them.
     std::chrono::milliseconds restore_grace{10000};
+    // Jobs marked for a re-plan wait this long for more events (zero: re-planned at once).
+    std::chrono::milliseconds replan_debounce{0};
+    // Heartbeats per second the controller takes from all nodes together: the interval handed
+    // to agents is heartbeat_interval, or nodes / this when that is longer (at most a third of
+    // the timeout).
+    double max_heartbeats_per_s = 10000;
+  };
+
+  // One watch stream of a node's assignments (the service's reactor). Push runs with the state's
+  // mutex held: it must not block or call into ClusterState.
+  class AssignmentsWatcher {
+   public:
+    virtual ~AssignmentsWatcher() = default;
+    // `message` is a serialized WatchAssignmentsResponse at `version`.
+    virtual void Push(uint64_t version, const grpc::ByteBuffer& message) = 0;
   };
 
   // `registry` receives the controller's event metrics (dashboards/METRICS.md); null: one of its
@@ -62,17 +96,31 @@ class ClusterState {
                          tributary::v1::HeartbeatResponse* resp);
   absl::Status GetAssignments(const tributary::v1::GetAssignmentsRequest& req,
                               tributary::v1::GetAssignmentsResponse* resp);
-  void ListNodes(tributary::v1::ListNodesResponse* resp);
+  // Subscribes `watcher` to the node's assignments: pushes the current ones at once unless they
+  // are at req.since_version, then every change, until Unwatch. NOT_FOUND for an unknown node or
+  // a stale incarnation.
+  absl::Status Watch(const tributary::v1::WatchAssignmentsRequest& req,
+                     AssignmentsWatcher* watcher);
+  // After it returns, `watcher` is never called again. Idempotent.
+  void Unwatch(const std::string& node_id, AssignmentsWatcher* watcher);
+  // One page, in node id order. INVALID_ARGUMENT for a page token that is no node id.
+  absl::Status ListNodes(const tributary::v1::ListNodesRequest& req,
+                         tributary::v1::ListNodesResponse* resp);
 
   absl::Status CreateJob(const tributary::v1::CreateJobRequest& req, tributary::v1::Job* job);
   absl::Status GetJob(const std::string& job_id, tributary::v1::Job* job);
   void ListJobs(tributary::v1::ListJobsResponse* resp);
   absl::Status DeleteJob(const std::string& job_id);
 
-  // Marks nodes without a recent heartbeat dead and re-plans affected jobs.
+  // Marks nodes without a recent heartbeat dead, and re-plans the jobs whose debounce is over.
   void CheckLiveness();
 
+  // The highest assignments version handed to any node.
   uint64_t assignments_version() const;
+  // The node's assignments version (0 for an unknown node).
+  uint64_t assignments_version(const std::string& node_id) const;
+  // Jobs marked for a re-plan and not re-planned yet.
+  size_t pending_replans() const;
 
   // Scrape-time metrics of the state: nodes and jobs by state, predicted seconds per byte.
   std::vector<prometheus::MetricFamily> CollectMetrics() const;
@@ -81,11 +129,21 @@ class ClusterState {
 
  private:
   struct NodeEntry {
-    tributary::v1::NodeInventory inventory;
+    std::shared_ptr<const tributary::v1::NodeInventory> inventory;
     tributary::v1::NodeLoad load;
     uint64_t incarnation = 0;
     common::Clock::TimePoint last_heartbeat;
     bool alive = false;
+    uint64_t assignments_version = 0;
+    // Jobs whose worker list or plan names this node, or that lost it when it died.
+    std::set<std::string> jobs;
+    std::vector<AssignmentsWatcher*> watchers;
+  };
+  // A node's part in a job's current plan.
+  struct Member {
+    bool worker = false;
+    bool server = false;
+    double spare_nic_bytes_per_s = 0;  // SpareNicUse: NIC this job uses on it as a spare server
   };
   struct JobEntry {
     tributary::v1::Job job;
@@ -95,23 +153,53 @@ class ClusterState {
     // A node came back at another data-plane address than the restored plan has: re-plan once
     // `awaiting` is empty.
     bool stale = false;
+    // Nodes of the plan that died since: their return re-plans the job.
+    std::set<std::string> lost;
+    std::unordered_map<std::string, Member> members;
+    // The plan on the wire, built once per version: every field but intra_node, and each worker
+    // node's own intra_node entry (tag included), to append to it.
+    grpc::Slice wire_common;
+    std::unordered_map<std::string, grpc::Slice> wire_intra;
+  };
+  // A plan computed off the lock, and what it was computed from.
+  struct PlanWork {
+    std::string job_id;
+    tributary::v1::JobSpec spec;
+    uint64_t base_version = 0;  // the job's plan version when snapshotted
+    std::vector<NodeSnapshot> snapshot;
+    absl::StatusOr<tributary::v1::JobPlan> plan = absl::UnknownError("not planned");
   };
 
-  // Recomputes every job's plan, bumps versions of those that changed and stores them, with the
-  // removal of `deleted` (already gone from jobs_), in one transaction. When that write fails the
-  // previous plans stay (a plan is never handed out before it is durable) and CheckLiveness tries
-  // again. mu_ held.
-  absl::Status ReplanAllLocked(const std::vector<std::string>& deleted = {});
+  // The planner's input for a job: its worker nodes and the alive summation nodes, with the NIC
+  // other jobs' plans use on each. mu_ held.
+  std::vector<NodeSnapshot> SnapshotLocked(const std::string& job_id,
+                                           const tributary::v1::JobSpec& spec) const;
+  // Plans off the lock; times and counts it.
+  void Plan(PlanWork& work) const;
+  // Whether every node `plan` uses is still registered at the inventory it was planned with and
+  // every spare server is alive. mu_ held.
+  bool StillValidLocked(const PlanWork& work, const tributary::v1::JobPlan& plan) const;
+  // Re-plans `job_ids` (snapshot, plan, commit; again on a conflict) and stores the changed plans
+  // in one transaction. When the write fails the previous plans stay (a plan is never handed out
+  // before it is durable) and the jobs are marked again. mu_ NOT held.
+  void Replan(std::vector<std::string> job_ids);
+  // Re-plans the marked jobs whose debounce is over. mu_ NOT held.
+  void ReplanDue();
+  void MarkLocked(const std::string& job_id);
+  // Installs `plan` as the job's plan: indexes, the wire form, and the assignments of every node
+  // it adds, keeps or drops. mu_ held.
+  void SetPlanLocked(JobEntry& entry, tributary::v1::JobPlan plan);
+  // Re-reads which of `nodes` the job names (worker list, plan, lost) into their indexes.
+  void ReindexLocked(const JobEntry& entry, const std::set<std::string>& nodes);
+  // Bumps the nodes' assignments versions and pushes their assignments to their watchers.
+  void BumpLocked(const std::set<std::string>& nodes);
+  grpc::ByteBuffer AssignmentsMessageLocked(const std::string& node_id,
+                                            const NodeEntry& node) const;
+  void MarkDeadLocked(const std::string& node_id, NodeEntry& node);
+  std::chrono::milliseconds HeartbeatIntervalLocked() const;
   // One store transaction (no-op without a store); counts and logs failures. mu_ held.
   absl::Status PersistLocked(const std::vector<const tributary::v1::Job*>& put,
                              const std::vector<std::string>& deleted, uint64_t max_plan_version);
-  // Times and counts ComputePlanLocked.
-  absl::StatusOr<tributary::v1::JobPlan> PlanLocked(const std::string& job_id,
-                                                    const tributary::v1::JobSpec& spec,
-                                                    uint64_t version) const;
-  absl::StatusOr<tributary::v1::JobPlan> ComputePlanLocked(const std::string& job_id,
-                                                           const tributary::v1::JobSpec& spec,
-                                                           uint64_t version) const;
   void RecordObservationsLocked(const tributary::v1::NodeLoad& load);
   void UpdateJobStateLocked(tributary::v1::Job& job,
                             const std::set<std::string>& awaiting = {}) const;
@@ -121,6 +209,7 @@ class ClusterState {
   std::unique_ptr<prometheus::Registry> own_registry_;
   prometheus::Counter* plans_ok_;
   prometheus::Counter* plans_error_;
+  prometheus::Counter* plan_conflicts_;
   prometheus::Histogram* plan_duration_;
   prometheus::Family<prometheus::Counter>* observed_bytes_;
   prometheus::Family<prometheus::Counter>* observed_seconds_;
@@ -132,14 +221,17 @@ class ClusterState {
   StateStore* const store_;
   mutable std::mutex mu_;
   uint64_t next_incarnation_;
-  uint64_t assignments_version_ = 1;
+  uint64_t assignments_seq_ = 1;   // the last assignments version handed to a node
   uint64_t max_plan_version_ = 0;  // highest plan version handed out, restored ones included
   common::Clock::TimePoint restored_at_;
   // Jobs were restored and the grace has not passed yet: registrations are rejoins.
   bool restoring_ = false;
-  bool replan_pending_ = false;  // a re-plan could not be stored; CheckLiveness retries
   std::map<std::string, NodeEntry> nodes_;
+  // Alive nodes that offer summation: the spare candidates a snapshot takes.
+  std::set<std::string> summation_nodes_;
   std::map<std::string, JobEntry> jobs_;
+  // Jobs to re-plan, and since when they wait.
+  std::map<std::string, common::Clock::TimePoint> marked_;
 };
 
 }  // namespace tributary::controller

@@ -1,4 +1,5 @@
 // tributary-controller: node registry, jobs and plans over gRPC; jobs durable with --state-db.
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <csignal>
@@ -33,6 +34,8 @@ int main(int argc, char** argv) {
   tributary::common::ProcessFlags process_flags{.metrics_listen = "0.0.0.0:9464"};
   std::string port_file;
   int heartbeat_ms = 500, heartbeat_timeout_ms = 3000, restore_grace_ms = 10000;
+  int replan_debounce_ms = 100;
+  double max_heartbeats_per_s = 10000;
   std::string state_db;
   app.add_option("--listen", listen, "gRPC listen address (host:port; port 0 picks one)");
   app.add_option("--port-file", port_file, "Write the bound port to this file once serving");
@@ -56,6 +59,12 @@ int main(int argc, char** argv) {
                  "a DaemonSet's Secret); without it an agent's certificate must name its node id "
                  "and hostname")
       ->group("TLS");
+  app.add_option("--replan-debounce-ms", replan_debounce_ms,
+                 "Node deaths and returns within this window cost one re-plan per affected job")
+      ->check(CLI::Range(0, 60000));
+  app.add_option("--max-heartbeats-per-s", max_heartbeats_per_s,
+                 "Agents are told a longer heartbeat interval when the cluster would exceed this")
+      ->check(CLI::PositiveNumber);
   tributary::common::AddProcessFlags(app, process_flags);
   CLI11_PARSE(app, argc, argv);
   tributary::common::InitLogging(process_flags.log_level, process_flags.log_format);
@@ -79,6 +88,8 @@ int main(int argc, char** argv) {
   options.heartbeat_interval = std::chrono::milliseconds(heartbeat_ms);
   options.heartbeat_timeout = std::chrono::milliseconds(heartbeat_timeout_ms);
   options.restore_grace = std::chrono::milliseconds(restore_grace_ms);
+  options.replan_debounce = std::chrono::milliseconds(replan_debounce_ms);
+  options.max_heartbeats_per_s = max_heartbeats_per_s;
   std::unique_ptr<tributary::controller::StateStore> store;
   if (!state_db.empty()) {
     auto opened = tributary::controller::StateStore::Open(state_db);
@@ -151,7 +162,9 @@ int main(int argc, char** argv) {
   {
     std::unique_lock lock(g_mu);
     while (!g_stop) {
-      g_cv.wait_for(lock, std::chrono::milliseconds(heartbeat_ms / 2 + 1));
+      g_cv.wait_for(lock,
+                    std::chrono::milliseconds(
+                        std::min(heartbeat_ms / 2, std::max(replan_debounce_ms / 2, 10)) + 1));
       state.CheckLiveness();
     }
   }

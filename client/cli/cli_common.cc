@@ -68,11 +68,18 @@ absl::Status ControllerClient::Convert(const grpc::Status& status) const {
 
 absl::StatusOr<v1::ListNodesResponse> ControllerClient::ListNodes() {
   if (!channel_status_.ok()) return channel_status_;
-  v1::ListNodesResponse response;
-  auto context = NewContext();
-  grpc::Status status = stub_->ListNodes(context.get(), v1::ListNodesRequest(), &response);
-  if (!status.ok()) return Convert(status);
-  return response;
+  // Every page, merged: each reply stays far below gRPC's message limit at any cluster size.
+  v1::ListNodesResponse all;
+  v1::ListNodesRequest request;
+  do {
+    v1::ListNodesResponse page;
+    auto context = NewContext();
+    grpc::Status status = stub_->ListNodes(context.get(), request, &page);
+    if (!status.ok()) return Convert(status);
+    for (auto& node : *page.mutable_nodes()) *all.add_nodes() = std::move(node);
+    request.set_page_token(page.next_page_token());
+  } while (!request.page_token().empty());
+  return all;
 }
 
 absl::StatusOr<v1::ListJobsResponse> ControllerClient::ListJobs() {

@@ -7,6 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "controller/planner/split_planner.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "topology/intra_node_planner.h"
 
 namespace tributary::controller {
@@ -92,7 +94,7 @@ absl::StatusOr<tributary::v1::JobPlan> PlanJob(const std::string& job_id,
   const std::set<std::string> worker_set(spec.worker_nodes().begin(), spec.worker_nodes().end());
 
   auto sum_rate = [](const NodeSnapshot& n) {
-    const double c = n.inventory.sum_bytes_per_s();
+    const double c = n.inventory->sum_bytes_per_s();
     return c <= 0 ? 0.0 : c * std::max(0.1, 1.0 - std::clamp(n.cpu_busy_fraction, 0.0, 1.0));
   };
 
@@ -104,11 +106,11 @@ absl::StatusOr<tributary::v1::JobPlan> PlanJob(const std::string& job_id,
           absl::StrCat("job '", job_id, "': worker node '", id, "' is not registered"));
     }
     const NodeSnapshot& n = *it->second;
-    if (n.inventory.nic_bytes_per_s() <= 0) {
+    if (n.inventory->nic_bytes_per_s() <= 0) {
       return absl::FailedPreconditionError(
           absl::StrCat("job '", job_id, "': worker node '", id, "' declares no NIC bandwidth"));
     }
-    workers.push_back({id, n.inventory.nic_bytes_per_s(), sum_rate(n)});
+    workers.push_back({id, n.inventory->nic_bytes_per_s(), sum_rate(n)});
   }
 
   struct Candidate {
@@ -117,8 +119,8 @@ absl::StatusOr<tributary::v1::JobPlan> PlanJob(const std::string& job_id,
   };
   std::vector<Candidate> candidates;
   for (const NodeSnapshot& n : nodes) {
-    if (worker_set.contains(n.node_id) || !n.alive || !n.inventory.offers_summation()) continue;
-    const double declared = n.inventory.nic_bytes_per_s();
+    if (worker_set.contains(n.node_id) || !n.alive || !n.inventory->offers_summation()) continue;
+    const double declared = n.inventory->nic_bytes_per_s();
     const double free_nic = declared - n.committed_nic_bytes_per_s - n.measured_nic_bytes_per_s;
     if (declared <= 0 || free_nic < kMinUsefulNicFraction * declared) continue;
     MachineCapacity cap{n.node_id, free_nic, sum_rate(n)};
@@ -148,7 +150,7 @@ absl::StatusOr<tributary::v1::JobPlan> PlanJob(const std::string& job_id,
   for (int r = 0; r < spec.worker_nodes_size(); ++r) {
     auto* w = plan.add_workers();
     w->set_node_id(spec.worker_nodes(r));
-    w->set_data_plane_address(by_id[spec.worker_nodes(r)]->inventory.data_plane_address());
+    w->set_data_plane_address(by_id[spec.worker_nodes(r)]->inventory->data_plane_address());
     w->set_rank(r);
   }
   std::map<std::string, MachineCapacity> caps;
@@ -157,7 +159,7 @@ absl::StatusOr<tributary::v1::JobPlan> PlanJob(const std::string& job_id,
   for (const ServerShare& s : split->servers) {
     auto* out = plan.add_servers();
     out->set_node_id(s.node_id);
-    out->set_data_plane_address(by_id[s.node_id]->inventory.data_plane_address());
+    out->set_data_plane_address(by_id[s.node_id]->inventory->data_plane_address());
     out->set_is_worker(s.is_worker);
     out->set_share(s.fraction);
     out->set_weight(s.weight);
@@ -167,7 +169,7 @@ absl::StatusOr<tributary::v1::JobPlan> PlanJob(const std::string& job_id,
   // Intra-node aggregation per worker node; nodes with the same topology are planned once.
   std::map<std::string, tributary::v1::IntraNodePlan> by_topology;
   for (const std::string& id : spec.worker_nodes()) {
-    const tributary::v1::Topology& topo = by_id[id]->inventory.topology();
+    const tributary::v1::Topology& topo = by_id[id]->inventory->topology();
     std::vector<int> gpus(spec.gpus().begin(), spec.gpus().end());
     if (gpus.empty()) {
       for (const auto& g : topo.gpus()) {
@@ -175,7 +177,17 @@ absl::StatusOr<tributary::v1::JobPlan> PlanJob(const std::string& job_id,
       }
       std::sort(gpus.begin(), gpus.end());
     }
-    std::string key = topo.SerializeAsString();
+    // Keyed by content: nodes of one model differ only in hostname (and maybe the file read).
+    tributary::v1::Topology anonymous = topo;
+    anonymous.clear_hostname();
+    anonymous.clear_source();
+    std::string key;
+    {
+      google::protobuf::io::StringOutputStream out(&key);
+      google::protobuf::io::CodedOutputStream coded(&out);
+      coded.SetSerializationDeterministic(true);
+      anonymous.SerializeToCodedStream(&coded);
+    }
     for (int g : gpus) key += "," + std::to_string(g);
     auto cached = by_topology.find(key);
     if (cached == by_topology.end()) {

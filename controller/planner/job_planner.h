@@ -1,6 +1,7 @@
 // Turns a cluster snapshot and a job spec into the job's plan. Pure: no I/O, no clock.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -12,7 +13,9 @@ namespace tributary::controller {
 // What the planner knows of one node at planning time.
 struct NodeSnapshot {
   std::string node_id;
-  tributary::v1::NodeInventory inventory;
+  // Shared with the controller's registry (never null): a snapshot of 10,000 nodes copies
+  // pointers, not topologies.
+  std::shared_ptr<const tributary::v1::NodeInventory> inventory;
   bool alive = false;
   // Fraction of the node's CPU busy with other work (from heartbeats), in [0, 1].
   double cpu_busy_fraction = 0;
@@ -48,6 +51,7 @@ uint64_t AutoCreditBytes(uint64_t partition_bytes, uint32_t num_servers);
 absl::StatusOr<tributary::v1::JobSpec> NormalizeJobSpec(const tributary::v1::JobSpec& spec);
 
 // Plans `job_id` over `nodes`: the spec's worker nodes (all must be present) run the workers;
+// worker nodes whose topologies are equal (hostname and source aside) share one intra-node plan;
 // every other alive node that offers summation is a candidate spare server, with capacity
 // B = declared NIC bandwidth minus what other jobs' plans use and minus the non-Tributary
 // traffic its heartbeats measure, and C = summation rate scaled by idle CPU.

@@ -1,0 +1,341 @@
+// ClusterState at scale, on a fake clock: debounced and batched re-plans, re-plans limited to the
+// jobs an event affects, per-node assignments (versions and the node's part of each plan),
+// watchers, and ListNodes pages.
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "controller/cluster_state.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/topology/fixture_path.h"
+#include "topology/topology_file.h"
+
+namespace tributary::controller {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr auto kTimeout = std::chrono::milliseconds(1000);
+constexpr auto kDebounce = std::chrono::milliseconds(200);
+
+class ScaleStateTest : public ::testing::Test {
+ protected:
+  explicit ScaleStateTest(std::chrono::milliseconds debounce = kDebounce)
+      : state_(&clock_,
+               {.heartbeat_interval = std::chrono::milliseconds(100),
+                .heartbeat_timeout = kTimeout,
+                .replan_debounce = debounce},
+               1) {}
+
+  void Register(const std::string& id, bool offers = true,
+                const tributary::v1::Topology* topology = nullptr) {
+    tributary::v1::RegisterNodeRequest req;
+    req.set_node_id(id);
+    if (topology != nullptr) *req.mutable_inventory()->mutable_topology() = *topology;
+    req.mutable_inventory()->set_data_plane_address("127.0.0.1:" + std::to_string(1000 + n_++));
+    req.mutable_inventory()->set_nic_bytes_per_s(10e9 / 8);
+    req.mutable_inventory()->set_sum_bytes_per_s(100e9);
+    req.mutable_inventory()->set_offers_summation(offers);
+    tributary::v1::RegisterNodeResponse resp;
+    ASSERT_TRUE(state_.RegisterNode(req, &resp).ok());
+    incarnations_[id] = resp.incarnation();
+  }
+  void Heartbeat(const std::string& id) {
+    tributary::v1::HeartbeatRequest req;
+    req.set_node_id(id);
+    req.set_incarnation(incarnations_[id]);
+    tributary::v1::HeartbeatResponse resp;
+    ASSERT_TRUE(state_.Heartbeat(req, &resp).ok());
+  }
+  // Every registered node but `silent` heartbeats.
+  void HeartbeatAllBut(const std::set<std::string>& silent) {
+    for (const auto& [id, inc] : incarnations_) {
+      if (!silent.contains(id)) Heartbeat(id);
+    }
+  }
+  tributary::v1::Job Create(const std::string& id, std::vector<std::string> workers,
+                            std::optional<uint32_t> max_spares = {}) {
+    tributary::v1::CreateJobRequest req;
+    req.set_job_id(id);
+    for (auto& w : workers) req.mutable_spec()->add_worker_nodes(w);
+    if (max_spares) req.mutable_spec()->set_max_spare_nodes(*max_spares);
+    tributary::v1::Job job;
+    absl::Status s = state_.CreateJob(req, &job);
+    EXPECT_TRUE(s.ok()) << s;
+    return job;
+  }
+  tributary::v1::Job Get(const std::string& id) {
+    tributary::v1::Job job;
+    EXPECT_TRUE(state_.GetJob(id, &job).ok());
+    return job;
+  }
+  static std::vector<std::string> Names(const std::string& prefix, int n) {
+    std::vector<std::string> out;
+    for (int i = 0; i < n; ++i) out.push_back(prefix + std::to_string(i));
+    return out;
+  }
+  static std::set<std::string> Servers(const tributary::v1::Job& job) {
+    std::set<std::string> out;
+    for (const auto& s : job.plan().servers()) {
+      if (!s.is_worker()) out.insert(s.node_id());
+    }
+    return out;
+  }
+
+  common::FakeClock clock_;
+  const common::Clock::TimePoint start_ = clock_.Now();
+  ClusterState state_;
+  int n_ = 0;
+  std::map<std::string, uint64_t> incarnations_;
+};
+
+TEST_F(ScaleStateTest, DeathsWithinTheDebounceAreOneReplanPerJob) {
+  for (const auto& w : Names("w", 3)) Register(w, false);
+  for (const auto& s : Names("s", 3)) Register(s);
+  const tributary::v1::Job job = Create("j", Names("w", 3));
+  ASSERT_EQ(Servers(job).size(), 3u);
+
+  // s0 goes silent at 0 ms, s1 at 150 ms: they die at sweeps 150 ms apart, one re-plan follows,
+  // once the debounce has passed since the first death.
+  clock_.Advance(std::chrono::milliseconds(150));
+  HeartbeatAllBut({"s0"});
+  auto sweep_at = [&](std::chrono::milliseconds t) {
+    clock_.Advance(start_ + t - clock_.Now());
+    HeartbeatAllBut({"s0", "s1"});
+    state_.CheckLiveness();
+  };
+  sweep_at(std::chrono::milliseconds(1001));  // s0 dead
+  EXPECT_EQ(state_.pending_replans(), 1u);
+  EXPECT_EQ(Get("j").state(), tributary::v1::JOB_STATE_RUNNING);  // spares only
+  sweep_at(std::chrono::milliseconds(1152));                      // s1 dead
+  EXPECT_EQ(Get("j").plan().version(), job.plan().version()) << "re-planned before the debounce";
+  EXPECT_EQ(state_.pending_replans(), 1u);
+  sweep_at(std::chrono::milliseconds(1201));  // 200 ms after the first mark
+  const tributary::v1::Job after = Get("j");
+  EXPECT_EQ(after.plan().version(), job.plan().version() + 1);
+  EXPECT_EQ(Servers(after), (std::set<std::string>{"s2"}));
+  EXPECT_EQ(state_.pending_replans(), 0u);
+}
+
+TEST_F(ScaleStateTest, AReturnReplansOnlyTheJobsThatNeedTheNode) {
+  // Job a uses spares s0..s1, job b spare s2 only (max 1 spare after a's are taken is not
+  // deterministic, so b's workers do not offer summation and b gets exactly one spare).
+  for (const auto& w : Names("a", 3)) Register(w, false);
+  for (const auto& w : Names("b", 3)) Register(w, false);
+  for (const auto& s : Names("s", 3)) Register(s);
+  Register("idle", false);
+  const tributary::v1::Job a = Create("a", Names("a", 3), 2);
+  const tributary::v1::Job b = Create("b", Names("b", 3), 1);
+  const std::set<std::string> a_servers = Servers(a);
+  ASSERT_EQ(a_servers.size(), 2u);
+  std::string unused;  // a spare that job a does not use
+  for (const auto& s : Names("s", 3)) {
+    if (!a_servers.contains(s)) unused = s;
+  }
+  ASSERT_FALSE(unused.empty());
+  const uint64_t b_version = Get("b").plan().version();
+
+  // "idle" (no job's node) and a's worker a0 die, and come back.
+  clock_.Advance(kTimeout + std::chrono::milliseconds(1));
+  HeartbeatAllBut({"idle", "a0"});
+  state_.CheckLiveness();
+  EXPECT_EQ(Get("a").state(), tributary::v1::JOB_STATE_DEGRADED);
+  EXPECT_THAT(Get("a").message(), HasSubstr("a0"));
+  EXPECT_EQ(state_.pending_replans(), 1u);  // a only: nothing else names a0 or idle
+  Heartbeat("idle");
+  EXPECT_EQ(state_.pending_replans(), 1u);
+  Heartbeat("a0");
+  EXPECT_EQ(Get("a").state(), tributary::v1::JOB_STATE_RUNNING);
+  clock_.Advance(kDebounce);
+  HeartbeatAllBut({});
+  state_.CheckLiveness();
+  EXPECT_EQ(state_.pending_replans(), 0u);
+  EXPECT_EQ(Get("b").plan().version(), b_version) << "b was re-planned for nodes it never used";
+}
+
+TEST_F(ScaleStateTest, AssignmentsArePerNodeAndCarryOnlyTheNodesOwnIntraNodePlan) {
+  auto dgx = topology::LoadTopologyFile(topology::FixturePath("dgx1v_nccl_topo.xml"));
+  ASSERT_TRUE(dgx.ok()) << dgx.status();
+  for (const auto& w : Names("w", 3)) {
+    tributary::v1::Topology t = *dgx;
+    t.set_hostname(w);  // same model, other host: one intra-node plan for all three
+    Register(w, false, &t);
+  }
+  Register("s0");
+  Register("loner", false);
+  const uint64_t loner = state_.assignments_version("loner");
+  const uint64_t w0 = state_.assignments_version("w0");
+  const tributary::v1::Job job = Create("j", Names("w", 3));
+  ASSERT_EQ(job.plan().intra_node_size(), 3);
+  EXPECT_EQ(state_.assignments_version("loner"), loner) << "a plan of others moved its version";
+  EXPECT_GT(state_.assignments_version("w0"), w0);
+  for (int i = 0; i < 3; ++i) {
+    tributary::v1::IntraNodePlan other = job.plan().intra_node(i);
+    other.set_node_id("w0");
+    EXPECT_EQ(other.SerializeAsString(), job.plan().intra_node(0).SerializeAsString())
+        << "identical topologies planned differently";
+  }
+
+  for (const std::string node : {"w1", "s0"}) {
+    tributary::v1::GetAssignmentsRequest req;
+    req.set_node_id(node);
+    tributary::v1::GetAssignmentsResponse resp;
+    ASSERT_TRUE(state_.GetAssignments(req, &resp).ok());
+    EXPECT_EQ(resp.assignments_version(), state_.assignments_version(node));
+    ASSERT_EQ(resp.plans_size(), 1);
+    const tributary::v1::JobPlan& part = resp.plans(0);
+    tributary::v1::JobPlan expected = job.plan();
+    expected.clear_intra_node();
+    if (node == "w1") *expected.add_intra_node() = job.plan().intra_node(1);
+    EXPECT_EQ(part.SerializeAsString(), expected.SerializeAsString()) << node;
+  }
+}
+
+TEST_F(ScaleStateTest, ANodeBackFromTheDeadForgetsADeletedJob) {
+  for (const auto& w : Names("w", 3)) Register(w, false);
+  Register("s0");
+  const tributary::v1::Job job = Create("j", Names("w", 3));
+  ASSERT_TRUE(Servers(job).contains("s0"));
+  clock_.Advance(kTimeout + std::chrono::milliseconds(1));
+  HeartbeatAllBut({"s0"});
+  state_.CheckLiveness();  // s0 dead: j lost it
+  clock_.Advance(kDebounce);
+  HeartbeatAllBut({"s0"});
+  state_.CheckLiveness();  // j re-planned without s0
+  ASSERT_FALSE(Servers(Get("j")).contains("s0"));
+  Heartbeat("s0");  // back: j is marked, and no longer names s0
+  ASSERT_TRUE(state_.DeleteJob("j").ok());
+  // s0 dies and comes back again: nothing may still point at j.
+  clock_.Advance(kTimeout + std::chrono::milliseconds(1));
+  HeartbeatAllBut({"s0"});
+  state_.CheckLiveness();
+  Heartbeat("s0");
+  clock_.Advance(kDebounce);
+  state_.CheckLiveness();
+  tributary::v1::ListNodesResponse nodes;
+  ASSERT_TRUE(state_.ListNodes({}, &nodes).ok());
+  for (const auto& n : nodes.nodes()) {
+    EXPECT_TRUE(n.worker_of().empty() && n.server_of().empty()) << n.node_id();
+  }
+  EXPECT_EQ(state_.pending_replans(), 0u);
+}
+
+class RecordingWatcher : public ClusterState::AssignmentsWatcher {
+ public:
+  void Push(uint64_t version, const grpc::ByteBuffer& message) override {
+    std::vector<grpc::Slice> slices;
+    ASSERT_TRUE(message.Dump(&slices).ok());
+    std::string bytes;
+    for (const auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    tributary::v1::WatchAssignmentsResponse resp;
+    ASSERT_TRUE(resp.ParseFromString(bytes));
+    EXPECT_EQ(resp.assignments_version(), version);
+    received.push_back(std::move(resp));
+  }
+  std::vector<tributary::v1::WatchAssignmentsResponse> received;
+};
+
+TEST_F(ScaleStateTest, WatchersGetTheCurrentAssignmentsThenEveryChange) {
+  for (const auto& w : Names("w", 3)) Register(w, false);
+  Register("s0");
+  Register("s1");
+  RecordingWatcher fresh, resumed;
+  tributary::v1::WatchAssignmentsRequest req;
+  req.set_node_id("w0");
+  req.set_incarnation(incarnations_["w0"]);
+  ASSERT_TRUE(state_.Watch(req, &fresh).ok());  // since 0: the current (empty) set at once
+  ASSERT_EQ(fresh.received.size(), 1u);
+  EXPECT_EQ(fresh.received[0].plans_size(), 0);
+  req.set_since_version(state_.assignments_version("w0"));
+  ASSERT_TRUE(state_.Watch(req, &resumed).ok());  // up to date: nothing until a change
+  EXPECT_TRUE(resumed.received.empty());
+
+  Create("j", Names("w", 3));
+  clock_.Advance(kTimeout + std::chrono::milliseconds(1));
+  HeartbeatAllBut({"s1"});
+  state_.CheckLiveness();
+  clock_.Advance(kDebounce);
+  HeartbeatAllBut({"s1"});
+  state_.CheckLiveness();  // re-planned without s1
+  ASSERT_TRUE(state_.DeleteJob("j").ok());
+  ASSERT_EQ(resumed.received.size(), 3u);
+  EXPECT_EQ(resumed.received[0].plans_size(), 1);
+  EXPECT_EQ(resumed.received[1].plans_size(), 1);
+  tributary::v1::Job replanned;
+  *replanned.mutable_plan() = resumed.received[1].plans(0);
+  EXPECT_EQ(Servers(replanned), std::set<std::string>{"s0"});
+  EXPECT_GT(resumed.received[1].plans(0).version(), resumed.received[0].plans(0).version());
+  EXPECT_EQ(resumed.received[2].plans_size(), 0);  // deleted
+  for (size_t i = 1; i < resumed.received.size(); ++i) {
+    EXPECT_GT(resumed.received[i].assignments_version(),
+              resumed.received[i - 1].assignments_version());
+  }
+  EXPECT_EQ(resumed.received.back().assignments_version(), state_.assignments_version("w0"));
+  EXPECT_EQ(fresh.received.size(), 4u);
+  state_.Unwatch("w0", &fresh);
+  state_.Unwatch("w0", &resumed);
+  Create("k", Names("w", 3));
+  EXPECT_EQ(fresh.received.size(), 4u);
+
+  req.set_incarnation(incarnations_["w0"] + 1);
+  RecordingWatcher stale;
+  EXPECT_EQ(state_.Watch(req, &stale).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(ScaleStateTest, ListNodesPagesEveryNodeOnceInOrder) {
+  for (int i = 0; i < 1203; ++i) Register("n" + std::to_string(10000 + i));
+  std::vector<std::string> seen;
+  tributary::v1::ListNodesRequest req;
+  int pages = 0;
+  do {
+    tributary::v1::ListNodesResponse resp;
+    ASSERT_TRUE(state_.ListNodes(req, &resp).ok());
+    EXPECT_LE(resp.nodes_size(), 500);
+    for (const auto& n : resp.nodes()) seen.push_back(n.node_id());
+    req.set_page_token(resp.next_page_token());
+    ++pages;
+  } while (!req.page_token().empty() && pages < 10);
+  EXPECT_EQ(pages, 3);
+  ASSERT_EQ(seen.size(), 1203u);
+  for (int i = 0; i < 1203; ++i) EXPECT_EQ(seen[i], "n" + std::to_string(10000 + i));
+
+  req.set_page_size(7);
+  req.set_page_token("n10005");
+  tributary::v1::ListNodesResponse page;
+  ASSERT_TRUE(state_.ListNodes(req, &page).ok());
+  ASSERT_EQ(page.nodes_size(), 7);
+  EXPECT_EQ(page.nodes(0).node_id(), "n10006");
+  EXPECT_EQ(page.next_page_token(), "n10012");
+  req.set_page_token("not a node id!");
+  EXPECT_EQ(state_.ListNodes(req, &page).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(ScaleStateTest, HeartbeatIntervalGrowsWithTheCluster) {
+  tributary::v1::RegisterNodeRequest req;
+  req.set_node_id("x");
+  req.mutable_inventory()->set_data_plane_address("127.0.0.1:1");
+  tributary::v1::RegisterNodeResponse resp;
+  ASSERT_TRUE(state_.RegisterNode(req, &resp).ok());
+  EXPECT_EQ(resp.heartbeat_interval_ms(), 100u);
+  ClusterState big(&clock_,
+                   {.heartbeat_interval = std::chrono::milliseconds(100),
+                    .heartbeat_timeout = std::chrono::seconds(3),
+                    .max_heartbeats_per_s = 10},
+                   1);
+  for (int i = 0; i < 5; ++i) {
+    req.set_node_id("n" + std::to_string(i));
+    ASSERT_TRUE(big.RegisterNode(req, &resp).ok());
+  }
+  EXPECT_EQ(resp.heartbeat_interval_ms(), 500u);  // 5 nodes at 10 heartbeats/s in all
+  for (int i = 5; i < 200; ++i) {
+    req.set_node_id("n" + std::to_string(i));
+    ASSERT_TRUE(big.RegisterNode(req, &resp).ok());
+  }
+  EXPECT_EQ(resp.heartbeat_interval_ms(), 1000u);  // the cap: a third of the 3 s timeout
+}
+
+}  // namespace
+}  // namespace tributary::controller
