@@ -170,6 +170,8 @@ absl::Status Agent::ServeLocal(const std::string& address, const SocketAccess& a
   int port = -1;
   // One agent per address: never share a port with another process (SO_REUSEPORT).
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Local requests are small (no tensor bytes travel over gRPC): 1 MiB is plenty.
+  builder.SetMaxReceiveMessageSize(1 << 20);
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(grpc_service_.get());
   server_ = builder.BuildAndStart();

@@ -5,7 +5,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/hash.h"
 #include "common/logging.h"
+#include "dataplane/collectives/message_auth.h"
 #include "dataplane/transport/paced/paced_transport.h"
 #include "dataplane/transport/tcp/tcp_transport.h"
 #include "dataplane/transport/ucx/ucx_transport.h"
@@ -78,8 +80,6 @@ absl::StatusOr<std::unique_ptr<DataPlaneRunner>> DataPlaneRunner::Create(
                                      ": ", transport.status().message()));
   }
   Log()->info("data plane: {} transport on {} ({})", name, (*transport)->Address(), choice.reason);
-  r->transport_stats_collector_ =
-      std::make_shared<dataplane::TransportStatsCollector>(std::move(listener_stats));
   std::unique_ptr<dataplane::Transport> inner;
   if (options.paced_bytes_per_s > 0) {
     inner = std::make_unique<dataplane::PacedTransport>(*std::move(transport),
@@ -92,7 +92,19 @@ absl::StatusOr<std::unique_ptr<DataPlaneRunner>> DataPlaneRunner::Create(
   }
   auto counting = std::make_unique<dataplane::CountingTransport>(std::move(inner));
   r->counting_ = counting.get();
-  r->transport_ = std::move(counting);
+  // Outermost: every message is signed with its job's secret and checked on arrival, so a peer
+  // that cannot prove membership of the job never reaches a sum.
+  auto auth = std::make_unique<dataplane::AuthenticatingTransport>(std::move(counting), clock);
+  r->auth_ = auth.get();
+  r->transport_ = std::move(auth);
+  r->transport_stats_collector_ = std::make_shared<dataplane::TransportStatsCollector>(
+      [listener_stats = std::move(listener_stats), auth = r->auth_] {
+        dataplane::TransportListenerStats stats =
+            listener_stats ? listener_stats() : dataplane::TransportListenerStats{};
+        stats.unauthenticated_messages = auth->stats().bad_mac.load();
+        stats.unknown_job_messages = auth->stats().park_dropped.load();
+        return stats;
+      });
   r->node_ =
       std::make_unique<dataplane::DataPlaneNode>(r->transport_.get(), r->reducer_.get(), clock);
   r->metrics_ = std::make_unique<dataplane::DataPlaneMetrics>(registry);
@@ -122,10 +134,19 @@ absl::Status DataPlaneRunner::SetSelectorCalibration(std::string_view json) {
 }
 
 void DataPlaneRunner::SetJob(const dataplane::JobView& view, dataplane::Algorithm algorithm) {
+  // The secret first: the node may send as soon as it has the job, and messages that waited
+  // for the secret go to the node, which parks what it has no plan for yet.
+  if (absl::Status s = auth_->SetJobSecret(view.job_hash(), view.secret); !s.ok()) {
+    Log()->error("job {} plan v{}: {}; its data-plane messages will be refused", view.job_id,
+                 view.plan_version, s.message());
+  }
   node_->SetJob(view, algorithm);
 }
 
-void DataPlaneRunner::RemoveJob(const std::string& job_id) { node_->RemoveJob(job_id); }
+void DataPlaneRunner::RemoveJob(const std::string& job_id) {
+  node_->RemoveJob(job_id);
+  auth_->RemoveJob(common::StableHash64(job_id));
+}
 
 absl::Status DataPlaneRunner::Start(const std::string& job_id, dataplane::Operation op) {
   return node_->Start(job_id, std::move(op));

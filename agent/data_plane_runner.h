@@ -14,6 +14,7 @@
 #include "dataplane/collectives/algorithm_selector.h"
 #include "dataplane/collectives/data_plane_node.h"
 #include "dataplane/collectives/dataplane_metrics.h"
+#include "dataplane/collectives/message_auth.h"
 #include "dataplane/reduce/cpu/cpu_reducer.h"
 #include "dataplane/transport/bundling/bundling_transport.h"
 #include "dataplane/transport/counting_transport.h"
@@ -85,7 +86,8 @@ class DataPlaneRunner final : public CollectiveRunner {
   DataPlaneTransport transport_kind_ = DataPlaneTransport::kTcp;
   std::unique_ptr<dataplane::CpuReducer> reducer_;
   std::unique_ptr<dataplane::Transport> transport_;
-  dataplane::CountingTransport* counting_ = nullptr;  // the outermost transport (transport_)
+  dataplane::CountingTransport* counting_ = nullptr;    // under auth_
+  dataplane::AuthenticatingTransport* auth_ = nullptr;  // the outermost transport (transport_)
   std::unique_ptr<dataplane::DataPlaneNode> node_;
 };
 

@@ -1,5 +1,9 @@
 #include "controller/cluster_state.h"
 
+#include <arpa/inet.h>
+#include <sys/random.h>
+
+#include <cmath>
 #include <regex>
 #include <set>
 #include <unordered_map>
@@ -22,12 +26,51 @@ using google::protobuf::util::MessageDifferencer;
 
 constexpr auto Log = common::ComponentLog<"controller">;
 
+// "a.b.c.d:port" or "[v6]:port", numeric, port 1-65535: what peers dial (never resolved).
+bool ValidDataPlaneAddress(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon + 1 >= address.size() || colon + 6 < address.size()) {
+    return false;
+  }
+  int port = 0;
+  for (size_t i = colon + 1; i < address.size(); ++i) {
+    if (address[i] < '0' || address[i] > '9') return false;
+    port = port * 10 + (address[i] - '0');
+  }
+  if (port < 1 || port > 65535) return false;
+  std::string host = address.substr(0, colon);
+  unsigned char binary[sizeof(in6_addr)];
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+    return inet_pton(AF_INET6, host.substr(1, host.size() - 2).c_str(), binary) == 1;
+  }
+  return inet_pton(AF_INET, host.c_str(), binary) == 1;
+}
+
 bool ValidId(const std::string& id) {
   static const std::regex kId("[A-Za-z0-9][A-Za-z0-9._:-]{0,127}");
   return std::regex_match(id, kId);
 }
 
 // Plans compare equal when everything but the version matches.
+// A job's data-plane secret: 32 bytes from the kernel's CSPRNG (dataplane/collectives/
+// message_auth.h). Issued once per job, kept across re-plans and restarts.
+std::string NewJobSecret() {
+  std::string secret(32, '\0');
+  size_t filled = 0;
+  while (filled < secret.size()) {
+    const ssize_t n = getrandom(secret.data() + filled, secret.size() - filled, 0);
+    if (n > 0) filled += static_cast<size_t>(n);
+  }
+  return secret;
+}
+
+// What GetJob, ListJobs and CreateJob answer: the job without its secret, which only the job's
+// own nodes receive (with their assignments).
+tributary::v1::Job Redacted(tributary::v1::Job job) {
+  job.mutable_plan()->clear_job_secret();
+  return job;
+}
+
 bool SamePlan(tributary::v1::JobPlan a, tributary::v1::JobPlan b) {
   a.set_version(0);
   b.set_version(0);
@@ -97,6 +140,11 @@ absl::StatusOr<size_t> ClusterState::Restore() {
     for (const auto& [node_id, node] : nodes_) {
       if (node.alive) entry.awaiting.erase(node_id);
     }
+    if (job.plan().job_secret().empty()) {
+      // Written by a controller from before data-plane secrets: issue one now (kept in memory
+      // until the job's next plan change is stored).
+      job.mutable_plan()->set_job_secret(NewJobSecret());
+    }
     tributary::v1::JobPlan plan = job.plan();
     entry.job = std::move(job);
     SetPlanLocked(entry, std::move(plan));
@@ -157,9 +205,26 @@ absl::Status ClusterState::RegisterNode(const tributary::v1::RegisterNodeRequest
     return absl::InvalidArgumentError(
         absl::StrCat("node '", req.node_id(), "' registered without a data_plane_address"));
   }
-  if (!(inv.nic_bytes_per_s() >= 0) || !(inv.sum_bytes_per_s() >= 0)) {
+  if (!ValidDataPlaneAddress(inv.data_plane_address())) {
     return absl::InvalidArgumentError(
-        absl::StrCat("node '", req.node_id(), "' declares negative bandwidth"));
+        absl::StrCat("node '", req.node_id(), "': data_plane_address '", inv.data_plane_address(),
+                     "' must be a numeric a.b.c.d:port or [v6]:port with a port in 1-65535"));
+  }
+  // One absurd node (infinite, zero or NaN bandwidth) would poison every plan it enters.
+  constexpr double kMaxBytesPerS = 1e13;  // 80 Tbit/s: far above any NIC or memory bus
+  const auto in_range = [](double v, bool zero_ok) {
+    return std::isfinite(v) && v <= kMaxBytesPerS && (zero_ok ? v >= 0 : v > 0);
+  };
+  if (!in_range(inv.nic_bytes_per_s(), false)) {
+    return absl::InvalidArgumentError(absl::StrCat("node '", req.node_id(), "': nic_bytes_per_s ",
+                                                   inv.nic_bytes_per_s(),
+                                                   " must be finite and in (0, 1e13]"));
+  }
+  if (!in_range(inv.sum_bytes_per_s(), !inv.offers_summation())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("node '", req.node_id(), "': sum_bytes_per_s ", inv.sum_bytes_per_s(),
+                     " must be finite and in ", inv.offers_summation() ? "(0" : "[0", ", 1e13]",
+                     inv.offers_summation() ? " for a node that offers summation" : ""));
   }
   {
     std::lock_guard lock(mu_);
@@ -498,6 +563,7 @@ void ClusterState::Replan(std::vector<std::string> job_ids) {
         continue;
       }
       entry.stale = false;
+      w.plan->set_job_secret(entry.job.plan().job_secret());  // the job keeps its secret
       if (SamePlan(*w.plan, entry.job.plan())) continue;
       max_version = std::max(max_version, w.plan->version());
       changed.emplace_back(&entry, *std::move(w.plan));
@@ -734,7 +800,7 @@ absl::Status ClusterState::CreateJob(const tributary::v1::CreateJobRequest& req,
       *status = absl::AlreadyExistsError(
           absl::StrCat("job '", req.job_id(), "' exists with a different spec; delete it first"));
     } else {
-      *job = it->second.job;  // idempotent retry
+      *job = Redacted(it->second.job);  // idempotent retry
       *status = absl::OkStatus();
     }
     return true;
@@ -771,12 +837,13 @@ absl::Status ClusterState::CreateJob(const tributary::v1::CreateJobRequest& req,
     // Above every version handed out: a job created again under an old id never reuses an epoch.
     const uint64_t version = max_plan_version_ + 1;
     work.plan->set_version(version);
+    work.plan->set_job_secret(NewJobSecret());
     tributary::v1::Job created;
     created.set_job_id(req.job_id());
     *created.mutable_spec() = *spec;
     *created.mutable_plan() = *work.plan;
     UpdateJobStateLocked(created);
-    *job = created;
+    *job = Redacted(created);
     if (req.dry_run()) return absl::OkStatus();
     if (absl::Status s = PersistLocked({&created}, {}, version); !s.ok()) {
       return absl::UnavailableError(
@@ -802,13 +869,13 @@ absl::Status ClusterState::GetJob(const std::string& job_id, tributary::v1::Job*
   std::lock_guard lock(mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job '", job_id, "' not found"));
-  *job = it->second.job;
+  *job = Redacted(it->second.job);
   return absl::OkStatus();
 }
 
 void ClusterState::ListJobs(tributary::v1::ListJobsResponse* resp) {
   std::lock_guard lock(mu_);
-  for (const auto& [id, entry] : jobs_) *resp->add_jobs() = entry.job;
+  for (const auto& [id, entry] : jobs_) *resp->add_jobs() = Redacted(entry.job);
 }
 
 absl::Status ClusterState::DeleteJob(const std::string& job_id) {

@@ -130,6 +130,9 @@ int main(int argc, char** argv) {
   // gRPC sets SO_REUSEPORT by default: a second controller would bind the same port and both
   // would report serving, each with half of the agents. One controller per port.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Requests are small (the largest, a registration, carries a topology of a few KiB): anything
+  // over 4 MiB is RESOURCE_EXHAUSTED before it is parsed.
+  builder.SetMaxReceiveMessageSize(4 << 20);
   builder.AddListeningPort(listen, *credentials, &port);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

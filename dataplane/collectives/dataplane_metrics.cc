@@ -177,6 +177,16 @@ std::vector<prometheus::MetricFamily> TransportStatsCollector::Collect() const {
                            "handshake (bad magic, lengths over a limit, truncated frames).",
                            prometheus::MetricType::Counter));
   AddSample(out.back(), static_cast<double>(stats.protocol_errors));
+  out.push_back(MakeFamily("tributary_dataplane_unauthenticated_messages_total",
+                           "Data-plane messages dropped because they did not carry their job's "
+                           "MAC (a peer without the job's secret); never summed.",
+                           prometheus::MetricType::Counter));
+  AddSample(out.back(), static_cast<double>(stats.unauthenticated_messages));
+  out.push_back(MakeFamily("tributary_dataplane_unknown_job_messages_total",
+                           "Data-plane messages of a job whose secret never reached this node "
+                           "(dropped when the bounded park overflowed or timed out).",
+                           prometheus::MetricType::Counter));
+  AddSample(out.back(), static_cast<double>(stats.unknown_job_messages));
   return out;
 }
 

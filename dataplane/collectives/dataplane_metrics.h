@@ -83,6 +83,10 @@ class DataPlaneStatsCollector : public prometheus::Collectable {
 struct TransportListenerStats {
   uint64_t rejected_connections = 0;
   uint64_t protocol_errors = 0;
+  // AuthenticatingTransport (message_auth.h): messages dropped for a wrong job MAC, and messages
+  // of jobs whose secret never arrived (park full or expired).
+  uint64_t unauthenticated_messages = 0;
+  uint64_t unknown_job_messages = 0;
 };
 
 // Scrape-time view of the transport listener's counters, read through `read` (which must stay

@@ -151,6 +151,7 @@ const VALUE_SETS = {
     "networkPolicy.enabled": true, "agent.cpu.enabled": true,
     "networkPolicy.metricsFrom": [{ namespaceSelector: { matchLabels: { "kubernetes.io/metadata.name": "monitoring" } } }],
   },
+  "socket-access": { "agent.socketGroup": "training", "agent.socketAllowUids": [1000, 1001] },
   "no-agents": { "agent.gpu.enabled": false, "metrics.serviceMonitor.enabled": true },
   "tls-secret": {
     "tls.enabled": true, "tls.secretName": "tributary-tls", "tls.agentSecretName": "tributary-agents-tls",
@@ -217,7 +218,7 @@ function assertChartObjects(name, set, objs) {
     const spec = ds.spec.template.spec;
     const a = spec.containers[0];
     assert.deepEqual(a.command, ["tributary-agent"]);
-    assert.equal(spec.hostIPC, true, `${pool}: hostIPC`);
+    assert.notEqual(spec.hostIPC, true, `${pool}: no hostIPC (memfds travel over the socket)`);
     assert.equal(spec.hostNetwork === true, get("agent.hostNetwork", false), `${pool}: hostNetwork`);
     if (spec.hostNetwork) assert.equal(spec.dnsPolicy, "ClusterFirstWithHostNet");
     assert.equal(argValue(a.args, "--controller"), controllerAddress);
@@ -236,6 +237,10 @@ function assertChartObjects(name, set, objs) {
     const metrics = portOf(argValue(a.args, "--metrics-listen"));
     assert.equal(a.ports.find((p) => p.name === "metrics").containerPort, metrics);
     assert.equal(a.livenessProbe.httpGet.port, "metrics");
+    assert.equal(a.args.includes("--socket-group") ? argValue(a.args, "--socket-group") : "",
+                 get("agent.socketGroup", "2000"));
+    assert.deepEqual(a.args.flatMap((x, i) => (x === "--socket-allow-uid" ? [Number(a.args[i + 1])] : [])),
+                     get("agent.socketAllowUids", []));
     const nic = get("agent.nicGbps", 0);
     assert.equal(a.args.includes("--nic-gbps") ? Number(argValue(a.args, "--nic-gbps")) : 0, nic);
     const tolerations = spec.tolerations || [];
@@ -414,6 +419,8 @@ function checkChart() {
     [{ "tls.enabled": true, "tls.certManager.enabled": true }, "tls.certManager.enabled needs tls.certManager.issuerRef.name"],
     [{ "log.level": "loud" }, "/log/level"],
     [{ "agent.socketDir": "run/tributary" }, "/agent/socketDir"],
+    [{ "agent.socketAllowUids": [-1] }, "/agent/socketAllowUids/0"],
+    [{ "agent.socketGroup": "a b" }, "/agent/socketGroup"],
   ];
   for (const [set, message] of bad) {
     check(`bad values ${JSON.stringify(set)} fail with the schema's message`, () => {
@@ -491,7 +498,8 @@ function checkExamples() {
       }
       assert.ok(templates.length > 0);
       for (const t of templates) {
-        assert.equal(t.spec.hostIPC, true);
+        assert.notEqual(t.spec.hostIPC, true);
+        assert.ok((t.spec.securityContext?.supplementalGroups || []).length > 0, "a group for the agent's sockets");
         const vol = t.spec.volumes.find((v) => v.hostPath?.path === socketDir);
         assert.ok(vol, `a hostPath volume of ${socketDir}`);
         const c = t.spec.containers[0];

@@ -1,5 +1,9 @@
 #include "controller/cluster_state.h"
 
+#include <limits>
+#include <string>
+#include <vector>
+
 #include "controller/planner/job_planner.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -326,6 +330,110 @@ TEST_F(ClusterStateTest, AssignmentsListOnlyJobsInvolvingTheNode) {
     ASSERT_TRUE(state_.GetAssignments(req, &resp).ok());
     EXPECT_EQ(resp.plans_size(), count) << node;
   }
+}
+
+// Issue 13, job tokens: each job gets its own 32-byte data-plane secret at creation; only its
+// nodes receive it (with their assignments), it survives re-plans, and GetJob, ListJobs and
+// CreateJob's answer never show it.
+TEST_F(ClusterStateTest, EachJobHasASecretOnlyItsNodesReceive) {
+  for (int i = 0; i < 3; ++i) Register("w" + std::to_string(i));
+  Register("s0");
+  Register("loner", 10, /*offers=*/false);
+  auto job = Create("j", {"w0", "w1", "w2"});
+  ASSERT_TRUE(job.ok());
+  EXPECT_TRUE(job->plan().job_secret().empty());
+  ASSERT_TRUE(Create("k", {"w0", "w1"}).ok());
+  auto secret_of = [&](const std::string& node, const std::string& job_id) -> std::string {
+    tributary::v1::GetAssignmentsRequest req;
+    req.set_node_id(node);
+    tributary::v1::GetAssignmentsResponse resp;
+    EXPECT_TRUE(state_.GetAssignments(req, &resp).ok());
+    for (const auto& plan : resp.plans()) {
+      if (plan.job_id() == job_id) return plan.job_secret();
+    }
+    return "";
+  };
+  const std::string secret = secret_of("w0", "j");
+  EXPECT_EQ(secret.size(), 32u);
+  EXPECT_EQ(secret_of("w2", "j"), secret);
+  EXPECT_EQ(secret_of("s0", "j"), secret);
+  EXPECT_EQ(secret_of("loner", "j"), "");
+  EXPECT_EQ(secret_of("w0", "k").size(), 32u);
+  EXPECT_NE(secret_of("w0", "k"), secret);
+
+  tributary::v1::Job got;
+  ASSERT_TRUE(state_.GetJob("j", &got).ok());
+  EXPECT_TRUE(got.plan().job_secret().empty());
+  tributary::v1::ListJobsResponse all;
+  state_.ListJobs(&all);
+  for (const auto& j : all.jobs()) EXPECT_TRUE(j.plan().job_secret().empty()) << j.job_id();
+  auto again = Create("j", {"w0", "w1", "w2"});  // idempotent: the same answer, redacted
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->plan().job_secret().empty());
+
+  // The spare dies: a new plan (epoch), the same secret.
+  clock_.Advance(std::chrono::milliseconds(800));
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(Heartbeat("w" + std::to_string(i)).ok());
+  clock_.Advance(std::chrono::milliseconds(800));
+  state_.CheckLiveness();
+  ASSERT_TRUE(state_.GetJob("j", &got).ok());
+  EXPECT_EQ(got.plan().version(), job->plan().version() + 1);
+  EXPECT_EQ(secret_of("w0", "j"), secret);
+}
+
+// Issue 13: every numeric field of a registration is checked (finite, in range) and the address
+// must be one peers can dial: one absurd node would otherwise poison every plan it enters.
+TEST_F(ClusterStateTest, AbsurdRegistrationsAreRefusedAndTheClusterKeepsPlanning) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  struct Case {
+    std::string address;
+    double nic, sum;
+    bool offers;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {"127.0.0.1:1", inf, 1e9, true, "nic_bytes_per_s inf must be finite and in (0, 1e13]"},
+      {"127.0.0.1:1", nan, 1e9, true, "nic_bytes_per_s nan must be finite"},
+      {"127.0.0.1:1", 0, 1e9, true, "nic_bytes_per_s 0 must be finite and in (0, 1e13]"},
+      {"127.0.0.1:1", -5, 1e9, true, "nic_bytes_per_s -5"},
+      {"127.0.0.1:1", 1e20, 1e9, true, "nic_bytes_per_s 1e+20"},
+      {"127.0.0.1:1", 1e9, 0, true, "sum_bytes_per_s 0 must be finite and in (0, 1e13] for a node"},
+      {"127.0.0.1:1", 1e9, inf, false, "sum_bytes_per_s inf must be finite and in [0, 1e13]"},
+      {"", 1e9, 1e9, true, "registered without a data_plane_address"},
+      {"worker-3:7000", 1e9, 1e9, true, "data_plane_address 'worker-3:7000' must be a numeric"},
+      {"127.0.0.1", 1e9, 1e9, true, "data_plane_address '127.0.0.1' must be"},
+      {"127.0.0.1:0", 1e9, 1e9, true, "port in 1-65535"},
+      {"127.0.0.1:70000", 1e9, 1e9, true, "port in 1-65535"},
+      {"127.0.0.1:-1", 1e9, 1e9, true, "must be a numeric"},
+      {"[::1:80", 1e9, 1e9, true, "must be a numeric"},
+      {"999.1.1.1:80", 1e9, 1e9, true, "must be a numeric"},
+  };
+  for (const Case& c : cases) {
+    tributary::v1::RegisterNodeRequest req;
+    req.set_node_id("absurd");
+    req.mutable_inventory()->set_data_plane_address(c.address);
+    req.mutable_inventory()->set_nic_bytes_per_s(c.nic);
+    req.mutable_inventory()->set_sum_bytes_per_s(c.sum);
+    req.mutable_inventory()->set_offers_summation(c.offers);
+    tributary::v1::RegisterNodeResponse resp;
+    absl::Status s = state_.RegisterNode(req, &resp);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.address << " " << c.nic;
+    EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr(c.message)) << s;
+  }
+  tributary::v1::ListNodesResponse nodes;
+  ASSERT_TRUE(state_.ListNodes({}, &nodes).ok());
+  EXPECT_EQ(nodes.nodes_size(), 0);  // none of them got in
+  // An IPv6 address is fine, and the cluster plans as before.
+  tributary::v1::RegisterNodeRequest v6;
+  v6.set_node_id("v6");
+  v6.mutable_inventory()->set_data_plane_address("[::1]:7000");
+  v6.mutable_inventory()->set_nic_bytes_per_s(1e9);
+  v6.mutable_inventory()->set_sum_bytes_per_s(1e9);
+  tributary::v1::RegisterNodeResponse resp;
+  EXPECT_TRUE(state_.RegisterNode(v6, &resp).ok());
+  for (int i = 0; i < 2; ++i) Register("w" + std::to_string(i));
+  EXPECT_TRUE(Create("j", {"w0", "w1"}).ok());
 }
 
 }  // namespace

@@ -186,7 +186,10 @@ TEST_F(ScaleStateTest, AssignmentsArePerNodeAndCarryOnlyTheNodesOwnIntraNodePlan
     ASSERT_TRUE(state_.GetAssignments(req, &resp).ok());
     EXPECT_EQ(resp.assignments_version(), state_.assignments_version(node));
     ASSERT_EQ(resp.plans_size(), 1);
-    const tributary::v1::JobPlan& part = resp.plans(0);
+    tributary::v1::JobPlan part = resp.plans(0);
+    // The node gets the job's data-plane secret, which CreateJob's answer leaves out.
+    EXPECT_EQ(part.job_secret().size(), 32u);
+    part.clear_job_secret();
     tributary::v1::JobPlan expected = job.plan();
     expected.clear_intra_node();
     if (node == "w1") *expected.add_intra_node() = job.plan().intra_node(1);
@@ -317,6 +320,8 @@ TEST_F(ScaleStateTest, HeartbeatIntervalGrowsWithTheCluster) {
   tributary::v1::RegisterNodeRequest req;
   req.set_node_id("x");
   req.mutable_inventory()->set_data_plane_address("127.0.0.1:1");
+  req.mutable_inventory()->set_nic_bytes_per_s(10e9 / 8);
+  req.mutable_inventory()->set_sum_bytes_per_s(100e9);
   tributary::v1::RegisterNodeResponse resp;
   ASSERT_TRUE(state_.RegisterNode(req, &resp).ok());
   EXPECT_EQ(resp.heartbeat_interval_ms(), 100u);

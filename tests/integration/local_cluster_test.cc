@@ -8,15 +8,21 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <random>
 #include <regex>
 #include <set>
+#include <span>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/dtype.h"
+#include "common/hash.h"
+#include "dataplane/collectives/operation.h"
 #include "dataplane/collectives/wire.h"
 #include "dataplane/transport/tcp/tcp_transport.h"
 #include "dataplane/transport/tcp/tcp_wire.h"
@@ -334,6 +340,68 @@ TEST_F(LocalClusterTest, HostileBytesOnDataPlanePortsLeaveEveryAgentServing) {
     }
   }
   ExpectAllPassed(RunWorkers("hostile", "iterations", {"--iterations", "3"}));
+  EXPECT_TRUE(cluster_->WaitForAliveNodes(kWorkers + kSpares, std::chrono::seconds(5)).ok());
+}
+
+// Issue 13, job tokens: a peer that can reach the data-plane ports but does not hold the job's
+// secret (GetJob never shows it) sends well-formed pushes for the job's real tensors, iterations
+// and epoch, with a forged MAC, to every node. They are dropped (never summed): the workers'
+// all-reduces of those very tensors and iterations stay exact.
+TEST_F(LocalClusterTest, PushesWithoutTheJobSecretAreNeverSummed) {
+  ASSERT_NO_FATAL_FAILURE(CreateJob("forged"));
+  tributary::v1::Job job;
+  tributary::v1::ListNodesResponse nodes;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    tributary::v1::GetJobRequest req;
+    req.set_job_id("forged");
+    ASSERT_TRUE(cluster_->controller().GetJob(&ctx, req, &job).ok());
+    grpc::ClientContext list_ctx;
+    list_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    ASSERT_TRUE(cluster_->controller().ListNodes(&list_ctx, {}, &nodes).ok());
+  }
+  EXPECT_TRUE(job.plan().job_secret().empty()) << "GetJob must not reveal the job's secret";
+  auto transport = dataplane::TcpTransport::Create({});
+  ASSERT_TRUE(transport.ok()) << transport.status();
+  std::mutex mu;
+  std::condition_variable cv;
+  int done = 0, sends = 0;
+  std::vector<float> poison(4099, 1e6f);
+  for (const auto& n : nodes.nodes()) {
+    for (uint32_t sender = 0; sender < kWorkers; ++sender) {
+      for (uint64_t iteration = 0; iteration < 3; ++iteration) {
+        dataplane::WireHeader h;
+        h.kind = static_cast<uint8_t>(dataplane::MessageKind::kPush);
+        h.dtype = static_cast<uint8_t>(common::DataType::kFloat32);
+        h.reduce = static_cast<uint8_t>(dataplane::Reduction::kSum);
+        h.algorithm = static_cast<uint8_t>(dataplane::Algorithm::kPushPull);
+        h.job = common::StableHash64("forged");
+        h.tensor = common::StableHash64("layer1.grad");
+        h.iteration = iteration;
+        h.plan_version = job.plan().version();
+        h.tensor_count = 4099;
+        h.num_chunks = 1;
+        h.chunk_count = 4099;
+        h.sender = sender;
+        std::memset(h.mac, 0xa5, sizeof(h.mac));
+        (*transport)
+            ->Send(n.inventory().data_plane_address(), dataplane::AsBytes(h),
+                   std::as_bytes(std::span(poison)), [&](absl::Status) {
+                     std::lock_guard lock(mu);
+                     ++done;
+                     cv.notify_all();
+                   });
+        ++sends;
+      }
+    }
+  }
+  {
+    std::unique_lock lock(mu);
+    EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return done == sends; }));
+  }
+  ExpectAllPassed(RunWorkers("forged", "iterations", {"--iterations", "3"}));
+  (*transport)->Shutdown();
   EXPECT_TRUE(cluster_->WaitForAliveNodes(kWorkers + kSpares, std::chrono::seconds(5)).ok());
 }
 
