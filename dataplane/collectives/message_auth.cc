@@ -110,9 +110,9 @@ void AuthenticatingTransport::Send(const std::string& peer_address,
   }
   if (secret.empty()) {
     stats_.unsigned_sends++;
-    done(absl::FailedPreconditionError(absl::StrCat(
-        "no data-plane secret for job 0x", absl::Hex(h.job),
-        "; its plan has not arrived at this node (or was issued without one)")));
+    done(absl::FailedPreconditionError(
+        absl::StrCat("no data-plane secret for job 0x", absl::Hex(h.job),
+                     "; its plan has not arrived at this node (or was issued without one)")));
     return;
   }
   SignHeader(h, secret);

@@ -46,11 +46,11 @@ struct MessageAuthOptions {
 struct MessageAuthStats {
   std::atomic<uint64_t> signed_messages{0};
   std::atomic<uint64_t> verified_messages{0};
-  std::atomic<uint64_t> bad_mac{0};           // wrong secret: dropped
-  std::atomic<uint64_t> malformed{0};         // not a WireHeader at all: dropped
-  std::atomic<uint64_t> parked{0};            // job's secret unknown on arrival
-  std::atomic<uint64_t> park_dropped{0};      // park full, or expired before the secret came
-  std::atomic<uint64_t> unsigned_sends{0};    // sends refused: no secret for the job
+  std::atomic<uint64_t> bad_mac{0};         // wrong secret: dropped
+  std::atomic<uint64_t> malformed{0};       // not a WireHeader at all: dropped
+  std::atomic<uint64_t> parked{0};          // job's secret unknown on arrival
+  std::atomic<uint64_t> park_dropped{0};    // park full, or expired before the secret came
+  std::atomic<uint64_t> unsigned_sends{0};  // sends refused: no secret for the job
 };
 
 // HMAC-SHA256(secret, header with mac zeroed), first kMacBytes bytes, into header.mac.

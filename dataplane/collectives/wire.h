@@ -73,8 +73,9 @@ struct alignas(8) WireHeader {
 };
 #pragma pack(pop)
 static_assert(sizeof(WireHeader) <= Transport::kMaxHeaderBytes);
-static_assert(sizeof(WireHeader) == 120 && offsetof(WireHeader, mac) == 104 && offsetof(WireHeader, job) == 16 &&
-              offsetof(WireHeader, world_size) == 56 && offsetof(WireHeader, chunk_offset) == 80);
+static_assert(sizeof(WireHeader) == 120 && offsetof(WireHeader, mac) == 104 &&
+              offsetof(WireHeader, job) == 16 && offsetof(WireHeader, world_size) == 56 &&
+              offsetof(WireHeader, chunk_offset) == 80);
 
 // Identifies one collective: sums never mix jobs, tensors or iterations.
 struct CollectiveKey {

@@ -29,8 +29,8 @@ class Inbox {
       ASSERT_EQ(header.size(), sizeof(h));
       std::memcpy(&h, header.data(), sizeof(h));
       std::lock_guard lock(mu_);
-      received_.push_back({h, std::string(reinterpret_cast<const char*>(payload.data()),
-                                          payload.size())});
+      received_.push_back(
+          {h, std::string(reinterpret_cast<const char*>(payload.data()), payload.size())});
       cv_.notify_all();
     };
   }
@@ -86,7 +86,7 @@ struct Pair {
   InProcessNetwork network;
   std::unique_ptr<AuthenticatingTransport> a, b;
   InProcessTransport* raw_a = nullptr;  // a's inner transport: sends bypass a's signing
-  Inbox inbox;  // b's receive side
+  Inbox inbox;                          // b's receive side
 
   explicit Pair(MessageAuthOptions options = {}) {
     auto inner_a = network.CreateEndpoint("a");
