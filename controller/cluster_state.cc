@@ -228,6 +228,19 @@ absl::Status ClusterState::RegisterNode(const tributary::v1::RegisterNodeRequest
   }
   {
     std::lock_guard lock(mu_);
+    auto existing = nodes_.find(req.node_id());
+    if (existing != nodes_.end() && existing->second.alive && existing->second.inventory &&
+        existing->second.inventory->hostname() != inv.hostname() &&
+        clock_->Now() - existing->second.last_heartbeat < options_.heartbeat_timeout) {
+      // Two live agents claiming one node id (on different hosts) would take the node from each
+      // other at every registration and re-plan its jobs each time. An agent restarting on its
+      // own host (same hostname) is a new incarnation, not a second claimant.
+      return absl::AlreadyExistsError(absl::StrCat(
+          "node id '", req.node_id(), "' is held by a live agent on host '",
+          existing->second.inventory->hostname(), "' (data plane ",
+          existing->second.inventory->data_plane_address(), "); start this agent on host '",
+          inv.hostname(), "' with another --node-id, or stop the other one"));
+    }
     auto [it, is_new] = nodes_.try_emplace(req.node_id());
     NodeEntry& node = it->second;
     const bool same_inventory =

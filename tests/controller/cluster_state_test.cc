@@ -436,5 +436,30 @@ TEST_F(ClusterStateTest, AbsurdRegistrationsAreRefusedAndTheClusterKeepsPlanning
   EXPECT_TRUE(Create("j", {"w0", "w1"}).ok());
 }
 
+// Issue 13 (and 12): a second live agent claiming a node id from another host is refused; the
+// same host re-registering (an agent restart) is a new incarnation, and once the first claimant
+// is dead the id is free again.
+TEST_F(ClusterStateTest, ANodeIdHeldByALiveAgentOnAnotherHostIsRefused) {
+  auto claim = [&](const std::string& host, const std::string& address) {
+    tributary::v1::RegisterNodeRequest req;
+    req.set_node_id("n0");
+    req.mutable_inventory()->set_hostname(host);
+    req.mutable_inventory()->set_data_plane_address(address);
+    req.mutable_inventory()->set_nic_bytes_per_s(1e9);
+    req.mutable_inventory()->set_sum_bytes_per_s(1e9);
+    tributary::v1::RegisterNodeResponse resp;
+    return state_.RegisterNode(req, &resp);
+  };
+  ASSERT_TRUE(claim("host-a", "10.0.0.1:7000").ok());
+  absl::Status second = claim("host-b", "10.0.0.2:7000");
+  EXPECT_EQ(second.code(), absl::StatusCode::kAlreadyExists) << second;
+  EXPECT_THAT(std::string(second.message()),
+              ::testing::HasSubstr("node id 'n0' is held by a live agent on host 'host-a'"));
+  EXPECT_TRUE(claim("host-a", "10.0.0.1:7001").ok());  // a restart on its own host
+  clock_.Advance(std::chrono::milliseconds(1500));     // host-a's agent fell silent
+  state_.CheckLiveness();
+  EXPECT_TRUE(claim("host-b", "10.0.0.2:7000").ok());
+}
+
 }  // namespace
 }  // namespace tributary::controller
