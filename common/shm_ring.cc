@@ -102,7 +102,8 @@ CompletionEntry MakeCompletion(uint64_t ticket, const absl::Status& status) {
   const absl::string_view message = status.message();
   if (message.size() <= kMaxMessage) {
     e.message_bytes = static_cast<uint32_t>(message.size());
-    std::memcpy(e.message, message.data(), message.size());
+    // An OK status's message has a null data(): memcpy from null is undefined even for 0 bytes.
+    if (!message.empty()) std::memcpy(e.message, message.data(), message.size());
   } else {
     constexpr std::string_view kCut = "...";
     const size_t keep = kMaxMessage - kCut.size();

@@ -2,7 +2,9 @@
 # Builds the libFuzzer targets (tests/fuzz/, preset fuzz: build-fuzz/ with clang-16, ASan + UBSan)
 # and runs each for a given time, then prints one line per target: runs, execs/s, coverage.
 #   scripts/fuzz.sh [seconds per target, default 60] [target ...]   (default: every target)
-# FUZZ_JOBS=N runs N targets at once (default 1). New inputs go to build-fuzz/corpus/<target>
+# FUZZ_JOBS=N runs N targets at once (default 1). FUZZ_RUNS=N stops each target after N inputs and
+# FUZZ_SEED=S fixes libFuzzer's seed: with both (and no build-fuzz/corpus left from earlier runs)
+# a run is the same every time, as CI needs. New inputs go to build-fuzz/corpus/<target>
 # (the committed seeds in tests/fuzz/corpus/<target> are only read); a finding is written to
 # build-fuzz/findings/<target>-crash-... and fails the script: reproduce it with
 # build-fuzz/bin/<target>_fuzz <file>, fix it, add a regression test and commit the file into
@@ -28,7 +30,8 @@ run_one() {
   mkdir -p "build-fuzz/corpus/$t"
   # -rss_limit_mb: a parser that allocates gigabytes on a small input is a finding too.
   nice -n 15 "build-fuzz/bin/${t}_fuzz" "build-fuzz/corpus/$t" "tests/fuzz/corpus/$t" \
-    -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+    -max_total_time="$seconds" ${FUZZ_RUNS:+-runs="$FUZZ_RUNS"} ${FUZZ_SEED:+-seed="$FUZZ_SEED"} \
+    -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
     -artifact_prefix="build-fuzz/findings/$t-" >"build-fuzz/logs/$t.log" 2>&1
 }
 pids=()

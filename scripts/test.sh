@@ -3,6 +3,8 @@
 # real processes and UCX on loopback, formatting).
 #   scripts/test.sh [ctest args]                    build/, the normal build
 #   SANITIZE=asan scripts/test.sh [ctest args]      build-asan/ (preset asan: ASan + UBSan)
+#   SANITIZE=asan-ci scripts/test.sh [ctest args]   build-asan/, only the tests CI runs under
+#                                                   ASan + UBSan (preset asan-ci; tests/README.md)
 #   SANITIZE=tsan scripts/test.sh [ctest args]      build-tsan/ (preset tsan: the data plane,
 #                                                   agent and client tests under TSan)
 # Sanitizer builds have no Python extensions (tests/README.md, "Sanitizers").
@@ -14,14 +16,15 @@ case "${SANITIZE:-}" in
     scripts/build.sh
     ctest --test-dir build --output-on-failure --timeout 600 -j2 "$@"
     ;;
-  asan | tsan)
+  asan | asan-ci | tsan)
     scripts/install_deps.sh
-    [ -f "build-$SANITIZE/build.ninja" ] || cmake --preset "$SANITIZE" >/dev/null
+    configure="${SANITIZE%-ci}"  # asan-ci builds in build-asan/ too, only its targets.
+    [ -f "build-$configure/build.ninja" ] || cmake --preset "$configure" >/dev/null
     cmake --build --preset "$SANITIZE" -j"$(nproc)"
     ctest --preset "$SANITIZE" --timeout 600 -j2 "$@"
     ;;
   *)
-    echo "SANITIZE must be asan or tsan, not '$SANITIZE'" >&2
+    echo "SANITIZE must be asan, asan-ci or tsan, not '$SANITIZE'" >&2
     exit 2
     ;;
 esac

@@ -44,6 +44,9 @@ constexpr uint16_t kHelloAmId = 1;
 constexpr size_t kSeqBytes = sizeof(uint64_t);
 // Bound on waiting for endpoint closes while shutting down.
 constexpr std::chrono::milliseconds kTeardownTimeout{2000};
+// Progress calls in a row before the loop looks at its queue again: a peer that keeps the worker
+// busy (a flood of messages) must not starve the sends queued by other threads or a Shutdown.
+constexpr int kProgressBurst = 64;
 
 // UCX settings the transport changes from UCX's defaults unless the environment sets them
 // (as UCX_<name> or the transport-specific variable).
@@ -449,7 +452,7 @@ class UcxTransport::Impl {
     while (true) {
       bool worked = DrainQueue();
       if (stopping_) return;
-      while (true) {
+      for (int burst = 0; burst < kProgressBurst; ++burst) {
         const unsigned progressed = ucp_worker_progress(worker_);
         const bool local = RunLocalWork();
         if (progressed == 0 && !local) break;
