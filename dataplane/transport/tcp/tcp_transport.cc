@@ -26,7 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/logging.h"
-#include "dataplane/transport/tcp/tcp_address.h"
+#include "dataplane/transport/socket_address.h"
 #include "dataplane/transport/tcp/tcp_wire.h"
 
 namespace tributary::dataplane {
@@ -38,7 +38,6 @@ using tcp::kAckBytes;
 using tcp::kFrameHeaderBytes;
 using tcp::kHelloFixedBytes;
 using tcp::kMaxAddressBytes;
-using tcp::SocketAddress;
 
 constexpr auto Log = common::ComponentLog<"transport">;
 
@@ -99,7 +98,7 @@ class TcpTransport::Impl {
       return absl::InvalidArgumentError("max_half_open_connections must be at least 1");
     }
     absl::StatusOr<SocketAddress> listen_address =
-        tcp::ResolveListenAddress(options_.listen_host, options_.port);
+        ResolveListenAddress(options_.listen_host, options_.port);
     if (!listen_address.ok()) return listen_address.status();
     const std::string where = absl::StrCat(options_.listen_host, ":", options_.port);
     listen_fd_ =
@@ -123,7 +122,7 @@ class TcpTransport::Impl {
     if (getsockname(listen_fd_, bound.get(), &bound.length) != 0) {
       return ErrnoStatus("getsockname", errno);
     }
-    address_ = tcp::FormatAddress(bound.get());
+    address_ = FormatAddress(bound.get());
     hello_ = tcp::EncodeHello(address_);
 
     event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -165,7 +164,7 @@ class TcpTransport::Impl {
       op->status = absl::InvalidArgumentError(absl::StrCat(
           "send to ", peer_address, ": payload of ", payload.size(),
           " bytes exceeds the transport's limit of ", options_.max_payload_bytes, " bytes"));
-    } else if (absl::StatusOr<SocketAddress> parsed = tcp::ParsePeerAddress(peer_address);
+    } else if (absl::StatusOr<SocketAddress> parsed = ParsePeerAddress(peer_address);
                !parsed.ok()) {
       op->status = parsed.status();
     } else {
@@ -669,7 +668,7 @@ class TcpTransport::Impl {
       auto conn = std::make_unique<Inbound>();
       conn->id = next_id_++;
       conn->fd = fd;
-      conn->remote = tcp::FormatAddress(reinterpret_cast<const sockaddr*>(&remote));
+      conn->remote = FormatAddress(reinterpret_cast<const sockaddr*>(&remote));
       conn->handshake_deadline = Clock::now() + options_.handshake_timeout;
       SetNoDelay(fd);
       epoll_event event{};

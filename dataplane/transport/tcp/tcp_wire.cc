@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "dataplane/transport/tcp/tcp_address.h"
+#include "dataplane/transport/socket_address.h"
 #include "dataplane/transport/transport.h"
 
 namespace tributary::dataplane::tcp {

@@ -30,6 +30,7 @@
 #include "absl/strings/string_view.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "dataplane/transport/socket_address.h"
 #include "dataplane/transport/ucx/ucx_status.h"
 
 namespace tributary::dataplane {
@@ -84,93 +85,6 @@ absl::Status ErrnoStatus(absl::string_view call) {
   return absl::InternalError(absl::StrCat(call, ": ", std::strerror(errno)));
 }
 
-struct SockAddr {
-  sockaddr_storage storage{};
-  socklen_t length = 0;
-
-  const sockaddr* get() const { return reinterpret_cast<const sockaddr*>(&storage); }
-};
-
-// Parses "a.b.c.d:port" or "[v6]:port" with a numeric host and a port in 1..65535.
-absl::StatusOr<SockAddr> ParsePeerAddress(const std::string& address) {
-  auto invalid = [&](absl::string_view why) {
-    return absl::InvalidArgumentError(absl::StrCat("bad peer address \"", address, "\": ", why,
-                                                   " (want ipv4:port or [ipv6]:port)"));
-  };
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0) return invalid("no host:port");
-  const std::string port_text = address.substr(colon + 1);
-  uint32_t port = 0;
-  const auto [end, ec] =
-      std::from_chars(port_text.data(), port_text.data() + port_text.size(), port);
-  if (port_text.empty() || ec != std::errc() || end != port_text.data() + port_text.size() ||
-      port == 0 || port > 65535) {
-    return invalid("port must be a number in 1..65535");
-  }
-  std::string host(address.substr(0, colon));
-  SockAddr result;
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    auto* in6 = reinterpret_cast<sockaddr_in6*>(&result.storage);
-    if (inet_pton(AF_INET6, host.substr(1, host.size() - 2).c_str(), &in6->sin6_addr) != 1) {
-      return invalid("host is not a numeric IPv6 address");
-    }
-    in6->sin6_family = AF_INET6;
-    in6->sin6_port = htons(static_cast<uint16_t>(port));
-    result.length = sizeof(sockaddr_in6);
-  } else {
-    auto* in4 = reinterpret_cast<sockaddr_in*>(&result.storage);
-    if (inet_pton(AF_INET, host.c_str(), &in4->sin_addr) != 1) {
-      return invalid("host is not a numeric IPv4 address");
-    }
-    in4->sin_family = AF_INET;
-    in4->sin_port = htons(static_cast<uint16_t>(port));
-    result.length = sizeof(sockaddr_in);
-  }
-  return result;
-}
-
-// "ip:port" or "[ip]:port"; empty for an unknown family.
-std::string FormatAddress(const sockaddr* address) {
-  char host[INET6_ADDRSTRLEN] = {};
-  if (address->sa_family == AF_INET) {
-    const auto* in4 = reinterpret_cast<const sockaddr_in*>(address);
-    inet_ntop(AF_INET, &in4->sin_addr, host, sizeof(host));
-    return absl::StrCat(host, ":", ntohs(in4->sin_port));
-  }
-  if (address->sa_family == AF_INET6) {
-    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(address);
-    inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
-    return absl::StrCat("[", host, "]:", ntohs(in6->sin6_port));
-  }
-  return "";
-}
-
-absl::StatusOr<SockAddr> ResolveListenAddress(const std::string& host, uint16_t port) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE;
-  addrinfo* info = nullptr;
-  const int rc = getaddrinfo(host.c_str(), nullptr, &hints, &info);
-  if (rc != 0 || info == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot resolve listen host \"", host, "\": ", gai_strerror(rc)));
-  }
-  SockAddr result;
-  std::memcpy(&result.storage, info->ai_addr, info->ai_addrlen);
-  result.length = info->ai_addrlen;
-  freeaddrinfo(info);
-  if (result.storage.ss_family == AF_INET) {
-    reinterpret_cast<sockaddr_in*>(&result.storage)->sin_port = htons(port);
-  } else if (result.storage.ss_family == AF_INET6) {
-    reinterpret_cast<sockaddr_in6*>(&result.storage)->sin6_port = htons(port);
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("listen host \"", host, "\" is neither IPv4 nor IPv6"));
-  }
-  return result;
-}
-
 }  // namespace
 
 // All state below the "progress thread only" line is touched only by the progress thread (or by
@@ -214,7 +128,8 @@ class UcxTransport::Impl {
       op->status = absl::InvalidArgumentError(
           absl::StrCat("send to ", peer_address, ": header of ", header.size(),
                        " bytes exceeds the limit of ", kMaxHeaderBytes));
-    } else if (absl::StatusOr<SockAddr> parsed = ParsePeerAddress(peer_address); !parsed.ok()) {
+    } else if (absl::StatusOr<SocketAddress> parsed = ParsePeerAddress(peer_address);
+               !parsed.ok()) {
       op->status = parsed.status();
     } else {
       op->sockaddr = *parsed;
@@ -266,7 +181,7 @@ class UcxTransport::Impl {
   struct SendOp {
     Impl* impl = nullptr;
     std::string address;
-    SockAddr sockaddr;
+    SocketAddress sockaddr;
     std::vector<std::byte> header;  // [seq][user header]
     std::span<const std::byte> payload;
     SendCallback done;
@@ -420,7 +335,7 @@ class UcxTransport::Impl {
       if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &event) != 0) return ErrnoStatus("epoll_ctl");
     }
 
-    ASSIGN_OR_RETURN(SockAddr listen_address,
+    ASSIGN_OR_RETURN(SocketAddress listen_address,
                      ResolveListenAddress(options_.listen_host, options_.port));
     ucp_listener_params_t listener_params{};
     listener_params.field_mask =
@@ -594,7 +509,7 @@ class UcxTransport::Impl {
   }
 
   absl::StatusOr<std::shared_ptr<Peer>> GetOrConnect(const std::string& address,
-                                                     const SockAddr& sockaddr) {
+                                                     const SocketAddress& sockaddr) {
     if (auto it = peers_.find(address); it != peers_.end()) return it->second;
     auto peer = std::make_shared<Peer>();
     peer->impl = this;

@@ -1,4 +1,4 @@
-#include "dataplane/transport/tcp/tcp_address.h"
+#include "dataplane/transport/socket_address.h"
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 
-namespace tributary::dataplane::tcp {
+namespace tributary::dataplane {
 
 absl::StatusOr<SocketAddress> ParsePeerAddress(const std::string& address) {
   auto invalid = [&](absl::string_view why) {
@@ -90,4 +90,4 @@ absl::StatusOr<SocketAddress> ResolveListenAddress(const std::string& host, uint
   return result;
 }
 
-}  // namespace tributary::dataplane::tcp
+}  // namespace tributary::dataplane

@@ -1,4 +1,4 @@
-// Socket addresses of the TCP transport: numeric "ip:port" text <-> sockaddr.
+// Socket addresses of the network transports (TCP and UCX): numeric "ip:port" text <-> sockaddr.
 #pragma once
 
 #include <sys/socket.h>
@@ -8,7 +8,7 @@
 
 #include "absl/status/statusor.h"
 
-namespace tributary::dataplane::tcp {
+namespace tributary::dataplane {
 
 struct SocketAddress {
   sockaddr_storage storage{};
@@ -29,4 +29,4 @@ std::string FormatAddress(const sockaddr* address);
 // INVALID_ARGUMENT when it does not resolve.
 absl::StatusOr<SocketAddress> ResolveListenAddress(const std::string& host, uint16_t port);
 
-}  // namespace tributary::dataplane::tcp
+}  // namespace tributary::dataplane
