@@ -1,6 +1,5 @@
 #include "controller/cluster_state.h"
 
-#include <arpa/inet.h>
 #include <sys/random.h>
 
 #include <cmath>
@@ -13,6 +12,7 @@
 #include "common/logging.h"
 #include "common/metrics/metrics.h"
 #include "controller/planner/job_planner.h"
+#include "dataplane/transport/socket_address.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -25,26 +25,6 @@ using google::protobuf::internal::WireFormatLite;
 using google::protobuf::util::MessageDifferencer;
 
 constexpr auto Log = common::ComponentLog<"controller">;
-
-// "a.b.c.d:port" or "[v6]:port", numeric, port 1-65535: what peers dial (never resolved).
-bool ValidDataPlaneAddress(const std::string& address) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon + 1 >= address.size() || colon + 6 < address.size()) {
-    return false;
-  }
-  int port = 0;
-  for (size_t i = colon + 1; i < address.size(); ++i) {
-    if (address[i] < '0' || address[i] > '9') return false;
-    port = port * 10 + (address[i] - '0');
-  }
-  if (port < 1 || port > 65535) return false;
-  std::string host = address.substr(0, colon);
-  unsigned char binary[sizeof(in6_addr)];
-  if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
-    return inet_pton(AF_INET6, host.substr(1, host.size() - 2).c_str(), binary) == 1;
-  }
-  return inet_pton(AF_INET, host.c_str(), binary) == 1;
-}
 
 bool ValidId(const std::string& id) {
   static const std::regex kId("[A-Za-z0-9][A-Za-z0-9._:-]{0,127}");
@@ -205,7 +185,8 @@ absl::Status ClusterState::RegisterNode(const tributary::v1::RegisterNodeRequest
     return absl::InvalidArgumentError(
         absl::StrCat("node '", req.node_id(), "' registered without a data_plane_address"));
   }
-  if (!ValidDataPlaneAddress(inv.data_plane_address())) {
+  // What peers dial: numeric, never resolved (the data plane's own parser).
+  if (!dataplane::ParsePeerAddress(inv.data_plane_address()).ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("node '", req.node_id(), "': data_plane_address '", inv.data_plane_address(),
                      "' must be a numeric a.b.c.d:port or [v6]:port with a port in 1-65535"));
