@@ -1,11 +1,8 @@
-#include "dataplane/transport/ucx/ucx_transport.h"
-
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/resource.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
+// The Transport contract, checked for every real transport (UCX and TCP) with the same cases:
+// messages of every size both ways and in send order, all-to-all, sends to self, concurrent
+// senders, handlers that send, limits, bad addresses, dead and silent peers, reconnection, idle
+// CPU and shutdown. Transport-specific behaviour (the TCP transport's hostile-input defences, its
+// payload limit) is in tcp_transport_test.cc.
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -21,204 +18,83 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "dataplane/transport/tcp/tcp_transport.h"
+#include "dataplane/transport/ucx/ucx_transport.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/dataplane/transport/transport_test_util.h"
 
 namespace tributary::dataplane {
 namespace {
 
+using namespace transport_testing;
 using ::testing::HasSubstr;
 using Clock = std::chrono::steady_clock;
-using namespace std::chrono_literals;
 
-constexpr auto kWait = 5s;  // Deadline for any single expected event.
-
-void SetUcxEnvironment() {
-  // Loopback over TCP only; overwrite=0 keeps what ctest or the user set.
-  setenv("UCX_NET_DEVICES", "lo", 0);
-  setenv("UCX_TLS", "tcp", 0);
-}
-
-std::vector<std::byte> Pattern(size_t size, uint32_t seed) {
-  std::vector<std::byte> bytes(size);
-  for (size_t i = 0; i < size; ++i) bytes[i] = std::byte((i * 131 + seed * 7 + (i >> 12)) & 0xff);
-  return bytes;
-}
-
-std::vector<std::byte> Bytes(const std::string& text) {
-  std::vector<std::byte> bytes(text.size());
-  std::memcpy(bytes.data(), text.data(), text.size());
-  return bytes;
-}
-
-std::string Text(std::span<const std::byte> bytes) {
-  return std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
-}
-
-struct Message {
-  std::vector<std::byte> header;
-  std::vector<std::byte> payload;
+struct UcxKind {
+  using TransportType = UcxTransport;
+  using Options = UcxTransportOptions;
+  static constexpr const char* kName = "Ucx";
+  static void SetUpEnvironment() {
+    // Loopback over TCP only; overwrite=0 keeps what ctest or the user set.
+    setenv("UCX_NET_DEVICES", "lo", 0);
+    setenv("UCX_TLS", "tcp", 0);
+  }
 };
 
-// Collects received messages; waits with deadlines.
-class Inbox {
- public:
-  Transport::ReceiveHandler Handler() {
-    return [this](std::span<const std::byte> header, std::span<const std::byte> payload) {
-      std::lock_guard lock(mu_);
-      messages_.push_back({{header.begin(), header.end()}, {payload.begin(), payload.end()}});
-      cv_.notify_all();
-    };
-  }
-
-  bool WaitFor(size_t count, std::chrono::milliseconds timeout = kWait) {
-    std::unique_lock lock(mu_);
-    return cv_.wait_for(lock, timeout, [&] { return messages_.size() >= count; });
-  }
-
-  std::vector<Message> Take() {
-    std::lock_guard lock(mu_);
-    return std::move(messages_);
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<Message> messages_;
+struct TcpKind {
+  using TransportType = TcpTransport;
+  using Options = TcpTransportOptions;
+  static constexpr const char* kName = "Tcp";
+  static void SetUpEnvironment() {}
 };
 
-// Counts completions and keeps their statuses.
-class Completions {
- public:
-  Transport::SendCallback Callback() {
-    return [this](absl::Status status) {
-      std::lock_guard lock(mu_);
-      statuses_.push_back(std::move(status));
-      cv_.notify_all();
-    };
-  }
-
-  bool WaitFor(size_t count, std::chrono::milliseconds timeout = kWait) {
-    std::unique_lock lock(mu_);
-    return cv_.wait_for(lock, timeout, [&] { return statuses_.size() >= count; });
-  }
-
-  std::vector<absl::Status> Statuses() {
-    std::lock_guard lock(mu_);
-    return statuses_;
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<absl::Status> statuses_;
-};
-
-// Sends one message and waits for its completion.
-absl::Status SendAndWait(Transport& from, const std::string& to, std::span<const std::byte> header,
-                         std::span<const std::byte> payload,
-                         std::chrono::milliseconds timeout = kWait) {
-  auto done = std::make_shared<std::promise<absl::Status>>();
-  std::future<absl::Status> result = done->get_future();
-  from.Send(to, header, payload, [done](absl::Status status) { done->set_value(status); });
-  if (result.wait_for(timeout) != std::future_status::ready) {
-    return absl::DeadlineExceededError("send did not complete");
-  }
-  return result.get();
-}
-
-// A loopback port nobody listens on.
-uint16_t ClosedPort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
-// A loopback TCP listener that never accepts: the kernel completes the handshake, but UCX's
-// connection setup never gets an answer, so sends to it stay pending.
-class BlackHole {
- public:
-  BlackHole() {
-    fd_ = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-    listen(fd_, 16);
-    socklen_t len = sizeof(addr);
-    getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len);
-    address_ = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
-  }
-  ~BlackHole() { close(fd_); }
-  const std::string& address() const { return address_; }
-
- private:
-  int fd_ = -1;
-  std::string address_;
-};
-
-// Shuts the transports down when it goes out of scope. Declared after the state that handlers and
-// completions use, so none of them runs on destroyed state, even when an ASSERT returns early.
-class StopOnExit {
- public:
-  StopOnExit(std::initializer_list<Transport*> transports) : transports_(transports) {}
-  ~StopOnExit() {
-    for (Transport* transport : transports_) {
-      if (transport != nullptr) transport->Shutdown();
-    }
-  }
-
- private:
-  std::vector<Transport*> transports_;
-};
-
-std::chrono::microseconds ProcessCpuTime() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  auto micros = [](const timeval& tv) {
-    return std::chrono::seconds(tv.tv_sec) + std::chrono::microseconds(tv.tv_usec);
-  };
-  return micros(usage.ru_utime) + micros(usage.ru_stime);
-}
-
-class UcxTransportTest : public ::testing::Test {
+template <typename Kind>
+class TransportContractTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() { SetUcxEnvironment(); }
+  using TransportType = typename Kind::TransportType;
+  using Options = typename Kind::Options;
 
-  static std::unique_ptr<UcxTransport> Make(UcxTransportOptions options = {}) {
-    absl::StatusOr<std::unique_ptr<UcxTransport>> transport = UcxTransport::Create(options);
+  static void SetUpTestSuite() { Kind::SetUpEnvironment(); }
+
+  static std::unique_ptr<TransportType> Make(Options options = {}) {
+    absl::StatusOr<std::unique_ptr<TransportType>> transport = TransportType::Create(options);
     EXPECT_TRUE(transport.ok()) << transport.status();
     return transport.ok() ? *std::move(transport) : nullptr;
   }
 };
 
-TEST_F(UcxTransportTest, AddressNamesTheBoundPort) {
-  auto transport = Make();
+struct KindNames {
+  template <typename Kind>
+  static std::string GetName(int) {
+    return Kind::kName;
+  }
+};
+
+using Kinds = ::testing::Types<UcxKind, TcpKind>;
+TYPED_TEST_SUITE(TransportContractTest, Kinds, KindNames);
+
+TYPED_TEST(TransportContractTest, AddressNamesTheBoundPort) {
+  auto transport = this->Make();
   ASSERT_NE(transport, nullptr);
   const std::string address = transport->Address();
   ASSERT_THAT(address, testing::StartsWith("127.0.0.1:"));
-  EXPECT_NE(std::stoi(address.substr(address.find(':') + 1)), 0);
+  EXPECT_NE(PortOf(address), 0);
 }
 
-TEST_F(UcxTransportTest, BusyPortFailsCreate) {
-  auto first = Make();
+TYPED_TEST(TransportContractTest, BusyPortFailsCreate) {
+  auto first = this->Make();
   ASSERT_NE(first, nullptr);
   const std::string address = first->Address();
-  UcxTransportOptions options;
-  options.port = static_cast<uint16_t>(std::stoi(address.substr(address.find(':') + 1)));
-  absl::StatusOr<std::unique_ptr<UcxTransport>> second = UcxTransport::Create(options);
+  typename TestFixture::Options options;
+  options.port = PortOf(address);
+  auto second = TestFixture::TransportType::Create(options);
   EXPECT_FALSE(second.ok());
 }
 
-TEST_F(UcxTransportTest, ExchangesMessagesOfEverySizeBothWays) {
-  auto a = Make();
-  auto b = Make();
+TYPED_TEST(TransportContractTest, ExchangesMessagesOfEverySizeBothWays) {
+  auto a = this->Make();
+  auto b = this->Make();
   ASSERT_TRUE(a && b);
   Inbox a_inbox, b_inbox;
   StopOnExit stop{a.get(), b.get()};
@@ -244,10 +120,11 @@ TEST_F(UcxTransportTest, ExchangesMessagesOfEverySizeBothWays) {
   }
 }
 
-TEST_F(UcxTransportTest, MixedSizesArriveInSendOrder) {
-  // Rendezvous messages finish after the eager ones behind them; delivery must still keep order.
-  auto a = Make();
-  auto b = Make();
+TYPED_TEST(TransportContractTest, MixedSizesArriveInSendOrder) {
+  // Large messages (UCX rendezvous, TCP multi-read) finish after small ones behind them;
+  // delivery must still keep order.
+  auto a = this->Make();
+  auto b = this->Make();
   ASSERT_TRUE(a && b);
   Inbox inbox;
   b->SetReceiveHandler(inbox.Handler());
@@ -271,11 +148,11 @@ TEST_F(UcxTransportTest, MixedSizesArriveInSendOrder) {
   }
 }
 
-TEST_F(UcxTransportTest, ThreeTransportsAllToAll) {
-  std::vector<std::unique_ptr<UcxTransport>> nodes;
+TYPED_TEST(TransportContractTest, ThreeTransportsAllToAll) {
+  std::vector<std::unique_ptr<typename TestFixture::TransportType>> nodes;
   std::vector<std::unique_ptr<Inbox>> inboxes;
   for (int i = 0; i < 3; ++i) {
-    nodes.push_back(Make());
+    nodes.push_back(this->Make());
     ASSERT_NE(nodes.back(), nullptr);
     inboxes.push_back(std::make_unique<Inbox>());
     nodes.back()->SetReceiveHandler(inboxes.back()->Handler());
@@ -316,8 +193,8 @@ TEST_F(UcxTransportTest, ThreeTransportsAllToAll) {
   }
 }
 
-TEST_F(UcxTransportTest, SendsToSelfAreDelivered) {
-  auto a = Make();
+TYPED_TEST(TransportContractTest, SendsToSelfAreDelivered) {
+  auto a = this->Make();
   ASSERT_NE(a, nullptr);
   Inbox inbox;
   StopOnExit stop{a.get()};
@@ -330,9 +207,9 @@ TEST_F(UcxTransportTest, SendsToSelfAreDelivered) {
   EXPECT_TRUE(messages[0].payload == payload);
 }
 
-TEST_F(UcxTransportTest, ConcurrentSendersDeliverEachMessageOnceInOrder) {
-  auto a = Make();
-  auto b = Make();
+TYPED_TEST(TransportContractTest, ConcurrentSendersDeliverEachMessageOnceInOrder) {
+  auto a = this->Make();
+  auto b = this->Make();
   ASSERT_TRUE(a && b);
   constexpr int kThreads = 2;
   constexpr int kPerThread = 2000;
@@ -352,7 +229,7 @@ TEST_F(UcxTransportTest, ConcurrentSendersDeliverEachMessageOnceInOrder) {
     ++total;
     cv.notify_all();
   });
-  // Every 250th message is big enough for rendezvous, to mix protocols in one stream.
+  // Every 250th message is 1 MiB (UCX rendezvous, many TCP reads), to mix paths in one stream.
   auto size_of = [](int seq) -> size_t { return seq % 250 == 0 ? (1 << 20) : seq % 300; };
   std::vector<std::vector<std::vector<std::byte>>> payloads(kThreads);
   for (int t = 0; t < kThreads; ++t) {
@@ -384,9 +261,9 @@ TEST_F(UcxTransportTest, ConcurrentSendersDeliverEachMessageOnceInOrder) {
   }
 }
 
-TEST_F(UcxTransportTest, PingPongFromReceiveHandlers) {
-  auto a = Make();
-  auto b = Make();
+TYPED_TEST(TransportContractTest, PingPongFromReceiveHandlers) {
+  auto a = this->Make();
+  auto b = this->Make();
   ASSERT_TRUE(a && b);
   constexpr int kRoundTrips = 100;
   const std::vector<std::byte> payload = Pattern(64, 1);
@@ -420,9 +297,9 @@ TEST_F(UcxTransportTest, PingPongFromReceiveHandlers) {
   EXPECT_TRUE(all_ok);
 }
 
-TEST_F(UcxTransportTest, HeaderOverTheLimitIsInvalidArgument) {
-  auto a = Make();
-  auto b = Make();
+TYPED_TEST(TransportContractTest, HeaderOverTheLimitIsInvalidArgument) {
+  auto a = this->Make();
+  auto b = this->Make();
   ASSERT_TRUE(a && b);
   const std::vector<std::byte> header(Transport::kMaxHeaderBytes + 1);
   absl::Status status = SendAndWait(*a, b->Address(), header, {});
@@ -437,8 +314,8 @@ TEST_F(UcxTransportTest, HeaderOverTheLimitIsInvalidArgument) {
   EXPECT_TRUE(inbox.Take()[0].header == max_header);
 }
 
-TEST_F(UcxTransportTest, MalformedAddressIsInvalidArgument) {
-  auto a = Make();
+TYPED_TEST(TransportContractTest, MalformedAddressIsInvalidArgument) {
+  auto a = this->Make();
   ASSERT_NE(a, nullptr);
   for (const std::string address : {"nohost", "1.2.3:x", "", ":80", "1.2.3:80", "127.0.0.1:",
                                     "127.0.0.1:0", "127.0.0.1:70000", "localhost:80", "[::1:80"}) {
@@ -447,10 +324,10 @@ TEST_F(UcxTransportTest, MalformedAddressIsInvalidArgument) {
   }
 }
 
-TEST_F(UcxTransportTest, ClosedPortIsUnavailableWithinTheConnectTimeout) {
-  UcxTransportOptions options;
+TYPED_TEST(TransportContractTest, ClosedPortIsUnavailableWithinTheConnectTimeout) {
+  typename TestFixture::Options options;
   options.connect_timeout = 2000ms;
-  auto a = Make(options);
+  auto a = this->Make(options);
   ASSERT_NE(a, nullptr);
   const std::string peer = "127.0.0.1:" + std::to_string(ClosedPort());
   const Clock::time_point start = Clock::now();
@@ -460,10 +337,10 @@ TEST_F(UcxTransportTest, ClosedPortIsUnavailableWithinTheConnectTimeout) {
   EXPECT_LT(Clock::now() - start, 2500ms);
 }
 
-TEST_F(UcxTransportTest, SilentPeerTimesOutAsUnavailable) {
-  UcxTransportOptions options;
+TYPED_TEST(TransportContractTest, SilentPeerTimesOutAsUnavailable) {
+  typename TestFixture::Options options;
   options.connect_timeout = 300ms;
-  auto a = Make(options);
+  auto a = this->Make(options);
   ASSERT_NE(a, nullptr);
   BlackHole hole;
   const Clock::time_point start = Clock::now();
@@ -474,9 +351,9 @@ TEST_F(UcxTransportTest, SilentPeerTimesOutAsUnavailable) {
   EXPECT_LT(Clock::now() - start, 2000ms);
 }
 
-TEST_F(UcxTransportTest, PeerShutdownMidStreamFailsSendsWithoutHanging) {
-  auto a = Make();
-  auto b = Make();
+TYPED_TEST(TransportContractTest, PeerShutdownMidStreamFailsSendsWithoutHanging) {
+  auto a = this->Make();
+  auto b = this->Make();
   ASSERT_TRUE(a && b);
   std::atomic<int> b_received = 0;
   std::promise<void> some_arrived;
@@ -533,9 +410,9 @@ TEST_F(UcxTransportTest, PeerShutdownMidStreamFailsSendsWithoutHanging) {
   EXPECT_EQ(after.code(), absl::StatusCode::kUnavailable) << after;
 }
 
-TEST_F(UcxTransportTest, ReconnectsAfterThePeerComesBack) {
-  auto a = Make();
-  auto b = Make();
+TYPED_TEST(TransportContractTest, ReconnectsAfterThePeerComesBack) {
+  auto a = this->Make();
+  auto b = this->Make();
   ASSERT_TRUE(a && b);
   const std::string b_address = b->Address();
   ASSERT_TRUE(SendAndWait(*a, b_address, Bytes("1"), Pattern(10, 1)).ok());
@@ -547,9 +424,9 @@ TEST_F(UcxTransportTest, ReconnectsAfterThePeerComesBack) {
     failed = SendAndWait(*a, b_address, Bytes("2"), Pattern(10, 1));
   }
   EXPECT_EQ(failed.code(), absl::StatusCode::kUnavailable) << failed;
-  UcxTransportOptions options;
-  options.port = static_cast<uint16_t>(std::stoi(b_address.substr(b_address.find(':') + 1)));
-  auto revived = Make(options);
+  typename TestFixture::Options options;
+  options.port = PortOf(b_address);
+  auto revived = this->Make(options);
   ASSERT_NE(revived, nullptr);
   Inbox inbox;
   StopOnExit stop{a.get(), revived.get()};
@@ -559,9 +436,9 @@ TEST_F(UcxTransportTest, ReconnectsAfterThePeerComesBack) {
   EXPECT_EQ(Text(inbox.Take()[0].header), "3");
 }
 
-TEST_F(UcxTransportTest, IdleTransportUsesNoCpu) {
-  auto a = Make();
-  auto b = Make();
+TYPED_TEST(TransportContractTest, IdleTransportUsesNoCpu) {
+  auto a = this->Make();
+  auto b = this->Make();
   ASSERT_TRUE(a && b);
   Inbox inbox;
   StopOnExit stop{a.get(), b.get()};
@@ -574,8 +451,8 @@ TEST_F(UcxTransportTest, IdleTransportUsesNoCpu) {
   EXPECT_LT(used, 20ms) << "two idle transports used " << used.count() << " us of CPU in 200 ms";
 }
 
-TEST_F(UcxTransportTest, ShutdownCancelsPendingSends) {
-  auto a = Make();
+TYPED_TEST(TransportContractTest, ShutdownCancelsPendingSends) {
+  auto a = this->Make();
   ASSERT_NE(a, nullptr);
   BlackHole hole;  // Connection setup never finishes, so the sends stay pending.
   Completions completions;
