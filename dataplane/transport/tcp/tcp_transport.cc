@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/logging.h"
+#include "dataplane/transport/send_queue.h"
 #include "dataplane/transport/socket_address.h"
 #include "dataplane/transport/tcp/tcp_wire.h"
 
@@ -144,11 +145,7 @@ class TcpTransport::Impl {
 
   const std::string& Address() const { return address_; }
 
-  void SetReceiveHandler(ReceiveHandler handler) {
-    auto shared = std::make_shared<const ReceiveHandler>(std::move(handler));
-    std::lock_guard lock(handler_mu_);
-    handler_ = std::move(shared);
-  }
+  void SetReceiveHandler(ReceiveHandler handler) { handler_.Set(std::move(handler)); }
 
   void Send(const std::string& peer_address, std::span<const std::byte> header,
             std::span<const std::byte> payload, SendCallback done) {
@@ -156,17 +153,13 @@ class TcpTransport::Impl {
     op->address = peer_address;
     op->payload = payload;
     op->done = std::move(done);
-    if (header.size() > kMaxHeaderBytes) {
-      op->status = absl::InvalidArgumentError(
-          absl::StrCat("send to ", peer_address, ": header of ", header.size(),
-                       " bytes exceeds the limit of ", kMaxHeaderBytes));
+    absl::StatusOr<SocketAddress> parsed = CheckSendTarget(peer_address, header);
+    if (!parsed.ok()) {
+      op->status = parsed.status();
     } else if (payload.size() > options_.max_payload_bytes) {
       op->status = absl::InvalidArgumentError(absl::StrCat(
           "send to ", peer_address, ": payload of ", payload.size(),
           " bytes exceeds the transport's limit of ", options_.max_payload_bytes, " bytes"));
-    } else if (absl::StatusOr<SocketAddress> parsed = ParsePeerAddress(peer_address);
-               !parsed.ok()) {
-      op->status = parsed.status();
     } else {
       op->sockaddr = *parsed;
       op->header_length = static_cast<uint32_t>(header.size());
@@ -175,33 +168,22 @@ class TcpTransport::Impl {
       }
     }
 
-    if (progress_thread_id_.load() == std::this_thread::get_id()) {
-      // From a handler or completion: never wait for ourselves; the loop posts it next.
-      local_queue_.push_back(std::move(op));
-      return;
+    switch (sends_.Push(op)) {
+      case SendQueue<SendOp>::Pushed::kQueued:
+        break;
+      case SendQueue<SendOp>::Pushed::kQueuedWake:
+        Wake();
+        break;
+      case SendQueue<SendOp>::Pushed::kClosed:  // No progress thread is left to run `done`.
+        Finish(std::move(op), SendCancelled(peer_address));
+        break;
     }
-    bool wake = false;
-    {
-      std::lock_guard lock(mu_);
-      if (!closed_) {
-        wake = queue_.empty();
-        queue_.push_back(std::move(op));
-      }
-    }
-    if (op != nullptr) {  // Shut down: no progress thread is left to run `done`.
-      Finish(std::move(op), Cancelled(peer_address));
-      return;
-    }
-    if (wake) Wake();
   }
 
   void Shutdown() {
-    {
-      std::lock_guard lock(mu_);
-      stop_requested_ = true;
-    }
+    sends_.RequestStop();
     Wake();
-    if (progress_thread_id_.load() == std::this_thread::get_id()) {
+    if (sends_.OnProgressThread()) {
       Log()->warn(
           "tcp transport {}: shutdown called on its progress thread; it stops after the "
           "current callback",
@@ -277,11 +259,6 @@ class TcpTransport::Impl {
     }
   };
 
-  static absl::Status Cancelled(const std::string& address) {
-    return absl::CancelledError(
-        absl::StrCat("send to ", address, " cancelled: transport shut down"));
-  }
-
   static void Finish(std::unique_ptr<SendOp> op, absl::Status status) {
     if (op->done) op->done(std::move(status));
   }
@@ -316,10 +293,10 @@ class TcpTransport::Impl {
   // --- Progress thread only below. ---
 
   void Run() {
-    progress_thread_id_.store(std::this_thread::get_id());
+    sends_.SetProgressThread();
     Loop();
     Teardown();
-    progress_thread_id_.store(std::thread::id());
+    sends_.ClearProgressThread();
   }
 
   void Loop() {
@@ -330,7 +307,7 @@ class TcpTransport::Impl {
       if (stopping_) return;
       ExpireDeadlines(Clock::now());
       RunLocalWork();
-      const int timeout = local_queue_.empty() ? NextTimeoutMs(Clock::now()) : 0;
+      const int timeout = sends_.local_empty() ? NextTimeoutMs(Clock::now()) : 0;
       const int n = epoll_wait(epoll_fd_, events, 128, timeout);
       if (n < 0 && errno != EINTR) {
         Log()->error("tcp transport {}: epoll_wait: {}", address_, ErrnoText(errno));
@@ -362,24 +339,13 @@ class TcpTransport::Impl {
 
   // Takes the sends queued by other threads and posts them; notices a stop request.
   void DrainQueue() {
-    std::vector<std::unique_ptr<SendOp>> ops;
-    {
-      std::lock_guard lock(mu_);
-      ops.swap(queue_);
-      if (stop_requested_) {
-        stopping_ = true;
-        closed_ = true;
-      }
-    }
-    for (auto& op : ops) Post(std::move(op));
+    for (auto& op : sends_.Take(&stopping_)) Post(std::move(op));
     FlushDirty();
   }
 
   // Sends from handlers and completions, then the writes they made due.
   void RunLocalWork() {
-    while (!local_queue_.empty()) {
-      std::unique_ptr<SendOp> op = std::move(local_queue_.front());
-      local_queue_.pop_front();
+    while (std::unique_ptr<SendOp> op = sends_.PopLocal()) {
       Post(std::move(op));
     }
     FlushDirty();
@@ -392,7 +358,7 @@ class TcpTransport::Impl {
       return;
     }
     if (stopping_) {
-      absl::Status cancelled = Cancelled(op->address);
+      absl::Status cancelled = SendCancelled(op->address);
       Finish(std::move(op), std::move(cancelled));
       return;
     }
@@ -419,9 +385,7 @@ class TcpTransport::Impl {
         if (it != peer_by_id_.end() && !it->second->want_out) Flush(*it->second);
       }
       // Completions run by Flush may have queued sends from this thread.
-      while (!local_queue_.empty()) {
-        std::unique_ptr<SendOp> op = std::move(local_queue_.front());
-        local_queue_.pop_front();
+      while (std::unique_ptr<SendOp> op = sends_.PopLocal()) {
         Post(std::move(op));
       }
     }
@@ -643,7 +607,7 @@ class TcpTransport::Impl {
     for (auto& op : pending) {
       absl::Status status =
           stopping_
-              ? Cancelled(address)
+              ? SendCancelled(address)
               : absl::UnavailableError(absl::StrCat("send to ", address, " failed: ", reason));
       Finish(std::move(op), std::move(status));
     }
@@ -891,10 +855,7 @@ class TcpTransport::Impl {
 
   void Deliver(std::span<const std::byte> header, std::span<const std::byte> payload) {
     std::shared_ptr<const ReceiveHandler> handler;
-    {
-      std::lock_guard lock(handler_mu_);
-      handler = handler_;
-    }
+    { handler = handler_.Get(); }
     if (handler == nullptr || !*handler) {
       Log()->warn("tcp transport {}: no receive handler; dropping a {}-byte message", address_,
                   payload.size());
@@ -945,13 +906,7 @@ class TcpTransport::Impl {
   // Fails what is pending with CANCELLED and closes every socket.
   void Teardown() {
     stopping_ = true;
-    std::vector<std::unique_ptr<SendOp>> queued;
-    {
-      std::lock_guard lock(mu_);
-      closed_ = true;
-      queued.swap(queue_);
-    }
-    for (auto& op : queued) Post(std::move(op));
+    for (auto& op : sends_.Close()) Post(std::move(op));
     std::vector<Peer*> peers;
     for (auto& [address, peer] : peers_) peers.push_back(peer.get());
     for (Peer* peer : peers) FailPeer(*peer, "transport shut down");
@@ -959,9 +914,7 @@ class TcpTransport::Impl {
     for (auto& [id, conn] : inbound_) conns.push_back(conn.get());
     for (Inbound* conn : conns) CloseInbound(*conn);
     // Completions above may have sent again from this thread: those are cancelled too.
-    while (!local_queue_.empty()) {
-      std::unique_ptr<SendOp> op = std::move(local_queue_.front());
-      local_queue_.pop_front();
+    while (std::unique_ptr<SendOp> op = sends_.PopLocal()) {
       Post(std::move(op));
     }
     epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, listen_fd_, nullptr);
@@ -973,19 +926,13 @@ class TcpTransport::Impl {
   std::string address_;           // Written before the thread starts, constant after.
   std::vector<std::byte> hello_;  // Likewise.
   std::thread thread_;
-  std::atomic<std::thread::id> progress_thread_id_;
   int listen_fd_ = -1;
   int event_fd_ = -1;
   int epoll_fd_ = -1;
   std::mutex join_mu_;
 
-  std::mutex mu_;
-  std::vector<std::unique_ptr<SendOp>> queue_;  // Guarded by mu_.
-  bool stop_requested_ = false;                 // Guarded by mu_.
-  bool closed_ = false;  // Guarded by mu_; no more sends are queued once set.
-
-  std::mutex handler_mu_;
-  std::shared_ptr<const ReceiveHandler> handler_;  // Guarded by handler_mu_.
+  SendQueue<SendOp> sends_;
+  ReceiveHandlerSlot handler_;
 
   std::atomic<uint64_t> rejected_ = 0;
   std::atomic<uint64_t> protocol_errors_ = 0;
@@ -994,7 +941,6 @@ class TcpTransport::Impl {
   // --- Progress thread only. ---
   bool stopping_ = false;
   uint64_t next_id_ = kFirstConnectionId;
-  std::deque<std::unique_ptr<SendOp>> local_queue_;
   std::unordered_map<std::string, std::unique_ptr<Peer>> peers_;
   std::unordered_map<uint64_t, Peer*> peer_by_id_;
   std::unordered_set<uint64_t> dirty_;  // Peers with sends posted since the last flush.

@@ -30,6 +30,7 @@
 #include "absl/strings/string_view.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "dataplane/transport/send_queue.h"
 #include "dataplane/transport/socket_address.h"
 #include "dataplane/transport/ucx/ucx_status.h"
 
@@ -111,11 +112,7 @@ class UcxTransport::Impl {
 
   const std::string& Address() const { return address_; }
 
-  void SetReceiveHandler(ReceiveHandler handler) {
-    auto shared = std::make_shared<const ReceiveHandler>(std::move(handler));
-    std::lock_guard lock(handler_mu_);
-    handler_ = std::move(shared);
-  }
+  void SetReceiveHandler(ReceiveHandler handler) { handler_.Set(std::move(handler)); }
 
   void Send(const std::string& peer_address, std::span<const std::byte> header,
             std::span<const std::byte> payload, SendCallback done) {
@@ -124,12 +121,8 @@ class UcxTransport::Impl {
     op->address = peer_address;
     op->payload = payload;
     op->done = std::move(done);
-    if (header.size() > kMaxHeaderBytes) {
-      op->status = absl::InvalidArgumentError(
-          absl::StrCat("send to ", peer_address, ": header of ", header.size(),
-                       " bytes exceeds the limit of ", kMaxHeaderBytes));
-    } else if (absl::StatusOr<SocketAddress> parsed = ParsePeerAddress(peer_address);
-               !parsed.ok()) {
+    if (absl::StatusOr<SocketAddress> parsed = CheckSendTarget(peer_address, header);
+        !parsed.ok()) {
       op->status = parsed.status();
     } else {
       op->sockaddr = *parsed;
@@ -137,33 +130,22 @@ class UcxTransport::Impl {
       if (!header.empty()) std::memcpy(op->header.data() + kSeqBytes, header.data(), header.size());
     }
 
-    if (progress_thread_id_.load() == std::this_thread::get_id()) {
-      // From a handler or completion: never wait for ourselves; the loop posts it next.
-      local_queue_.push_back(std::move(op));
-      return;
+    switch (sends_.Push(op)) {
+      case SendQueue<SendOp>::Pushed::kQueued:
+        break;
+      case SendQueue<SendOp>::Pushed::kQueuedWake:
+        Wake();
+        break;
+      case SendQueue<SendOp>::Pushed::kClosed:  // No progress thread is left to run `done`.
+        Finish(std::move(op), SendCancelled(peer_address));
+        break;
     }
-    bool wake = false;
-    {
-      std::unique_lock lock(mu_);
-      if (!closed_) {
-        wake = queue_.empty();
-        queue_.push_back(std::move(op));
-      }
-    }
-    if (op != nullptr) {  // The transport is shut down: no progress thread to run `done`.
-      Finish(std::move(op), Cancelled(peer_address));
-      return;
-    }
-    if (wake) Wake();
   }
 
   void Shutdown() {
-    {
-      std::lock_guard lock(mu_);
-      stop_requested_ = true;
-    }
+    sends_.RequestStop();
     Wake();
-    if (progress_thread_id_.load() == std::this_thread::get_id()) {
+    if (sends_.OnProgressThread()) {
       Log()->warn(
           "ucx transport {}: shutdown called on its progress thread; it stops after the "
           "current callback",
@@ -240,11 +222,6 @@ class UcxTransport::Impl {
     std::unique_ptr<Conn> conn;
   };
 
-  static absl::Status Cancelled(const std::string& address) {
-    return absl::CancelledError(
-        absl::StrCat("send to ", address, " cancelled: transport shut down"));
-  }
-
   static void Finish(std::unique_ptr<SendOp> op, absl::Status status) {
     if (op->done) op->done(std::move(status));
   }
@@ -258,7 +235,7 @@ class UcxTransport::Impl {
   // --- Progress thread only below. ---
 
   void Run(std::promise<absl::Status>& started) {
-    progress_thread_id_.store(std::this_thread::get_id());
+    sends_.SetProgressThread();
     absl::Status status = Init();
     if (!status.ok()) {
       Teardown();
@@ -398,15 +375,7 @@ class UcxTransport::Impl {
 
   // Takes the sends queued by other threads and posts them; notices a stop request.
   bool DrainQueue() {
-    std::vector<std::unique_ptr<SendOp>> ops;
-    {
-      std::lock_guard lock(mu_);
-      ops.swap(queue_);
-      if (stop_requested_) {
-        stopping_ = true;
-        closed_ = true;
-      }
-    }
+    std::vector<std::unique_ptr<SendOp>> ops = sends_.Take(&stopping_);
     for (auto& op : ops) Post(std::move(op));
     return !ops.empty();
   }
@@ -420,9 +389,7 @@ class UcxTransport::Impl {
       Accept(request);
       worked = true;
     }
-    while (!local_queue_.empty()) {
-      std::unique_ptr<SendOp> op = std::move(local_queue_.front());
-      local_queue_.pop_front();
+    while (std::unique_ptr<SendOp> op = sends_.PopLocal()) {
       Post(std::move(op));
       worked = true;
     }
@@ -436,7 +403,7 @@ class UcxTransport::Impl {
       return;
     }
     if (stopping_) {
-      absl::Status cancelled = Cancelled(op->address);
+      absl::Status cancelled = SendCancelled(op->address);
       Finish(std::move(op), std::move(cancelled));
       return;
     }
@@ -496,7 +463,7 @@ class UcxTransport::Impl {
       return;
     }
     if (stopping_) {
-      absl::Status cancelled = Cancelled(op->address);
+      absl::Status cancelled = SendCancelled(op->address);
       Finish(std::move(op), std::move(cancelled));
       return;
     }
@@ -824,10 +791,7 @@ class UcxTransport::Impl {
 
   void Deliver(std::span<const std::byte> header, std::span<const std::byte> payload) {
     std::shared_ptr<const ReceiveHandler> handler;
-    {
-      std::lock_guard lock(handler_mu_);
-      handler = handler_;
-    }
+    { handler = handler_.Get(); }
     if (handler == nullptr || !*handler) {
       Log()->warn("ucx transport {}: no receive handler; dropping a {}-byte message", address_,
                   payload.size());
@@ -839,13 +803,7 @@ class UcxTransport::Impl {
   // Stops accepting work, fails what is pending with CANCELLED, and releases the UCX objects.
   void Teardown() {
     stopping_ = true;
-    std::vector<std::unique_ptr<SendOp>> queued;
-    {
-      std::lock_guard lock(mu_);
-      closed_ = true;
-      queued.swap(queue_);
-    }
-    for (auto& op : queued) Post(std::move(op));
+    for (auto& op : sends_.Close()) Post(std::move(op));
     RunLocalWork();  // Rejects pending accepts, cancels local sends.
     if (listener_ != nullptr) {
       ucp_listener_destroy(listener_);
@@ -892,7 +850,7 @@ class UcxTransport::Impl {
     for (SendOp* op : leftovers) {
       std::unique_ptr<SendOp> owned(op);
       if (owned->hello) continue;
-      absl::Status cancelled = Cancelled(owned->address);
+      absl::Status cancelled = SendCancelled(owned->address);
       Finish(std::move(owned), std::move(cancelled));
     }
     for (RndvRecv* recv : rndv_in_flight_) delete recv;
@@ -904,31 +862,24 @@ class UcxTransport::Impl {
       ucp_cleanup(context_);
       context_ = nullptr;
     }
-    progress_thread_id_.store(std::thread::id());
+    sends_.ClearProgressThread();
   }
 
   const UcxTransportOptions options_;
   std::string address_;  // Written before Start returns, constant after.
   std::thread thread_;
-  std::atomic<std::thread::id> progress_thread_id_;
   int event_fd_ = -1;  // Created before Start returns; closed by the destructor.
   int epoll_fd_ = -1;
   std::mutex join_mu_;
 
-  std::mutex mu_;
-  std::vector<std::unique_ptr<SendOp>> queue_;  // Guarded by mu_.
-  bool stop_requested_ = false;                 // Guarded by mu_.
-  bool closed_ = false;  // Guarded by mu_; no more sends are queued once set.
-
-  std::mutex handler_mu_;
-  std::shared_ptr<const ReceiveHandler> handler_;  // Guarded by handler_mu_.
+  SendQueue<SendOp> sends_;
+  ReceiveHandlerSlot handler_;
 
   // --- Progress thread only. ---
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   ucp_listener_h listener_ = nullptr;
   bool stopping_ = false;
-  std::deque<std::unique_ptr<SendOp>> local_queue_;
   std::deque<ucp_conn_request_h> pending_accepts_;
   std::unordered_map<std::string, std::shared_ptr<Peer>> peers_;
   std::unordered_map<uint64_t, std::unique_ptr<Conn>> conns_;
