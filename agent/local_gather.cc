@@ -77,9 +77,13 @@ void LocalGather::Add(const LocalJob& job, const GatherKey& key, Submission sub,
   gather->slots[rank] = std::move(sub);
   if (++gather->filled < job.procs_per_node) {
     // A rank whose process already left will never submit: fail now, not at the deadline.
-    for (auto& [departed, state] : departed_[key.job_id]) {
+    for (const auto& [departed, why] : departed_[key.job_id]) {
       if (departed < gather->slots.size() && !gather->slots[departed]) {
-        FailForDeparted(key, *gather, departed, state, after);
+        Fail(key, *gather,
+             absl::AbortedError(absl::StrCat(What(key), " iteration ", key.iteration,
+                                             ": local rank ", departed, " ended (", why,
+                                             ") and cannot submit it")),
+             after);
         gathers_.erase(key);
         break;
       }
@@ -172,12 +176,15 @@ void LocalGather::Fail(const GatherKey& key, Gather& gather, const absl::Status&
 
 void LocalGather::RankEnded(const std::string& job_id, uint32_t rank, const std::string& why,
                             Deferred& after) {
-  Departed& departed = departed_[job_id][rank];
-  departed.why = why;
+  departed_[job_id][rank] = why;
   // Gathers that still wait for this rank can never complete.
   for (auto g = gathers_.begin(); g != gathers_.end();) {
     if (g->first.job_id == job_id && rank < g->second->slots.size() && !g->second->slots[rank]) {
-      FailForDeparted(g->first, *g->second, rank, departed, after);
+      const GatherKey key = g->first;
+      Fail(key, *g->second,
+           absl::AbortedError(absl::StrCat(What(key), " iteration ", key.iteration, ": local rank ",
+                                           rank, " ended (", why, ") before submitting it")),
+           after);
       g = gathers_.erase(g);
     } else {
       ++g;
@@ -185,27 +192,8 @@ void LocalGather::RankEnded(const std::string& job_id, uint32_t rank, const std:
   }
 }
 
-std::map<std::string, uint64_t> LocalGather::RankJoined(const std::string& job_id, uint32_t rank) {
-  auto job = departed_.find(job_id);
-  if (job == departed_.end()) return {};
-  auto it = job->second.find(rank);
-  if (it == job->second.end()) return {};
-  std::map<std::string, uint64_t> skipped = std::move(it->second.skipped);
-  job->second.erase(it);
-  if (job->second.empty()) departed_.erase(job);
-  return skipped;
-}
-
-void LocalGather::FailForDeparted(const GatherKey& key, Gather& gather, uint32_t rank,
-                                  Departed& departed, Deferred& after) {
-  uint64_t& next = departed.skipped[key.tensor];
-  next = std::max(next, key.iteration + 1);
-  Fail(key, gather,
-       absl::AbortedError(absl::StrCat(What(key), " iteration ", key.iteration, ": local rank ",
-                                       rank, " ended (", departed.why,
-                                       ") before submitting it; a process that joins in its "
-                                       "place continues after this iteration")),
-       after);
+void LocalGather::RankJoined(const std::string& job_id, uint32_t rank) {
+  departed_[job_id].erase(rank);
 }
 
 void LocalGather::JobsChanged(const std::vector<LocalJob>& jobs, Deferred& after) {

@@ -94,11 +94,8 @@ class LocalGather {
   // Local rank `rank` of `job_id` ended (`why`, for the message): gathers still missing it
   // fail with ABORTED, now and whenever a later one misses it, until RankJoined.
   void RankEnded(const std::string& job_id, uint32_t rank, const std::string& why, Deferred& after);
-  // A new session holds local rank `rank` of `job_id`. Returns, per tensor name, the iteration
-  // after the last one that failed here for lack of the departed rank: the other ranks have
-  // moved past those, so the newcomer must not submit them (SessionRegistry's inherited
-  // counters may still be behind them).
-  std::map<std::string, uint64_t> RankJoined(const std::string& job_id, uint32_t rank);
+  // A new session holds local rank `rank` of `job_id`.
+  void RankJoined(const std::string& job_id, uint32_t rank);
   // Fails with DEADLINE_EXCEEDED, naming the missing local ranks, the gathers older than their
   // job's op_timeout at `now`; resubmissions that waited that long for a newer plan fail with
   // UNAVAILABLE (retriable).
@@ -136,19 +133,9 @@ class LocalGather {
   // gather's `created` is reset to when it started waiting.
   std::map<GatherKey, std::unique_ptr<Gather>> waiting_;
   RetriableFailure on_retriable_;
-  // A local rank whose session ended: why, and per tensor name the iteration after the last
-  // gather that failed for lack of it.
-  struct Departed {
-    std::string why;
-    std::map<std::string, uint64_t> skipped;
-  };
-  // Fails the gather (key, gather) for lack of departed rank `rank`. Does not erase it.
-  void FailForDeparted(const GatherKey& key, Gather& gather, uint32_t rank, Departed& departed,
-                       Deferred& after);
-
-  // Per job, the local ranks whose session ended: a gather missing one of them can never
+  // Local ranks whose session ended, per job, with why: a gather missing one of them can never
   // complete. A new session for the rank clears it.
-  std::map<std::string, std::map<uint32_t, Departed>> departed_;
+  std::map<std::string, std::map<uint32_t, std::string>> departed_;
 };
 
 }  // namespace tributary::agent

@@ -71,19 +71,14 @@ absl::Status LocalService::Join(const tributary::v1::JoinJobRequest& req,
   if (shut_down_) return absl::UnavailableError("the agent is shutting down");
   ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
                    sessions_.Join(req.job_id(), req.local_rank(), req.local_size()));
-  // Iterations that failed here for lack of this rank are behind the other processes too.
-  for (const auto& [tensor, next] : gather_.RankJoined(req.job_id(), req.local_rank())) {
-    uint64_t& counter = session->iterations[tensor];
-    counter = std::max(counter, next);
-  }
+  gather_.RankJoined(req.job_id(), req.local_rank());
   const LocalJob& job = *sessions_.FindJob(req.job_id());
   resp->set_session_id(session->id);
   resp->set_global_rank(job.node_rank * job.procs_per_node + req.local_rank());
   resp->set_world_size(job.num_nodes * job.procs_per_node);
   resp->set_plan_version(job.plan_version);
-  Log()->info("session {} joined job {} as local rank {}/{} (global rank {}){}", session->id,
-              req.job_id(), req.local_rank(), req.local_size(), resp->global_rank(),
-              session->resumed ? ", continuing the iterations of the rank's previous process" : "");
+  Log()->info("session {} joined job {} as local rank {}/{} (global rank {})", session->id,
+              req.job_id(), req.local_rank(), req.local_size(), resp->global_rank());
   return absl::OkStatus();
 }
 

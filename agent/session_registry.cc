@@ -27,7 +27,6 @@ std::string NewSessionId() {
 void SessionRegistry::SetJobs(const std::vector<LocalJob>& jobs) {
   jobs_.clear();
   for (const LocalJob& j : jobs) jobs_[j.job_id] = j;
-  std::erase_if(ended_, [&](const auto& entry) { return !jobs_.contains(entry.first.first); });
 }
 
 const LocalJob* SessionRegistry::FindJob(const std::string& job_id) const {
@@ -64,12 +63,6 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Join(const std::string
   session->job_id = job_id;
   session->local_rank = local_rank;
   session->local_size = local_size;
-  if (auto ended = ended_.find({job_id, local_rank}); ended != ended_.end()) {
-    session->iterations = std::move(ended->second.iterations);
-    session->failed = std::move(ended->second.failed);
-    session->resumed = true;
-    ended_.erase(ended);
-  }
   sessions_[session->id] = session;
   return session;
 }
@@ -91,9 +84,6 @@ std::shared_ptr<Session> SessionRegistry::Remove(const std::string& session_id) 
   if (it == sessions_.end()) return nullptr;
   std::shared_ptr<Session> session = std::move(it->second);
   sessions_.erase(it);
-  if (jobs_.contains(session->job_id)) {
-    ended_[{session->job_id, session->local_rank}] = {session->iterations, session->failed};
-  }
   return session;
 }
 

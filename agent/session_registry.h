@@ -47,8 +47,6 @@ struct Session {
   std::map<uint64_t, std::shared_ptr<OpHandle>> handles;  // by handle id, until reported
   uint64_t next_handle = 1;
   std::vector<std::function<void()>> on_end;  // run once when the session ends
-  // The session took over the iteration counters of an ended session of the same local rank.
-  bool resumed = false;
 };
 
 // Not thread-safe: LocalService serializes every call under its mutex.
@@ -62,31 +60,20 @@ class SessionRegistry {
   // A new session for local rank `local_rank` of `local_size` in `job_id`. FAILED_PRECONDITION
   // when the node has no plan for the job, INVALID_ARGUMENT when local_size is not the job's
   // procs_per_node or local_rank is not below it, ALREADY_EXISTS when another session holds
-  // the rank. A session that replaces an ended one of the same rank (a restarted process)
-  // continues its iteration counters and its pending retries (`resumed`), so that its next
-  // submission of each name pairs with the other processes' next one, not with iteration 0.
+  // the rank.
   absl::StatusOr<std::shared_ptr<Session>> Join(const std::string& job_id, uint32_t local_rank,
                                                 uint32_t local_size);
   // NOT_FOUND (telling the process to join first) when there is no such session.
   absl::StatusOr<std::shared_ptr<Session>> Find(const std::string& session_id) const;
-  // Forgets the session and returns it (its counters are kept for the rank's next session);
-  // null when there is none.
+  // Forgets the session and returns it; null when there is none.
   std::shared_ptr<Session> Remove(const std::string& session_id);
 
   const std::map<std::string, std::shared_ptr<Session>>& sessions() const { return sessions_; }
   size_t size() const { return sessions_.size(); }
 
  private:
-  // What an ended session leaves to the next one of its (job, local rank).
-  struct Counters {
-    std::map<std::string, uint64_t> iterations;
-    std::map<std::string, std::map<uint64_t, uint64_t>> failed;
-  };
-
   std::map<std::string, LocalJob> jobs_;
   std::map<std::string, std::shared_ptr<Session>> sessions_;
-  // By (job, local rank); dropped with the job.
-  std::map<std::pair<std::string, uint32_t>, Counters> ended_;
 };
 
 }  // namespace tributary::agent

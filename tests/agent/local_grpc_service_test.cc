@@ -163,8 +163,7 @@ TEST_F(LocalGrpcServiceTest, CancelledKeepAliveEndsTheSessionAndFailsItsPeersGat
   EXPECT_EQ(failed.code(), absl::StatusCode::kAborted);
   EXPECT_EQ(failed.message(),
             "job 'job' tensor 'grad' iteration 0: local rank 1 ended (its process "
-            "disconnected) before submitting it; a process that joins in its place continues "
-            "after this iteration");
+            "disconnected) before submitting it");
 }
 
 TEST_F(LocalGrpcServiceTest, LeaveEndsTheKeepAliveStream) {

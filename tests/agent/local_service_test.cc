@@ -201,8 +201,7 @@ TEST_F(LocalServiceTest, KeepAliveEndFailsTheGathersMissingThatRank) {
   EXPECT_EQ(aborted.code(), absl::StatusCode::kAborted);
   EXPECT_EQ(aborted.message(),
             "job 'job' tensor 'grad' iteration 0: local rank 1 ended (its process disconnected) "
-            "before submitting it; a process that joins in its place continues after this "
-            "iteration");
+            "before submitting it");
   // The other nodes are told.
   ASSERT_EQ(runner_.aborts().size(), 1u);
   EXPECT_EQ(runner_.aborts()[0].job_id, "job");
@@ -217,8 +216,7 @@ TEST_F(LocalServiceTest, KeepAliveEndFailsTheGathersMissingThatRank) {
   EXPECT_EQ(at_once.code(), absl::StatusCode::kAborted);
   EXPECT_EQ(at_once.message(),
             "job 'job' tensor 'bias' iteration 0: local rank 1 ended (its process disconnected) "
-            "before submitting it; a process that joins in its place continues after this "
-            "iteration");
+            "and cannot submit it");
   EXPECT_EQ(runner_.aborts().size(), 2u);
 
   // A new process for rank 1 clears it.
@@ -228,40 +226,6 @@ TEST_F(LocalServiceTest, KeepAliveEndFailsTheGathersMissingThatRank) {
   EXPECT_FALSE(Await(s0_, *next)->done);
   EXPECT_EQ(runner_.aborts().size(), 2u);
   EXPECT_EQ(runner_.num_starts(), 0u);
-}
-
-TEST_F(LocalServiceTest, AProcessThatReplacesAnEndedOneContinuesItsIterations) {
-  ASSERT_NO_FATAL_FAILURE(JoinBoth());
-  // Iterations 0 and 1 of "w" complete with both ranks.
-  for (int i = 0; i < 2; ++i) {
-    ASSERT_TRUE(Submit(Request(s0_, "w", b0_)).ok());
-    ASSERT_TRUE(Submit(Request(s1_, "w", b1_)).ok());
-  }
-  ASSERT_EQ(runner_.num_starts(), 2u);
-  // Rank 1 dies before its iteration 2 of "w" and before iteration 0 of "b"; rank 0 goes on.
-  auto w2 = Submit(Request(s0_, "w", b0_));
-  ASSERT_TRUE(w2.ok());
-  service_.EndSession(s1_, "it was killed");
-  EXPECT_EQ(Result(s0_, *w2).code(), absl::StatusCode::kAborted);
-  auto b0 = Submit(Request(s0_, "b", b0_));
-  ASSERT_TRUE(b0.ok());
-  EXPECT_EQ(Result(s0_, *b0).code(), absl::StatusCode::kAborted);
-
-  // Its replacement continues: "w" at iteration 3 and "b" at 1, where rank 0 is next.
-  auto replacement = JoinAs(1);
-  ASSERT_TRUE(replacement.ok()) << replacement.status();
-  const std::string s1 = replacement->session_id();
-  auto b1 = Register(s1, shm1_, shm1_.size());
-  ASSERT_TRUE(b1.ok()) << b1.status();
-  for (const std::string tensor : {"w", "b"}) {
-    ASSERT_TRUE(Submit(Request(s0_, tensor, b0_)).ok());
-    ASSERT_TRUE(Submit(Request(s1, tensor, *b1)).ok());
-  }
-  ASSERT_EQ(runner_.num_starts(), 4u);
-  EXPECT_EQ(runner_.start(2).op.tensor_name, "w");
-  EXPECT_EQ(runner_.start(2).op.iteration, 3u);
-  EXPECT_EQ(runner_.start(3).op.tensor_name, "b");
-  EXPECT_EQ(runner_.start(3).op.iteration, 1u);
 }
 
 TEST_F(LocalServiceTest, ShutdownEndsSessionsParkedWaitsAndNewJoins) {
