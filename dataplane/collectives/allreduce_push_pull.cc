@@ -51,6 +51,11 @@ uint64_t FloorKiB(uint64_t bytes) { return bytes / 1024 * 1024; }
 
 }  // namespace
 
+std::chrono::milliseconds WorkerGrace(std::chrono::milliseconds op_timeout) {
+  return std::clamp<std::chrono::milliseconds>(op_timeout / 8, std::chrono::milliseconds(250),
+                                               std::chrono::milliseconds(5000));
+}
+
 bool PartitionTuned(const JobView& job, uint64_t tensor_bytes) {
   return job.tune_partition && tensor_bytes >= 2 * kTuneMinPartition;
 }
@@ -714,8 +719,9 @@ absl::Status PushPullWorker::StartLocked(const std::string& job_id, Operation& o
           Log()->debug("{} iteration {} waits for iteration {} (partition tuning)", what,
                        op.iteration, before.iteration);
         }
-        held_[before].push_back(
-            Held{job_id, std::move(op), deadline.value_or(clock_->Now() + job->op_timeout)});
+        held_[before].push_back(Held{
+            job_id, std::move(op),
+            deadline.value_or(clock_->Now() + job->op_timeout + WorkerGrace(job->op_timeout))});
         stats_->ops_held++;
         return absl::OkStatus();
       }
@@ -751,7 +757,8 @@ absl::Status PushPullWorker::StartLocked(const std::string& job_id, Operation& o
     state->num_chunks = PushPullChunks(op.count, element_size, partition, state->map.num_servers());
     state->chunk_state.assign(state->num_chunks, 0);
     state->outstanding.assign(state->map.num_servers(), 0);
-    state->deadline = deadline.value_or(clock_->Now() + job->op_timeout);
+    state->deadline =
+        deadline.value_or(clock_->Now() + job->op_timeout + WorkerGrace(job->op_timeout));
     if (common::Trace::enabled()) {
       state->started_at = std::chrono::steady_clock::now();
       state->sent_at.resize(state->num_chunks);

@@ -93,6 +93,16 @@ inline constexpr uint64_t kTuneMinPartition = uint64_t{64} << 10;
 inline constexpr uint64_t kTuneMaxPartition = uint64_t{16} << 20;
 bool PartitionTuned(const JobView& job, uint64_t tensor_bytes);
 
+// How much longer than the job's op timeout a worker waits before it fails a push/pull
+// collective on its own: op_timeout / 8, at least 250 ms and at most 5 s. A summation server
+// fails a chunk op_timeout after its first push and tells every worker, so with this margin the
+// server's verdict -- a sum, or an error naming the missing workers -- reaches all workers
+// before any of them gives up, and all see the same outcome. (Without it, a contribution
+// arriving just before the server's sweep completed the sum after the earliest workers had
+// already timed out: OK for some workers, DEADLINE_EXCEEDED for others.) The worker's own
+// deadline remains for a server that never answers.
+std::chrono::milliseconds WorkerGrace(std::chrono::milliseconds op_timeout);
+
 // The summation service of one node.
 //
 // Holds one accumulator per chunk in flight, created on the first push and freed once the sum

@@ -237,6 +237,33 @@ TEST(PushPull, MissingWorkerTimesOutNamingIt) {
   }
 }
 
+TEST(PushPull, AContributionJustBeforeTheServerSweepCompletesForEveryWorker) {
+  // Ranks 0 and 1 submit; rank 2 comes just after their op timeout (5 s) but before the server's
+  // sweep: the server completes the sum, and ranks 0 and 1 must not have given up on their own
+  // in between (WorkerGrace), or the same collective would be OK for rank 2 only.
+  Cluster cluster(PushPullCluster(3, 1, 1));
+  Buffers b = MakeBuffers(3, 1, DataType::kFloat32, 100,
+                          [](int g, uint64_t i) { return (g + 1) * (i % 5 + 1); });
+  std::vector<std::future<absl::Status>> f;
+  for (int node = 0; node < 2; ++node) {
+    f.push_back(
+        cluster.Start(node, MakeOp("grad", 0, DataType::kFloat32, 100, Reduction::kSum, b[node])));
+  }
+  cluster.clock().Advance(std::chrono::milliseconds(5100));
+  for (int node = 0; node < 3; ++node) cluster.node(node).push_pull().worker().ExpireStale();
+  for (auto& x : f) {
+    EXPECT_EQ(x.wait_for(std::chrono::milliseconds(20)), std::future_status::timeout);
+  }
+  f.push_back(cluster.Start(2, MakeOp("grad", 0, DataType::kFloat32, 100, Reduction::kSum, b[2])));
+  for (auto& x : f) EXPECT_TRUE(Await(x).ok());
+  EXPECT_EQ(CountWrong(DataType::kFloat32, b, 100, [](uint64_t i) { return 6.0 * (i % 5 + 1); }),
+            0);
+  // The worker's own deadline still fires for a server that never answers: op timeout + grace.
+  EXPECT_EQ(WorkerGrace(std::chrono::milliseconds(5000)), std::chrono::milliseconds(625));
+  EXPECT_EQ(WorkerGrace(std::chrono::milliseconds(1000)), std::chrono::milliseconds(250));
+  EXPECT_EQ(WorkerGrace(std::chrono::minutes(10)), std::chrono::milliseconds(5000));
+}
+
 TEST(PushPull, AbortFromOneWorkerFailsEveryWorkerAtOnce) {
   Cluster cluster(PushPullCluster(3, 2, 1));
   Buffers b = MakeBuffers(3, 1, DataType::kFloat32, 5000, [](int, uint64_t) { return 1; });
