@@ -1,6 +1,7 @@
 #include "client/cli/cli_common.h"
 
 #include <chrono>
+#include <filesystem>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -132,6 +133,12 @@ absl::StatusOr<std::string> MessageToJson(const google::protobuf::Message& messa
         absl::StrCat("converting to JSON failed: ", std::string(status.message())));
   }
   return out;
+}
+
+std::string ExecutableDir() {
+  std::error_code ec;
+  auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string(".") : exe.parent_path().string();
 }
 
 }  // namespace tributary::client::cli

@@ -59,6 +59,9 @@ class ControllerClient {
   std::unique_ptr<v1::Controller::Stub> stub_;
 };
 
+// The folder of the running executable (the controller and agent binaries sit next to it).
+std::string ExecutableDir();
+
 // A protobuf message as indented JSON with every field (proto field names).
 absl::StatusOr<std::string> MessageToJson(const google::protobuf::Message& message);
 

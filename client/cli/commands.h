@@ -21,6 +21,10 @@ void AddDeleteJobCommand(CLI::App& app, GlobalOptions& global);
 // `tributary bench-rank --agent ... --job J ...`: one process of a collective sweep.
 void AddBenchRankCommand(CLI::App& app, GlobalOptions& global);
 
+// `tributary chaos --trials N [--faults ...] [--json]`: fault injection against a local
+// cluster; and `tributary chaos-rank`, one process of its workload.
+void AddChaosCommands(CLI::App& app, GlobalOptions& global);
+
 // `tributary topo [--topology F] [--gpus 0,1,2,5] [--links nvlink|all] [--json]`: a node's
 // topology (a file or this machine), its intra-node strategy, tree packings and ring.
 void AddTopoCommand(CLI::App& app, GlobalOptions& global);

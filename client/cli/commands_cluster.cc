@@ -29,13 +29,6 @@ namespace {
 volatile std::sig_atomic_t g_interrupted = 0;
 void OnInterrupt(int) { g_interrupted = 1; }
 
-// The folder of the running executable: the controller and agent binaries sit next to it.
-std::string BinDir() {
-  std::error_code ec;
-  auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string(".") : exe.parent_path().string();
-}
-
 struct ClusterFlags {
   int workers = 4;
   int spares = 2;
@@ -79,7 +72,7 @@ void AddClusterFlags(CLI::App* cmd, ClusterFlags* f) {
 
 absl::StatusOr<std::unique_ptr<LocalCluster>> StartCluster(const ClusterFlags& f) {
   LocalClusterOptions o;
-  o.bin_dir = BinDir();
+  o.bin_dir = ExecutableDir();
   o.run_dir = f.run_dir;
   o.workers = f.workers;
   o.spares = f.spares;
@@ -196,7 +189,7 @@ absl::StatusOr<std::map<uint64_t, Row>> RunSweep(LocalCluster& cluster, const Be
     for (int r = 0; r < f.procs_per_node; ++r) {
       const std::string log = absl::StrCat(cluster.run_dir(), "/", job, "-", node, "-", r, ".out");
       std::filesystem::remove(log);
-      ASSIGN_OR_RETURN(pid_t pid, SpawnProcess({BinDir() + "/tributary",
+      ASSIGN_OR_RETURN(pid_t pid, SpawnProcess({ExecutableDir() + "/tributary",
                                                 "bench-rank",
                                                 "--agent",
                                                 cluster.agent_address(node),

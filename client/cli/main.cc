@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   cli::AddLocalClusterCommand(app, global);
   cli::AddBenchCommand(app, global);
   cli::AddTopoCommand(app, global);
+  cli::AddChaosCommands(app, global);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
