@@ -210,6 +210,14 @@ tributary::v1::NodeLoad Agent::SampleLoad(double elapsed) {
     j->set_job_id(job_id);
     j->set_bytes(o.bytes);
     j->set_seconds(o.seconds);
+    j->set_wire_bytes_sent(o.wire_bytes_sent);
+    j->set_wire_bytes_received(o.wire_bytes_received);
+    j->set_collectives(o.collectives);
+    j->set_busy_seconds(o.busy_seconds);
+    j->set_iterations(o.iterations);
+    j->set_iteration_seconds(o.iteration_seconds);
+    j->set_iteration_max_seconds(o.iteration_max_seconds);
+    j->set_iteration_busy_seconds(o.iteration_busy_seconds);
   }
   return load;
 }

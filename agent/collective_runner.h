@@ -21,10 +21,23 @@
 
 namespace tributary::agent {
 
-// Bytes and summed seconds of the operations of one job completed OK.
+// What this node did for one job over an interval (tributary.v1.JobObservation's fields).
 struct JobObservation {
+  // Bytes and summed seconds of the operations completed OK.
   uint64_t bytes = 0;
   double seconds = 0;
+  // Data-plane bytes of the job's messages sent and received (any role).
+  uint64_t wire_bytes_sent = 0;
+  uint64_t wire_bytes_received = 0;
+  // Operations completed, and the seconds with at least one in flight.
+  uint64_t collectives = 0;
+  double busy_seconds = 0;
+  // Iterations ended (successive starts of the job's first tensor name), their summed and
+  // longest lengths and the busy seconds inside them.
+  uint64_t iterations = 0;
+  double iteration_seconds = 0;
+  double iteration_max_seconds = 0;
+  double iteration_busy_seconds = 0;
 };
 
 // Implementations are thread-safe: the controller-client thread sets jobs, gRPC threads start

@@ -140,12 +140,18 @@ void DataPlaneRunner::SetJob(const dataplane::JobView& view, dataplane::Algorith
     Log()->error("job {} plan v{}: {}; its data-plane messages will be refused", view.job_id,
                  view.plan_version, s.message());
   }
+  {
+    std::lock_guard lock(jobs_mu_);
+    job_ids_[view.job_hash()] = view.job_id;
+  }
   node_->SetJob(view, algorithm);
 }
 
 void DataPlaneRunner::RemoveJob(const std::string& job_id) {
   node_->RemoveJob(job_id);
   auth_->RemoveJob(common::StableHash64(job_id));
+  std::lock_guard lock(jobs_mu_);
+  job_ids_.erase(common::StableHash64(job_id));
 }
 
 absl::Status DataPlaneRunner::Start(const std::string& job_id, dataplane::Operation op) {
@@ -165,7 +171,24 @@ void DataPlaneRunner::Tick() {
 std::map<std::string, JobObservation> DataPlaneRunner::TakeObservations() {
   std::map<std::string, JobObservation> out;
   for (const auto& [job_id, o] : node_->TakeObservations()) {
-    out[job_id] = JobObservation{o.bytes, o.seconds};
+    out[job_id] = JobObservation{.bytes = o.bytes,
+                                 .seconds = o.seconds,
+                                 .collectives = o.collectives,
+                                 .busy_seconds = o.busy_seconds,
+                                 .iterations = o.iterations,
+                                 .iteration_seconds = o.iteration_seconds,
+                                 .iteration_max_seconds = o.iteration_max_seconds,
+                                 .iteration_busy_seconds = o.iteration_busy_seconds};
+  }
+  const std::map<uint64_t, dataplane::AuthenticatingTransport::JobBytes> bytes =
+      auth_->TakeJobBytes();
+  std::lock_guard lock(jobs_mu_);
+  for (const auto& [job_hash, b] : bytes) {
+    auto id = job_ids_.find(job_hash);
+    if (id == job_ids_.end()) continue;  // removed meanwhile
+    JobObservation& o = out[id->second];
+    o.wire_bytes_sent = b.sent;
+    o.wire_bytes_received = b.received;
   }
   return out;
 }

@@ -3,7 +3,9 @@
 // routes push/pull, ring and halving-doubling).
 #pragma once
 
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -89,6 +91,8 @@ class DataPlaneRunner final : public CollectiveRunner {
   dataplane::CountingTransport* counting_ = nullptr;    // under auth_
   dataplane::AuthenticatingTransport* auth_ = nullptr;  // the outermost transport (transport_)
   std::unique_ptr<dataplane::DataPlaneNode> node_;
+  std::mutex jobs_mu_;
+  std::map<uint64_t, std::string> job_ids_;  // by job hash, the jobs set; guarded by jobs_mu_
 };
 
 // Measures this CPU's fp32 summation rate (bytes of input added per second).

@@ -2,6 +2,7 @@
 
 #include <sys/random.h>
 
+#include <algorithm>
 #include <cmath>
 #include <regex>
 #include <set>
@@ -61,7 +62,11 @@ bool SamePlan(tributary::v1::JobPlan a, tributary::v1::JobPlan b) {
 
 ClusterState::ClusterState(const common::Clock* clock, Options options, uint64_t incarnation_seed,
                            prometheus::Registry* registry, StateStore* store)
-    : clock_(clock), options_(options), store_(store), next_incarnation_(incarnation_seed) {
+    : clock_(clock),
+      options_(options),
+      store_(store),
+      next_incarnation_(incarnation_seed),
+      job_stats_(options.job_stats_window) {
   if (registry == nullptr) {
     own_registry_ = std::make_unique<prometheus::Registry>();
     registry = own_registry_.get();
@@ -316,7 +321,7 @@ absl::Status ClusterState::Heartbeat(const tributary::v1::HeartbeatRequest& req,
     }
     NodeEntry& node = it->second;
     node.load = req.load();
-    if (!req.load().jobs().empty()) RecordObservationsLocked(req.load());
+    if (!req.load().jobs().empty()) RecordObservationsLocked(req.node_id(), req.load());
     node.last_heartbeat = clock_->Now();
     if (!node.alive) {
       returned = true;
@@ -682,9 +687,12 @@ absl::Status ClusterState::ListNodes(const tributary::v1::ListNodesRequest& req,
   return absl::OkStatus();
 }
 
-void ClusterState::RecordObservationsLocked(const tributary::v1::NodeLoad& load) {
+void ClusterState::RecordObservationsLocked(const std::string& node_id,
+                                            const tributary::v1::NodeLoad& load) {
+  const auto now = clock_->Now();
   for (const auto& o : load.jobs()) {
     if (!jobs_.contains(o.job_id())) continue;  // bounded label set: known jobs only
+    job_stats_.Record(node_id, o, now);
     const prometheus::Labels l{{"job", o.job_id()}};
     observed_bytes_->Add(l).Increment(static_cast<double>(o.bytes()));
     observed_seconds_->Add(l).Increment(o.seconds());
@@ -753,7 +761,119 @@ std::vector<prometheus::MetricFamily> ClusterState::CollectMetrics() const {
   for (const auto& [id, entry] : jobs_) {
     AddSample(out.back(), entry.job.plan().ring_seconds_per_byte(), {{"job", id}});
   }
+  // Per-job statistics over the window (GetJobStats): only jobs with reports in it.
+  std::vector<std::pair<std::string, tributary::v1::JobStats>> stats;
+  const auto now = clock_->Now();
+  for (const auto& [id, entry] : jobs_) {
+    if (!job_stats_.HasData(id, now)) continue;
+    JobStatsLocked(entry, &stats.emplace_back(id, tributary::v1::JobStats()).second);
+  }
+  out.push_back(MakeFamily("tributary_controller_job_achieved_bytes_per_second",
+                           "Data-plane bytes a worker node sent and received per second of its "
+                           "busy time (the job's collectives in flight), over the window.",
+                           MetricType::Gauge));
+  for (const auto& [id, s] : stats) {
+    if (s.achieved_bytes_per_s() > 0)
+      AddSample(out.back(), s.achieved_bytes_per_s(), {{"job", id}});
+  }
+  out.push_back(MakeFamily("tributary_controller_job_comm_fraction",
+                           "Fraction of the job's iteration time with a collective in flight, "
+                           "over the window's iterations on worker nodes.",
+                           MetricType::Gauge));
+  for (const auto& [id, s] : stats) {
+    if (s.iterations() > 0) AddSample(out.back(), s.comm_fraction(), {{"job", id}});
+  }
+  out.push_back(MakeFamily("tributary_controller_job_iteration_seconds",
+                           "The job's iteration time on worker nodes over the window (stat: mean, "
+                           "max).",
+                           MetricType::Gauge));
+  for (const auto& [id, s] : stats) {
+    if (s.iterations() == 0) continue;
+    AddSample(out.back(), s.mean_iteration_seconds(), {{"job", id}, {"stat", "mean"}});
+    AddSample(out.back(), s.max_iteration_seconds(), {{"job", id}, {"stat", "max"}});
+  }
+  out.push_back(MakeFamily("tributary_controller_job_observed_to_predicted_ratio",
+                           "Observed all-reduce seconds per byte (busy time / operation bytes on "
+                           "worker nodes) over the plan's prediction.",
+                           MetricType::Gauge));
+  for (const auto& [id, s] : stats) {
+    if (s.observed_to_predicted() > 0) {
+      AddSample(out.back(), s.observed_to_predicted(), {{"job", id}});
+    }
+  }
   return out;
+}
+
+double ClusterState::WorkerNicLocked(const tributary::v1::Job& job) const {
+  double nic = 0;
+  for (const std::string& w : job.spec().worker_nodes()) {
+    auto it = nodes_.find(w);
+    if (it == nodes_.end()) continue;
+    const double b = it->second.inventory->nic_bytes_per_s();
+    if (b > 0 && (nic == 0 || b < nic)) nic = b;
+  }
+  return nic;
+}
+
+void ClusterState::JobStatsLocked(const JobEntry& entry, tributary::v1::JobStats* stats) const {
+  const tributary::v1::Job& job = entry.job;
+  const tributary::v1::JobPlan& plan = job.plan();
+  stats->set_job_id(job.job_id());
+  stats->set_plan_version(plan.version());
+  stats->set_algorithm(plan.algorithm());
+  stats->set_workers(static_cast<uint32_t>(plan.workers_size()));
+  uint32_t spares = 0;
+  for (const auto& s : plan.servers()) spares += !s.is_worker();
+  stats->set_spares(spares);
+  std::set<std::string> workers(job.spec().worker_nodes().begin(), job.spec().worker_nodes().end());
+  job_stats_.Summarize(job.job_id(), workers, clock_->Now(), stats);
+  stats->set_predicted_seconds_per_byte(plan.predicted_seconds_per_byte());
+  stats->set_model_bytes(plan.model_bytes());
+  stats->set_predicted_seconds(plan.predicted_seconds());
+  if (stats->observed_seconds_per_byte() > 0 && plan.predicted_seconds_per_byte() > 0) {
+    stats->set_observed_to_predicted(stats->observed_seconds_per_byte() /
+                                     plan.predicted_seconds_per_byte());
+  }
+  stats->set_nic_bytes_per_s(WorkerNicLocked(job));
+}
+
+absl::Status ClusterState::GetJobStats(const tributary::v1::GetJobStatsRequest& req,
+                                       tributary::v1::JobStats* stats) {
+  constexpr int kMaxWhatIf = 64;
+  constexpr uint32_t kMaxNodes = 65536;
+  if (req.what_if_size() > kMaxWhatIf) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("at most ", kMaxWhatIf, " what-if pairs, got ", req.what_if_size()));
+  }
+  std::vector<std::pair<uint32_t, uint32_t>> what_if;
+  for (const auto& w : req.what_if()) {
+    if (w.workers() < 1 || w.workers() > kMaxNodes || w.spares() > kMaxNodes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "what-if (", w.workers(), " workers, ", w.spares(), " spares): workers must be in [1, ",
+          kMaxNodes, "] and spares in [0, ", kMaxNodes, "]"));
+    }
+    what_if.emplace_back(w.workers(), w.spares());
+  }
+  std::lock_guard lock(mu_);
+  auto it = jobs_.find(req.job_id());
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("job '", req.job_id(), "' not found"));
+  }
+  JobStatsLocked(it->second, stats);
+  if (what_if.empty()) {
+    const auto& spec_workers = it->second.job.spec().worker_nodes();
+    uint32_t available = 0;
+    for (const std::string& id : summation_nodes_) {
+      available += std::find(spec_workers.begin(), spec_workers.end(), id) == spec_workers.end();
+    }
+    what_if = DefaultWhatIfGrid(stats->workers(), stats->spares(), available);
+  }
+  for (tributary::v1::WhatIfPrediction& p :
+       PredictWhatIf(what_if, stats->nic_bytes_per_s(), stats->model_bytes(), stats->workers(),
+                     stats->spares())) {
+    *stats->add_what_if() = std::move(p);
+  }
+  return absl::OkStatus();
 }
 
 void ClusterState::UpdateJobStateLocked(tributary::v1::Job& job,
@@ -884,6 +1004,14 @@ absl::Status ClusterState::DeleteJob(const std::string& job_id) {
     JobEntry entry = std::move(it->second);
     jobs_.erase(it);
     marked_.erase(job_id);
+    // Its series go with it (the scrape-time ones follow jobs_ and the book).
+    job_stats_.RemoveJob(job_id);
+    const prometheus::Labels labels{{"job", job_id}};
+    if (observed_bytes_->Has(labels)) observed_bytes_->Remove(&observed_bytes_->Add(labels));
+    if (observed_seconds_->Has(labels)) observed_seconds_->Remove(&observed_seconds_->Add(labels));
+    if (observed_per_byte_->Has(labels)) {
+      observed_per_byte_->Remove(&observed_per_byte_->Add(labels));
+    }
     std::set<std::string> touched;
     for (const auto& [id, member] : entry.members) touched.insert(id);
     for (const std::string& id : entry.lost) touched.insert(id);
@@ -914,6 +1042,7 @@ void ClusterState::CheckLiveness() {
   {
     std::lock_guard lock(mu_);
     const auto now = clock_->Now();
+    job_stats_.Expire(now);
     if (restoring_ && now - restored_at_ >= options_.restore_grace) {
       restoring_ = false;
       for (auto& [id, entry] : jobs_) {

@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/clock.h"
+#include "controller/job_stats.h"
 #include "controller/planner/job_planner.h"
 #include "controller/state_store.h"
 #include "grpcpp/support/byte_buffer.h"
@@ -69,6 +70,9 @@ class ClusterState {
     // to agents is heartbeat_interval, or nodes / this when that is longer (at most a third of
     // the timeout).
     double max_heartbeats_per_s = 10000;
+    // GetJobStats and the per-job metrics cover the agents' reports of the last window; a node
+    // that stops reporting a job drops out of it after this long.
+    std::chrono::milliseconds job_stats_window{30000};
   };
 
   // One watch stream of a node's assignments (the service's reactor). Push runs with the state's
@@ -111,6 +115,12 @@ class ClusterState {
   absl::Status GetJob(const std::string& job_id, tributary::v1::Job* job);
   void ListJobs(tributary::v1::ListJobsResponse* resp);
   absl::Status DeleteJob(const std::string& job_id);
+  // The job's observed communication over the window (agents' JobObservations aggregated over
+  // its nodes), the plan's prediction beside it, and the split planner's what-if predictions
+  // (req.what_if, or a default grid). NOT_FOUND for an unknown job, INVALID_ARGUMENT for a
+  // what-if pair out of range.
+  absl::Status GetJobStats(const tributary::v1::GetJobStatsRequest& req,
+                           tributary::v1::JobStats* stats);
 
   // Marks nodes without a recent heartbeat dead, and re-plans the jobs whose debounce is over.
   void CheckLiveness();
@@ -200,7 +210,11 @@ class ClusterState {
   // One store transaction (no-op without a store); counts and logs failures. mu_ held.
   absl::Status PersistLocked(const std::vector<const tributary::v1::Job*>& put,
                              const std::vector<std::string>& deleted, uint64_t max_plan_version);
-  void RecordObservationsLocked(const tributary::v1::NodeLoad& load);
+  void RecordObservationsLocked(const std::string& node_id, const tributary::v1::NodeLoad& load);
+  // GetJobStats' answer for an existing job, without the what-if rows. mu_ held.
+  void JobStatsLocked(const JobEntry& entry, tributary::v1::JobStats* stats) const;
+  // The slowest NIC among the job's worker nodes (0 when none is registered). mu_ held.
+  double WorkerNicLocked(const tributary::v1::Job& job) const;
   void UpdateJobStateLocked(tributary::v1::Job& job,
                             const std::set<std::string>& awaiting = {}) const;
 
@@ -232,6 +246,7 @@ class ClusterState {
   std::map<std::string, JobEntry> jobs_;
   // Jobs to re-plan, and since when they wait.
   std::map<std::string, common::Clock::TimePoint> marked_;
+  JobStatsBook job_stats_;
 };
 
 }  // namespace tributary::controller

@@ -9,9 +9,9 @@
 namespace tributary::controller {
 namespace {
 
-constexpr const char* kMethodNames[] = {"RegisterNode", "Heartbeat", "GetAssignments",
-                                        "ListNodes",    "CreateJob", "GetJob",
-                                        "ListJobs",     "DeleteJob", "WatchAssignments"};
+constexpr const char* kMethodNames[] = {
+    "RegisterNode", "Heartbeat", "GetAssignments", "ListNodes",        "CreateJob",
+    "GetJob",       "ListJobs",  "DeleteJob",      "WatchAssignments", "GetJobStats"};
 
 const Authorizer kAllowAll{AuthzOptions{}};
 
@@ -329,6 +329,15 @@ grpc::ServerUnaryReactor* ControllerService::GetJob(grpc::CallbackServerContext*
   if (absl::Status denied = authz_->Read(*ctx, "GetJob"); !denied.ok())
     return Finish(kGetJob, start, ctx, denied);
   return Finish(kGetJob, start, ctx, state_->GetJob(req->job_id(), resp));
+}
+
+grpc::ServerUnaryReactor* ControllerService::GetJobStats(
+    grpc::CallbackServerContext* ctx, const tributary::v1::GetJobStatsRequest* req,
+    tributary::v1::JobStats* resp) {
+  const auto start = std::chrono::steady_clock::now();
+  if (absl::Status denied = authz_->Read(*ctx, "GetJobStats"); !denied.ok())
+    return Finish(kGetJobStats, start, ctx, denied);
+  return Finish(kGetJobStats, start, ctx, state_->GetJobStats(*req, resp));
 }
 
 grpc::ServerUnaryReactor* ControllerService::ListJobs(grpc::CallbackServerContext* ctx,

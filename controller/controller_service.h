@@ -62,6 +62,10 @@ class ControllerService final
   grpc::ServerUnaryReactor* DeleteJob(grpc::CallbackServerContext* ctx,
                                       const tributary::v1::DeleteJobRequest* req,
                                       tributary::v1::DeleteJobResponse* resp) override;
+  // Authorised like GetJob (any verified certificate).
+  grpc::ServerUnaryReactor* GetJobStats(grpc::CallbackServerContext* ctx,
+                                        const tributary::v1::GetJobStatsRequest* req,
+                                        tributary::v1::JobStats* resp) override;
 
  private:
   enum Method {
@@ -74,6 +78,7 @@ class ControllerService final
     kListJobs,
     kDeleteJob,
     kWatchAssignments,
+    kGetJobStats,
     kNumMethods
   };
   grpc::ServerUnaryReactor* Finish(Method method, std::chrono::steady_clock::time_point start,

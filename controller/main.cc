@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
   std::string port_file;
   int heartbeat_ms = 500, heartbeat_timeout_ms = 3000, restore_grace_ms = 10000;
   int replan_debounce_ms = 100;
+  int job_stats_window_ms = 30000;
   double max_heartbeats_per_s = 10000;
   std::string state_db;
   app.add_option("--listen", listen, "gRPC listen address (host:port; port 0 picks one)");
@@ -65,6 +66,10 @@ int main(int argc, char** argv) {
   app.add_option("--max-heartbeats-per-s", max_heartbeats_per_s,
                  "Agents are told a longer heartbeat interval when the cluster would exceed this")
       ->check(CLI::PositiveNumber);
+  app.add_option("--job-stats-window-ms", job_stats_window_ms,
+                 "GetJobStats and the per-job metrics cover the agents' reports of this window; "
+                 "a node that stops reporting a job drops out after it")
+      ->check(CLI::Range(1000, 3600000));
   tributary::common::AddProcessFlags(app, process_flags);
   CLI11_PARSE(app, argc, argv);
   tributary::common::InitLogging(process_flags.log_level, process_flags.log_format);
@@ -90,6 +95,7 @@ int main(int argc, char** argv) {
   options.restore_grace = std::chrono::milliseconds(restore_grace_ms);
   options.replan_debounce = std::chrono::milliseconds(replan_debounce_ms);
   options.max_heartbeats_per_s = max_heartbeats_per_s;
+  options.job_stats_window = std::chrono::milliseconds(job_stats_window_ms);
   std::unique_ptr<tributary::controller::StateStore> store;
   if (!state_db.empty()) {
     auto opened = tributary::controller::StateStore::Open(state_db);

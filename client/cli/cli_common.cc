@@ -103,6 +103,15 @@ absl::StatusOr<v1::Job> ControllerClient::GetJob(const std::string& job_id) {
   return response;
 }
 
+absl::StatusOr<v1::JobStats> ControllerClient::GetJobStats(const v1::GetJobStatsRequest& request) {
+  if (!channel_status_.ok()) return channel_status_;
+  v1::JobStats response;
+  auto context = NewContext();
+  grpc::Status status = stub_->GetJobStats(context.get(), request, &response);
+  if (!status.ok()) return Convert(status);
+  return response;
+}
+
 absl::StatusOr<v1::Job> ControllerClient::CreateJob(const v1::CreateJobRequest& request) {
   if (!channel_status_.ok()) return channel_status_;
   v1::Job response;

@@ -49,6 +49,7 @@ class ControllerClient {
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
   absl::StatusOr<v1::Job> CreateJob(const v1::CreateJobRequest& request);
   absl::Status DeleteJob(const std::string& job_id);
+  absl::StatusOr<v1::JobStats> GetJobStats(const v1::GetJobStatsRequest& request);
 
  private:
   std::unique_ptr<grpc::ClientContext> NewContext() const;

@@ -18,6 +18,9 @@ void AddPlanCommand(CLI::App& app, GlobalOptions& global);
 void AddCreateJobCommand(CLI::App& app, GlobalOptions& global);
 // `tributary delete-job JOB`.
 void AddDeleteJobCommand(CLI::App& app, GlobalOptions& global);
+// `tributary job-stats JOB [--what-if 8:2,16:0] [--json]`: observed communication vs the plan's
+// prediction, per node, and the planner's what-if rows (GetJobStats).
+void AddJobStatsCommand(CLI::App& app, GlobalOptions& global);
 // `tributary bench-rank --agent ... --job J ...`: one process of a collective sweep.
 void AddBenchRankCommand(CLI::App& app, GlobalOptions& global);
 

@@ -1,4 +1,4 @@
-// `tributary jobs`, `plan`, `create-job` and `delete-job`.
+// `tributary jobs`, `plan`, `create-job`, `delete-job` and `job-stats`.
 #include <iostream>
 #include <map>
 #include <memory>
@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/cli/commands.h"
+#include "client/cli/job_stats_view.h"
 #include "client/cli/plan_view.h"
 #include "client/cli/sizes.h"
 #include "client/cli/table.h"
@@ -202,7 +203,49 @@ absl::Status RunDeleteJob(GlobalOptions& global, const std::string& job_id) {
   return absl::OkStatus();
 }
 
+// --- job-stats -------------------------------------------------------------------------------
+
+struct JobStatsFlags {
+  std::string job_id;
+  std::string what_if;
+  bool json = false;
+};
+
+absl::Status RunJobStats(GlobalOptions& global, const JobStatsFlags& flags) {
+  v1::GetJobStatsRequest request;
+  request.set_job_id(flags.job_id);
+  ASSIGN_OR_RETURN(const auto pairs, ParseWhatIf(flags.what_if));
+  for (const auto& [n, k] : pairs) {
+    v1::WhatIf* w = request.add_what_if();
+    w->set_workers(n);
+    w->set_spares(k);
+  }
+  ControllerClient controller(global);
+  ASSIGN_OR_RETURN(v1::JobStats stats, controller.GetJobStats(request));
+  if (flags.json) {
+    ASSIGN_OR_RETURN(std::string text, MessageToJson(stats));
+    std::cout << text << std::endl;
+    return absl::OkStatus();
+  }
+  std::cout << RenderJobStats(stats);
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+void AddJobStatsCommand(CLI::App& app, GlobalOptions& global) {
+  CLI::App* command = app.add_subcommand(
+      "job-stats",
+      "a job's observed communication (bandwidth, iteration time, communication fraction) "
+      "against the plan's prediction, and what-if predictions for other worker / spare counts");
+  auto flags = std::make_shared<JobStatsFlags>();
+  command->add_option("job", flags->job_id, "job id")->required();
+  command->add_option("--what-if", flags->what_if,
+                      "WORKERS:SPARES pairs to predict, comma-separated (default: the job's n "
+                      "with 0.. the spares available, n/2 and 2n)");
+  command->add_flag("--json", flags->json, "print the GetJobStats response as JSON");
+  SetAction(command, global, [&global, flags] { return RunJobStats(global, *flags); });
+}
 
 void AddJobsCommand(CLI::App& app, GlobalOptions& global) {
   CLI::App* command = app.add_subcommand("jobs", "list jobs with their plans");

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   cli::AddPlanCommand(app, global);
   cli::AddCreateJobCommand(app, global);
   cli::AddDeleteJobCommand(app, global);
+  cli::AddJobStatsCommand(app, global);
   cli::AddBenchRankCommand(app, global);
   cli::AddLocalClusterCommand(app, global);
   cli::AddBenchCommand(app, global);

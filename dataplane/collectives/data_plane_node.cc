@@ -67,6 +67,10 @@ void DataPlaneNode::RemoveJob(const std::string& job_id) {
   const uint64_t job_hash = common::StableHash64(job_id);
   push_pull_.RemoveJob(job_hash);
   engine_.RemoveJob(job_hash);
+  {
+    std::lock_guard lock(pending_mu_);
+    activity_.erase(job_id);
+  }
   std::lock_guard lock(mu_);
   jobs_.erase(job_id);
 }
@@ -153,18 +157,22 @@ absl::Status DataPlaneNode::Start(const std::string& job_id, Operation op) {
     std::lock_guard lock(pending_mu_);
     id = next_pending_++;
     pending_[id] = Pending{job_id, started};
+    ActivityStartLocked(job_id, op, started);
   }
   // The wrapper may run before Start returns (on this thread): the entry exists already.
   op.done = [this, id, job_id, bytes, started, alg = *algorithm,
              done = std::move(op.done)](absl::Status s) {
-    const double seconds = std::chrono::duration<double>(metrics_clock_->Now() - started).count();
+    const common::Clock::TimePoint now = metrics_clock_->Now();
+    const double seconds = std::chrono::duration<double>(now - started).count();
     {
       std::lock_guard lock(pending_mu_);
       pending_.erase(id);
+      ActivityEndLocked(job_id, now, /*completed=*/true);
       if (s.ok()) {
-        Observation& o = observations_[job_id];
-        o.bytes += bytes;
-        o.seconds += seconds;
+        if (auto it = activity_.find(job_id); it != activity_.end()) {
+          it->second.taken.bytes += bytes;
+          it->second.taken.seconds += seconds;
+        }
       }
     }
     metrics_->OperationFinished(alg, bytes, seconds, s);
@@ -176,6 +184,7 @@ absl::Status DataPlaneNode::Start(const std::string& job_id, Operation op) {
     {
       std::lock_guard lock(pending_mu_);
       pending_.erase(id);
+      ActivityEndLocked(job_id, metrics_clock_->Now(), /*completed=*/false);
     }
     metrics_->OperationRefused(*algorithm, s);
   }
@@ -223,9 +232,56 @@ void DataPlaneNode::UpdatePendingMetrics() {
   for (const auto& [job_id, v] : by_job) metrics_->SetPending(job_id, v.first, v.second);
 }
 
+void DataPlaneNode::ActivityStartLocked(const std::string& job_id, const Operation& op,
+                                        common::Clock::TimePoint now) {
+  auto it = activity_.find(job_id);
+  if (it == activity_.end()) it = activity_.emplace(job_id, Activity{}).first;
+  Activity& a = it->second;
+  if (a.first_tensor.empty()) a.first_tensor = op.tensor_name;
+  if (op.tensor_name == a.first_tensor &&
+      (!a.iteration_open || op.iteration != a.iteration_number)) {
+    // Busy time up to now, before this operation counts: it belongs to the next iteration.
+    const double busy = a.BusyAt(now);
+    if (a.iteration_open) {
+      const double length = std::chrono::duration<double>(now - a.iteration_start).count();
+      a.taken.iterations++;
+      a.taken.iteration_seconds += length;
+      a.taken.iteration_max_seconds = std::max(a.taken.iteration_max_seconds, length);
+      a.taken.iteration_busy_seconds += busy - a.busy_at_iteration_start;
+    }
+    a.iteration_open = true;
+    a.iteration_number = op.iteration;
+    a.iteration_start = now;
+    a.busy_at_iteration_start = busy;
+  }
+  if (a.in_flight++ == 0) a.busy_since = now;
+}
+
+void DataPlaneNode::ActivityEndLocked(const std::string& job_id, common::Clock::TimePoint now,
+                                      bool completed) {
+  auto it = activity_.find(job_id);
+  if (it == activity_.end()) return;  // the job was removed meanwhile
+  Activity& a = it->second;
+  if (a.in_flight > 0 && --a.in_flight == 0) {
+    a.busy_closed += std::chrono::duration<double>(now - a.busy_since).count();
+  }
+  if (completed) a.taken.collectives++;
+}
+
 std::map<std::string, DataPlaneNode::Observation> DataPlaneNode::TakeObservations() {
+  std::map<std::string, Observation> out;
+  const common::Clock::TimePoint now =
+      metrics_clock_ != nullptr ? metrics_clock_->Now() : common::Clock::TimePoint{};
   std::lock_guard lock(pending_mu_);
-  return std::exchange(observations_, {});
+  for (auto& [job_id, a] : activity_) {
+    const double busy = a.BusyAt(now);
+    a.taken.busy_seconds = busy - a.busy_at_take;
+    a.busy_at_take = busy;
+    const Observation& o = a.taken;
+    if (o.collectives == 0 && o.bytes == 0 && o.iterations == 0 && o.busy_seconds <= 0) continue;
+    out[job_id] = std::exchange(a.taken, Observation{});
+  }
+  return out;
 }
 
 }  // namespace tributary::dataplane

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -90,11 +91,24 @@ class DataPlaneNode {
   void SetMetrics(DataPlaneMetrics* metrics, const common::Clock* clock);
   // Refreshes the pending-operation gauges of every job (the agent's tick calls it).
   void UpdatePendingMetrics();
-  // Bytes and summed seconds of the operations completed OK since the last call, per job (for
-  // the controller's observed-vs-predicted comparison).
+  // What this node's operations of a job did since the last call (for the controller's
+  // observed-vs-predicted comparison and its per-job statistics, GetJobStats). Jobs without new
+  // data are left out.
   struct Observation {
+    // Bytes and summed seconds of the operations completed OK.
     uint64_t bytes = 0;
     double seconds = 0;
+    // Operations completed (OK or not).
+    uint64_t collectives = 0;
+    // Seconds with at least one operation of the job in flight (the union of their intervals).
+    double busy_seconds = 0;
+    // Iterations ended: the time between successive starts of the job's first tensor name (a
+    // new iteration number of it; a retried iteration is not a new one), their summed and
+    // longest durations, and the busy seconds inside them.
+    uint64_t iterations = 0;
+    double iteration_seconds = 0;
+    double iteration_max_seconds = 0;
+    double iteration_busy_seconds = 0;
   };
   std::map<std::string, Observation> TakeObservations();
 
@@ -124,6 +138,29 @@ class DataPlaneNode {
     std::string job_id;
     common::Clock::TimePoint started;
   };
+  // One job's activity on this node (busy intervals, iterations), updated on every start and
+  // completion under pending_mu_; no allocation on the per-operation path once the job has an
+  // entry.
+  struct Activity {
+    Observation taken;  // since the last TakeObservations
+    int in_flight = 0;
+    common::Clock::TimePoint busy_since;  // valid while in_flight > 0
+    double busy_closed = 0;               // busy seconds of closed intervals, since creation
+    double busy_at_take = 0;              // BusyAt() at the last TakeObservations
+    std::string first_tensor;             // the name that marks iterations
+    bool iteration_open = false;
+    uint64_t iteration_number = 0;  // of first_tensor's latest start
+    common::Clock::TimePoint iteration_start;
+    double busy_at_iteration_start = 0;
+    double BusyAt(common::Clock::TimePoint now) const {
+      return busy_closed +
+             (in_flight > 0 ? std::chrono::duration<double>(now - busy_since).count() : 0);
+    }
+  };
+  // An operation of the job starts / ends at `now`. pending_mu_ held.
+  void ActivityStartLocked(const std::string& job_id, const Operation& op,
+                           common::Clock::TimePoint now);
+  void ActivityEndLocked(const std::string& job_id, common::Clock::TimePoint now, bool completed);
 
   void OnMessage(std::span<const std::byte> header, std::span<const std::byte> payload);
   CollectiveAlgorithm& For(Algorithm algorithm);
@@ -142,7 +179,7 @@ class DataPlaneNode {
   std::mutex pending_mu_;  // guards the three below
   std::map<uint64_t, Pending> pending_;
   uint64_t next_pending_ = 0;
-  std::map<std::string, Observation> observations_;
+  std::map<std::string, Activity> activity_;
 };
 
 }  // namespace tributary::dataplane

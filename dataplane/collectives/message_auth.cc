@@ -62,7 +62,7 @@ absl::Status AuthenticatingTransport::SetJobSecret(uint64_t job_hash, std::strin
   std::vector<Parked> ready;
   {
     std::lock_guard lock(mu_);
-    secrets_[job_hash] = secret;
+    secrets_[job_hash].secret = secret;
     ExpireParkedLocked(clock_->Now());
     for (auto it = parked_.begin(); it != parked_.end();) {
       if (it->header.job != job_hash) {
@@ -74,6 +74,7 @@ absl::Status AuthenticatingTransport::SetJobSecret(uint64_t job_hash, std::strin
       it = parked_.erase(it);
     }
   }
+  uint64_t verified_bytes = 0;
   for (Parked& p : ready) {
     if (!VerifyHeader(p.header, secret)) {
       stats_.bad_mac++;
@@ -82,7 +83,14 @@ absl::Status AuthenticatingTransport::SetJobSecret(uint64_t job_hash, std::strin
       continue;
     }
     stats_.verified_messages++;
+    verified_bytes += sizeof(WireHeader) + p.payload.size();
     handler_(AsBytes(p.header), p.payload);
+  }
+  if (verified_bytes > 0) {
+    std::lock_guard lock(mu_);
+    if (auto it = secrets_.find(job_hash); it != secrets_.end()) {
+      it->second.bytes.received += verified_bytes;
+    }
   }
   return absl::OkStatus();
 }
@@ -106,7 +114,10 @@ void AuthenticatingTransport::Send(const std::string& peer_address,
   {
     std::lock_guard lock(mu_);
     auto it = secrets_.find(h.job);
-    if (it != secrets_.end()) secret = it->second;
+    if (it != secrets_.end()) {
+      secret = it->second.secret;
+      it->second.bytes.sent += sizeof(WireHeader) + payload.size();
+    }
   }
   if (secret.empty()) {
     stats_.unsigned_sends++;
@@ -137,7 +148,7 @@ void AuthenticatingTransport::OnReceive(std::span<const std::byte> header,
     std::lock_guard lock(mu_);
     auto it = secrets_.find(h.job);
     if (it != secrets_.end()) {
-      secret = it->second;
+      secret = it->second.secret;
     } else {
       const common::Clock::TimePoint now = clock_->Now();
       ExpireParkedLocked(now);
@@ -161,7 +172,24 @@ void AuthenticatingTransport::OnReceive(std::span<const std::byte> header,
     return;
   }
   stats_.verified_messages++;
+  {
+    // Counted once verified: a stranger's bytes never inflate a job's traffic.
+    std::lock_guard lock(mu_);
+    if (auto it = secrets_.find(h.job); it != secrets_.end()) {
+      it->second.bytes.received += header.size() + payload.size();
+    }
+  }
   handler_(header, payload);
+}
+
+std::map<uint64_t, AuthenticatingTransport::JobBytes> AuthenticatingTransport::TakeJobBytes() {
+  std::map<uint64_t, JobBytes> out;
+  std::lock_guard lock(mu_);
+  for (auto& [job_hash, entry] : secrets_) {
+    if (entry.bytes.sent == 0 && entry.bytes.received == 0) continue;
+    out[job_hash] = std::exchange(entry.bytes, JobBytes{});
+  }
+  return out;
 }
 
 void AuthenticatingTransport::ExpireParkedLocked(common::Clock::TimePoint now) {

@@ -78,7 +78,20 @@ class AuthenticatingTransport final : public Transport {
 
   const MessageAuthStats& stats() const { return stats_; }
 
+  // Bytes (header + payload) of one job's messages sent (signed and handed to the inner
+  // transport) and received (verified), since the previous TakeJobBytes.
+  struct JobBytes {
+    uint64_t sent = 0;
+    uint64_t received = 0;
+  };
+  // Per job hash, the jobs with traffic since the previous call (for the agent's heartbeat).
+  std::map<uint64_t, JobBytes> TakeJobBytes();
+
  private:
+  struct JobEntry {
+    std::string secret;
+    JobBytes bytes;  // since the last TakeJobBytes
+  };
   struct Parked {
     WireHeader header;
     std::vector<std::byte> payload;
@@ -95,8 +108,8 @@ class AuthenticatingTransport final : public Transport {
   MessageAuthStats stats_;
 
   std::mutex mu_;
-  std::map<uint64_t, std::string> secrets_;  // by job hash
-  std::deque<Parked> parked_;                // arrival order
+  std::map<uint64_t, JobEntry> secrets_;  // by job hash
+  std::deque<Parked> parked_;             // arrival order
   size_t parked_bytes_ = 0;
 };
 

@@ -401,6 +401,10 @@ TEST_F(PrometheusClusterTest, EveryDashboardQueryAndAlertExpressionEvaluates) {
       WaitForData(R"(tributary_dataplane_summed_bytes_total{job="dash"} > 0)", seconds(15)));
   ASSERT_TRUE(
       WaitForData(R"(tributary_controller_observed_bytes_total{job="dash"} > 0)", seconds(15)));
+  // GetJobStats' gauges: present while the job has reports in the controller's window.
+  ASSERT_TRUE(WaitForData(R"(tributary_controller_job_comm_fraction{job="dash"})", seconds(15)));
+  ASSERT_TRUE(WaitForData(R"(tributary_controller_job_achieved_bytes_per_second{job="dash"} > 0)",
+                          seconds(15)));
   // Per-job series appear with the plan, just before the traffic: rate() needs two samples of
   // them in its window.
   ASSERT_TRUE(

@@ -141,6 +141,34 @@ void Iterations(Client& c, int iterations) {
   std::printf("digest=%016llx\n", static_cast<unsigned long long>(digest));
 }
 
+// One large tensor, all-reduced `warmup` + `iterations` times (the job-stats test's known
+// traffic), every element checked each time. With `go_fifo`, waits after the warm-up until a
+// byte arrives on it (the test snapshots the controller's figures meanwhile), so that every
+// process starts the measured iterations at once.
+void Bandwidth(Client& c, int warmup, int iterations, size_t count, const std::string& go_fifo) {
+  const uint32_t world = c.world_size(), rank = c.global_rank();
+  auto b = c.AllocateBuffer(count * 4);
+  if (!b.ok()) return Fail(std::string(b.status().message()));
+  float* f = static_cast<float*>((*b)->data());
+  for (int it = 0; it < warmup + iterations; ++it) {
+    if (it == warmup && !go_fifo.empty()) {
+      std::printf("warm-up done\n");
+      std::fflush(stdout);
+      const int fd = open(go_fifo.c_str(), O_RDONLY);  // blocks until the test opens it
+      char byte;
+      if (fd < 0 || read(fd, &byte, 1) != 1) return Fail("go fifo " + go_fifo);
+      close(fd);
+    }
+    for (size_t i = 0; i < count; ++i) f[i] = (rank + 1.0f) * ((i + it) % 7);
+    absl::Status s =
+        c.AllReduce("bandwidth.grad", **b, 0, count, DataType::kFloat32, ReduceOp::kSum);
+    if (!s.ok()) return Fail(absl::StrCat("iteration ", it, ": ", s.ToString()));
+    int64_t wrong = 0;
+    for (size_t i = 0; i < count; ++i) wrong += f[i] != world * (world + 1) / 2.0f * ((i + it) % 7);
+    Expect(wrong == 0, absl::StrCat("iteration ", it, ": ", wrong, " wrong"));
+  }
+}
+
 void ExpectCode(const absl::Status& s, absl::StatusCode code, const std::string& what,
                 const std::string& must_mention = "") {
   Expect(s.code() == code,
@@ -429,6 +457,10 @@ int main(int argc, char** argv) {
   app.add_option("--local-size", local_size)->required();
   app.add_option("--scenario", scenario)->required();
   app.add_option("--iterations", iterations);
+  size_t count = 1 << 21;
+  int warmup = 0;
+  app.add_option("--count", count, "bandwidth: floats in the tensor");
+  app.add_option("--warmup", warmup, "bandwidth: iterations before --go-fifo");
   app.add_option("--signal-fifo", signal_fifo, "failover: rank 0 writes a byte here and...");
   app.add_option("--go-fifo", go_fifo, "...waits for one from here before...");
   app.add_option("--signal-at", signal_at, "...each of these iterations");
@@ -454,6 +486,8 @@ int main(int argc, char** argv) {
     GatherScatter(**c);
   } else if (scenario == "iterations") {
     Iterations(**c, iterations);
+  } else if (scenario == "bandwidth") {
+    Bandwidth(**c, warmup, iterations, count, go_fifo);
   } else if (scenario == "mismatch") {
     Mismatch(**c, local_size);
   } else if (scenario == "bad-input") {

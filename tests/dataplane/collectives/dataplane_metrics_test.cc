@@ -193,5 +193,93 @@ TEST(DataPlaneMetricsTest, RefusedStartCountsAsFailed) {
   EXPECT_TRUE(fb.get().ok());
 }
 
+// The per-job activity behind the controller's job statistics: busy time is the union of the
+// operations' intervals (not their sum), iterations are successive starts of the first tensor
+// name, timed by the injected clock.
+TEST(DataPlaneMetricsTest, ObservationsCountBusyTimeAsAUnionAndIterationsOfTheFirstName) {
+  MetricsCluster cluster(2);
+  common::FakeClock& clock = cluster.clock();
+  auto start = [&](int rank, const std::string& name, uint64_t iteration,
+                   std::vector<float>& data) {
+    Operation op;
+    op.tensor_name = name;
+    op.iteration = iteration;
+    op.dtype = common::DataType::kFloat32;
+    op.count = data.size();
+    op.buffers = {reinterpret_cast<std::byte*>(data.data())};
+    return cluster.Cluster::Start(rank, std::move(op));
+  };
+  std::vector<float> g0(1024, 1.0f), g1(1024, 2.0f), o0(1024, 1.0f), o1(1024, 2.0f);
+  // t = 0: rank 0 starts "grad" (its first name); it waits for rank 1.
+  auto f_grad = start(0, "grad", 0, g0);
+  clock.Advance(std::chrono::milliseconds(1000));
+  // t = 1 s: rank 0 starts "other" too: two in flight, overlapping.
+  auto f_other = start(0, "other", 0, o0);
+  clock.Advance(std::chrono::milliseconds(500));
+  // t = 1.5 s: rank 1 joins both; everything completes at 1.5 s.
+  auto f_grad1 = start(1, "grad", 0, g1);
+  auto f_other1 = start(1, "other", 0, o1);
+  for (auto* f : {&f_grad, &f_other, &f_grad1, &f_other1}) {
+    ASSERT_EQ(f->wait_for(kGuard), std::future_status::ready);
+    ASSERT_TRUE(f->get().ok());
+  }
+  EXPECT_EQ(g0[0], 3.0f);
+  EXPECT_EQ(o0[1023], 3.0f);
+  // t = 4 s: the next iteration of "grad" ends rank 0's first iteration (4 s, 1.5 s busy).
+  clock.Advance(std::chrono::milliseconds(2500));
+  std::fill(g0.begin(), g0.end(), 1.0f);
+  std::fill(g1.begin(), g1.end(), 2.0f);
+  auto f_next = start(0, "grad", 1, g0);
+  auto f_next1 = start(1, "grad", 1, g1);
+  for (auto* f : {&f_next, &f_next1}) {
+    ASSERT_EQ(f->wait_for(kGuard), std::future_status::ready);
+    ASSERT_TRUE(f->get().ok());
+  }
+  const auto obs = cluster.node(0).TakeObservations();
+  ASSERT_EQ(obs.count("job-m"), 1u);
+  const DataPlaneNode::Observation& o = obs.at("job-m");
+  EXPECT_EQ(o.collectives, 3u);
+  EXPECT_EQ(o.bytes, 3u * 1024 * 4);
+  EXPECT_DOUBLE_EQ(o.seconds, 1.5 + 0.5);  // summed durations
+  EXPECT_DOUBLE_EQ(o.busy_seconds, 1.5);   // their union
+  EXPECT_EQ(o.iterations, 1u);
+  EXPECT_DOUBLE_EQ(o.iteration_seconds, 4.0);
+  EXPECT_DOUBLE_EQ(o.iteration_max_seconds, 4.0);
+  EXPECT_DOUBLE_EQ(o.iteration_busy_seconds, 1.5);
+  // Rank 1 was never waiting: its operations completed as they started (no busy time), and its
+  // iteration is its own: from 1.5 s to 4 s.
+  const auto obs1 = cluster.node(1).TakeObservations();
+  ASSERT_EQ(obs1.count("job-m"), 1u);
+  EXPECT_EQ(obs1.at("job-m").collectives, 3u);
+  EXPECT_DOUBLE_EQ(obs1.at("job-m").busy_seconds, 0.0);
+  EXPECT_EQ(obs1.at("job-m").iterations, 1u);
+  EXPECT_DOUBLE_EQ(obs1.at("job-m").iteration_seconds, 2.5);
+  EXPECT_DOUBLE_EQ(obs1.at("job-m").iteration_busy_seconds, 0.0);
+
+  // An operation in flight across two takes is split between them; a retried iteration number
+  // (the same one again) is no new iteration.
+  std::fill(g0.begin(), g0.end(), 1.0f);
+  std::fill(g1.begin(), g1.end(), 2.0f);
+  auto f_slow = start(0, "grad", 2, g0);
+  clock.Advance(std::chrono::milliseconds(300));
+  auto mid = cluster.node(0).TakeObservations();
+  ASSERT_EQ(mid.count("job-m"), 1u);
+  EXPECT_EQ(mid.at("job-m").collectives, 0u);
+  EXPECT_DOUBLE_EQ(mid.at("job-m").busy_seconds, 0.3);
+  EXPECT_EQ(mid.at("job-m").iterations, 1u);  // 4 s -> 4 s: the "grad" of iteration 1 -> 2
+  clock.Advance(std::chrono::milliseconds(200));
+  auto f_slow1 = start(1, "grad", 2, g1);
+  for (auto* f : {&f_slow, &f_slow1}) {
+    ASSERT_EQ(f->wait_for(kGuard), std::future_status::ready);
+    ASSERT_TRUE(f->get().ok());
+  }
+  auto last = cluster.node(0).TakeObservations();
+  ASSERT_EQ(last.count("job-m"), 1u);
+  EXPECT_EQ(last.at("job-m").collectives, 1u);
+  EXPECT_NEAR(last.at("job-m").busy_seconds, 0.2, 1e-12);
+  EXPECT_EQ(last.at("job-m").iterations, 0u);
+  EXPECT_TRUE(cluster.node(0).TakeObservations().empty());
+}
+
 }  // namespace
 }  // namespace tributary::dataplane

@@ -231,5 +231,38 @@ TEST(MessageAuth, RemovedJobsAreNoLongerAccepted) {
   EXPECT_EQ(p.b->stats().parked, 1u);
 }
 
+TEST(MessageAuth, JobBytesCountSignedSendsAndVerifiedArrivalsPerJob) {
+  Pair p;
+  const uint64_t job_a = common::StableHash64("job-a");
+  const uint64_t job_b = common::StableHash64("job-b");
+  for (AuthenticatingTransport* t : {p.a.get(), p.b.get()}) {
+    ASSERT_TRUE(t->SetJobSecret(job_a, "secret of job a, 32 bytes long!!").ok());
+    ASSERT_TRUE(t->SetJobSecret(job_b, "secret of job b, 32 bytes long!!").ok());
+  }
+  const std::string payload(100, 'x');
+  ASSERT_TRUE(SendAndWait(*p.a, "b", Push("job-a", 0, 25), payload).ok());
+  ASSERT_TRUE(SendAndWait(*p.a, "b", Push("job-a", 1, 25), payload).ok());
+  ASSERT_TRUE(SendAndWait(*p.a, "b", Push("job-b", 0, 25), payload).ok());
+  // A forged message of job a (no MAC) is not the job's traffic.
+  ASSERT_TRUE(SendAndWait(*p.raw_a, "b", Push("job-a", 2, 25), payload).ok());
+  ASSERT_TRUE(SendAndWait(*p.a, "b", Push("job-b", 1, 25), payload).ok());
+  ASSERT_TRUE(p.inbox.WaitFor(4));
+  const uint64_t message = sizeof(WireHeader) + payload.size();
+  auto sent = p.a->TakeJobBytes();
+  ASSERT_EQ(sent.size(), 2u);
+  EXPECT_EQ(sent[job_a].sent, 2 * message);
+  EXPECT_EQ(sent[job_a].received, 0u);
+  EXPECT_EQ(sent[job_b].sent, 2 * message);
+  auto received = p.b->TakeJobBytes();
+  ASSERT_EQ(received.size(), 2u);
+  EXPECT_EQ(received[job_a].received, 2 * message);
+  EXPECT_EQ(received[job_a].sent, 0u);
+  EXPECT_EQ(received[job_b].received, 2 * message);
+  EXPECT_EQ(p.b->stats().bad_mac, 1u);
+  // Since the previous call: nothing new.
+  EXPECT_TRUE(p.a->TakeJobBytes().empty());
+  EXPECT_TRUE(p.b->TakeJobBytes().empty());
+}
+
 }  // namespace
 }  // namespace tributary::dataplane
