@@ -22,7 +22,8 @@ if [ ! -f "$build/build.ninja" ]; then
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTRIBUTARY_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=native >/dev/null
 fi
-cmake --build "$build" -j"$(nproc)" --target cuda_test staging_test reduce_test cuda_reduce_bench
+cmake --build "$build" -j"$(nproc)" --target cuda_test staging_test intranode_test reduce_test \
+  cuda_reduce_bench
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
@@ -34,6 +35,7 @@ if grep -q '^\[  SKIPPED \]' "$log"; then
   status=1
 fi
 "$build/bin/staging_test" || status=1
+"$build/bin/intranode_test" || status=1
 "$build/bin/reduce_test" --gtest_brief=1 || status=1
 
 slug=$(echo "$gpu" | tr 'A-Z' 'a-z' | tr -cs 'a-z0-9' '_' | sed 's/_$//')
