@@ -8,6 +8,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <string>
@@ -412,11 +413,19 @@ TEST(GpuTransfer, ChoosesUcxCudaMemoryOnlyWhenEnabledAndBuilt) {
   EXPECT_NE(c.reason.find("no CUDA memory support"), std::string::npos) << c.reason;
 }
 
-// The real probe under ctest's UCX_TLS=tcp: no CUDA memory, whatever the UCX build.
+// The real probe with UCX_TLS=tcp (set here: under CMake 3.25, gtest_discover_tests passes only
+// the first entry of a list-valued ENVIRONMENT): no CUDA memory, whatever the UCX build.
 TEST(GpuTransfer, DetectsStagingUnderTcpOnly) {
-  ASSERT_STREQ(std::getenv("UCX_TLS"), "tcp") << "run under ctest (UCX_TLS=tcp)";
+  const char* old = std::getenv("UCX_TLS");
+  const std::string saved = old ? old : "";
+  setenv("UCX_TLS", "tcp", 1);
   EXPECT_EQ(DetectGpuTransfer().mode, GpuTransferMode::kPinnedStaging);
   absl::StatusOr<bool> cuda = UcxSupportsCudaMemory();
+  if (old) {
+    setenv("UCX_TLS", saved.c_str(), 1);
+  } else {
+    unsetenv("UCX_TLS");
+  }
   ASSERT_TRUE(cuda.ok()) << cuda.status();
   EXPECT_FALSE(*cuda);
 }
