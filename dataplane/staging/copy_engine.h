@@ -15,14 +15,14 @@ namespace tributary::dataplane {
 class StagingMemory {
  public:
   StagingMemory() = default;
-  StagingMemory(void* data, size_t bytes, absl::AnyInvocable<void(void*)> free)
-      : data_(data), bytes_(bytes), free_(std::move(free)) {}
+  StagingMemory(void* data, size_t bytes, void (*free)(void*))
+      : data_(data), bytes_(bytes), free_(free) {}
   StagingMemory(StagingMemory&& o) noexcept { *this = std::move(o); }
   StagingMemory& operator=(StagingMemory&& o) noexcept {
     Reset();
     data_ = std::exchange(o.data_, nullptr);
     bytes_ = std::exchange(o.bytes_, 0);
-    free_ = std::move(o.free_);
+    free_ = std::exchange(o.free_, nullptr);
     return *this;
   }
   ~StagingMemory() { Reset(); }
@@ -32,12 +32,12 @@ class StagingMemory {
 
  private:
   void Reset() {
-    if (data_ != nullptr && free_) free_(data_);
+    if (data_ != nullptr && free_ != nullptr) free_(data_);
     data_ = nullptr;
   }
   void* data_ = nullptr;
   size_t bytes_ = 0;
-  absl::AnyInvocable<void(void*)> free_;
+  void (*free_)(void*) = nullptr;
 };
 
 // An ordered queue of copies between (device) tensor memory and host staging memory, like one

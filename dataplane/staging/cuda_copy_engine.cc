@@ -13,11 +13,11 @@ using cuda::CudaStatus;
 void CUDART_CB OnStreamDone(cudaStream_t, cudaError_t status, void* user) {
   std::unique_ptr<absl::AnyInvocable<void(absl::Status)>> done(
       static_cast<absl::AnyInvocable<void(absl::Status)>*>(user));
-  // No CUDA call is allowed here; CudaStatus's cudaGetLastError would be one.
-  (*done)(status == cudaSuccess
-              ? absl::OkStatus()
-              : absl::InternalError(absl::StrCat("copy stream failed: ", cudaGetErrorName(status),
-                                                 " (", cudaGetErrorString(status), ")")));
+  // No CUDA call is allowed in a stream callback (not even the error-name lookups): the code.
+  (*done)(status == cudaSuccess ? absl::OkStatus()
+                                : absl::InternalError(absl::StrCat(
+                                      "copy stream failed: cudaError_t ", static_cast<int>(status),
+                                      " (see cudaGetErrorName)")));
 }
 
 }  // namespace

@@ -146,24 +146,24 @@ struct I64Op {
 
 // ---- Loads and stores.
 
+// kBytes never forms a T* (a misaligned T* would let the compiler emit one wide load, which
+// faults on a GPU): the address stays a char*, so memcpy compiles to byte accesses.
 template <typename T, LoadMode M>
 TRIBUTARY_HD inline T LoadAt(const void* base, size_t i) {
-  const T* p = static_cast<const T*>(base) + i;
   if constexpr (M == LoadMode::kBytes) {
     T v;
-    memcpy(&v, p, sizeof(T));
+    memcpy(&v, static_cast<const char*>(base) + i * sizeof(T), sizeof(T));
     return v;
   } else {
-    return *p;
+    return static_cast<const T*>(base)[i];
   }
 }
 template <typename T, LoadMode M>
 TRIBUTARY_HD inline void StoreAt(void* base, size_t i, T v) {
-  T* p = static_cast<T*>(base) + i;
   if constexpr (M == LoadMode::kBytes) {
-    memcpy(p, &v, sizeof(T));
+    memcpy(static_cast<char*>(base) + i * sizeof(T), &v, sizeof(T));
   } else {
-    *p = v;
+    static_cast<T*>(base)[i] = v;
   }
 }
 
