@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Everything CUDA, on a machine with a GPU, in one command: configures build-gpu/ with
+# TRIBUTARY_CUDA=ON for this machine's GPU architecture, builds the CUDA tests, the staging test
+# and the kernel benchmark, runs them, and fails if any GPU test was skipped (on a GPU machine a
+# skip means the device was not usable, not that there is nothing to test). The benchmark's table
+# goes to stdout and to bench/results/cuda_reduce_<gpu>.txt.
+#   scripts/gpu_check.sh            # exit 77 (skipped) where no GPU is visible
+#   BUILD_DIR=... MIB=... scripts/gpu_check.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export UCX_NET_DEVICES=lo UCX_TLS=tcp UCX_WARN_UNUSED_ENV_VARS=n
+build="${BUILD_DIR:-build-gpu}"
+if ! gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1) || [ -z "$gpu" ]; then
+  echo "gpu_check: no GPU visible (nvidia-smi lists none); nothing run" >&2
+  exit 77
+fi
+echo "gpu_check: $gpu"
+nvidia-smi -L
+scripts/install_deps.sh
+if [ ! -f "$build/build.ninja" ]; then
+  # "native": the architecture of the GPUs present (the default list is 80-real;90).
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTRIBUTARY_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=native >/dev/null
+fi
+cmake --build "$build" -j"$(nproc)" --target cuda_test staging_test intranode_test reduce_test \
+  cuda_reduce_bench
+
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+status=0
+"$build/bin/cuda_test" 2>&1 | tee "$log" || status=1
+if grep -q '^\[  SKIPPED \]' "$log"; then
+  echo "gpu_check: GPU tests were skipped on a machine with a GPU:" >&2
+  grep '^\[  SKIPPED \]' "$log" >&2
+  status=1
+fi
+"$build/bin/staging_test" || status=1
+"$build/bin/intranode_test" || status=1
+"$build/bin/reduce_test" --gtest_brief=1 || status=1
+
+slug=$(echo "$gpu" | tr 'A-Z' 'a-z' | tr -cs 'a-z0-9' '_' | sed 's/_$//')
+mkdir -p bench/results
+"$build/bin/cuda_reduce_bench" --mib="${MIB:-256}" | tee "bench/results/cuda_reduce_${slug}.txt" ||
+  status=1
+if [ "$status" -ne 0 ]; then
+  echo "gpu_check: FAILED" >&2
+else
+  echo "gpu_check: every GPU test ran and passed; table in bench/results/cuda_reduce_${slug}.txt"
+fi
+exit "$status"
