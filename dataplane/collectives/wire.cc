@@ -17,6 +17,15 @@ bool IsPushPullKind(uint8_t kind) {
          kind == static_cast<uint8_t>(MessageKind::kResult);
 }
 
+// Chunks of at most 2^56 bytes: byte counts (and a version before them) never wrap around.
+absl::Status CheckChunkBytes(const WireHeader& h) {
+  if (h.chunk_count > (uint64_t{1} << 56) / DataTypeSize(static_cast<DataType>(h.dtype))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk of ", h.chunk_count, " elements is too large"));
+  }
+  return absl::OkStatus();
+}
+
 // Push and result: a chunk of the push/pull chunk map.
 absl::Status ValidatePushPull(const WireHeader& h, size_t payload_bytes) {
   if (h.tensor_count == 0 || h.num_chunks == 0 || h.num_chunks > h.tensor_count ||
@@ -31,6 +40,7 @@ absl::Status ValidatePushPull(const WireHeader& h, size_t payload_bytes) {
                                                    ", +", h.chunk_count, "), expected [",
                                                    expected.offset, ", +", expected.count, ")"));
   }
+  if (absl::Status size = CheckChunkBytes(h); !size.ok()) return size;
   const uint64_t bytes = h.chunk_count * DataTypeSize(static_cast<DataType>(h.dtype));
   const bool empty_broadcast_push = h.kind == static_cast<uint8_t>(MessageKind::kPush) &&
                                     h.reduce == static_cast<uint8_t>(Reduction::kBroadcast) &&
@@ -88,11 +98,7 @@ absl::Status ValidateParameterServer(const WireHeader& h, size_t payload_bytes) 
                                                    ", +", h.chunk_count, "), expected [",
                                                    expected.offset, ", +", expected.count, ")"));
   }
-  // Chunks of at most 2^56 bytes: a version and the values never wrap around.
-  if (h.chunk_count > (uint64_t{1} << 56) / DataTypeSize(static_cast<DataType>(h.dtype))) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("chunk of ", h.chunk_count, " elements is too large"));
-  }
+  if (absl::Status size = CheckChunkBytes(h); !size.ok()) return size;
   const uint64_t bytes = h.chunk_count * DataTypeSize(static_cast<DataType>(h.dtype));
   bool ok = false;
   if (kind == static_cast<uint8_t>(MessageKind::kPush)) ok = payload_bytes == bytes;
@@ -120,6 +126,7 @@ absl::Status ValidateData(const WireHeader& h, size_t payload_bytes) {
         "sub-chunk ", h.chunk, "/", h.num_chunks, " [", h.chunk_offset, ", +", h.chunk_count,
         ") of a tensor of ", h.tensor_count, " elements is out of range"));
   }
+  if (absl::Status size = CheckChunkBytes(h); !size.ok()) return size;
   const uint64_t want = h.chunk_count * DataTypeSize(static_cast<DataType>(h.dtype));
   if (payload_bytes != want) {
     return absl::InvalidArgumentError(
