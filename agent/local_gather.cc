@@ -33,6 +33,12 @@ absl::StatusOr<dataplane::Reduction> ToReduction(tributary::v1::CollectiveOp op)
       return dataplane::Reduction::kReduceScatterSum;
     case tributary::v1::COLLECTIVE_OP_REDUCE_SCATTER_AVERAGE:
       return dataplane::Reduction::kReduceScatterAverage;
+    case tributary::v1::COLLECTIVE_OP_PS_INIT:
+      return dataplane::Reduction::kPsInit;
+    case tributary::v1::COLLECTIVE_OP_PS_PUSH_DELTA:
+      return dataplane::Reduction::kPsDelta;
+    case tributary::v1::COLLECTIVE_OP_PS_PULL:
+      return dataplane::Reduction::kPsPull;
     default:
       return absl::InvalidArgumentError(absl::StrCat("unknown op ", static_cast<int>(op)));
   }

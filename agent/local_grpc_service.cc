@@ -114,7 +114,7 @@ grpc::ServerUnaryReactor* LocalGrpcService::Submit(grpc::CallbackServerContext* 
   if (!submitted.ok() || req->wait_timeout_ms() == 0) return Finish(ctx, submitted);
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   service_->Await(req->session_id(), resp->handle(), req->wait_timeout_ms(),
-                  ParkedReply(reactor, resp));
+                  ParkedReply(reactor, resp), [resp](uint64_t v) { resp->set_version(v); });
   return reactor;
 }
 
@@ -122,7 +122,8 @@ grpc::ServerUnaryReactor* LocalGrpcService::Wait(grpc::CallbackServerContext* ct
                                                  const tributary::v1::WaitRequest* req,
                                                  tributary::v1::WaitResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  service_->Await(req->session_id(), req->handle(), req->timeout_ms(), ParkedReply(reactor, resp));
+  service_->Await(req->session_id(), req->handle(), req->timeout_ms(), ParkedReply(reactor, resp),
+                  [resp](uint64_t v) { resp->set_version(v); });
   return reactor;
 }
 

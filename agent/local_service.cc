@@ -23,7 +23,7 @@ constexpr auto Log = common::ComponentLog<"agent">;
 }  // namespace
 
 LocalService::LocalService(CollectiveRunner* runner, const common::Clock* clock)
-    : clock_(clock), gather_(runner, clock), link_(std::make_shared<Link>()) {
+    : runner_(runner), clock_(clock), gather_(runner, clock), link_(std::make_shared<Link>()) {
   link_->service = this;
   // Operations may complete on a data-plane thread after this service is gone: the link says.
   gather_.SetRetriableFailureCallback([link = link_](const GatherKey& key,
@@ -268,6 +268,32 @@ absl::Status LocalService::SubmitInternal(const tributary::v1::SubmitRequest& re
       sub.handle->ResultOrPark(&waiter);
     }
 
+    if (dataplane::IsParameterServer(*reduction)) {
+      // Asynchronous parameter-server operations are per process: no gather, no iteration, no
+      // retry of an iteration (after a plan change the parameters are gone and rank 0
+      // initialises them again, see dataplane/collectives/parameter_server.h).
+      dataplane::Operation op;
+      op.tensor_name = req.tensor_name();
+      op.dtype = dtype;
+      op.count = req.count();
+      op.reduction = *reduction;
+      op.buffers = {mapping->data() + req.offset_bytes()};
+      op.priority = req.priority();
+      op.keepalive = mapping;
+      op.ps_worker = job->node_rank * job->procs_per_node + session->local_rank;
+      op.ps_scale = req.delta_scale();
+      op.ps_version = std::make_shared<uint64_t>(0);
+      op.done = [handle = sub.handle, version = op.ps_version](absl::Status s) {
+        handle->set_version(*version);
+        handle->Complete(s);
+      };
+      after.Add([runner = runner_, job_id = session->job_id, op = std::move(op),
+                 handle = sub.handle]() mutable {
+        absl::Status started = runner->Start(job_id, std::move(op));
+        if (!started.ok()) handle->Complete(started);
+      });
+      return absl::OkStatus();
+    }
     sub.session_id = session->id;
     uint64_t iteration = 0;
     auto failed = session->failed.find(req.tensor_name());
@@ -292,7 +318,7 @@ absl::Status LocalService::SubmitInternal(const tributary::v1::SubmitRequest& re
 }
 
 void LocalService::Await(const std::string& session_id, uint64_t handle_id, uint32_t timeout_ms,
-                         Reply reply) {
+                         Reply reply, std::function<void(uint64_t)> version) {
   absl::Status status;
   bool done = false;
   {
@@ -304,6 +330,13 @@ void LocalService::Await(const std::string& session_id, uint64_t handle_id, uint
       status = absl::NotFoundError(absl::StrCat(
           "handle ", handle_id, " is unknown in this session (its result was already reported?)"));
     } else {
+      if (version) {
+        reply = [reply = std::move(reply), version = std::move(version), h = it->second](
+                    const absl::Status& status, bool done) {
+          if (done) version(h->version());
+          reply(status, done);
+        };
+      }
       const bool park = timeout_ms != 0 && !shut_down_;
       const auto timeout = std::chrono::milliseconds(std::min(timeout_ms, kMaxWaitMs));
       OpHandle::Waiter waiter{std::move(reply), clock_->Now() + timeout};

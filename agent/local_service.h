@@ -86,7 +86,10 @@ class LocalService {
   // done (then the handle is forgotten), when timeout_ms is 0 or after Shutdown; otherwise when
   // the operation completes or timeout_ms (at most an hour) passes, seen by Tick. NOT_FOUND for
   // an unknown session or handle. `reply` may run before Await returns.
-  void Await(const std::string& session_id, uint64_t handle_id, uint32_t timeout_ms, Reply reply);
+  // `version`, unless null, receives the handle's parameter version (OpHandle::version) just
+  // before `reply` runs with done = true.
+  void Await(const std::string& session_id, uint64_t handle_id, uint32_t timeout_ms, Reply reply,
+             std::function<void(uint64_t)> version = nullptr);
 
  private:
   // Submit (resp set) or SubmitWithCallback (resp null, on_done set).
@@ -102,6 +105,7 @@ class LocalService {
     LocalService* service = nullptr;  // Guarded by mu; null once the service is gone.
   };
 
+  CollectiveRunner* runner_;
   const common::Clock* clock_;
   mutable std::mutex mu_;
   SessionRegistry sessions_;    // Guarded by mu_.

@@ -1,6 +1,8 @@
 // The result of one local process's submission, and the waits parked on it.
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <functional>
 #include <mutex>
 #include <optional>
@@ -33,6 +35,9 @@ class OpHandle {
   void ExpireWaiters(common::Clock::TimePoint now, bool all);
   // Done, and the result went to a parked waiter: nobody needs the handle any more.
   bool done_and_delivered() const;
+  // Parameter-server pulls: the parameters' version, set before Complete.
+  void set_version(uint64_t v) { version_.store(v, std::memory_order_release); }
+  uint64_t version() const { return version_.load(std::memory_order_acquire); }
 
  private:
   mutable std::mutex mu_;
@@ -40,6 +45,7 @@ class OpHandle {
   bool delivered_ = false;       // Guarded by mu_: Complete answered a parked waiter.
   absl::Status status_;          // Guarded by mu_.
   std::vector<Waiter> waiters_;  // Guarded by mu_.
+  std::atomic<uint64_t> version_{0};
 };
 
 }  // namespace tributary::agent

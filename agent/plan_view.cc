@@ -37,6 +37,9 @@ absl::StatusOr<dataplane::JobView> ToJobView(const tributary::v1::JobPlan& plan,
   v.credit_bytes = std::max(plan.credit_bytes(), plan.partition_bytes());
   v.op_timeout = std::chrono::milliseconds(plan.op_timeout_ms());
   v.secret = plan.job_secret();
+  v.async_mode = plan.mode() == tributary::v1::JOB_MODE_ASYNC;
+  v.staleness = plan.staleness();
+  v.delta_scale = plan.delta_scale() != 0 ? plan.delta_scale() : 1.0;
   return v;
 }
 

@@ -1,6 +1,7 @@
 #include "client/client.h"
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
@@ -204,7 +205,15 @@ struct Request {
   v1::CollectiveOp op = v1::COLLECTIVE_OP_UNSPECIFIED;
   uint32_t root_rank = 0;
   int32_t priority = 0;
+  double delta_scale = 0;  // COLLECTIVE_OP_PS_PUSH_DELTA
 };
+
+// Parameter-server operations go over the Submit RPC, which carries the version back (the
+// control ring's completions carry a status only), and are never retried transparently.
+bool IsParameterServerOp(v1::CollectiveOp op) {
+  return op == v1::COLLECTIVE_OP_PS_INIT || op == v1::COLLECTIVE_OP_PS_PUSH_DELTA ||
+         op == v1::COLLECTIVE_OP_PS_PULL;
+}
 
 // The agent marks the failures it will run again on a newer plan (agent/local_gather.cc,
 // kRetriableMarker) at the start of the message, which the control ring never cuts.
@@ -295,11 +304,12 @@ struct Handle::State {
   internal::InputPool::Block inputs;  // Guarded by mu: the region at the first submission,
   size_t input_bytes = 0;             // until the result is final.
   std::mutex mu;
-  Attempt attempt;              // Guarded by mu: the current submission.
-  uint64_t attempt_number = 0;  // Guarded by mu.
-  uint32_t retries = 0;         // Guarded by mu.
-  bool done = false;            // Guarded by mu.
-  absl::Status result;          // Guarded by mu; meaningful when done.
+  Attempt attempt;                   // Guarded by mu: the current submission.
+  uint64_t attempt_number = 0;       // Guarded by mu.
+  uint32_t retries = 0;              // Guarded by mu.
+  bool done = false;                 // Guarded by mu.
+  absl::Status result;               // Guarded by mu; meaningful when done.
+  std::atomic<uint64_t> version{0};  // parameter server: from the agent's answer
 };
 
 namespace {
@@ -307,9 +317,10 @@ namespace {
 // Submits `r` once: through the control ring when it takes it, else the Submit RPC (waiting in
 // it up to `wait`; *done then tells whether the operation finished OK within it).
 absl::StatusOr<std::pair<uint64_t, std::shared_ptr<internal::RingSlot>>> SubmitOnce(
-    internal::AgentSession& session, const Request& r, milliseconds wait, bool* done) {
+    internal::AgentSession& session, const Request& r, milliseconds wait, bool* done,
+    std::atomic<uint64_t>* version = nullptr) {
   *done = false;
-  if (ControlRing* ring = session.ring(); ring != nullptr) {
+  if (ControlRing* ring = session.ring(); ring != nullptr && !IsParameterServerOp(r.op)) {
     internal::RingSubmission submission;
     submission.tensor_name = r.name;
     submission.buffer_id = r.buffer_id;
@@ -335,6 +346,7 @@ absl::StatusOr<std::pair<uint64_t, std::shared_ptr<internal::RingSlot>>> SubmitO
   request.set_op(r.op);
   request.set_root_rank(r.root_rank);
   request.set_priority(r.priority);
+  request.set_delta_scale(r.delta_scale);
   // A blocking call waits in the Submit itself (one round trip to the agent instead of two),
   // for at most one wait slice; Handle::Wait covers the rest.
   const milliseconds slice = std::clamp(wait, milliseconds(0), kMaxWaitSlice);
@@ -343,6 +355,7 @@ absl::StatusOr<std::pair<uint64_t, std::shared_ptr<internal::RingSlot>>> SubmitO
   auto context = session.NewContext(slice + session.rpc_timeout());
   RETURN_IF_ERROR(common::FromGrpcStatus(session.stub().Submit(context.get(), request, &response)));
   *done = response.done();
+  if (version != nullptr && response.done()) version->store(response.version());
   return std::pair{response.handle(), std::shared_ptr<internal::RingSlot>()};
 }
 
@@ -381,6 +394,7 @@ absl::Status Handle::WaitOnce(const Attempt& attempt, uint32_t timeout_ms, bool*
   auto context = session_->NewContext(milliseconds(timeout_ms) + session_->rpc_timeout());
   grpc::Status status = session_->stub().Wait(context.get(), request, &response);
   *done = !status.ok() || response.done();
+  if (status.ok() && response.done()) state_->version.store(response.version());
   return common::FromGrpcStatus(status);
 }
 
@@ -645,7 +659,7 @@ absl::StatusOr<std::shared_ptr<SharedBuffer>> Client::AllocateBuffer(size_t byte
 absl::StatusOr<Handle> Client::Submit(std::string_view name, const SharedBuffer& buffer,
                                       size_t offset_bytes, size_t count, common::DataType dtype,
                                       v1::CollectiveOp op, uint32_t root_rank, int32_t priority,
-                                      milliseconds wait) {
+                                      milliseconds wait, double delta_scale) {
   if (!session_->active()) return LeftError(job_id_);
   // Only what concerns this client's own buffer is checked here; the agent validates the rest
   // of the request (name, dtype, op, count) once, naming the job and the tensor.
@@ -698,9 +712,10 @@ absl::StatusOr<Handle> Client::Submit(std::string_view name, const SharedBuffer&
   r.op = op;
   r.root_rank = root_rank;
   r.priority = priority;
+  r.delta_scale = delta_scale;
   auto state = std::make_shared<Handle::State>();
   state->name = tensor;
-  state->retry = options_.retry_collectives && options_.max_retries > 0;
+  state->retry = options_.retry_collectives && options_.max_retries > 0 && !IsParameterServerOp(op);
   if (state->retry) {
     state->max_retries = options_.max_retries;
     state->region = static_cast<std::byte*>(buffer.data()) + offset_bytes;
@@ -714,7 +729,7 @@ absl::StatusOr<Handle> Client::Submit(std::string_view name, const SharedBuffer&
     wait = milliseconds(0);
   }
   bool done = false;
-  ASSIGN_OR_RETURN(auto attempt, SubmitOnce(*session_, r, wait, &done));
+  ASSIGN_OR_RETURN(auto attempt, SubmitOnce(*session_, r, wait, &done, &state->version));
   state->request = std::move(r);
   state->attempt = Handle::Attempt{attempt.first, std::move(attempt.second)};
   state->done = done;
@@ -792,5 +807,60 @@ absl::Status Client::ReduceScatter(std::string_view name, const SharedBuffer& bu
   return SubmitAndWait(name, buffer, offset_bytes, count, dtype, ToReduceScatterOp(op),
                        /*root_rank=*/0, priority);
 }
+
+absl::StatusOr<Handle> Client::InitParamsAsync(std::string_view name, const SharedBuffer& buffer,
+                                               size_t offset_bytes, size_t count,
+                                               common::DataType dtype) {
+  return Submit(name, buffer, offset_bytes, count, dtype, v1::COLLECTIVE_OP_PS_INIT, 0, 0);
+}
+
+absl::StatusOr<Handle> Client::PushDeltaAsync(std::string_view name, const SharedBuffer& buffer,
+                                              size_t offset_bytes, size_t count,
+                                              common::DataType dtype, double scale) {
+  return Submit(name, buffer, offset_bytes, count, dtype, v1::COLLECTIVE_OP_PS_PUSH_DELTA, 0, 0,
+                milliseconds(0), scale);
+}
+
+absl::StatusOr<Handle> Client::PullParamsAsync(std::string_view name, const SharedBuffer& buffer,
+                                               size_t offset_bytes, size_t count,
+                                               common::DataType dtype) {
+  return Submit(name, buffer, offset_bytes, count, dtype, v1::COLLECTIVE_OP_PS_PULL, 0, 0);
+}
+
+absl::StatusOr<uint64_t> Client::ParameterServerCall(std::string_view name,
+                                                     const SharedBuffer& buffer,
+                                                     size_t offset_bytes, size_t count,
+                                                     common::DataType dtype, v1::CollectiveOp op,
+                                                     double scale) {
+  const auto start = Clock::now();
+  ASSIGN_OR_RETURN(Handle handle, Submit(name, buffer, offset_bytes, count, dtype, op, 0, 0,
+                                         options_.op_timeout, scale));
+  RETURN_IF_ERROR(handle.Wait(options_.op_timeout -
+                              std::chrono::duration_cast<milliseconds>(Clock::now() - start)));
+  return handle.version();
+}
+
+absl::Status Client::InitParams(std::string_view name, const SharedBuffer& buffer,
+                                size_t offset_bytes, size_t count, common::DataType dtype) {
+  return ParameterServerCall(name, buffer, offset_bytes, count, dtype, v1::COLLECTIVE_OP_PS_INIT, 0)
+      .status();
+}
+
+absl::Status Client::PushDelta(std::string_view name, const SharedBuffer& buffer,
+                               size_t offset_bytes, size_t count, common::DataType dtype,
+                               double scale) {
+  return ParameterServerCall(name, buffer, offset_bytes, count, dtype,
+                             v1::COLLECTIVE_OP_PS_PUSH_DELTA, scale)
+      .status();
+}
+
+absl::StatusOr<uint64_t> Client::PullParams(std::string_view name, const SharedBuffer& buffer,
+                                            size_t offset_bytes, size_t count,
+                                            common::DataType dtype) {
+  return ParameterServerCall(name, buffer, offset_bytes, count, dtype, v1::COLLECTIVE_OP_PS_PULL,
+                             0);
+}
+
+uint64_t Handle::version() const { return state_ == nullptr ? 0 : state_->version.load(); }
 
 }  // namespace tributary::client

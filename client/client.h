@@ -83,6 +83,9 @@ class Handle {
   const std::string& name() const;
   // Times the operation was submitted again after a retriable failure (0 without one).
   uint32_t retries() const;
+  // PullParamsAsync / InitParamsAsync, once Wait returned OK: the version of the parameters
+  // received (deltas applied; 0 otherwise).
+  uint64_t version() const;
 
  private:
   friend class Client;
@@ -185,6 +188,39 @@ class Client {
                              size_t count, common::DataType dtype, ReduceOp op,
                              int32_t priority = 0);
 
+  // Asynchronous parameter-server training (jobs created with `--mode async`; see
+  // dataplane/collectives/parameter_server.h). Each process is a worker of its own: nothing is
+  // gathered across the node's processes and nothing waits for the other workers, except a pull
+  // under the job's staleness bound. The region is `count` elements of `dtype` at
+  // `offset_bytes` of `buffer`, the same shape on every process for one name. Errors:
+  // FAILED_PRECONDITION on a synchronous job or a push before init; INVALID_ARGUMENT when the
+  // shape differs from the initialised one; DEADLINE_EXCEEDED (the job's op_timeout_ms) for a
+  // pull before init or one held by a worker that stopped pushing (the message names it);
+  // UNAVAILABLE after a re-plan: the servers' parameters are gone, every process calls
+  // InitParams again (rank 0's values win) and continues.
+  //
+  // InitParams: global rank 0 pushes the region as the initial parameters; every other rank
+  // waits for them and receives them into its region. Call it on every rank before the rest.
+  absl::StatusOr<Handle> InitParamsAsync(std::string_view name, const SharedBuffer& buffer,
+                                         size_t offset_bytes, size_t count, common::DataType dtype);
+  absl::Status InitParams(std::string_view name, const SharedBuffer& buffer, size_t offset_bytes,
+                          size_t count, common::DataType dtype);
+  // PushDelta: the servers apply params += scale * region as each chunk arrives, exactly once
+  // (scale 0: the job's --delta-scale, default 1). One push of a name at a time per process;
+  // after a failure, push the same delta again (chunks applied already are not applied twice).
+  absl::StatusOr<Handle> PushDeltaAsync(std::string_view name, const SharedBuffer& buffer,
+                                        size_t offset_bytes, size_t count, common::DataType dtype,
+                                        double scale = 0);
+  absl::Status PushDelta(std::string_view name, const SharedBuffer& buffer, size_t offset_bytes,
+                         size_t count, common::DataType dtype, double scale = 0);
+  // PullParams: the current parameters into the region; returns their version (deltas applied,
+  // never older than a version this process has seen in this plan epoch). Waits while this
+  // process has pushed more than the job's staleness deltas beyond the slowest process.
+  absl::StatusOr<Handle> PullParamsAsync(std::string_view name, const SharedBuffer& buffer,
+                                         size_t offset_bytes, size_t count, common::DataType dtype);
+  absl::StatusOr<uint64_t> PullParams(std::string_view name, const SharedBuffer& buffer,
+                                      size_t offset_bytes, size_t count, common::DataType dtype);
+
   // Leaves the job: LeaveJob (its error is returned, but the session is closed locally
   // regardless), then closes the KeepAlive stream. Idempotent; later calls on this client fail
   // with FAILED_PRECONDITION.
@@ -198,7 +234,13 @@ class Client {
   absl::StatusOr<Handle> Submit(std::string_view name, const SharedBuffer& buffer,
                                 size_t offset_bytes, size_t count, common::DataType dtype,
                                 v1::CollectiveOp op, uint32_t root_rank, int32_t priority,
-                                std::chrono::milliseconds wait = std::chrono::milliseconds(0));
+                                std::chrono::milliseconds wait = std::chrono::milliseconds(0),
+                                double delta_scale = 0);
+  // A blocking parameter-server call; returns the handle's version.
+  absl::StatusOr<uint64_t> ParameterServerCall(std::string_view name, const SharedBuffer& buffer,
+                                               size_t offset_bytes, size_t count,
+                                               common::DataType dtype, v1::CollectiveOp op,
+                                               double scale);
   // A blocking collective: Submit waiting in the same call, then Wait for the rest of the
   // operation timeout.
   absl::Status SubmitAndWait(std::string_view name, const SharedBuffer& buffer, size_t offset_bytes,

@@ -59,6 +59,9 @@ struct SpecFlags {
   bool fixed_partition = false;
   uint32_t timeout_ms = 0;
   std::optional<uint64_t> model_bytes;
+  std::string mode = "sync";
+  int32_t staleness = -1;
+  std::optional<double> delta_scale;
 
   void Add(CLI::App* command, bool with_run_options) {
     command->add_option("--workers", workers, "worker nodes in rank order, comma-separated")
@@ -84,6 +87,19 @@ struct SpecFlags {
                         "keep every tensor's chunk size at --partition-bytes (no online tuning)");
       command->add_option("--timeout-ms", timeout_ms,
                           "deadline of one collective, ms (default 30000)");
+      command
+          ->add_option("--mode", mode,
+                       "sync (collectives; the default) or async (parameter server: "
+                       "init_params / push_delta / pull_params)")
+          ->check(CLI::IsMember({"sync", "async"}));
+      command
+          ->add_option("--staleness", staleness,
+                       "async: SSP bound, deltas a worker may be ahead of the slowest "
+                       "(-1 unbounded, the default; 0 synchronous)")
+          ->check(CLI::Range(-1, 1 << 30));
+      command->add_option_function<double>(
+          "--delta-scale", [this](const double& s) { delta_scale = s; },
+          "async: the servers apply params += scale * delta (default 1)");
     }
   }
 
@@ -99,6 +115,13 @@ struct SpecFlags {
     spec.set_fixed_partition(fixed_partition);
     if (model_bytes) spec.set_model_bytes(*model_bytes);
     spec.set_op_timeout_ms(timeout_ms);
+    if (mode == "async") {
+      spec.set_mode(v1::JOB_MODE_ASYNC);
+      spec.set_staleness(staleness);
+      if (delta_scale) spec.set_delta_scale(*delta_scale);
+    } else if (delta_scale) {
+      return absl::InvalidArgumentError("--delta-scale needs --mode async");
+    }
     return spec;
   }
 };

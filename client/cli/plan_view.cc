@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "client/cli/table.h"
 
 namespace tributary::client::cli {
@@ -61,6 +62,11 @@ std::string RenderPlan(const v1::Job& job, uint64_t model_bytes) {
       "job " + job.job_id() + ": plan version " + std::to_string(plan.version()) + ", workers " +
       JoinOrDash(workers) + " x " + std::to_string(plan.procs_per_node()) + " procs, partition " +
       FormatBytes(plan.partition_bytes()) + ", credit " + FormatBytes(plan.credit_bytes()) + "\n";
+  if (plan.mode() == v1::JOB_MODE_ASYNC) {
+    out += "mode async (parameter server), staleness " +
+           (plan.staleness() < 0 ? std::string("unbounded") : std::to_string(plan.staleness())) +
+           ", delta scale " + absl::StrCat(plan.delta_scale()) + "\n";
+  }
   if (!job.message().empty()) out += job.message() + "\n";
   out += "split of a " + FormatBytes(model_bytes) + " model over " +
          std::to_string(plan.servers_size()) + " summation servers:\n";

@@ -83,6 +83,8 @@ RankLaunch RankEnvironment(int rank, const LaunchOptions& options, const std::st
   env["WORLD_SIZE"] = std::to_string(options.np);
   env["LOCAL_RANK"] = std::to_string(local_rank);
   env["LOCAL_WORLD_SIZE"] = std::to_string(options.procs_per_node);
+  env["TRIBUTARY_MODE"] = options.async_mode ? "async" : "sync";
+  if (options.async_mode) env["TRIBUTARY_STALENESS"] = std::to_string(options.staleness);
   env["MASTER_ADDR"] = "127.0.0.1";
   env["MASTER_PORT"] = std::to_string(master_port);
   // As torchrun does: several CPU-bound processes per machine each get one OpenMP thread unless
@@ -138,6 +140,11 @@ absl::StatusOr<int> Launch(const LaunchOptions& options) {
   spec.set_algorithm(options.algorithm);
   spec.set_op_timeout_ms(options.timeout_ms);
   if (options.partition_bytes) spec.set_partition_bytes(*options.partition_bytes);
+  if (options.async_mode) {
+    spec.set_mode(v1::JOB_MODE_ASYNC);
+    spec.set_staleness(options.staleness);
+    if (options.delta_scale != 0) spec.set_delta_scale(options.delta_scale);
+  }
   {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));

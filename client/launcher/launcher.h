@@ -40,6 +40,12 @@ struct LaunchOptions {
   // Deadline of one collective, ms (0: the controller's default).
   uint32_t timeout_ms = 0;
   std::optional<uint64_t> partition_bytes;
+  // The job's mode: asynchronous parameter-server training with this staleness bound (-1
+  // unbounded) and delta scale (0: the job's default, 1). Ranks see TRIBUTARY_MODE and, when
+  // async, TRIBUTARY_STALENESS.
+  bool async_mode = false;
+  int32_t staleness = -1;
+  double delta_scale = 0;
   // Local cluster: folder of tributary-controller / tributary-agent, run folder (empty: a
   // temporary one, removed at the end), NIC speed declared per node, agents' log level.
   std::string bin_dir;

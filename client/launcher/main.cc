@@ -60,6 +60,19 @@ int main(int argc, char** argv) {
                  "deadline of one collective, ms (default: the controller's, 30000)");
   uint64_t partition_bytes = 0;
   app.add_option("--partition-bytes", partition_bytes, "largest chunk pushed to one server");
+  std::string mode = "sync";
+  app.add_option("--mode", mode,
+                 "sync (collectives) or async (parameter server: init_params / push_delta / "
+                 "pull_params)")
+      ->check(CLI::IsMember({"sync", "async"}))
+      ->capture_default_str();
+  app.add_option("--staleness", o.staleness,
+                 "async: SSP bound, deltas a rank may be ahead of the slowest (-1 unbounded, 0 "
+                 "synchronous)")
+      ->capture_default_str()
+      ->check(CLI::Range(-1, 1 << 30));
+  app.add_option("--delta-scale", o.delta_scale,
+                 "async: the servers apply params += scale * delta (0: the default, 1)");
   int grace_ms = 5000;
   app.add_option("--stop-grace-ms", grace_ms,
                  "after a failure: SIGTERM to the others, SIGKILL after this many ms")
@@ -87,6 +100,7 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   if (partition_bytes > 0) o.partition_bytes = partition_bytes;
+  o.async_mode = mode == "async";
   o.stop_grace = std::chrono::milliseconds(grace_ms);
   absl::StatusOr<int> status = launcher::Launch(o);
   if (!status.ok()) {

@@ -82,6 +82,21 @@ absl::StatusOr<tributary::v1::JobSpec> NormalizeJobSpec(const tributary::v1::Job
         absl::StrCat("op_timeout_ms ", spec.op_timeout_ms(), " is above one hour"));
   }
   if (spec.model_bytes() == 0) spec.set_model_bytes(kDefaultModelBytes);
+  if (spec.mode() != tributary::v1::JOB_MODE_SYNC && spec.mode() != tributary::v1::JOB_MODE_ASYNC) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown job mode ", spec.mode()));
+  }
+  if (spec.staleness() < -1) {
+    return absl::InvalidArgumentError(absl::StrCat("staleness ", spec.staleness(),
+                                                   " is below -1 (-1: unbounded, 0: synchronous)"));
+  }
+  if (spec.has_delta_scale() && !std::isfinite(spec.delta_scale())) {
+    return absl::InvalidArgumentError("delta_scale must be a finite number");
+  }
+  if (spec.mode() == tributary::v1::JOB_MODE_SYNC &&
+      (spec.staleness() != 0 || spec.has_delta_scale())) {
+    return absl::InvalidArgumentError(
+        "staleness and delta_scale apply to asynchronous jobs only (mode JOB_MODE_ASYNC)");
+  }
   return spec;
 }
 
@@ -219,6 +234,9 @@ absl::StatusOr<tributary::v1::JobPlan> PlanJob(const std::string& job_id,
   }
   plan.set_partition_bytes(partition);
   plan.set_fixed_partition(spec.fixed_partition());
+  plan.set_mode(spec.mode());
+  plan.set_staleness(spec.staleness());
+  plan.set_delta_scale(spec.has_delta_scale() ? spec.delta_scale() : 1.0);
   plan.set_credit_bytes(spec.credit_bytes() != 0 ? spec.credit_bytes()
                                                  : AutoCreditBytes(partition, active_servers));
   plan.set_op_timeout_ms(spec.op_timeout_ms());

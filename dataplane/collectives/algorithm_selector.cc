@@ -47,6 +47,7 @@ Linear Model(Algorithm algorithm, int n, int k, const CostModel& m) {
       return {2 * (nd + kd - 1) * m.alpha_seconds, 2 * nd * (nd - 1) / d * m.beta_seconds_per_byte};
     }
     case Algorithm::kAuto:
+    case Algorithm::kParameterServer:
       break;
   }
   return {};
@@ -73,11 +74,13 @@ std::string_view AlgorithmName(Algorithm a) {
       return "push_pull";
     case Algorithm::kAuto:
       return "auto";
+    case Algorithm::kParameterServer:
+      return "parameter_server";
   }
   return "unknown";
 }
 
-bool IsValidAlgorithm(uint32_t raw) { return raw >= 1 && raw <= 3; }
+bool IsValidAlgorithm(uint32_t raw) { return raw >= 1 && raw <= 4; }
 
 double PredictSeconds(Algorithm algorithm, uint64_t bytes, int n, int extra_servers,
                       const CostModel& model) {

@@ -20,9 +20,12 @@ enum class Algorithm : uint8_t {
   kPushPull = 1,         // allreduce_push_pull.h: summation servers (DESIGN §1.1)
   kRing = 2,             // allreduce_ring.h: reduce-scatter + all-gather around a ring
   kHalvingDoubling = 3,  // allreduce_halving_doubling.h: Rabenseifner
+  // parameter_server.h: asynchronous parameter-server operations (kPs* reductions) only;
+  // never a job's choice nor a pick of the selector.
+  kParameterServer = 4,
 };
 
-// "auto", "push_pull", "ring", "halving_doubling".
+// "auto", "push_pull", "ring", "halving_doubling", "parameter_server".
 std::string_view AlgorithmName(Algorithm a);
 // Whether `raw` names an algorithm that runs (kAuto excluded).
 bool IsValidAlgorithm(uint32_t raw);

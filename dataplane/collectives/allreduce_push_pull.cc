@@ -1256,6 +1256,7 @@ void PushPull::HandleMessage(const WireHeader& h, std::span<const std::byte> pay
       server_.HandleAbort(h, message);
       return;
     case MessageKind::kData:
+    case MessageKind::kPull:
       break;
   }
   stats_.malformed_messages++;

@@ -203,6 +203,9 @@ absl::Status CollectiveEngine::CanServe(Algorithm algorithm, const Operation& op
     case Algorithm::kPushPull:
       return absl::FailedPreconditionError(
           "push/pull runs on summation servers (PushPull), not on the peer-to-peer engine");
+    case Algorithm::kParameterServer:
+      return absl::FailedPreconditionError(
+          "parameter-server operations run on the summation servers (ParameterServer)");
     case Algorithm::kAuto:
       break;
   }

@@ -18,7 +18,8 @@ constexpr auto Log = common::ComponentLog<"dataplane">;
 DataPlaneNode::DataPlaneNode(Transport* transport, Reducer* reducer, const common::Clock* clock)
     : transport_(transport),
       push_pull_(transport, reducer, clock),
-      engine_(transport, reducer, clock) {
+      engine_(transport, reducer, clock),
+      ps_(transport, clock) {
   transport_->SetReceiveHandler(
       [this](std::span<const std::byte> header, std::span<const std::byte> payload) {
         OnMessage(header, payload);
@@ -41,18 +42,20 @@ void DataPlaneNode::OnMessage(std::span<const std::byte> header,
 
 CollectiveAlgorithm& DataPlaneNode::For(Algorithm algorithm) {
   if (algorithm == Algorithm::kPushPull) return push_pull_;
+  if (algorithm == Algorithm::kParameterServer) return ps_;
   return engine_;
 }
 
 uint64_t DataPlaneNode::malformed_messages() const {
   return stats_.malformed_messages.load() + push_pull_.stats().malformed_messages.load() +
-         engine_.stats().malformed_messages.load();
+         engine_.stats().malformed_messages.load() + ps_.stats().malformed_messages.load();
 }
 
 void DataPlaneNode::SetJob(const JobView& in, Algorithm algorithm) {
   JobView view = in;
   if (metrics_ != nullptr) view.counters = metrics_->ForJob(view);
   push_pull_.SetJob(view);
+  ps_.SetJob(view);
   // Ring and halving-doubling run among the worker nodes only.
   if (view.my_worker_rank >= 0) engine_.SetJob(view);
   const int n = view.num_workers();
@@ -67,6 +70,7 @@ void DataPlaneNode::RemoveJob(const std::string& job_id) {
   const uint64_t job_hash = common::StableHash64(job_id);
   push_pull_.RemoveJob(job_hash);
   engine_.RemoveJob(job_hash);
+  ps_.RemoveJob(job_hash);
   {
     std::lock_guard lock(pending_mu_);
     activity_.erase(job_id);
@@ -139,6 +143,7 @@ void DataPlaneNode::Abort(const std::string& job_id, const std::string& tensor_n
 void DataPlaneNode::ExpireStale() {
   push_pull_.ExpireStale();
   engine_.ExpireStale();
+  ps_.ExpireStale();
 }
 
 void DataPlaneNode::SetMetrics(DataPlaneMetrics* metrics, const common::Clock* clock) {
@@ -147,6 +152,9 @@ void DataPlaneNode::SetMetrics(DataPlaneMetrics* metrics, const common::Clock* c
 }
 
 absl::Status DataPlaneNode::Start(const std::string& job_id, Operation op) {
+  if (IsParameterServer(op.reduction)) {
+    return ps_.Post(job_id, Algorithm::kParameterServer, std::move(op));
+  }
   if (metrics_ == nullptr) return StartUninstrumented(job_id, std::move(op));
   uint64_t bytes = 0;
   absl::StatusOr<Algorithm> algorithm = AlgorithmForOperation(job_id, op, &bytes);

@@ -22,6 +22,7 @@
 #include "dataplane/collectives/dataplane_metrics.h"
 #include "dataplane/collectives/job_view.h"
 #include "dataplane/collectives/operation.h"
+#include "dataplane/collectives/parameter_server.h"
 #include "dataplane/reduce/reducer.h"
 #include "dataplane/transport/transport.h"
 
@@ -52,6 +53,8 @@ class DataPlaneNode {
   // Forgets the job; its running operations fail with CANCELLED.
   void RemoveJob(const std::string& job_id);
 
+  // Parameter-server operations (IsParameterServer(op.reduction)) go to ParameterServer as they
+  // are (no selection, no fallback, not in the operation metrics).
   // Starts `op` with the algorithm AlgorithmFor picks; when that one declines the input
   // (CanServe), with the first of ring, halving-doubling, push/pull that accepts it (counted in
   // stats().fallbacks). Errors as CollectiveAlgorithm::Post; NOT_FOUND for an unknown job.
@@ -123,6 +126,7 @@ class DataPlaneNode {
   uint64_t malformed_messages() const;
   PushPull& push_pull() { return push_pull_; }
   CollectiveEngine& engine() { return engine_; }
+  ParameterServer& parameter_server() { return ps_; }
   const PushPull& push_pull() const { return push_pull_; }
   const CollectiveEngine& engine() const { return engine_; }
   Transport* transport() const { return transport_; }
@@ -170,6 +174,7 @@ class DataPlaneNode {
   DataPlaneNodeStats stats_;
   PushPull push_pull_;
   CollectiveEngine engine_;
+  ParameterServer ps_;
   mutable std::mutex mu_;
   std::map<std::string, JobEntry> jobs_;        // Guarded by mu_.
   CostModel cost_model_;                        // Guarded by mu_.

@@ -35,6 +35,12 @@ struct JobView {
   // The job's data-plane secret (JobPlan.job_secret): AuthenticatingTransport signs and checks
   // every message of the job with it. Empty in-process (no authenticator runs there).
   std::string secret;
+  // Asynchronous parameter-server training (JobPlan.mode JOB_MODE_ASYNC, parameter_server.h):
+  // the kPs* operations run; `staleness` is the SSP bound (-1 unbounded, 0 synchronous) and
+  // `delta_scale` the servers' default scale of a pushed delta.
+  bool async_mode = false;
+  int32_t staleness = -1;
+  double delta_scale = 1.0;
   // Per-peer byte counters (DataPlaneNode::SetJob fills them when metrics are attached).
   std::shared_ptr<const JobPeerCounters> counters;
 

@@ -21,11 +21,21 @@ std::string_view ReductionName(Reduction r) {
       return "reduce_scatter_sum";
     case Reduction::kReduceScatterAverage:
       return "reduce_scatter_average";
+    case Reduction::kPsInit:
+      return "init_params";
+    case Reduction::kPsDelta:
+      return "push_delta";
+    case Reduction::kPsPull:
+      return "pull_params";
   }
   return "unknown";
 }
 
-bool IsValidReduction(uint32_t raw) { return raw >= 1 && raw <= 6; }
+bool IsValidReduction(uint32_t raw) { return raw >= 1 && raw <= 9; }
+
+bool IsParameterServer(Reduction r) {
+  return r == Reduction::kPsInit || r == Reduction::kPsDelta || r == Reduction::kPsPull;
+}
 
 bool IsBlockwise(Reduction r) { return r == Reduction::kAllGather || IsReduceScatter(r); }
 

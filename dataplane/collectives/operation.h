@@ -25,9 +25,14 @@ enum class Reduction : uint8_t {
   // Block-wise collectives: each buffer holds world_size() * count elements, block g (count
   // elements) belonging to the process of global rank g = node rank * procs_per_node + local
   // index, so a node's processes own one contiguous super-block of procs_per_node * count.
-  kAllGather = 4,            // every process's block copied into every buffer
-  kReduceScatterSum = 5,     // block g of process g: the sum of block g over all processes
-  kReduceScatterAverage = 6  // the same divided by the job's number of training processes
+  kAllGather = 4,             // every process's block copied into every buffer
+  kReduceScatterSum = 5,      // block g of process g: the sum of block g over all processes
+  kReduceScatterAverage = 6,  // the same divided by the job's number of training processes
+  // Asynchronous parameter-server jobs (parameter_server.h): one process's operation on the
+  // parameters its job's summation servers hold, never gathered across processes.
+  kPsInit = 7,   // global rank 0: push the initial values; others: wait for them and copy them
+  kPsDelta = 8,  // params += scale * buffer on the servers, exactly once
+  kPsPull = 9,   // copy the current params into the buffer (bounded staleness)
 };
 
 // "sum", "average", "broadcast", "allgather", "reduce_scatter_sum", "reduce_scatter_average".
@@ -36,6 +41,8 @@ bool IsValidReduction(uint32_t raw);
 // All-gather or reduce-scatter: `count` is a block and the buffers hold world_size() blocks.
 bool IsBlockwise(Reduction r);
 bool IsReduceScatter(Reduction r);
+// kPsInit, kPsDelta or kPsPull: served by ParameterServer only.
+bool IsParameterServer(Reduction r);
 
 // Retriable failures (epoch fencing). A job's plan version is its epoch: every data-plane
 // message carries the epoch its sender runs the collective under, and messages of another epoch
@@ -75,6 +82,13 @@ struct Operation {
   // thread that started it (DataPlaneNode::Start, CollectiveAlgorithm::Post) or on the
   // transport's thread. Never runs when the start itself returned an error.
   std::function<void(absl::Status)> done;
+
+  // Parameter-server operations (IsParameterServer(reduction)) only; `buffers` then holds the
+  // one buffer of one process.
+  uint32_t ps_worker = 0;  // the process's global rank: the worker whose clock it advances
+  double ps_scale = 0;     // kPsDelta: the servers' scale for this delta; 0 = the job's
+  // kPsInit / kPsPull: receives the parameters' version before `done` runs OK (may be null).
+  std::shared_ptr<uint64_t> ps_version;
 };
 
 }  // namespace tributary::dataplane

@@ -17,6 +17,15 @@ bool IsPushPullKind(uint8_t kind) {
          kind == static_cast<uint8_t>(MessageKind::kResult);
 }
 
+// Chunks of at most 2^56 bytes: byte counts (and a version before them) never wrap around.
+absl::Status CheckChunkBytes(const WireHeader& h) {
+  if (h.chunk_count > (uint64_t{1} << 56) / DataTypeSize(static_cast<DataType>(h.dtype))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk of ", h.chunk_count, " elements is too large"));
+  }
+  return absl::OkStatus();
+}
+
 // Push and result: a chunk of the push/pull chunk map.
 absl::Status ValidatePushPull(const WireHeader& h, size_t payload_bytes) {
   if (h.tensor_count == 0 || h.num_chunks == 0 || h.num_chunks > h.tensor_count ||
@@ -31,6 +40,7 @@ absl::Status ValidatePushPull(const WireHeader& h, size_t payload_bytes) {
                                                    ", +", h.chunk_count, "), expected [",
                                                    expected.offset, ", +", expected.count, ")"));
   }
+  if (absl::Status size = CheckChunkBytes(h); !size.ok()) return size;
   const uint64_t bytes = h.chunk_count * DataTypeSize(static_cast<DataType>(h.dtype));
   const bool empty_broadcast_push = h.kind == static_cast<uint8_t>(MessageKind::kPush) &&
                                     h.reduce == static_cast<uint8_t>(Reduction::kBroadcast) &&
@@ -39,6 +49,68 @@ absl::Status ValidatePushPull(const WireHeader& h, size_t payload_bytes) {
   if (payload_bytes != want) {
     return absl::InvalidArgumentError(
         absl::StrCat("payload of ", payload_bytes, " bytes, expected ", want, " (truncated?)"));
+  }
+  return absl::OkStatus();
+}
+
+// Parameter server: init / delta pushes, pulls and their answers (see wire.h).
+absl::Status ValidateParameterServer(const WireHeader& h, size_t payload_bytes) {
+  const auto r = static_cast<Reduction>(h.reduce);
+  if (!IsParameterServer(r)) {
+    return absl::InvalidArgumentError(absl::StrCat("reduction ", std::string(ReductionName(r)),
+                                                   " does not run on the parameter server"));
+  }
+  if (h.world_size == 0 || h.root >= h.world_size ||
+      (h.sender != h.root && h.sender != WireHeader::kFromServer)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker ", h.root, " (sender ", h.sender, ") of a world of ", h.world_size));
+  }
+  const uint8_t kind = h.kind;
+  if (kind == static_cast<uint8_t>(MessageKind::kError)) return absl::OkStatus();
+  // Pushes carry values (init by rank 0, deltas); pulls ask for them (init by other ranks, pulls).
+  if ((kind == static_cast<uint8_t>(MessageKind::kPush) && r == Reduction::kPsPull) ||
+      (kind == static_cast<uint8_t>(MessageKind::kPull) && r == Reduction::kPsDelta)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("message kind ", kind, " does not carry ", std::string(ReductionName(r))));
+  }
+  if (kind != static_cast<uint8_t>(MessageKind::kPush) &&
+      kind != static_cast<uint8_t>(MessageKind::kPull) &&
+      kind != static_cast<uint8_t>(MessageKind::kResult)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("message kind ", kind, " does not belong to parameter_server"));
+  }
+  if ((kind == static_cast<uint8_t>(MessageKind::kResult)) !=
+      (h.sender == WireHeader::kFromServer)) {
+    return absl::InvalidArgumentError("only the server answers, and only with results");
+  }
+  if (r == Reduction::kPsDelta && kind == static_cast<uint8_t>(MessageKind::kPush) && h.step == 0) {
+    return absl::InvalidArgumentError("delta with clock 0 (clocks start at 1)");
+  }
+  if (h.tensor_count == 0 || h.num_chunks == 0 || h.num_chunks > h.tensor_count ||
+      h.chunk >= h.num_chunks) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk ", h.chunk, "/", h.num_chunks,
+                                                   " of a tensor of ", h.tensor_count,
+                                                   " elements is out of range"));
+  }
+  const ChunkRange expected = GetChunk(h.tensor_count, h.num_chunks, h.chunk);
+  if (h.chunk_offset != expected.offset || h.chunk_count != expected.count) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk ", h.chunk, " covers [", h.chunk_offset,
+                                                   ", +", h.chunk_count, "), expected [",
+                                                   expected.offset, ", +", expected.count, ")"));
+  }
+  if (absl::Status size = CheckChunkBytes(h); !size.ok()) return size;
+  const uint64_t bytes = h.chunk_count * DataTypeSize(static_cast<DataType>(h.dtype));
+  bool ok = false;
+  if (kind == static_cast<uint8_t>(MessageKind::kPush)) ok = payload_bytes == bytes;
+  if (kind == static_cast<uint8_t>(MessageKind::kPull)) ok = payload_bytes == 0;
+  if (kind == static_cast<uint8_t>(MessageKind::kResult)) {
+    ok = payload_bytes == bytes + sizeof(uint64_t) ||
+         (payload_bytes == 0 && r != Reduction::kPsPull);
+  }
+  if (!ok) {
+    return absl::InvalidArgumentError(absl::StrCat("payload of ", payload_bytes,
+                                                   " bytes does not fit a chunk of ", bytes,
+                                                   " bytes (truncated?)"));
   }
   return absl::OkStatus();
 }
@@ -54,6 +126,7 @@ absl::Status ValidateData(const WireHeader& h, size_t payload_bytes) {
         "sub-chunk ", h.chunk, "/", h.num_chunks, " [", h.chunk_offset, ", +", h.chunk_count,
         ") of a tensor of ", h.tensor_count, " elements is out of range"));
   }
+  if (absl::Status size = CheckChunkBytes(h); !size.ok()) return size;
   const uint64_t want = h.chunk_count * DataTypeSize(static_cast<DataType>(h.dtype));
   if (payload_bytes != want) {
     return absl::InvalidArgumentError(
@@ -75,13 +148,36 @@ absl::StatusOr<WireHeader> ParseHeader(std::span<const std::byte> header, size_t
   if (h.version != WireHeader::kVersion) {
     return absl::InvalidArgumentError(absl::StrCat("unsupported version ", h.version));
   }
-  if (h.kind < 1 || h.kind > 5) {
+  if (h.kind < 1 || h.kind > 6) {
     return absl::InvalidArgumentError(absl::StrCat("unknown message kind ", h.kind));
   }
   if (!IsValidAlgorithm(h.algorithm)) {
     return absl::InvalidArgumentError(absl::StrCat("unknown algorithm ", h.algorithm));
   }
   const bool push_pull = h.algorithm == static_cast<uint8_t>(Algorithm::kPushPull);
+  if (h.algorithm == static_cast<uint8_t>(Algorithm::kParameterServer)) {
+    if (h.kind == static_cast<uint8_t>(MessageKind::kData) ||
+        h.kind == static_cast<uint8_t>(MessageKind::kAbort)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("message kind ", h.kind, " does not belong to parameter_server"));
+    }
+    if (h.kind == static_cast<uint8_t>(MessageKind::kError) &&
+        (h.error_code == 0 || h.error_code > 16)) {
+      return absl::InvalidArgumentError(absl::StrCat("bad error code ", h.error_code));
+    }
+    if (!common::IsValidDataType(h.dtype)) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown dtype ", h.dtype));
+    }
+    if (!IsValidReduction(h.reduce)) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown reduction ", h.reduce));
+    }
+    absl::Status valid = ValidateParameterServer(h, payload_bytes);
+    if (!valid.ok()) return valid;
+    return h;
+  }
+  if (h.kind == static_cast<uint8_t>(MessageKind::kPull)) {
+    return absl::InvalidArgumentError("message kind 6 (pull) belongs to parameter_server only");
+  }
   if (IsPushPullKind(h.kind) != push_pull && h.kind != static_cast<uint8_t>(MessageKind::kError) &&
       h.kind != static_cast<uint8_t>(MessageKind::kAbort)) {
     return absl::InvalidArgumentError(
@@ -103,7 +199,7 @@ absl::StatusOr<WireHeader> ParseHeader(std::span<const std::byte> header, size_t
   if (!common::IsValidDataType(h.dtype)) {
     return absl::InvalidArgumentError(absl::StrCat("unknown dtype ", h.dtype));
   }
-  if (!IsValidReduction(h.reduce)) {
+  if (!IsValidReduction(h.reduce) || IsParameterServer(static_cast<Reduction>(h.reduce))) {
     return absl::InvalidArgumentError(absl::StrCat("unknown reduction ", h.reduce));
   }
   if (push_pull && IsBlockwise(static_cast<Reduction>(h.reduce))) {

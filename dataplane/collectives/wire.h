@@ -26,7 +26,16 @@ enum class MessageKind : uint8_t {
   kAbort = 5,   // a participant gives up on the collective (push/pull: worker -> the tensor's
                 // home server, which fails it for every worker; ring / halving-doubling: rank ->
                 // every other rank); payload: the reason (text)
+  kPull = 6,    // parameter server, worker -> server: send me this chunk's parameters; no payload
 };
+
+// Parameter-server messages (algorithm kParameterServer, parameter_server.h) use the push/pull
+// chunk fields and: reduce = kPsInit / kPsDelta / kPsPull; root = the worker's global rank (in
+// both directions); world_size = the job's training processes; sender = root, or kFromServer
+// from the server; iteration = the worker's request id (echoed); step = kPsDelta's clock
+// (1-based); reserved1 = kPsDelta's scale as float32 bits (0: the job's). Payloads: kPush the
+// chunk's values; kPull none; kResult none (acknowledges a push) or 8 bytes of version then the
+// chunk's values (answers a pull); kError the reason.
 
 // Every field sits at a multiple of its size and the struct is 8-aligned: code binds references
 // to the fields (StrCat, std::max, fmt), and a reference to a misaligned field is undefined

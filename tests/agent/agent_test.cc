@@ -195,6 +195,31 @@ TEST(PlanViewTest, PartitionIsTunedUnlessThePlanFixesIt) {
   EXPECT_FALSE(fixed->tune_partition);
 }
 
+TEST(PlanViewTest, AsyncModeStalenessAndScaleReachTheJobView) {
+  tributary::v1::JobPlan plan;
+  plan.set_job_id("j");
+  plan.set_version(3);
+  auto* w = plan.add_workers();
+  w->set_node_id("n0");
+  w->set_data_plane_address("a0");
+  auto* s = plan.add_servers();
+  s->set_node_id("n0");
+  s->set_data_plane_address("a0");
+  s->set_weight(dataplane::ChunkMap::kWeightTotal);
+  absl::StatusOr<dataplane::JobView> sync = ToJobView(plan, "n0");
+  ASSERT_TRUE(sync.ok()) << sync.status();
+  EXPECT_FALSE(sync->async_mode);
+  EXPECT_EQ(sync->delta_scale, 1.0);  // unset in the plan: 1
+  plan.set_mode(tributary::v1::JOB_MODE_ASYNC);
+  plan.set_staleness(2);
+  plan.set_delta_scale(0.25);
+  absl::StatusOr<dataplane::JobView> async = ToJobView(plan, "n0");
+  ASSERT_TRUE(async.ok()) << async.status();
+  EXPECT_TRUE(async->async_mode);
+  EXPECT_EQ(async->staleness, 2);
+  EXPECT_EQ(async->delta_scale, 0.25);
+}
+
 TEST_F(AgentTest, UnusablePlansAreIgnored) {
   tributary::v1::JobPlan bad = Plan("bad", 1, {"n0", "n1"}, {"n0"});
   bad.mutable_servers(0)->set_weight(12);

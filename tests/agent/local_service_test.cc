@@ -190,6 +190,43 @@ TEST_F(LocalServiceTest, LeavingFreesTheRankAndEndsTheSessionOnce) {
   EXPECT_TRUE(JoinAs(0).ok());  // the rank is free again
 }
 
+TEST_F(LocalServiceTest, ParameterServerOpsArePerProcessAndCarryTheVersion) {
+  ASSERT_NO_FATAL_FAILURE(JoinBoth());
+  // Local rank 1 alone pulls: no gather waits for local rank 0, the operation starts at once.
+  auto pull = Submit(Request(s1_, "w", b1_, 16, tributary::v1::COLLECTIVE_OP_PS_PULL));
+  ASSERT_TRUE(pull.ok()) << pull.status();
+  ASSERT_EQ(runner_.num_starts(), 1u);
+  const FakeCollectiveRunner::StartCall call = runner_.start(0);
+  EXPECT_EQ(call.op.reduction, dataplane::Reduction::kPsPull);
+  EXPECT_EQ(call.op.ps_worker, 3u);  // node rank 1 x 2 + local rank 1
+  EXPECT_EQ(call.op.buffers.size(), 1u);
+  // A delta of local rank 0 with the call's scale: its own operation too.
+  tributary::v1::SubmitRequest delta =
+      Request(s0_, "w", b0_, 16, tributary::v1::COLLECTIVE_OP_PS_PUSH_DELTA);
+  delta.set_delta_scale(0.5);
+  ASSERT_TRUE(Submit(delta).ok());
+  ASSERT_EQ(runner_.num_starts(), 2u);
+  EXPECT_EQ(runner_.start(1).op.ps_worker, 2u);
+  EXPECT_EQ(runner_.start(1).op.ps_scale, 0.5);
+  // The data plane writes the version before done: the wait's answer carries it.
+  ASSERT_NE(call.op.ps_version, nullptr);
+  *call.op.ps_version = 42;
+  runner_.Complete(0, absl::OkStatus());
+  uint64_t version = 0;
+  auto answer = std::make_shared<Answer>();
+  service_.Await(
+      s1_, *pull, 0,
+      [answer](const absl::Status& s, bool done) {
+        answer->answered = true;
+        answer->status = s;
+        answer->done = done;
+      },
+      [&version](uint64_t v) { version = v; });
+  EXPECT_TRUE(answer->done);
+  EXPECT_TRUE(answer->status.ok());
+  EXPECT_EQ(version, 42u);
+}
+
 TEST_F(LocalServiceTest, KeepAliveEndFailsTheGathersMissingThatRank) {
   ASSERT_NO_FATAL_FAILURE(JoinBoth());
   auto grad = Submit(Request(s0_, "grad", b0_));
@@ -342,8 +379,8 @@ TEST_F(LocalServiceTest, SubmitValidatesTheRequestOnce) {
     EXPECT_EQ(s.status().message(), message);
   };
   auto req = Request(s0_, "t", b0_);
-  req.set_op(static_cast<tributary::v1::CollectiveOp>(7));
-  expect_invalid(req, "job 'job' tensor 't': unknown op 7");
+  req.set_op(static_cast<tributary::v1::CollectiveOp>(10));
+  expect_invalid(req, "job 'job' tensor 't': unknown op 10");
   req = Request(s0_, "t", b0_);
   req.set_op(tributary::v1::COLLECTIVE_OP_UNSPECIFIED);
   expect_invalid(req, "job 'job' tensor 't': unknown op 0");

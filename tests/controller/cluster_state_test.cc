@@ -210,6 +210,39 @@ TEST_F(ClusterStateTest, PlansChoosePartitionAndCreditUnlessTheSpecDoes) {
               HasSubstr("credit_bytes 262144 must be in [partition_bytes (524288 B)"));
 }
 
+TEST_F(ClusterStateTest, AsyncJobsCarryModeStalenessAndScaleIntoThePlan) {
+  for (int i = 0; i < 2; ++i) Register("w" + std::to_string(i));
+  tributary::v1::CreateJobRequest req;
+  req.set_job_id("ps");
+  for (int i = 0; i < 2; ++i) req.mutable_spec()->add_worker_nodes("w" + std::to_string(i));
+  req.mutable_spec()->set_mode(tributary::v1::JOB_MODE_ASYNC);
+  req.mutable_spec()->set_staleness(3);
+  tributary::v1::Job job;
+  ASSERT_TRUE(state_.CreateJob(req, &job).ok());
+  EXPECT_EQ(job.plan().mode(), tributary::v1::JOB_MODE_ASYNC);
+  EXPECT_EQ(job.plan().staleness(), 3);
+  EXPECT_EQ(job.plan().delta_scale(), 1.0);  // unset: 1
+  req.set_job_id("scaled");
+  req.mutable_spec()->set_delta_scale(-0.5);
+  ASSERT_TRUE(state_.CreateJob(req, &job).ok());
+  EXPECT_EQ(job.plan().delta_scale(), -0.5);
+  req.set_job_id("bad");
+  req.mutable_spec()->set_staleness(-2);
+  absl::Status bad = state_.CreateJob(req, &job);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.message(), HasSubstr("staleness -2 is below -1"));
+  req.mutable_spec()->set_staleness(0);
+  req.mutable_spec()->set_delta_scale(std::numeric_limits<double>::infinity());
+  EXPECT_EQ(state_.CreateJob(req, &job).code(), absl::StatusCode::kInvalidArgument);
+  // Staleness on a synchronous job is a mistake worth saying.
+  req.mutable_spec()->clear_delta_scale();
+  req.mutable_spec()->set_mode(tributary::v1::JOB_MODE_SYNC);
+  req.mutable_spec()->set_staleness(2);
+  bad = state_.CreateJob(req, &job);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.message(), HasSubstr("asynchronous jobs only"));
+}
+
 TEST_F(ClusterStateTest, CreateJobValidatesAndIsIdempotent) {
   Register("w0");
   Register("w1");

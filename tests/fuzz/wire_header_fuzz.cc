@@ -35,7 +35,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // A chunk's payload holds exactly its elements (none for a broadcast push by a non-root):
   // receivers read chunk_count elements from it. Exact arithmetic, no wrap-around.
   const auto kind = static_cast<MessageKind>(h->kind);
-  if (kind != MessageKind::kError && kind != MessageKind::kAbort) {
+  if (h->algorithm == static_cast<uint8_t>(tributary::dataplane::Algorithm::kParameterServer)) {
+    // Parameter server: a push holds the chunk's values, a pull nothing, an answer nothing (an
+    // acknowledgement) or an 8-byte version and the values.
+    if (kind != MessageKind::kError) {
+      const unsigned __int128 bytes =
+          static_cast<unsigned __int128>(h->chunk_count) *
+          tributary::common::DataTypeSize(static_cast<tributary::common::DataType>(h->dtype));
+      const bool ok = kind == MessageKind::kPush   ? bytes == payload_bytes
+                      : kind == MessageKind::kPull ? payload_bytes == 0
+                      : kind == MessageKind::kResult
+                          ? payload_bytes == 0 || bytes + 8 == payload_bytes
+                          : false;
+      if (!ok || h->root >= h->world_size) __builtin_trap();
+    }
+  } else if (kind != MessageKind::kError && kind != MessageKind::kAbort) {
     const unsigned __int128 bytes =
         static_cast<unsigned __int128>(h->chunk_count) *
         tributary::common::DataTypeSize(static_cast<tributary::common::DataType>(h->dtype));

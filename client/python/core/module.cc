@@ -316,7 +316,11 @@ PYBIND11_MODULE(_tributary, m) {
            "operation's error, or TributaryError DEADLINE_EXCEEDED when the timeout passes "
            "first (the operation goes on).")
       .def_property_readonly("name", [](const PyHandle& h) { return h.handle.name(); })
-      .def_property_readonly("done", [](const PyHandle& h) { return h.done; });
+      .def_property_readonly("done", [](const PyHandle& h) { return h.done; })
+      .def_property_readonly(
+          "version", [](const PyHandle& h) { return h.handle.version(); },
+          "pull_params_async / init_params_async, once done: the parameters' version (deltas "
+          "applied).");
 
   py::class_<PyClient>(m, "Client", "A training process's session with its local agent in one job.")
       .def(py::init<std::optional<std::string>, std::optional<std::string>, std::optional<uint32_t>,
@@ -398,6 +402,43 @@ PYBIND11_MODULE(_tributary, m) {
           py::arg("op") = "sum", py::arg("priority") = 0,
           "Reduce-scatter in place: the region holds size * count elements; at the end block "
           "`rank` holds that block's sum (or average) over the processes.")
+      .def(
+          "init_params_async",
+          [](PyClient& c, const std::string& name, const PyBuffer& buffer, size_t offset,
+             size_t count, const std::string& dtype) {
+            const common::DataType t = ParseDtype(dtype);
+            return c.Submit(buffer, [&](const SharedBuffer& b) {
+              return c.client().InitParamsAsync(name, b, offset, count, t);
+            });
+          },
+          py::arg("name"), py::arg("buffer"), py::arg("offset"), py::arg("count"), py::arg("dtype"),
+          "Async jobs: rank 0 pushes the region as the initial parameters of `name`; every other "
+          "rank waits for them and receives them into its region.")
+      .def(
+          "push_delta_async",
+          [](PyClient& c, const std::string& name, const PyBuffer& buffer, size_t offset,
+             size_t count, const std::string& dtype, double scale) {
+            const common::DataType t = ParseDtype(dtype);
+            return c.Submit(buffer, [&](const SharedBuffer& b) {
+              return c.client().PushDeltaAsync(name, b, offset, count, t, scale);
+            });
+          },
+          py::arg("name"), py::arg("buffer"), py::arg("offset"), py::arg("count"), py::arg("dtype"),
+          py::arg("scale") = 0.0,
+          "Async jobs: the servers apply params += scale * region, exactly once (scale 0: the "
+          "job's --delta-scale).")
+      .def(
+          "pull_params_async",
+          [](PyClient& c, const std::string& name, const PyBuffer& buffer, size_t offset,
+             size_t count, const std::string& dtype) {
+            const common::DataType t = ParseDtype(dtype);
+            return c.Submit(buffer, [&](const SharedBuffer& b) {
+              return c.client().PullParamsAsync(name, b, offset, count, t);
+            });
+          },
+          py::arg("name"), py::arg("buffer"), py::arg("offset"), py::arg("count"), py::arg("dtype"),
+          "Async jobs: the current parameters into the region (Handle.version: their version); "
+          "waits while this rank is more than the job's staleness ahead of the slowest.")
       .def("leave", &PyClient::Leave,
            "Leaves the job (idempotent); later calls fail with FAILED_PRECONDITION.");
 }

@@ -291,6 +291,14 @@ class BadInputTest(unittest.TestCase):
         self.assertIn(text, str(e.exception))
         return e.exception
 
+    def test_parameter_server_calls_on_a_synchronous_job(self):
+        self.assertError("FAILED_PRECONDITION", "need a job created with --mode async",
+                         trt.pull_params, torch.zeros(4), "ps")
+        self.assertError("FAILED_PRECONDITION", "need a job created with --mode async",
+                         trt.DistributedOptimizer,
+                         torch.optim.SGD([torch.nn.Parameter(torch.zeros(3))], lr=0.1),
+                         mode="async")
+
     def test_complex_dtype(self):
         self.assertError("INVALID_ARGUMENT", "dtype torch.complex64 is not supported",
                          trt.push_pull, torch.zeros(4, dtype=torch.complex64))

@@ -15,11 +15,12 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 # parse headers, they do not authenticate them).
 WIRE = struct.Struct("<IBBBBB7sQQQQQIIIIIIQQII16s")
 assert WIRE.size == 120
-PUSH, RESULT, ERROR, DATA, ABORT = 1, 2, 3, 4, 5
-PUSH_PULL, RING, HD = 1, 2, 3
+PUSH, RESULT, ERROR, DATA, ABORT, PULL = 1, 2, 3, 4, 5, 6
+PUSH_PULL, RING, HD, PS = 1, 2, 3, 4
 F32, F64, F16, BF16, I32, I64 = 1, 2, 3, 4, 5, 6
 SIZE = {F32: 4, F64: 8, F16: 2, BF16: 2, I32: 4, I64: 8}
 SUM, AVG, BCAST, ALLGATHER, RS_SUM = 1, 2, 3, 4, 5
+PS_INIT, PS_DELTA, PS_PULL = 7, 8, 9
 
 
 def chunk(count, chunks, index):
@@ -48,6 +49,11 @@ def messages():
                                  index=0)
     yield "error_push_pull", header(ERROR, PUSH_PULL, error=3, sender=0xFFFFFFFF)
     yield "abort_ring", header(ABORT, RING, error=10)
+    # Parameter server (root = the worker's global rank; a delta's clock in step).
+    yield "ps_delta", header(PUSH, PS, reduce=PS_DELTA, sender=2, root=2, step=3)
+    yield "ps_pull", (header(PULL, PS, reduce=PS_PULL, sender=2, root=2)[0], b"")
+    h, p = header(RESULT, PS, reduce=PS_PULL, sender=0xFFFFFFFF, root=2)
+    yield "ps_values", (h, struct.pack("<Q", 5) + p)
 
 
 def pad8(b):

@@ -17,16 +17,18 @@ from tributary.torch.compression import Compression
 from tributary.torch.ddp import ddp_comm_hook
 from tributary.torch.ops import (Handle, allgather, allgather_async, barrier, broadcast,
                                  broadcast_async, broadcast_object, broadcast_optimizer_state,
-                                 broadcast_parameters, empty, init, is_initialized, local_rank,
-                                 local_size, poll, push_pull, push_pull_async, rank,
-                                 reduce_scatter, reduce_scatter_async, shutdown, size,
-                                 synchronize)
+                                 broadcast_parameters, empty, init, init_params,
+                                 init_params_async, is_initialized, local_rank, local_size, poll,
+                                 pull_params, pull_params_async, push_delta, push_delta_async,
+                                 push_pull, push_pull_async, rank, reduce_scatter,
+                                 reduce_scatter_async, shutdown, size, synchronize)
 from tributary.torch.optimizer import DistributedOptimizer
 
 __all__ = [
     "TributaryError", "Compression", "DistributedOptimizer", "Handle", "allgather",
     "allgather_async", "barrier", "broadcast", "broadcast_async", "broadcast_object",
     "broadcast_optimizer_state", "broadcast_parameters", "ddp_comm_hook", "empty", "init",
-    "is_initialized", "local_rank", "local_size", "poll", "push_pull", "push_pull_async",
+    "init_params", "init_params_async", "pull_params", "pull_params_async", "push_delta",
+    "push_delta_async", "is_initialized", "local_rank", "local_size", "poll", "push_pull", "push_pull_async",
     "rank", "reduce_scatter", "reduce_scatter_async", "shutdown", "size", "synchronize",
 ]

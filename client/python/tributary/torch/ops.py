@@ -255,6 +255,12 @@ class Handle:
     def name(self):
         return self._name
 
+    @property
+    def version(self):
+        """pull_params_async / init_params_async, once done: the parameters' version (deltas
+        applied on the servers)."""
+        return self._core.version
+
     def poll(self):
         """True when the operation is done (its result is then in place), False while it
         runs; raises its TributaryError if it failed."""
@@ -382,6 +388,70 @@ def push_pull_async(tensor, average=True, name=None, priority=0):
 def push_pull(tensor, average=True, name=None, priority=0):
     """All-reduce of `tensor` in place (see push_pull_async); returns `tensor`."""
     return synchronize(push_pull_async(tensor, average, name, priority))
+
+
+def _ps_name(name, what):
+    if name is None:
+        raise TributaryError(f"{what}: name the parameter tensor (the same name on every rank)",
+                             "INVALID_ARGUMENT")
+    return str(name)
+
+
+def init_params_async(tensor, name):
+    """Asynchronous jobs (created with --mode async): rank 0 pushes `tensor` as the initial
+    parameters `name` held by the summation servers; every other rank waits (the job's
+    timeout) until they are there and receives them into `tensor`. Every rank calls it, once
+    per plan epoch (again after an UNAVAILABLE error: the servers lost the parameters)."""
+    name = _ps_name(name, "init_params")
+
+    def build(state, dtype, name):
+        return _in_place(state, tensor, name, lambda buffer, offset: state.client.init_params_async(
+            name, buffer, offset, tensor.numel(), dtype))
+
+    return _submit("init_params", "init_params", tensor, name, build)
+
+
+def init_params(tensor, name):
+    """init_params_async, waited for; returns `tensor` (rank 0's values on every rank)."""
+    return synchronize(init_params_async(tensor, name))
+
+
+def push_delta_async(tensor, name, scale=0.0):
+    """Asynchronous jobs: the servers apply params += scale * tensor, as each chunk arrives and
+    exactly once, without waiting for the other ranks (scale 0: the job's --delta-scale,
+    default 1). One push_delta of a name at a time per rank."""
+    name = _ps_name(name, "push_delta")
+
+    def build(state, dtype, name):
+        return _in_place(state, tensor, name, lambda buffer, offset: state.client.push_delta_async(
+            name, buffer, offset, tensor.numel(), dtype, scale))
+
+    return _submit("push_delta", "push_delta", tensor, name, build)
+
+
+def push_delta(tensor, name, scale=0.0):
+    """push_delta_async, waited for."""
+    synchronize(push_delta_async(tensor, name, scale))
+
+
+def pull_params_async(tensor, name):
+    """Asynchronous jobs: the current parameters `name` into `tensor`; Handle.version is their
+    version once done. Waits while this rank has pushed more than the job's staleness deltas of
+    `name` beyond the slowest rank (DEADLINE_EXCEEDED naming it at the job's timeout)."""
+    name = _ps_name(name, "pull_params")
+
+    def build(state, dtype, name):
+        return _in_place(state, tensor, name, lambda buffer, offset: state.client.pull_params_async(
+            name, buffer, offset, tensor.numel(), dtype))
+
+    return _submit("pull_params", "pull_params", tensor, name, build)
+
+
+def pull_params(tensor, name):
+    """pull_params_async, waited for; returns the version (int) of the values now in `tensor`."""
+    handle = pull_params_async(tensor, name)
+    synchronize(handle)
+    return handle.version
 
 
 def broadcast_async(tensor, root_rank, name=None, priority=0):

@@ -162,14 +162,123 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
 
 
+def _named(params, named_parameters):
+    """(name, parameter) pairs for the optimizer's parameters, checked (see DistributedOptimizer)."""
+    if named_parameters is None:
+        return [(f"param.{i}", p) for i, p in enumerate(params)]
+    named = list(named_parameters)
+    if not all(isinstance(n, tuple) and len(n) == 2 for n in named):
+        raise TributaryError(
+            "DistributedOptimizer: named_parameters must be (name, parameter) pairs, "
+            "e.g. model.named_parameters()", "INVALID_ARGUMENT")
+    names = [n for n, _ in named]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise TributaryError(f"DistributedOptimizer: parameter names are not unique: "
+                             f"{duplicates}", "INVALID_ARGUMENT")
+    known = {id(p) for _, p in named}
+    if any(id(p) not in known for p in params):
+        raise TributaryError(
+            "DistributedOptimizer: parameters of the optimizer are not in named_parameters; "
+            "pass the model's named_parameters()", "INVALID_ARGUMENT")
+    in_optimizer = {id(p) for p in params}
+    return [(n, p) for n, p in named if id(p) in in_optimizer]
+
+
+class _AsyncDistributedOptimizer(torch.optim.Optimizer):
+    """Asynchronous parameter-server training (a job created with --mode async): the summation
+    servers hold the parameters. The constructor initialises them from rank 0 (every rank
+    starts from rank 0's values). Each step() runs the wrapped optimizer locally on the local
+    gradients, pushes the change of every parameter (delta = new - old: any optimizer, its
+    state kept locally, as BytePS's asynchronous mode) and pulls the current parameters into
+    the model; no rank waits for another, except a pull held by the job's staleness bound."""
+
+    def __init__(self, params, named_parameters, staleness):
+        super(self.__class__, self).__init__(params)
+        import os
+        job_staleness = os.environ.get("TRIBUTARY_STALENESS")
+        if (staleness is not None and job_staleness is not None and
+                int(job_staleness) != staleness):
+            raise TributaryError(
+                f"DistributedOptimizer: staleness={staleness}, but the job was created with "
+                f"staleness {job_staleness} (the servers enforce the job's bound: create the job "
+                "with the one you want, e.g. tributary-run --mode async --staleness S)",
+                "INVALID_ARGUMENT")
+        params = [p for group in self.param_groups for p in group["params"]]
+        named = _named(params, named_parameters)
+        self._params = [(f"DistributedOptimizer.param.{n}", p) for n, p in named
+                        if p.requires_grad]
+        self.versions = {}  # parameter name -> version of the values last pulled
+        self.reinitialisations = 0
+        self._init_params()
+
+    def _init_params(self):
+        with torch.no_grad():
+            for name, p in self._params:
+                ops.init_params(p.data, name)
+                self.versions[name] = 0
+
+    def synchronize(self):
+        """Nothing to wait for: step() pushes and pulls."""
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        yield
+
+    def step(self, closure=None):
+        with torch.no_grad():
+            before = [p.detach().clone() for _, p in self._params]
+        loss = super(self.__class__, self).step(closure)
+        try:
+            with torch.no_grad():
+                deltas = [p.detach() - old for (_, p), old in zip(self._params, before)]
+                handles = [ops.push_delta_async(d, name) for (name, _), d in
+                           zip(self._params, deltas)]
+                for h in handles:
+                    ops.synchronize(h)
+                handles = [ops.pull_params_async(p.data, name) for name, p in self._params]
+                for (name, _), h in zip(self._params, handles):
+                    ops.synchronize(h)
+                    self.versions[name] = h.version
+        except TributaryError as e:
+            if e.code != "UNAVAILABLE":
+                raise
+            # The plan changed: the servers lost the parameters with their epoch. Every rank
+            # gets the same error and initialises them again from rank 0's current values;
+            # this step's deltas are lost.
+            self.reinitialisations += 1
+            self._init_params()
+        return loss
+
+
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
-                         backward_passes_per_step=1):
+                         backward_passes_per_step=1, mode="sync", staleness=None):
     """Wraps `optimizer` (its class, parameter groups and hyper-parameters; not its state --
     use broadcast_optimizer_state) so that gradients are averaged over every process before
     each step. `named_parameters` (model.named_parameters()) gives the all-reduces stable names,
     the same on every rank; without it parameters are numbered in the optimizer's order.
     `compression`: Compression.none or Compression.fp16. With backward_passes_per_step = k,
-    gradients accumulate locally over k backward passes before their all-reduce."""
+    gradients accumulate locally over k backward passes before their all-reduce.
+
+    mode="async" (a job created with --mode async): asynchronous parameter-server training
+    instead (see _AsyncDistributedOptimizer): the constructor initialises the servers'
+    parameters from rank 0; step() applies the wrapped optimizer locally, pushes each
+    parameter's change and pulls the current parameters. `staleness` is the job's SSP bound
+    (tributary-run --staleness / create-job --staleness, which the servers enforce); when
+    given, it must match the job's. compression and backward_passes_per_step are sync only."""
+    if mode not in ("sync", "async"):
+        raise TributaryError(f"DistributedOptimizer: mode {mode!r} is neither 'sync' nor 'async'",
+                             "INVALID_ARGUMENT")
+    if mode == "async":
+        if compression is not Compression.none or backward_passes_per_step != 1:
+            raise TributaryError("DistributedOptimizer: compression and backward_passes_per_step "
+                                 "apply to mode='sync' only", "INVALID_ARGUMENT")
+        cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
+                   dict(_AsyncDistributedOptimizer.__dict__))
+        return cls(optimizer.param_groups, named_parameters, staleness)
+    if staleness is not None:
+        raise TributaryError("DistributedOptimizer: staleness applies to mode='async' only",
+                             "INVALID_ARGUMENT")
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step)
