@@ -304,10 +304,18 @@ void Agent::ApplyPlans(const std::vector<tributary::v1::JobPlan>& plans) {
                   view->server_addresses.size());
     }
     if (view->my_worker_rank >= 0) {
-      local_jobs.push_back(LocalJob{plan.job_id(), plan.version(),
-                                    static_cast<uint32_t>(view->my_worker_rank),
-                                    static_cast<uint32_t>(view->worker_addresses.size()),
-                                    view->procs_per_node, view->op_timeout});
+      LocalJob local{plan.job_id(),
+                     plan.version(),
+                     static_cast<uint32_t>(view->my_worker_rank),
+                     static_cast<uint32_t>(view->worker_addresses.size()),
+                     view->procs_per_node,
+                     view->op_timeout,
+                     {}};
+      for (const auto& w : plan.workers()) {
+        if (w.down())
+          local.down_workers.push_back(absl::StrCat(w.node_id(), " (rank ", w.rank(), ")"));
+      }
+      local_jobs.push_back(std::move(local));
     }
   }
   for (const auto& [job_id, version] : applied_) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/dtype.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -204,6 +205,14 @@ absl::Status LocalService::SubmitInternal(const tributary::v1::SubmitRequest& re
     absl::StatusOr<dataplane::Reduction> reduction = ToReduction(req.op());
     if (!reduction.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(what, ": ", reduction.status().message()));
+    }
+    if (!job->down_workers.empty() && !dataplane::IsParameterServer(*reduction)) {
+      // Every collective needs every worker node: fail now, not at the deadline (an
+      // asynchronous parameter-server job goes on without them).
+      return absl::UnavailableError(absl::StrCat(
+          what, ": the job is degraded: worker node", job->down_workers.size() > 1 ? "s " : " ",
+          absl::StrJoin(job->down_workers, ", "), job->down_workers.size() > 1 ? " are" : " is",
+          " down; its collectives cannot complete until the controller sees them back"));
     }
     const DataType dtype = static_cast<DataType>(req.dtype());
     const uint64_t esize = common::DataTypeSize(dtype);

@@ -26,6 +26,8 @@ struct LocalJob {
   uint32_t num_nodes = 0;
   uint32_t procs_per_node = 1;
   std::chrono::milliseconds op_timeout{30000};
+  // Worker nodes the plan marks down ("node-3 (rank 2)"): the job's collectives fail at once.
+  std::vector<std::string> down_workers;
 };
 
 // One local process in one job: from JoinJob until LeaveJob, the end of its KeepAlive stream

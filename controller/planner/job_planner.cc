@@ -167,6 +167,7 @@ absl::StatusOr<tributary::v1::JobPlan> PlanJob(const std::string& job_id,
     w->set_node_id(spec.worker_nodes(r));
     w->set_data_plane_address(by_id[spec.worker_nodes(r)]->inventory->data_plane_address());
     w->set_rank(r);
+    w->set_down(!by_id[spec.worker_nodes(r)]->alive);
   }
   std::map<std::string, MachineCapacity> caps;
   for (const auto& m : workers) caps[m.node_id] = m;

@@ -40,7 +40,8 @@ LocalJob TwoByTwoJob(const std::string& job_id = "job") {
                   .node_rank = 1,
                   .num_nodes = 2,
                   .procs_per_node = 2,
-                  .op_timeout = 1000ms};
+                  .op_timeout = 1000ms,
+                  .down_workers = {}};
 }
 
 // What a Reply got, if it ran.
@@ -263,6 +264,29 @@ TEST_F(LocalServiceTest, KeepAliveEndFailsTheGathersMissingThatRank) {
   EXPECT_FALSE(Await(s0_, *next)->done);
   EXPECT_EQ(runner_.aborts().size(), 2u);
   EXPECT_EQ(runner_.num_starts(), 0u);
+}
+
+TEST_F(LocalServiceTest, ADegradedJobFailsItsCollectivesAtOnce) {
+  ASSERT_NO_FATAL_FAILURE(JoinBoth());
+  LocalJob degraded = TwoByTwoJob();
+  degraded.plan_version += 1;
+  degraded.down_workers = {"node-7 (rank 1)"};
+  service_.SetJobs({degraded});
+  auto grad = Submit(Request(s0_, "grad", b0_));
+  ASSERT_FALSE(grad.ok());
+  EXPECT_EQ(grad.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(grad.status().message(),
+            "job 'job' tensor 'grad': the job is degraded: worker node node-7 (rank 1) is down; "
+            "its collectives cannot complete until the controller sees them back");
+  EXPECT_EQ(runner_.num_starts(), 0u);
+
+  // The node is back: collectives run again.
+  degraded.plan_version += 1;
+  degraded.down_workers.clear();
+  service_.SetJobs({degraded});
+  ASSERT_TRUE(Submit(Request(s0_, "grad", b0_)).ok());
+  ASSERT_TRUE(Submit(Request(s1_, "grad", b1_)).ok());
+  EXPECT_EQ(runner_.num_starts(), 1u);
 }
 
 TEST_F(LocalServiceTest, ShutdownEndsSessionsParkedWaitsAndNewJoins) {

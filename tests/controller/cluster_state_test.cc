@@ -301,6 +301,19 @@ TEST_F(ClusterStateTest, DeadWorkerDegradesTheJob) {
   ASSERT_TRUE(state_.GetJob("j", &job).ok());
   EXPECT_EQ(job.state(), tributary::v1::JOB_STATE_DEGRADED);
   EXPECT_THAT(job.message(), HasSubstr("w1"));
+  // The new plan marks the dead worker down, so the agents fail its collectives at once.
+  ASSERT_EQ(job.plan().workers_size(), 2);
+  EXPECT_FALSE(job.plan().workers(0).down());
+  EXPECT_TRUE(job.plan().workers(1).down());
+  const uint64_t degraded_version = job.plan().version();
+
+  // Back: a newer plan without down workers.
+  ASSERT_TRUE(Heartbeat("w1").ok());
+  ASSERT_TRUE(state_.GetJob("j", &job).ok());
+  EXPECT_EQ(job.state(), tributary::v1::JOB_STATE_RUNNING);
+  EXPECT_GT(job.plan().version(), degraded_version);
+  EXPECT_FALSE(job.plan().workers(0).down());
+  EXPECT_FALSE(job.plan().workers(1).down());
 }
 
 TEST_F(ClusterStateTest, UnknownNodesAreToldToRegister) {
