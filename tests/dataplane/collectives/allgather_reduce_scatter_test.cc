@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "dataplane/collectives/allgather_reduce_scatter_halving_doubling.h"
 #include "dataplane/collectives/allgather_reduce_scatter_ring.h"
+#include "dataplane/collectives/allreduce_push_pull.h"
 #include "dataplane/collectives/collective_engine.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -383,7 +384,9 @@ TEST(GatherScatterMismatchTest, AllGatherAgainstPushPullAllReduceFailsEveryRankB
   for (auto& f : futures) {
     EXPECT_EQ(f.wait_for(std::chrono::seconds(0)), std::future_status::timeout);
   }
-  cluster.clock().Advance(std::chrono::milliseconds(1001));
+  // Past the push/pull worker's own deadline too (op timeout + WorkerGrace): its pushes may not
+  // have reached any server before the sweep, and then only that deadline fails it.
+  cluster.clock().Advance(std::chrono::milliseconds(1001) + WorkerGrace(o.op_timeout));
   for (int i = 0; i < cluster.size(); ++i) cluster.node(i).ExpireStale();
   for (int node = 0; node < 3; ++node) {
     absl::Status s = Await(futures[node]);
