@@ -26,8 +26,9 @@ absl::Status CheckChunkBytes(const WireHeader& h) {
   return absl::OkStatus();
 }
 
-// Push and result: a chunk of the push/pull chunk map.
-absl::Status ValidatePushPull(const WireHeader& h, size_t payload_bytes) {
+// A chunk of the push/pull chunk map (push/pull and the parameter server): in range, where the
+// map puts it, and not too large.
+absl::Status CheckChunkOfTheMap(const WireHeader& h) {
   if (h.tensor_count == 0 || h.num_chunks == 0 || h.num_chunks > h.tensor_count ||
       h.chunk >= h.num_chunks) {
     return absl::InvalidArgumentError(absl::StrCat("chunk ", h.chunk, "/", h.num_chunks,
@@ -41,6 +42,12 @@ absl::Status ValidatePushPull(const WireHeader& h, size_t payload_bytes) {
                                                    expected.offset, ", +", expected.count, ")"));
   }
   if (absl::Status size = CheckChunkBytes(h); !size.ok()) return size;
+  return absl::OkStatus();
+}
+
+// Push and result: a chunk of the push/pull chunk map.
+absl::Status ValidatePushPull(const WireHeader& h, size_t payload_bytes) {
+  if (absl::Status chunk = CheckChunkOfTheMap(h); !chunk.ok()) return chunk;
   const uint64_t bytes = h.chunk_count * DataTypeSize(static_cast<DataType>(h.dtype));
   const bool empty_broadcast_push = h.kind == static_cast<uint8_t>(MessageKind::kPush) &&
                                     h.reduce == static_cast<uint8_t>(Reduction::kBroadcast) &&
@@ -86,19 +93,7 @@ absl::Status ValidateParameterServer(const WireHeader& h, size_t payload_bytes) 
   if (r == Reduction::kPsDelta && kind == static_cast<uint8_t>(MessageKind::kPush) && h.step == 0) {
     return absl::InvalidArgumentError("delta with clock 0 (clocks start at 1)");
   }
-  if (h.tensor_count == 0 || h.num_chunks == 0 || h.num_chunks > h.tensor_count ||
-      h.chunk >= h.num_chunks) {
-    return absl::InvalidArgumentError(absl::StrCat("chunk ", h.chunk, "/", h.num_chunks,
-                                                   " of a tensor of ", h.tensor_count,
-                                                   " elements is out of range"));
-  }
-  const ChunkRange expected = GetChunk(h.tensor_count, h.num_chunks, h.chunk);
-  if (h.chunk_offset != expected.offset || h.chunk_count != expected.count) {
-    return absl::InvalidArgumentError(absl::StrCat("chunk ", h.chunk, " covers [", h.chunk_offset,
-                                                   ", +", h.chunk_count, "), expected [",
-                                                   expected.offset, ", +", expected.count, ")"));
-  }
-  if (absl::Status size = CheckChunkBytes(h); !size.ok()) return size;
+  if (absl::Status chunk = CheckChunkOfTheMap(h); !chunk.ok()) return chunk;
   const uint64_t bytes = h.chunk_count * DataTypeSize(static_cast<DataType>(h.dtype));
   bool ok = false;
   if (kind == static_cast<uint8_t>(MessageKind::kPush)) ok = payload_bytes == bytes;

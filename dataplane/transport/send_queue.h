@@ -90,6 +90,22 @@ class SendQueue {
     return wake ? Pushed::kQueuedWake : Pushed::kQueued;
   }
 
+  // Push, and what its result asks of the caller: `wake()` the progress thread when it must be
+  // woken; returns the op when the queue is closed (to fail it with SendCancelled), else null.
+  template <typename WakeFn>
+  std::unique_ptr<Op> Hand(std::unique_ptr<Op> op, WakeFn wake) {
+    switch (Push(op)) {
+      case Pushed::kQueuedWake:
+        wake();
+        return nullptr;
+      case Pushed::kQueued:
+        return nullptr;
+      case Pushed::kClosed:
+        return op;
+    }
+    return op;
+  }
+
   // Any thread: the progress thread sees the request at its next Take.
   void RequestStop() {
     std::lock_guard lock(mu_);

@@ -168,15 +168,8 @@ class TcpTransport::Impl {
       }
     }
 
-    switch (sends_.Push(op)) {
-      case SendQueue<SendOp>::Pushed::kQueued:
-        break;
-      case SendQueue<SendOp>::Pushed::kQueuedWake:
-        Wake();
-        break;
-      case SendQueue<SendOp>::Pushed::kClosed:  // No progress thread is left to run `done`.
-        Finish(std::move(op), SendCancelled(peer_address));
-        break;
+    if (std::unique_ptr<SendOp> refused = sends_.Hand(std::move(op), [this] { Wake(); })) {
+      Finish(std::move(refused), SendCancelled(peer_address));  // No progress thread is left.
     }
   }
 

@@ -88,6 +88,20 @@ TEST(SendQueueTest, CloseReturnsWhatIsLeftAndRefusesTheRest) {
   EXPECT_TRUE(queue.Close().empty());
 }
 
+TEST(SendQueueTest, HandWakesOnceAndReturnsWhatAClosedQueueRefuses) {
+  SendQueue<Op> queue;
+  int wakes = 0;
+  auto wake = [&] { ++wakes; };
+  EXPECT_EQ(queue.Hand(MakeOp(1), wake), nullptr);
+  EXPECT_EQ(queue.Hand(MakeOp(2), wake), nullptr);
+  EXPECT_EQ(wakes, 1);
+  queue.Close();
+  std::unique_ptr<Op> refused = queue.Hand(MakeOp(3), wake);
+  ASSERT_NE(refused, nullptr);
+  EXPECT_EQ(refused->id, 3);
+  EXPECT_EQ(wakes, 1);
+}
+
 TEST(SendQueueTest, CheckSendTargetRejectsLongHeadersAndNamesThenParsesTheAddress) {
   const std::vector<std::byte> too_long(Transport::kMaxHeaderBytes + 1);
   absl::StatusOr<SocketAddress> status = CheckSendTarget("127.0.0.1:80", too_long);
