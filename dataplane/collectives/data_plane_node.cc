@@ -117,6 +117,8 @@ absl::StatusOr<Algorithm> DataPlaneNode::AlgorithmForOperation(const std::string
   *bytes = op.count > UINT64_MAX / std::max<uint64_t>(esize * blocks, 1)
                ? UINT64_MAX
                : op.count * esize * blocks;
+  // Parameter-server operations run only there (and count in the job's activity like the rest).
+  if (IsParameterServer(op.reduction)) return Algorithm::kParameterServer;
   Algorithm algorithm = job.algorithm != Algorithm::kAuto
                             ? job.algorithm
                             : Select(*bytes, job.num_workers, job.thresholds);
@@ -152,9 +154,6 @@ void DataPlaneNode::SetMetrics(DataPlaneMetrics* metrics, const common::Clock* c
 }
 
 absl::Status DataPlaneNode::Start(const std::string& job_id, Operation op) {
-  if (IsParameterServer(op.reduction)) {
-    return ps_.Post(job_id, Algorithm::kParameterServer, std::move(op));
-  }
   if (metrics_ == nullptr) return StartUninstrumented(job_id, std::move(op));
   uint64_t bytes = 0;
   absl::StatusOr<Algorithm> algorithm = AlgorithmForOperation(job_id, op, &bytes);
@@ -246,8 +245,12 @@ void DataPlaneNode::ActivityStartLocked(const std::string& job_id, const Operati
   if (it == activity_.end()) it = activity_.emplace(job_id, Activity{}).first;
   Activity& a = it->second;
   if (a.first_tensor.empty()) a.first_tensor = op.tensor_name;
-  if (op.tensor_name == a.first_tensor &&
-      (!a.iteration_open || op.iteration != a.iteration_number)) {
+  // An iteration starts with the first tensor's next iteration; in an asynchronous job (no
+  // iterations) with each delta pushed for the first tensor.
+  const bool next = IsParameterServer(op.reduction)
+                        ? op.reduction == Reduction::kPsDelta
+                        : !a.iteration_open || op.iteration != a.iteration_number;
+  if (op.tensor_name == a.first_tensor && next) {
     // Busy time up to now, before this operation counts: it belongs to the next iteration.
     const double busy = a.BusyAt(now);
     if (a.iteration_open) {

@@ -63,8 +63,9 @@ class DataPlaneMetrics {
   prometheus::Family<prometheus::Gauge>& pending_;
   prometheus::Family<prometheus::Gauge>& oldest_;
   // Pre-resolved per algorithm (index = Algorithm value).
-  prometheus::Counter* started_by_alg_[4] = {};
-  prometheus::Counter* completed_by_alg_[4] = {};
+  // Indexed by Algorithm (kAuto's slot stays empty).
+  prometheus::Counter* started_by_alg_[5] = {};
+  prometheus::Counter* completed_by_alg_[5] = {};
 };
 
 // Scrape-time view of a node's push/pull and engine counters (flow control, malformed messages,

@@ -407,5 +407,29 @@ TEST(ParameterServerTest, ReplanLosesParametersRetriablyAndRank0InitialisesAgain
   EXPECT_EQ(a.buffer(), std::vector<float>(kCount, 10.0f));
 }
 
+// Parameter-server operations count in the job's observations (GetJobStats): bytes, completed
+// operations, and an iteration per delta of the job's first tensor.
+TEST(ParameterServerTest, OperationsCountInTheJobsObservations) {
+  ClusterOptions o = Job(2, 1, 0);
+  o.metrics = true;
+  Cluster c(o);
+  MakeAsync(c, -1);
+  Worker w0(c, 0);
+  const std::vector<float> ones(kCount, 1.0f);
+  PsCall init = w0.Call(Reduction::kPsInit, ones);
+  ASSERT_TRUE(Await(init.result).ok());
+  for (int i = 0; i < 3; ++i) {
+    c.clock().Advance(std::chrono::milliseconds(100));
+    PsCall delta = w0.Call(Reduction::kPsDelta, ones);
+    ASSERT_TRUE(Await(delta.result).ok());
+  }
+  const auto obs = c.node(0).TakeObservations();
+  ASSERT_EQ(obs.count("job-ps"), 1u);
+  EXPECT_EQ(obs.at("job-ps").collectives, 4u);
+  EXPECT_EQ(obs.at("job-ps").bytes, 4u * kCount * sizeof(float));
+  EXPECT_EQ(obs.at("job-ps").iterations, 2u);  // delta 1 opens one; deltas 2 and 3 close two
+  EXPECT_NEAR(obs.at("job-ps").iteration_seconds, 0.2, 1e-9);
+}
+
 }  // namespace
 }  // namespace tributary::dataplane
