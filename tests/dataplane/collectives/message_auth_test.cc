@@ -166,10 +166,18 @@ TEST(MessageAuth, MessagesForAJobNotYetKnownAreParkedThenCheckedWhenTheSecretArr
   ASSERT_TRUE(SendAndWait(*p.a, "b", Push("job-a", 0, 4), "member's bytes..").ok());
   WireHeader forged = Push("job-a", 1, 4);
   ASSERT_TRUE(SendAndWait(*p.raw_a, "b", forged, "stranger's bytes").ok());
-  // Both are parked at b (it has no plan for job-a yet); a third, signed, message proves the two
-  // before it were handled.
+  // Both are parked at b (it has no plan for job-a yet), and so is a third, signed one.
   ASSERT_TRUE(SendAndWait(*p.a, "b", Push("job-a", 2, 4), "member's bytes..").ok());
-  ASSERT_EQ(p.inbox.size(), 0u);
+  // A send completes when it leaves a, not when b has handled it: a message to a job b does know
+  // arrives after the three (one sender, one order) and proves they were judged.
+  ASSERT_TRUE(p.a->SetJobSecret(common::StableHash64("job-b"), "b's").ok());
+  ASSERT_TRUE(p.b->SetJobSecret(common::StableHash64("job-b"), "b's").ok());
+  ASSERT_TRUE(SendAndWait(*p.a, "b", Push("job-b", 0, 4), "0123456789abcdef").ok());
+  ASSERT_TRUE(p.inbox.WaitFor(1));
+  auto known = p.inbox.Take();
+  ASSERT_EQ(known.size(), 1u);
+  EXPECT_EQ(known[0].first.job, common::StableHash64("job-b"));
+  EXPECT_EQ(p.b->stats().parked, 3u);
   ASSERT_TRUE(p.b->SetJobSecret(job, "real").ok());
   ASSERT_TRUE(p.inbox.WaitFor(2));
   auto got = p.inbox.Take();
