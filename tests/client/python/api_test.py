@@ -299,6 +299,17 @@ class BadInputTest(unittest.TestCase):
                          torch.optim.SGD([torch.nn.Parameter(torch.zeros(3))], lr=0.1),
                          mode="async")
 
+    def test_distributed_optimizer_checks_named_parameters(self):
+        a, b = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2))
+        sgd = lambda: torch.optim.SGD([a, b], lr=0.1)
+        self.assertError("INVALID_ARGUMENT", "must be (name, parameter) pairs",
+                         trt.DistributedOptimizer, sgd(), named_parameters=[a, b])
+        self.assertError("INVALID_ARGUMENT", "not unique: ['x']", trt.DistributedOptimizer,
+                         sgd(), named_parameters=[("x", a), ("x", b)])
+        self.assertError("INVALID_ARGUMENT",
+                         "1 parameters of the optimizer are not in named_parameters",
+                         trt.DistributedOptimizer, sgd(), named_parameters=[("a", a)])
+
     def test_complex_dtype(self):
         self.assertError("INVALID_ARGUMENT", "dtype torch.complex64 is not supported",
                          trt.push_pull, torch.zeros(4, dtype=torch.complex64))

@@ -32,28 +32,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._compression = compression
         self._passes = backward_passes_per_step
         params = [p for group in self.param_groups for p in group["params"]]
-        if named_parameters is not None:
-            named = list(named_parameters)
-            if not all(isinstance(n, tuple) and len(n) == 2 for n in named):
-                raise TributaryError(
-                    "DistributedOptimizer: named_parameters must be (name, parameter) pairs, "
-                    "e.g. model.named_parameters()", "INVALID_ARGUMENT")
-            names = [n for n, _ in named]
-            duplicates = sorted({n for n in names if names.count(n) > 1})
-            if duplicates:
-                raise TributaryError(f"DistributedOptimizer: parameter names are not unique: "
-                                     f"{duplicates}", "INVALID_ARGUMENT")
-            known = {id(p) for _, p in named}
-            unnamed = [i for i, p in enumerate(params) if id(p) not in known]
-            if unnamed:
-                raise TributaryError(
-                    f"DistributedOptimizer: {len(unnamed)} parameters of the optimizer are not "
-                    "in named_parameters; pass the model's named_parameters()",
-                    "INVALID_ARGUMENT")
-            in_optimizer = {id(p) for p in params}
-            named = [(n, p) for n, p in named if id(p) in in_optimizer]
-        else:
-            named = [(f"param.{i}", p) for i, p in enumerate(params)]
+        named = _named(params, named_parameters)
         self._name = {id(p): f"DistributedOptimizer.grad.{n}" for n, p in named}
         self._priority = {id(p): i for i, (_, p) in enumerate(named)}
         self._params = [p for _, p in named if p.requires_grad]
@@ -177,10 +156,11 @@ def _named(params, named_parameters):
         raise TributaryError(f"DistributedOptimizer: parameter names are not unique: "
                              f"{duplicates}", "INVALID_ARGUMENT")
     known = {id(p) for _, p in named}
-    if any(id(p) not in known for p in params):
+    unnamed = [i for i, p in enumerate(params) if id(p) not in known]
+    if unnamed:
         raise TributaryError(
-            "DistributedOptimizer: parameters of the optimizer are not in named_parameters; "
-            "pass the model's named_parameters()", "INVALID_ARGUMENT")
+            f"DistributedOptimizer: {len(unnamed)} parameters of the optimizer are not "
+            "in named_parameters; pass the model's named_parameters()", "INVALID_ARGUMENT")
     in_optimizer = {id(p) for p in params}
     return [(n, p) for n, p in named if id(p) in in_optimizer]
 
