@@ -161,6 +161,21 @@ TEST_F(AgentTest, ServerOnlyJobsRunOnTheDataPlaneButTakeNoLocalProcesses) {
   EXPECT_EQ(join.status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// Job "j" plan v3 with node n0 as its only worker and summation server.
+tributary::v1::JobPlan OneNodePlan() {
+  tributary::v1::JobPlan plan;
+  plan.set_job_id("j");
+  plan.set_version(3);
+  auto* w = plan.add_workers();
+  w->set_node_id("n0");
+  w->set_data_plane_address("a0");
+  auto* s = plan.add_servers();
+  s->set_node_id("n0");
+  s->set_data_plane_address("a0");
+  s->set_weight(dataplane::ChunkMap::kWeightTotal);
+  return plan;
+}
+
 TEST(PlanViewTest, EveryPlanAlgorithmHasOneDataPlaneAlgorithm) {
   EXPECT_EQ(*ToAlgorithm(tributary::v1::ALGORITHM_AUTO), dataplane::Algorithm::kAuto);
   EXPECT_EQ(*ToAlgorithm(tributary::v1::ALGORITHM_PUSH_PULL), dataplane::Algorithm::kPushPull);
@@ -174,17 +189,8 @@ TEST(PlanViewTest, EveryPlanAlgorithmHasOneDataPlaneAlgorithm) {
 }
 
 TEST(PlanViewTest, PartitionIsTunedUnlessThePlanFixesIt) {
-  tributary::v1::JobPlan plan;
-  plan.set_job_id("j");
-  plan.set_version(3);
+  tributary::v1::JobPlan plan = OneNodePlan();
   plan.set_partition_bytes(1 << 20);
-  auto* w = plan.add_workers();
-  w->set_node_id("n0");
-  w->set_data_plane_address("a0");
-  auto* s = plan.add_servers();
-  s->set_node_id("n0");
-  s->set_data_plane_address("a0");
-  s->set_weight(dataplane::ChunkMap::kWeightTotal);
   absl::StatusOr<dataplane::JobView> tuned = ToJobView(plan, "n0");
   ASSERT_TRUE(tuned.ok()) << tuned.status();
   EXPECT_TRUE(tuned->tune_partition);
@@ -196,16 +202,7 @@ TEST(PlanViewTest, PartitionIsTunedUnlessThePlanFixesIt) {
 }
 
 TEST(PlanViewTest, AsyncModeStalenessAndScaleReachTheJobView) {
-  tributary::v1::JobPlan plan;
-  plan.set_job_id("j");
-  plan.set_version(3);
-  auto* w = plan.add_workers();
-  w->set_node_id("n0");
-  w->set_data_plane_address("a0");
-  auto* s = plan.add_servers();
-  s->set_node_id("n0");
-  s->set_data_plane_address("a0");
-  s->set_weight(dataplane::ChunkMap::kWeightTotal);
+  tributary::v1::JobPlan plan = OneNodePlan();
   absl::StatusOr<dataplane::JobView> sync = ToJobView(plan, "n0");
   ASSERT_TRUE(sync.ok()) << sync.status();
   EXPECT_FALSE(sync->async_mode);
