@@ -80,6 +80,12 @@ ClusterState::ClusterState(const common::Clock* clock, Options options, uint64_t
            *registry, "tributary_controller_plan_conflicts_total",
            "Plans computed off the lock and thrown away because a node they use changed meanwhile.")
            .Add({});
+  generation_changes_ =
+      &common::metrics::CounterFamily(
+           *registry, "tributary_controller_membership_generations_total",
+           "Times a job's membership generation moved (a training process replaced, an agent "
+           "restarted, an elastic job's worker nodes changed): its processes resync.")
+           .Add({});
   plan_duration_ =
       &common::metrics::HistogramFamily(*registry, "tributary_controller_plan_duration_seconds",
                                         "Time to compute one job's plan.")
@@ -236,6 +242,23 @@ absl::Status ClusterState::RegisterNode(const tributary::v1::RegisterNodeRequest
       node.inventory = std::make_shared<const tributary::v1::NodeInventory>(inv);
     }
     node.incarnation = next_incarnation_++;
+    if (!is_new && node.agent_instance != 0 && req.agent_instance() != 0 &&
+        node.agent_instance != req.agent_instance()) {
+      // A restarted agent: the training processes it served lost their sessions and join again
+      // from iteration 0, so every process of its jobs must start again with them.
+      for (const std::string& id : node.jobs) {
+        JobEntry& entry = jobs_.at(id);
+        const auto& workers = entry.job.spec().worker_nodes();
+        if (std::find(workers.begin(), workers.end(), req.node_id()) == workers.end()) continue;
+        Log()->info(
+            "job {}: the agent of worker node {} restarted; the next plan moves the "
+            "membership generation",
+            id, req.node_id());
+        entry.new_generation = true;
+        MarkLocked(id);
+      }
+    }
+    if (req.agent_instance() != 0) node.agent_instance = req.agent_instance();
     node.last_heartbeat = clock_->Now();
     node.alive = true;
     if (node.inventory->offers_summation()) {
@@ -322,6 +345,8 @@ absl::Status ClusterState::Heartbeat(const tributary::v1::HeartbeatRequest& req,
     NodeEntry& node = it->second;
     node.load = req.load();
     if (!req.load().jobs().empty()) RecordObservationsLocked(req.node_id(), req.load());
+    if (!req.load().membership_changes().empty())
+      MembershipChangesLocked(req.node_id(), req.load());
     node.last_heartbeat = clock_->Now();
     if (!node.alive) {
       returned = true;
@@ -405,6 +430,37 @@ void ClusterState::ReindexLocked(const JobEntry& entry, const std::set<std::stri
     } else {
       it->second.jobs.erase(job_id);
     }
+  }
+}
+
+void ClusterState::MembershipChangesLocked(const std::string& node_id,
+                                           const tributary::v1::NodeLoad& load) {
+  for (const tributary::v1::MembershipChange& change : load.membership_changes()) {
+    auto it = jobs_.find(change.job_id());
+    if (it == jobs_.end()) continue;
+    JobEntry& entry = it->second;
+    const auto member = entry.members.find(node_id);
+    if (member == entry.members.end() || !member->second.worker) continue;
+    const tributary::v1::JobPlan& current = entry.job.plan();
+    if (current.generation() != change.generation()) continue;  // moved already
+    tributary::v1::JobPlan plan = current;
+    plan.set_version(std::max(current.version(), max_plan_version_) + 1);
+    plan.set_generation(current.generation() + 1);
+    tributary::v1::Job stored = entry.job;
+    *stored.mutable_plan() = plan;
+    if (absl::Status s = PersistLocked({&stored}, {}, plan.version()); !s.ok()) {
+      Log()->warn("job {}: membership generation not moved (not stored): {}", change.job_id(),
+                  s.message());
+      continue;  // the node reports it again with its next heartbeat
+    }
+    max_plan_version_ = plan.version();
+    generation_changes_->Increment();
+    Log()->info(
+        "job {}: membership generation {} -> {} (plan v{}): local rank {} of node {} was "
+        "replaced",
+        change.job_id(), current.generation(), plan.generation(), plan.version(),
+        change.local_rank(), node_id);
+    SetPlanLocked(entry, std::move(plan));
   }
 }
 
@@ -563,6 +619,14 @@ void ClusterState::Replan(std::vector<std::string> job_ids) {
       }
       entry.stale = false;
       w.plan->set_job_secret(entry.job.plan().job_secret());  // the job keeps its secret
+      // The membership generation moves when the worker nodes change (an elastic job) or a
+      // worker's agent restarted; a re-plan for a lost summation server keeps it.
+      bool same_workers = w.plan->workers_size() == entry.job.plan().workers_size();
+      for (int i = 0; same_workers && i < w.plan->workers_size(); ++i) {
+        same_workers = w.plan->workers(i).node_id() == entry.job.plan().workers(i).node_id();
+      }
+      w.plan->set_generation(entry.job.plan().generation() +
+                             (same_workers && !entry.new_generation ? 0 : 1));
       if (SamePlan(*w.plan, entry.job.plan())) continue;
       max_version = std::max(max_version, w.plan->version());
       changed.emplace_back(&entry, *std::move(w.plan));
@@ -587,6 +651,12 @@ void ClusterState::Replan(std::vector<std::string> job_ids) {
     }
     max_plan_version_ = max_version;
     for (auto& [entry, plan] : changed) {
+      if (plan.generation() != entry->job.plan().generation()) {
+        generation_changes_->Increment();
+        Log()->info("job {}: membership generation {} -> {} ({} worker nodes)", entry->job.job_id(),
+                    entry->job.plan().generation(), plan.generation(), plan.workers_size());
+      }
+      entry->new_generation = false;
       SetPlanLocked(*entry, std::move(plan));
       UpdateJobStateLocked(entry->job, entry->awaiting);
       Log()->info("job {} re-planned: v{} with {} summation servers", entry->job.job_id(),
@@ -889,6 +959,15 @@ void ClusterState::UpdateJobStateLocked(tributary::v1::Job& job,
   for (const auto& w : job.spec().worker_nodes()) {
     auto it = nodes_.find(w);
     if (it == nodes_.end() || !it->second.alive) dead += (dead.empty() ? "" : ", ") + w;
+  }
+  if (job.spec().elastic() && !dead.empty() &&
+      job.plan().workers_size() < job.spec().worker_nodes_size()) {
+    // Elastic: the plan runs on the survivors.
+    job.set_state(tributary::v1::JOB_STATE_RUNNING);
+    job.set_message(absl::StrCat(
+        "elastic: running on ", job.plan().workers_size(), " of ", job.spec().worker_nodes_size(),
+        " worker nodes (membership generation ", job.plan().generation(), "); down: ", dead));
+    return;
   }
   job.set_state(dead.empty() ? tributary::v1::JOB_STATE_RUNNING
                              : tributary::v1::JOB_STATE_DEGRADED);

@@ -142,6 +142,8 @@ class ClusterState {
     std::shared_ptr<const tributary::v1::NodeInventory> inventory;
     tributary::v1::NodeLoad load;
     uint64_t incarnation = 0;
+    // RegisterNodeRequest.agent_instance of its last registration (0 = unknown).
+    uint64_t agent_instance = 0;
     common::Clock::TimePoint last_heartbeat;
     bool alive = false;
     uint64_t assignments_version = 0;
@@ -165,6 +167,9 @@ class ClusterState {
     bool stale = false;
     // Nodes of the plan that died since: their return re-plans the job.
     std::set<std::string> lost;
+    // A worker node's agent restarted (its processes lost their sessions): the next plan moves
+    // the membership generation.
+    bool new_generation = false;
     std::unordered_map<std::string, Member> members;
     // The plan on the wire, built once per version: every field but intra_node, and each worker
     // node's own intra_node entry (tag included), to append to it.
@@ -196,6 +201,9 @@ class ClusterState {
   // Re-plans the marked jobs whose debounce is over. mu_ NOT held.
   void ReplanDue();
   void MarkLocked(const std::string& job_id);
+  // Heartbeat's NodeLoad.membership_changes from `node_id`: each job still at the reported
+  // generation moves to the next one (same plan, next version). mu_ held.
+  void MembershipChangesLocked(const std::string& node_id, const tributary::v1::NodeLoad& load);
   // Installs `plan` as the job's plan: indexes, the wire form, and the assignments of every node
   // it adds, keeps or drops. mu_ held.
   void SetPlanLocked(JobEntry& entry, tributary::v1::JobPlan plan);
@@ -224,6 +232,7 @@ class ClusterState {
   prometheus::Counter* plans_ok_;
   prometheus::Counter* plans_error_;
   prometheus::Counter* plan_conflicts_;
+  prometheus::Counter* generation_changes_;
   prometheus::Histogram* plan_duration_;
   prometheus::Family<prometheus::Counter>* observed_bytes_;
   prometheus::Family<prometheus::Counter>* observed_seconds_;

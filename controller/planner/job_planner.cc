@@ -101,11 +101,27 @@ absl::StatusOr<tributary::v1::JobSpec> NormalizeJobSpec(const tributary::v1::Job
 }
 
 absl::StatusOr<tributary::v1::JobPlan> PlanJob(const std::string& job_id,
-                                               const tributary::v1::JobSpec& spec,
+                                               const tributary::v1::JobSpec& requested,
                                                const std::vector<NodeSnapshot>& nodes,
                                                uint64_t version) {
   std::map<std::string, const NodeSnapshot*> by_id;
   for (const NodeSnapshot& n : nodes) by_id[n.node_id] = &n;
+  // An elastic job runs on the worker nodes that are alive, ranked in the spec's order.
+  tributary::v1::JobSpec alive_workers;
+  if (requested.elastic()) {
+    alive_workers = requested;
+    alive_workers.clear_worker_nodes();
+    for (const std::string& id : requested.worker_nodes()) {
+      auto it = by_id.find(id);
+      if (it != by_id.end() && it->second->alive) alive_workers.add_worker_nodes(id);
+    }
+    if (alive_workers.worker_nodes().empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job '", job_id, "' is elastic but none of its ",
+                       requested.worker_nodes_size(), " worker nodes is alive"));
+    }
+  }
+  const tributary::v1::JobSpec& spec = requested.elastic() ? alive_workers : requested;
   const std::set<std::string> worker_set(spec.worker_nodes().begin(), spec.worker_nodes().end());
 
   auto sum_rate = [](const NodeSnapshot& n) {

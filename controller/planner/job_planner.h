@@ -50,7 +50,8 @@ uint64_t AutoCreditBytes(uint64_t partition_bytes, uint32_t num_servers);
 // Fills in the defaults of a spec and checks its ranges. INVALID_ARGUMENT naming the field.
 absl::StatusOr<tributary::v1::JobSpec> NormalizeJobSpec(const tributary::v1::JobSpec& spec);
 
-// Plans `job_id` over `nodes`: the spec's worker nodes (all must be present) run the workers;
+// Plans `job_id` over `nodes`: the spec's worker nodes (all must be present) run the workers
+// (those alive only, when the spec is elastic; FAILED_PRECONDITION when none is);
 // worker nodes whose topologies are equal (hostname and source aside) share one intra-node plan;
 // every other alive node that offers summation is a candidate spare server, with capacity
 // B = declared NIC bandwidth minus what other jobs' plans use and minus the non-Tributary

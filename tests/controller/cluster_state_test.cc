@@ -507,5 +507,144 @@ TEST_F(ClusterStateTest, ANodeIdHeldByALiveAgentOnAnotherHostIsRefused) {
   EXPECT_TRUE(claim("host-b", "10.0.0.2:7000").ok());
 }
 
+// ---------------------------------------------------------------------------------------------
+// Membership generations
+
+TEST_F(ClusterStateTest, AReplacedProcessMovesTheJobsGenerationOnceWithTheSamePlan) {
+  for (int i = 0; i < 3; ++i) Register("w" + std::to_string(i));
+  Register("s0");
+  auto job = Create("j", {"w0", "w1", "w2"});
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->plan().generation(), 0u);
+  auto report = [&](const std::string& node, const std::string& job_id, uint64_t generation) {
+    tributary::v1::HeartbeatRequest hb;
+    hb.set_node_id(node);
+    hb.set_incarnation(incarnations_[node]);
+    auto* change = hb.mutable_load()->add_membership_changes();
+    change->set_job_id(job_id);
+    change->set_generation(generation);
+    change->set_local_rank(0);
+    tributary::v1::HeartbeatResponse resp;
+    return state_.Heartbeat(hb, &resp);
+  };
+  const uint64_t w0_version = state_.assignments_version("w0");
+  ASSERT_TRUE(report("w1", "j", 0).ok());
+  tributary::v1::Job now;
+  ASSERT_TRUE(state_.GetJob("j", &now).ok());
+  EXPECT_EQ(now.plan().generation(), 1u);
+  EXPECT_GT(now.plan().version(), job->plan().version());
+  // The same plan otherwise: servers, shares and secret.
+  tributary::v1::JobPlan same = now.plan();
+  same.set_version(job->plan().version());
+  same.set_generation(0);
+  EXPECT_EQ(same.SerializeAsString(), job->plan().SerializeAsString());
+  // Every node of the job hears of it.
+  EXPECT_GT(state_.assignments_version("w0"), w0_version);
+
+  // Reported again (the next heartbeat, or another node, at the old generation): no change.
+  const uint64_t version = now.plan().version();
+  ASSERT_TRUE(report("w1", "j", 0).ok());
+  ASSERT_TRUE(report("w0", "j", 0).ok());
+  // Not a worker of the job, or an unknown job: ignored.
+  ASSERT_TRUE(report("s0", "j", 1).ok());
+  ASSERT_TRUE(report("w0", "nope", 1).ok());
+  ASSERT_TRUE(state_.GetJob("j", &now).ok());
+  EXPECT_EQ(now.plan().generation(), 1u);
+  EXPECT_EQ(now.plan().version(), version);
+
+  // A re-plan that keeps the workers (a lost spare) keeps the generation.
+  clock_.Advance(std::chrono::milliseconds(800));
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(Heartbeat("w" + std::to_string(i)).ok());
+  clock_.Advance(std::chrono::milliseconds(800));
+  state_.CheckLiveness();
+  ASSERT_TRUE(state_.GetJob("j", &now).ok());
+  EXPECT_EQ(now.plan().servers_size(), 3);  // s0 is gone
+  EXPECT_GT(now.plan().version(), version);
+  EXPECT_EQ(now.plan().generation(), 1u);
+}
+
+TEST_F(ClusterStateTest, ARestartedWorkerAgentMovesTheGenerationAControllerRestartDoesNot) {
+  auto register_instance = [&](const std::string& id, uint64_t instance) {
+    tributary::v1::RegisterNodeRequest req;
+    req.set_node_id(id);
+    req.set_agent_instance(instance);
+    req.mutable_inventory()->set_hostname(id);
+    req.mutable_inventory()->set_data_plane_address("127.0.0.1:2000");
+    req.mutable_inventory()->set_nic_bytes_per_s(1e9);
+    tributary::v1::RegisterNodeResponse resp;
+    EXPECT_TRUE(state_.RegisterNode(req, &resp).ok());
+    incarnations_[id] = resp.incarnation();
+  };
+  register_instance("w0", 11);
+  Register("w1");
+  auto job = Create("j", {"w0", "w1"});
+  ASSERT_TRUE(job.ok()) << job.status();
+  // The same agent registering again (it lost the controller for a while): nothing moves.
+  register_instance("w0", 11);
+  tributary::v1::Job now;
+  ASSERT_TRUE(state_.GetJob("j", &now).ok());
+  EXPECT_EQ(now.plan().generation(), 0u);
+  // Another agent process on the node: its training processes lost their sessions.
+  register_instance("w0", 12);
+  clock_.Advance(std::chrono::milliseconds(100));  // the re-plan debounce
+  state_.CheckLiveness();
+  ASSERT_TRUE(state_.GetJob("j", &now).ok());
+  EXPECT_EQ(now.plan().generation(), 1u);
+  // Once: the next re-plan keeps it.
+  register_instance("w0", 12);
+  clock_.Advance(std::chrono::milliseconds(100));
+  state_.CheckLiveness();
+  ASSERT_TRUE(state_.GetJob("j", &now).ok());
+  EXPECT_EQ(now.plan().generation(), 1u);
+}
+
+TEST_F(ClusterStateTest, AnElasticJobRunsOnTheAliveWorkersAndTakesThemBack) {
+  for (int i = 0; i < 3; ++i) Register("w" + std::to_string(i));
+  tributary::v1::CreateJobRequest req;
+  req.set_job_id("e");
+  for (int i = 0; i < 3; ++i) req.mutable_spec()->add_worker_nodes("w" + std::to_string(i));
+  req.mutable_spec()->set_procs_per_node(1);
+  req.mutable_spec()->set_elastic(true);
+  tributary::v1::Job job;
+  ASSERT_TRUE(state_.CreateJob(req, &job).ok());
+  ASSERT_EQ(job.plan().workers_size(), 3);
+  EXPECT_EQ(job.plan().generation(), 0u);
+
+  // w1 dies: the job goes on with w0 and w2, ranked 0 and 1, at a new generation.
+  clock_.Advance(std::chrono::milliseconds(600));
+  ASSERT_TRUE(Heartbeat("w0").ok());
+  ASSERT_TRUE(Heartbeat("w2").ok());
+  clock_.Advance(std::chrono::milliseconds(600));
+  state_.CheckLiveness();
+  ASSERT_TRUE(state_.GetJob("e", &job).ok());
+  ASSERT_EQ(job.plan().workers_size(), 2);
+  EXPECT_EQ(job.plan().workers(0).node_id(), "w0");
+  EXPECT_EQ(job.plan().workers(1).node_id(), "w2");
+  EXPECT_EQ(job.plan().workers(1).rank(), 1u);
+  EXPECT_FALSE(job.plan().workers(1).down());
+  for (const auto& s : job.plan().servers()) EXPECT_NE(s.node_id(), "w1");
+  EXPECT_EQ(job.plan().generation(), 1u);
+  EXPECT_EQ(job.state(), tributary::v1::JOB_STATE_RUNNING);
+  EXPECT_THAT(job.message(), HasSubstr("running on 2 of 3 worker nodes"));
+  EXPECT_THAT(job.message(), HasSubstr("down: w1"));
+
+  // w1 is back: three workers again, the next generation.
+  ASSERT_TRUE(Heartbeat("w1").ok());
+  clock_.Advance(std::chrono::milliseconds(100));
+  state_.CheckLiveness();
+  ASSERT_TRUE(state_.GetJob("e", &job).ok());
+  ASSERT_EQ(job.plan().workers_size(), 3);
+  EXPECT_EQ(job.plan().workers(1).node_id(), "w1");
+  EXPECT_EQ(job.plan().generation(), 2u);
+  EXPECT_EQ(job.state(), tributary::v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(job.message(), "");
+
+  // Every worker dead: the last plan stays (nothing to run on).
+  clock_.Advance(std::chrono::seconds(2));
+  state_.CheckLiveness();
+  ASSERT_TRUE(state_.GetJob("e", &job).ok());
+  EXPECT_EQ(job.plan().workers_size(), 3);
+}
+
 }  // namespace
 }  // namespace tributary::controller
