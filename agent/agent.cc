@@ -148,6 +148,8 @@ Agent::Agent(Parts parts)
 
 void Agent::StartLoops() {
   runner_->SetPlanMissingCallback([this] { controller_->RequestRefresh(); });
+  // A replaced process: tell the controller now, not at the next heartbeat.
+  local_->SetMembershipChangeCallback([this] { controller_->RequestRefresh(); });
   controller_->Start(
       [this](const std::vector<tributary::v1::JobPlan>& plans) { ApplyPlans(plans); },
       [this](double elapsed) { return SampleLoad(elapsed); });
@@ -205,6 +207,12 @@ tributary::v1::NodeLoad Agent::SampleLoad(double elapsed) {
   }
   last_dataplane_sent_ = sent;
   last_dataplane_received_ = received;
+  for (const PendingMembershipChange& p : local_->PendingMembershipChanges()) {
+    tributary::v1::MembershipChange* change = load.add_membership_changes();
+    change->set_job_id(p.job_id);
+    change->set_generation(p.generation);
+    change->set_local_rank(p.local_rank);
+  }
   for (const auto& [job_id, o] : runner_->TakeObservations()) {
     tributary::v1::JobObservation* j = load.add_jobs();
     j->set_job_id(job_id);
@@ -256,6 +264,16 @@ std::vector<prometheus::MetricFamily> Agent::CollectControl() {
                            "(a plan change or a lost summation server); each is a client retry.",
                            MetricType::Counter));
   AddSample(out.back(), local_->resubmissions());
+  out.push_back(MakeFamily("tributary_agent_membership_changes_total",
+                           "Times a job's membership generation moved on this node (a training "
+                           "process replaced, an elastic job's workers changed): its processes "
+                           "had to resync.",
+                           MetricType::Counter));
+  AddSample(out.back(), local_->generation_changes());
+  out.push_back(MakeFamily("tributary_agent_resyncs_total",
+                           "Sessions that resynced to a new membership generation.",
+                           MetricType::Counter));
+  AddSample(out.back(), local_->resyncs());
   out.push_back(MakeFamily("tributary_agent_plan_version",
                            "Version of the job's plan this agent applied.", MetricType::Gauge));
   {
@@ -310,7 +328,8 @@ void Agent::ApplyPlans(const std::vector<tributary::v1::JobPlan>& plans) {
                      static_cast<uint32_t>(view->worker_addresses.size()),
                      view->procs_per_node,
                      view->op_timeout,
-                     {}};
+                     {},
+                     plan.generation()};
       for (const auto& w : plan.workers()) {
         if (w.down())
           local.down_workers.push_back(absl::StrCat(w.node_id(), " (rank ", w.rank(), ")"));

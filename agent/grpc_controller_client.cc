@@ -35,6 +35,9 @@ std::chrono::milliseconds ReconnectBackoff::Next() {
 }
 
 GrpcControllerClient::GrpcControllerClient(Options options) : options_(std::move(options)) {
+  agent_instance_ = options_.agent_instance;
+  std::random_device random;
+  while (agent_instance_ == 0) agent_instance_ = (uint64_t{random()} << 32) | random();
   grpc::ChannelArguments args = options_.channel_args;
   // The channel's own reconnection stays short: the pace of attempts is ReconnectBackoff's.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
@@ -167,6 +170,7 @@ void GrpcControllerClient::Run() {
       tributary::v1::RegisterNodeRequest req;
       req.set_node_id(options_.node_id);
       *req.mutable_inventory() = options_.inventory;
+      req.set_agent_instance(agent_instance_);
       tributary::v1::RegisterNodeResponse resp;
       grpc::Status s = stub_->RegisterNode(Context().get(), req, &resp);
       if (!s.ok()) {

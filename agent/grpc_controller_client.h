@@ -65,6 +65,8 @@ class GrpcControllerClient final : public ControllerClient {
     grpc::ChannelArguments channel_args;
     std::string node_id;
     tributary::v1::NodeInventory inventory;
+    // RegisterNodeRequest.agent_instance: random per agent process; 0 = drawn by the client.
+    uint64_t agent_instance = 0;
     std::chrono::milliseconds rpc_timeout{2000};
     ReconnectBackoff::Options backoff;
   };
@@ -83,6 +85,8 @@ class GrpcControllerClient final : public ControllerClient {
  private:
   void Run();
   void WatchLoop();
+  // Options::agent_instance, or a random non-zero value.
+  uint64_t agent_instance_ = 0;
   // Hands `plans` at `version` to on_plans_ unless that version (or a newer one) was delivered.
   void Deliver(uint64_t version, std::vector<tributary::v1::JobPlan> plans);
   bool WaitFor(std::chrono::milliseconds d);  // false when stopping

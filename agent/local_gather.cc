@@ -202,6 +202,28 @@ void LocalGather::RankJoined(const std::string& job_id, uint32_t rank) {
   departed_[job_id].erase(rank);
 }
 
+void LocalGather::AbortJob(const std::string& job_id, const absl::Status& status, Deferred& after) {
+  // A new generation: gathers wait for every rank again (a replacement may still be joining).
+  departed_.erase(job_id);
+  for (auto* map : {&gathers_, &waiting_}) {
+    for (auto g = map->begin(); g != map->end();) {
+      if (g->first.job_id != job_id) {
+        ++g;
+        continue;
+      }
+      // Only the local handles: the data plane already runs the new plan, where this iteration
+      // number belongs to the iterations counted again from 0 (an Abort would reach them).
+      const absl::Status failed(status.code(),
+                                absl::StrCat(status.message(), " (", What(g->first), " iteration ",
+                                             g->first.iteration, ")"));
+      for (auto& slot : g->second->slots) {
+        if (slot) after.Add([h = slot->handle, failed] { h->Complete(failed); });
+      }
+      g = map->erase(g);
+    }
+  }
+}
+
 void LocalGather::JobsChanged(const std::vector<LocalJob>& jobs, Deferred& after) {
   std::map<std::string, const LocalJob*> by_id;
   for (const LocalJob& j : jobs) by_id[j.job_id] = &j;

@@ -32,6 +32,11 @@ absl::StatusOr<dataplane::Reduction> ToReduction(tributary::v1::CollectiveOp op)
 // plan of job j changed from v3 to v4 during ...; retry". The client retries on it
 // (client/client.cc); at the start of the message, the control ring never cuts it.
 inline constexpr char kRetriableMarker[] = "[retriable, plan v";
+// Collectives refused or failed because the job's membership changed (LocalService::Resync)
+// are ABORTED and start with this marker: "[membership changed, generation 4] ..." or, while
+// the agent waits for the controller's new generation, "[membership changed] ...". The client
+// recognises it (client/client.h IsMembershipChanged); the control ring never cuts it.
+inline constexpr char kMembershipChangedMarker[] = "[membership changed";
 // `status` (UNAVAILABLE, carrying its epoch) with the marker in front of its message.
 absl::Status MarkRetriable(const absl::Status& status, uint64_t epoch);
 
@@ -96,6 +101,11 @@ class LocalGather {
   void RankEnded(const std::string& job_id, uint32_t rank, const std::string& why, Deferred& after);
   // A new session holds local rank `rank` of `job_id`.
   void RankJoined(const std::string& job_id, uint32_t rank);
+  // Fails every gather of `job_id`, open or waiting for a newer plan, with `status` (the job's
+  // membership changed: none of its iterations can complete). Only the local handles: the data
+  // plane already runs the new plan, whose iterations count again from 0. Forgets the job's
+  // departed ranks: the new generation's gathers wait for every rank (up to the deadline).
+  void AbortJob(const std::string& job_id, const absl::Status& status, Deferred& after);
   // Fails with DEADLINE_EXCEEDED, naming the missing local ranks, the gathers older than their
   // job's op_timeout at `now`; resubmissions that waited that long for a newer plan fail with
   // UNAVAILABLE (retriable).

@@ -127,6 +127,12 @@ grpc::ServerUnaryReactor* LocalGrpcService::Wait(grpc::CallbackServerContext* ct
   return reactor;
 }
 
+grpc::ServerUnaryReactor* LocalGrpcService::Resync(grpc::CallbackServerContext* ctx,
+                                                   const tributary::v1::ResyncRequest* req,
+                                                   tributary::v1::ResyncResponse* resp) {
+  return Finish(ctx, service_->Resync(*req, resp));
+}
+
 grpc::ServerUnaryReactor* LocalGrpcService::AttachControlRing(
     grpc::CallbackServerContext* ctx, const tributary::v1::AttachControlRingRequest* req,
     tributary::v1::AttachControlRingResponse* resp) {

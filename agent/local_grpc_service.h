@@ -39,6 +39,9 @@ class LocalGrpcService final : public tributary::v1::Agent::CallbackService {
   grpc::ServerUnaryReactor* Wait(grpc::CallbackServerContext* ctx,
                                  const tributary::v1::WaitRequest* req,
                                  tributary::v1::WaitResponse* resp) override;
+  grpc::ServerUnaryReactor* Resync(grpc::CallbackServerContext* ctx,
+                                   const tributary::v1::ResyncRequest* req,
+                                   tributary::v1::ResyncResponse* resp) override;
   grpc::ServerUnaryReactor* AttachControlRing(
       grpc::CallbackServerContext* ctx, const tributary::v1::AttachControlRingRequest* req,
       tributary::v1::AttachControlRingResponse* resp) override;

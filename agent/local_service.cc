@@ -35,7 +35,10 @@ LocalService::LocalService(CollectiveRunner* runner, const common::Clock* clock)
     std::lock_guard lock(link->service->mu_);
     for (const std::string& id : session_ids) {
       absl::StatusOr<std::shared_ptr<Session>> session = link->service->sessions_.Find(id);
-      if (session.ok()) (*session)->failed[key.tensor][key.iteration] = epoch;
+      // A failure from before the session's last Resync belongs to the iterations it forgot.
+      if (session.ok() && epoch >= (*session)->synced_plan_version) {
+        (*session)->failed[key.tensor][key.iteration] = epoch;
+      }
     }
   });
 }
@@ -50,6 +53,37 @@ void LocalService::SetJobs(const std::vector<LocalJob>& jobs) {
   Deferred after;
   {
     std::lock_guard lock(mu_);
+    std::set<std::string> planned;
+    for (const LocalJob& job : jobs) {
+      planned.insert(job.job_id);
+      const LocalJob* old = sessions_.FindJob(job.job_id);
+      if (old != nullptr && job.generation > old->generation) {
+        generation_changes_++;
+        Log()->info("job {}: membership generation {} -> {} (plan v{}); its processes resync",
+                    job.job_id, old->generation, job.generation, job.plan_version);
+        gather_.AbortJob(
+            job.job_id,
+            absl::AbortedError(absl::StrCat(kMembershipChangedMarker, ", generation ",
+                                            job.generation, "] job '", job.job_id,
+                                            "': the job's membership changed; call Resync and "
+                                            "restart the iteration from a sync point")),
+            after);
+        // The ranks held now are the ones that joined this generation.
+        std::set<uint32_t>& ranks = joined_ranks_[job.job_id];
+        ranks.clear();
+        for (const auto& [id, session] : sessions_.sessions()) {
+          if (session->job_id == job.job_id) ranks.insert(session->local_rank);
+        }
+      }
+      if (auto p = pending_.find(job.job_id);
+          p != pending_.end() && job.generation > p->second.generation) {
+        Log()->info("job {}: generation {} confirms the replacement of local rank {}", job.job_id,
+                    job.generation, p->second.local_rank);
+        pending_.erase(p);
+      }
+    }
+    std::erase_if(pending_, [&](const auto& p) { return !planned.contains(p.first); });
+    std::erase_if(joined_ranks_, [&](const auto& p) { return !planned.contains(p.first); });
     sessions_.SetJobs(jobs);
     gather_.JobsChanged(jobs, after);  // resubmissions waiting for a newer plan
   }
@@ -66,18 +100,129 @@ size_t LocalService::num_sessions() const {
   return sessions_.size();
 }
 
+uint64_t LocalService::generation_changes() const {
+  std::lock_guard lock(mu_);
+  return generation_changes_;
+}
+
+uint64_t LocalService::resyncs() const {
+  std::lock_guard lock(mu_);
+  return resyncs_;
+}
+
+std::vector<PendingMembershipChange> LocalService::PendingMembershipChanges() const {
+  std::lock_guard lock(mu_);
+  std::vector<PendingMembershipChange> out;
+  for (const auto& [job_id, p] : pending_) out.push_back(p);
+  return out;
+}
+
+void LocalService::SetMembershipChangeCallback(std::function<void()> callback) {
+  std::lock_guard lock(mu_);
+  on_membership_change_ = std::move(callback);
+}
+
+absl::Status LocalService::CheckMembershipLocked(const Session& session, const LocalJob& job,
+                                                 const std::string& what) const {
+  if (auto p = pending_.find(job.job_id); p != pending_.end()) {
+    return absl::AbortedError(absl::StrCat(
+        kMembershipChangedMarker, "] ", what, ": local rank ", p->second.local_rank,
+        " of this node was taken by a new process; the controller moves the job to a new "
+        "membership generation, then call Resync and restart the iteration from a sync point"));
+  }
+  if (session.generation < job.generation) {
+    return absl::AbortedError(
+        absl::StrCat(kMembershipChangedMarker, ", generation ", job.generation, "] ", what,
+                     ": the job's membership changed (generation ", session.generation, " -> ",
+                     job.generation, "); call Resync and restart the iteration from a sync point"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalService::Resync(const tributary::v1::ResyncRequest& req,
+                                  tributary::v1::ResyncResponse* resp) {
+  std::lock_guard lock(mu_);
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session, sessions_.Find(req.session_id()));
+  const LocalJob* job = sessions_.FindJob(session->job_id);
+  if (job == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job '", session->job_id, "' no longer has this node as a worker"));
+  }
+  if (auto p = pending_.find(job->job_id); p != pending_.end()) {
+    return absl::UnavailableError(absl::StrCat(
+        "job '", job->job_id, "': local rank ", p->second.local_rank,
+        " of this node was taken by a new process and the controller has not confirmed the "
+        "job's new membership generation yet; call Resync again"));
+  }
+  if (session->generation < job->generation) {
+    Log()->info(
+        "session {} (job {}, local rank {}) resynced: generation {} -> {}, {} tensor "
+        "names start again at iteration 0",
+        session->id, job->job_id, session->local_rank, session->generation, job->generation,
+        session->iterations.size());
+    session->generation = job->generation;
+    session->synced_plan_version = job->plan_version;
+    session->iterations.clear();
+    session->failed.clear();
+    resyncs_++;
+  }
+  resp->set_global_rank(job->node_rank * job->procs_per_node + session->local_rank);
+  resp->set_world_size(job->num_nodes * job->procs_per_node);
+  resp->set_generation(session->generation);
+  resp->set_plan_version(job->plan_version);
+  return absl::OkStatus();
+}
+
 absl::Status LocalService::Join(const tributary::v1::JoinJobRequest& req,
                                 tributary::v1::JoinJobResponse* resp) {
+  std::function<void()> notify;
+  absl::Status status = JoinInternal(req, resp, notify);
+  if (notify) notify();
+  return status;
+}
+
+absl::Status LocalService::JoinInternal(const tributary::v1::JoinJobRequest& req,
+                                        tributary::v1::JoinJobResponse* resp,
+                                        std::function<void()>& notify) {
   std::lock_guard lock(mu_);
   if (shut_down_) return absl::UnavailableError("the agent is shutting down");
+  if (const LocalJob* job = sessions_.FindJob(req.job_id()); job != nullptr) {
+    auto p = pending_.find(req.job_id());
+    const bool replacement = p == pending_.end() && req.local_rank() < job->procs_per_node &&
+                             req.local_size() == job->procs_per_node &&
+                             joined_ranks_[req.job_id()].contains(req.local_rank());
+    bool held = false;
+    for (const auto& [id, s] : sessions_.sessions()) {
+      held |= s->job_id == req.job_id() && s->local_rank == req.local_rank();
+    }
+    if (replacement && !held) {
+      p = pending_
+              .emplace(req.job_id(),
+                       PendingMembershipChange{req.job_id(), job->generation, req.local_rank()})
+              .first;
+      Log()->warn(
+          "job {}: local rank {} joins again (its process was replaced); waiting for "
+          "the controller's new membership generation (now {})",
+          req.job_id(), req.local_rank(), job->generation);
+      notify = on_membership_change_;
+    }
+    if (p != pending_.end() && !held) {
+      return absl::UnavailableError(absl::StrCat(
+          "job '", req.job_id(), "': local rank ", p->second.local_rank,
+          " of this node was held by a process that ended; the job moves to a new membership "
+          "generation (the other processes resync) before it can be joined; retry"));
+    }
+  }
   ASSIGN_OR_RETURN(std::shared_ptr<Session> session,
                    sessions_.Join(req.job_id(), req.local_rank(), req.local_size()));
   gather_.RankJoined(req.job_id(), req.local_rank());
+  joined_ranks_[req.job_id()].insert(req.local_rank());
   const LocalJob& job = *sessions_.FindJob(req.job_id());
   resp->set_session_id(session->id);
   resp->set_global_rank(job.node_rank * job.procs_per_node + req.local_rank());
   resp->set_world_size(job.num_nodes * job.procs_per_node);
   resp->set_plan_version(job.plan_version);
+  resp->set_generation(session->generation);
   Log()->info("session {} joined job {} as local rank {}/{} (global rank {})", session->id,
               req.job_id(), req.local_rank(), req.local_size(), resp->global_rank());
   return absl::OkStatus();
@@ -213,6 +358,9 @@ absl::Status LocalService::SubmitInternal(const tributary::v1::SubmitRequest& re
           what, ": the job is degraded: worker node", job->down_workers.size() > 1 ? "s " : " ",
           absl::StrJoin(job->down_workers, ", "), job->down_workers.size() > 1 ? " are" : " is",
           " down; its collectives cannot complete until the controller sees them back"));
+    }
+    if (!dataplane::IsParameterServer(*reduction)) {
+      RETURN_IF_ERROR(CheckMembershipLocked(*session, *job, what));
     }
     const DataType dtype = static_cast<DataType>(req.dtype());
     const uint64_t esize = common::DataTypeSize(dtype);

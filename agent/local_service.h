@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,26 @@
 
 namespace tributary::agent {
 
+// A job whose process on this node was replaced and whose new membership generation the
+// controller has not confirmed yet (reported with every heartbeat until it has).
+struct PendingMembershipChange {
+  std::string job_id;
+  uint64_t generation = 0;  // the job's generation when it happened
+  uint32_t local_rank = 0;  // the rank that was taken again
+};
+
+// Membership. Each job has a generation (JobPlan.generation); a session is bound to the one it
+// joined or last resynced at, and counts its per-name iterations in it. A JoinJob for a local
+// rank that already had a session at the current generation is a replacement (the process
+// died or left, and a new one takes its place): its iterations would start at 0 while the
+// others' go on, so the agent refuses it (UNAVAILABLE, retriable: Client::Connect retries),
+// and every collective of the job on this node (ABORTED, kMembershipChangedMarker), until the
+// controller moves the generation (PendingMembershipChanges goes into the heartbeats). When a
+// plan with a newer generation arrives, the job's open gathers fail and every session bound to
+// an older generation is refused until it calls Resync, which starts its iterations at 0 again
+// -- as every other process of the job does -- so all agree on the iteration again.
+// Asynchronous parameter-server operations are per process and ignore membership.
+//
 // Threading: every method may be called from any thread and none blocks on the data plane
 // (waits are parked `Reply`s, answered later by the operation's completion or by Tick). One
 // mutex guards the session registry and the gather; the runner is called, handles completed
@@ -43,6 +64,20 @@ class LocalService {
   void Shutdown();
 
   size_t num_sessions() const;
+  // Membership generations this node saw move, and sessions resynced.
+  uint64_t generation_changes() const;
+  uint64_t resyncs() const;
+  // The process replacements waiting for the controller's new generation.
+  std::vector<PendingMembershipChange> PendingMembershipChanges() const;
+  // Runs (with no lock of the service held) when a replacement becomes pending: the agent
+  // heartbeats at once instead of at its next interval. Set before serving.
+  void SetMembershipChangeCallback(std::function<void()> callback);
+  // Binds the session to its job's current generation; when that is newer than the session's,
+  // its per-name iterations start at 0 again (and its pending retries are forgotten). Fills the
+  // rank, world size, generation and plan version. Idempotent within a generation. UNAVAILABLE
+  // while a replacement on this node waits for the new generation (call again), NOT_FOUND for
+  // an unknown session, FAILED_PRECONDITION when the job no longer has this node as a worker.
+  absl::Status Resync(const tributary::v1::ResyncRequest& req, tributary::v1::ResyncResponse* resp);
   // Submissions that ran an iteration again after it failed as retriable (see Submit).
   uint64_t resubmissions() const;
 
@@ -96,6 +131,12 @@ class LocalService {
   absl::Status SubmitInternal(const tributary::v1::SubmitRequest& req,
                               tributary::v1::SubmitResponse* resp,
                               std::function<void(const absl::Status&)> on_done);
+  // Join; `notify` receives the membership-change callback to run once mu_ is released.
+  absl::Status JoinInternal(const tributary::v1::JoinJobRequest& req,
+                            tributary::v1::JoinJobResponse* resp, std::function<void()>& notify);
+  // The job's membership refusal for `session`'s collectives, or OK. mu_ held.
+  absl::Status CheckMembershipLocked(const Session& session, const LocalJob& job,
+                                     const std::string& what) const;
   // Ends a session; gathers still missing its rank fail with ABORTED. mu_ held.
   void EndSessionLocked(const std::string& session_id, const std::string& why, Deferred& after);
 
@@ -112,6 +153,13 @@ class LocalService {
   LocalGather gather_;          // Guarded by mu_.
   bool shut_down_ = false;      // Guarded by mu_.
   uint64_t resubmissions_ = 0;  // Guarded by mu_.
+  // Per job: the local ranks that had a session at the job's current generation.
+  std::map<std::string, std::set<uint32_t>> joined_ranks_;  // Guarded by mu_.
+  // Per job: a replacement waiting for the controller's new generation.
+  std::map<std::string, PendingMembershipChange> pending_;  // Guarded by mu_.
+  std::function<void()> on_membership_change_;
+  uint64_t generation_changes_ = 0;  // Guarded by mu_.
+  uint64_t resyncs_ = 0;             // Guarded by mu_.
   std::shared_ptr<Link> link_;
 };
 

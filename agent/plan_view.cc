@@ -10,6 +10,7 @@ absl::StatusOr<dataplane::JobView> ToJobView(const tributary::v1::JobPlan& plan,
   dataplane::JobView v;
   v.job_id = plan.job_id();
   v.plan_version = plan.version();
+  v.generation = plan.generation();
   for (const auto& w : plan.workers()) {
     if (w.node_id() == node_id) v.my_worker_rank = static_cast<int>(v.worker_addresses.size());
     v.worker_addresses.push_back(w.data_plane_address());

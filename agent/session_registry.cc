@@ -63,6 +63,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Join(const std::string
   session->job_id = job_id;
   session->local_rank = local_rank;
   session->local_size = local_size;
+  session->generation = job->generation;
   sessions_[session->id] = session;
   return session;
 }

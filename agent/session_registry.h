@@ -28,6 +28,9 @@ struct LocalJob {
   std::chrono::milliseconds op_timeout{30000};
   // Worker nodes the plan marks down ("node-3 (rank 2)"): the job's collectives fail at once.
   std::vector<std::string> down_workers;
+  // The plan's membership generation (JobPlan.generation): sessions bound to an older one must
+  // Resync before their next collective.
+  uint64_t generation = 0;
 };
 
 // One local process in one job: from JoinJob until LeaveJob, the end of its KeepAlive stream
@@ -41,6 +44,11 @@ struct Session {
   // The uid whose process registered the session's first buffer: the only one that may add more.
   std::optional<uid_t> owner_uid;
   uint64_t next_buffer = 1;
+  // The job's membership generation the session's iterations count in (LocalService::Resync).
+  uint64_t generation = 0;
+  // The plan version of the session's last Resync: retriable failures of operations that ran
+  // under an older plan belong to the iterations before it and are not retried.
+  uint64_t synced_plan_version = 0;
   std::map<std::string, uint64_t> iterations;  // per tensor name: the next iteration
   // Per tensor name: iterations that failed as retriable, with the epoch (plan version) they
   // failed under. The next submission of the name runs the lowest of them again instead of

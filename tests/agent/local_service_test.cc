@@ -188,7 +188,13 @@ TEST_F(LocalServiceTest, LeavingFreesTheRankAndEndsTheSessionOnce) {
   absl::Status watch = service_.WatchSession(session, [] {});
   EXPECT_EQ(watch.code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(watch.message(), "session '" + session + "' not found");
-  EXPECT_TRUE(JoinAs(0).ok());  // the rank is free again
+  // The rank is free again, for a process that starts its iterations with the others': after
+  // the controller moved the job's membership generation (MembershipTest).
+  EXPECT_EQ(JoinAs(0).status().code(), absl::StatusCode::kUnavailable);
+  LocalJob next = TwoByTwoJob();
+  next.generation = 1;
+  service_.SetJobs({next});
+  EXPECT_TRUE(JoinAs(0).ok());
 }
 
 TEST_F(LocalServiceTest, ParameterServerOpsArePerProcessAndCarryTheVersion) {
@@ -257,8 +263,16 @@ TEST_F(LocalServiceTest, KeepAliveEndFailsTheGathersMissingThatRank) {
             "and cannot submit it");
   EXPECT_EQ(runner_.aborts().size(), 2u);
 
-  // A new process for rank 1 clears it.
+  // A new process for rank 1 clears it, once the job moved to a new membership generation (the
+  // survivor resyncs: its iterations start at 0 again, as the new process's do).
+  LocalJob next_generation = TwoByTwoJob();
+  next_generation.generation = 1;
+  service_.SetJobs({next_generation});
   Join(1);
+  tributary::v1::ResyncRequest resync;
+  resync.set_session_id(s0_);
+  tributary::v1::ResyncResponse resynced;
+  ASSERT_TRUE(service_.Resync(resync, &resynced).ok());
   auto next = Submit(Request(s0_, "bias", b0_));
   ASSERT_TRUE(next.ok());
   EXPECT_FALSE(Await(s0_, *next)->done);
@@ -801,6 +815,151 @@ TEST_F(LocalServiceTest, RetryWithoutANewerPlanFailsRetriableAtTheOpTimeout) {
   service_.SetJobs({v8});
   ASSERT_EQ(runner_.num_starts(), 2u);
   EXPECT_EQ(runner_.start(1).op.iteration, 0u);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Membership generations: a replaced process, Resync
+
+class MembershipTest : public LocalServiceTest {
+ protected:
+  absl::StatusOr<tributary::v1::ResyncResponse> Resync(const std::string& session) {
+    tributary::v1::ResyncRequest req;
+    req.set_session_id(session);
+    tributary::v1::ResyncResponse resp;
+    absl::Status s = service_.Resync(req, &resp);
+    if (!s.ok()) return s;
+    return resp;
+  }
+  // The controller's answer to the replacement: the same plan at generation `g`, version `v`.
+  void NewGeneration(uint64_t g, uint64_t v) {
+    LocalJob job = TwoByTwoJob();
+    job.generation = g;
+    job.plan_version = v;
+    service_.SetJobs({job});
+  }
+  // Both ranks run iterations 0..n-1 of "grad" (completed at once).
+  void RunIterations(int n) {
+    for (int i = 0; i < n; ++i) {
+      const size_t start = runner_.num_starts();
+      ASSERT_TRUE(Submit(Request(s0_, "grad", b0_)).ok());
+      ASSERT_TRUE(Submit(Request(s1_, "grad", b1_)).ok());
+      ASSERT_EQ(runner_.num_starts(), start + 1);
+      runner_.Complete(start, absl::OkStatus());
+    }
+  }
+};
+
+TEST_F(MembershipTest, AReplacedProcessWaitsForANewGenerationThenEveryProcessStartsAgainAtZero) {
+  int notified = 0;
+  service_.SetMembershipChangeCallback([&] { ++notified; });
+  ASSERT_NO_FATAL_FAILURE(JoinBoth());
+  ASSERT_NO_FATAL_FAILURE(RunIterations(3));
+  EXPECT_EQ(runner_.start(2).op.iteration, 2u);
+
+  // Rank 1's process dies; a new one takes its place: refused (retriable) until the controller
+  // moves the generation, and the node reports it.
+  service_.EndSession(s1_, "its process disconnected");
+  auto again = JoinAs(1);
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(again.status().message(),
+              HasSubstr("local rank 1 of this node was held by a process that ended"));
+  EXPECT_EQ(notified, 1);
+  ASSERT_EQ(service_.PendingMembershipChanges().size(), 1u);
+  EXPECT_EQ(service_.PendingMembershipChanges()[0].job_id, "job");
+  EXPECT_EQ(service_.PendingMembershipChanges()[0].generation, 0u);
+  EXPECT_EQ(service_.PendingMembershipChanges()[0].local_rank, 1u);
+  // Asked again, still refused; reported once.
+  EXPECT_EQ(JoinAs(1).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(notified, 1);
+  // The survivor's collectives are refused meanwhile, with the marker the client knows.
+  absl::StatusOr<uint64_t> refused = Submit(Request(s0_, "grad", b0_));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(refused.status().message()),
+              ::testing::StartsWith("[membership changed] "));
+  EXPECT_EQ(Resync(s0_).status().code(), absl::StatusCode::kUnavailable);
+
+  NewGeneration(1, 8);
+  EXPECT_THAT(service_.PendingMembershipChanges(), IsEmpty());
+  EXPECT_EQ(service_.generation_changes(), 1u);
+  auto joined = JoinAs(1);
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  EXPECT_EQ(joined->generation(), 1u);
+  s1_ = joined->session_id();
+  auto b1 = Register(s1_, shm1_, shm1_.size());
+  ASSERT_TRUE(b1.ok());
+  b1_ = *b1;
+  // The survivor is bound to generation 0: refused until it resyncs.
+  refused = Submit(Request(s0_, "grad", b0_));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(refused.status().message()),
+              ::testing::StartsWith("[membership changed, generation 1] job 'job' tensor 'grad'"));
+  auto resynced = Resync(s0_);
+  ASSERT_TRUE(resynced.ok()) << resynced.status();
+  EXPECT_EQ(resynced->generation(), 1u);
+  EXPECT_EQ(resynced->global_rank(), 2u);
+  EXPECT_EQ(resynced->world_size(), 4u);
+  EXPECT_EQ(resynced->plan_version(), 8u);
+  EXPECT_EQ(service_.resyncs(), 1u);
+  // Both count from 0 again, together.
+  const size_t before = runner_.num_starts();
+  ASSERT_NO_FATAL_FAILURE(RunIterations(1));
+  EXPECT_EQ(runner_.start(before).op.iteration, 0u);
+  // Resync within a generation changes nothing.
+  ASSERT_TRUE(Resync(s0_).ok());
+  EXPECT_EQ(service_.resyncs(), 1u);
+  ASSERT_NO_FATAL_FAILURE(RunIterations(1));
+  EXPECT_EQ(runner_.start(before + 1).op.iteration, 1u);
+}
+
+TEST_F(MembershipTest, ANewGenerationFailsOpenGathersAndForgetsPendingRetries) {
+  ASSERT_NO_FATAL_FAILURE(JoinBoth());
+  // An open gather (rank 1 has not submitted) and an iteration failed as retriable.
+  ASSERT_TRUE(Submit(Request(s0_, "grad", b0_)).ok());
+  ASSERT_TRUE(Submit(Request(s1_, "grad", b1_)).ok());
+  runner_.Complete(0, dataplane::PlanChangedError("job", 7, 8, "tensor 'grad' iteration 0"));
+  auto open = Submit(Request(s0_, "bias", b0_));
+  ASSERT_TRUE(open.ok());
+
+  NewGeneration(1, 9);  // e.g. another node's process was replaced
+  absl::Status failed = Result(s0_, *open);
+  EXPECT_EQ(failed.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(failed.message()),
+              ::testing::StartsWith("[membership changed, generation 1] job 'job': the job's "
+                                    "membership changed"));
+  EXPECT_THAT(failed.message(), HasSubstr("tensor 'bias' iteration 0"));
+  EXPECT_THAT(runner_.aborts(), IsEmpty());  // the data plane already runs the new plan
+
+  ASSERT_TRUE(Resync(s0_).ok());
+  ASSERT_TRUE(Resync(s1_).ok());
+  // "grad" iteration 0 failed as retriable before the change: after the resync it is not a
+  // retry but the first iteration of the new generation (and it starts at once).
+  const size_t before = runner_.num_starts();
+  ASSERT_TRUE(Submit(Request(s0_, "grad", b0_)).ok());
+  ASSERT_TRUE(Submit(Request(s1_, "grad", b1_)).ok());
+  ASSERT_EQ(runner_.num_starts(), before + 1);
+  EXPECT_EQ(runner_.start(before).op.iteration, 0u);
+  EXPECT_EQ(service_.resubmissions(), 0u);
+}
+
+TEST_F(MembershipTest, FirstJoinsAndParameterServerOpsAreNoMembershipChange) {
+  int notified = 0;
+  service_.SetMembershipChangeCallback([&] { ++notified; });
+  // A rank that never had a session joins late: no change.
+  s0_ = Join(0);
+  EXPECT_EQ(notified, 0);
+  // A rank still held: ALREADY_EXISTS, not a replacement.
+  EXPECT_EQ(JoinAs(0).status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(service_.PendingMembershipChanges(), IsEmpty());
+  // A session that joined at a generation is bound to it, with nothing to resync.
+  NewGeneration(3, 8);
+  s1_ = Join(1);
+  auto resynced = Resync(s1_);
+  ASSERT_TRUE(resynced.ok());
+  EXPECT_EQ(resynced->generation(), 3u);
+  EXPECT_EQ(service_.resyncs(), 0u);
+  EXPECT_EQ(Resync("no-such-session").status().code(), absl::StatusCode::kNotFound);
+  service_.SetJobs({});
+  EXPECT_EQ(Resync(s1_).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace
