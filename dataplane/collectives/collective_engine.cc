@@ -152,7 +152,16 @@ CollectiveEngine::~CollectiveEngine() = default;
 
 void CollectiveEngine::SetJob(const JobView& view) {
   std::lock_guard lock(mu_);
+  auto [g, first] = generations_.try_emplace(view.job_hash(), view.generation, 0);
+  if (!first && view.generation > g->second.first) {
+    g->second = {view.generation, view.plan_version};
+  }
   jobs_[view.job_hash()] = std::make_shared<const JobView>(view);
+}
+
+uint64_t CollectiveEngine::GenerationStartLocked(uint64_t job) const {
+  auto g = generations_.find(job);
+  return g == generations_.end() ? 0 : g->second.second;
 }
 
 void CollectiveEngine::RemoveJob(uint64_t job) {
@@ -161,6 +170,7 @@ void CollectiveEngine::RemoveJob(uint64_t job) {
   {
     std::lock_guard lock(mu_);
     jobs_.erase(job);
+    generations_.erase(job);
     std::vector<std::shared_ptr<OpState>> victims;
     for (auto& [key, op] : ops_) {
       if (key.job == job) victims.push_back(op);
@@ -382,6 +392,22 @@ absl::Status CollectiveEngine::Post(const std::string& job_id, Algorithm algorit
     state->started = clock_->Now();
     stats_.ops_started++;
 
+    // A tombstone or early messages of an older membership generation belong to another
+    // collective that had the same numbers (iterations count from 0 again in a generation).
+    const uint64_t generation_start = GenerationStartLocked(key.job);
+    if (auto t = tombstones_.find(key);
+        t != tombstones_.end() && t->second.epoch < generation_start) {
+      tombstones_.erase(t);
+    }
+    if (auto e = early_.find(key); e != early_.end()) {
+      std::erase_if(e->second, [&](const Early& m) {
+        if (m.header.plan_version >= generation_start) return false;
+        early_bytes_ -= m.payload.size() + sizeof(WireHeader);
+        stats_.fenced_messages++;
+        return true;
+      });
+      if (e->second.empty()) early_.erase(e);
+    }
     if (auto t = tombstones_.find(key); t != tombstones_.end() && !t->second.status.ok()) {
       // Another rank already failed or aborted this collective (or this one aborted it).
       state->finished = true;
@@ -440,7 +466,7 @@ void CollectiveEngine::Abort(const std::string& job_id, const std::string& tenso
       h.plan_version = view.plan_version;
       h.world_size = static_cast<uint32_t>(n);
       h.sender = static_cast<uint32_t>(rank);
-      tombstones_[key] = {status, clock_->Now() + kTombstoneTtl};
+      tombstones_[key] = {status, clock_->Now() + kTombstoneTtl, view.plan_version};
     }
     h.error_code = static_cast<uint32_t>(status.code());
     auto message = std::make_shared<const std::string>(std::string(status.message()));
@@ -485,8 +511,9 @@ void CollectiveEngine::HandleMessage(const WireHeader& h, std::span<const std::b
                               : absl::StrCat("rank ", h.sender, " reported: ", reason));
       if (op) {
         FailLocked(op, status, false, out, done);
-      } else if (!tombstones_.contains(key)) {
-        tombstones_[key] = {status, clock_->Now() + kTombstoneTtl};
+      } else if (auto t = tombstones_.find(key);
+                 t == tombstones_.end() || t->second.epoch < h.plan_version) {
+        tombstones_[key] = {status, clock_->Now() + kTombstoneTtl, h.plan_version};
       }
     } else if (h.kind != static_cast<uint8_t>(MessageKind::kData)) {
       stats_.malformed_messages++;
@@ -495,7 +522,9 @@ void CollectiveEngine::HandleMessage(const WireHeader& h, std::span<const std::b
                   AlgorithmName(static_cast<Algorithm>(h.algorithm)));
     } else if (op) {
       DeliverLocked(op, h, payload, out, done);
-    } else if (tombstones_.contains(key)) {
+    } else if (auto t = tombstones_.find(key);
+               t != tombstones_.end() && t->second.epoch >= h.plan_version) {
+      // Late: its collective is over (a tombstone of a newer epoch: the message is stale).
       stats_.late_messages++;
     } else if (early_bytes_ + payload.size() + sizeof(WireHeader) > kMaxEarlyBytes) {
       stats_.early_dropped++;
@@ -640,7 +669,8 @@ void CollectiveEngine::AdvanceLocked(const std::shared_ptr<OpState>& op, std::ve
   // Done: every receive applied, every send completed (average divides in op.done, see Post).
   op->finished = true;
   ops_.erase(op->key);
-  tombstones_[op->key] = {absl::OkStatus(), clock_->Now() + kTombstoneTtl};
+  tombstones_[op->key] = {absl::OkStatus(), clock_->Now() + kTombstoneTtl,
+                          op->descriptor.plan_version};
   stats_.ops_completed++;
   done.emplace_back(std::move(op->op.done), absl::OkStatus());
 }
@@ -709,7 +739,7 @@ void CollectiveEngine::FailLocked(const std::shared_ptr<OpState>& op, absl::Stat
   op->finished = true;
   op->deferred.clear();
   ops_.erase(op->key);
-  tombstones_[op->key] = {status, clock_->Now() + kTombstoneTtl};
+  tombstones_[op->key] = {status, clock_->Now() + kTombstoneTtl, op->descriptor.plan_version};
   stats_.ops_failed++;
   Log()->warn("{}", status.message());
   if (tell_peers) {

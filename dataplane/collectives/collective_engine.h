@@ -187,10 +187,16 @@ class CollectiveEngine : public CollectiveAlgorithm {
   struct Tombstone {
     absl::Status status;  // OK: finished
     common::Clock::TimePoint expires;
+    // The plan version (epoch) the collective ran under: after a membership change the job's
+    // iterations count from 0 again under a newer epoch, and an older tombstone of the same
+    // (tensor, iteration) is another collective's.
+    uint64_t epoch = 0;
   };
   using Completion = std::pair<std::function<void(absl::Status)>, absl::Status>;
 
   // All *Locked methods run with mu_ held and queue their side effects in out / done.
+  // The first epoch of the job's current membership generation.
+  uint64_t GenerationStartLocked(uint64_t job) const;
   void DeliverLocked(const std::shared_ptr<OpState>& op, const WireHeader& h,
                      std::span<const std::byte> payload, std::vector<Outgoing>& out,
                      std::vector<Completion>& done);
@@ -217,6 +223,9 @@ class CollectiveEngine : public CollectiveAlgorithm {
   std::map<CollectiveKey, std::deque<Early>> early_;
   uint64_t early_bytes_ = 0;
   std::map<CollectiveKey, Tombstone> tombstones_;
+  // Per job hash: its membership generation and the first plan version (epoch) seen in it (0
+  // when the job was first seen in it: no older generation is known here).
+  std::map<uint64_t, std::pair<uint64_t, uint64_t>> generations_;
   bool hd_pipelined_ = true;
 };
 

@@ -16,6 +16,10 @@ struct JobPeerCounters;  // dataplane_metrics.h
 struct JobView {
   std::string job_id;
   uint64_t plan_version = 0;
+  // The job's membership generation (JobPlan.generation): when it moves, the processes count
+  // their iterations from 0 again, so an (tensor, iteration) of an older generation is another
+  // collective than the same numbers in this one.
+  uint64_t generation = 0;
   std::vector<std::string> worker_addresses;  // data-plane address of each worker node, by rank
   std::vector<std::string> server_addresses;  // summation servers, by server index
   std::vector<uint64_t> server_weights;       // sum to exactly 2^32 (see ChunkMap)
