@@ -226,6 +226,12 @@ bool Retriable(const absl::Status& status) {
 
 }  // namespace
 
+bool IsMembershipChanged(const absl::Status& status) {
+  // agent/local_gather.h kMembershipChangedMarker, at the start of the message.
+  return status.code() == absl::StatusCode::kAborted &&
+         absl::StartsWith(status.message(), "[membership changed");
+}
+
 namespace internal {
 
 // Copies of submitted regions kept for retries (ClientOptions::retry_collectives), reused so that
@@ -433,8 +439,12 @@ bool Handle::Finish(uint64_t number, absl::Status result) const {
                   state_->name, result, state_->retries, state_->max_retries);
       return false;
     }
-    result = Annotate(
-        result, absl::StrCat("(submitting it again failed: ", next.status().ToString(), ") "));
+    // A membership change refuses the retry: that is the operation's result (the caller
+    // resyncs), with its marker at the start.
+    result = IsMembershipChanged(next.status())
+                 ? next.status()
+                 : Annotate(result, absl::StrCat("(submitting it again failed: ",
+                                                 next.status().ToString(), ") "));
   }
   state_->done = true;
   state_->result = std::move(result);
@@ -587,9 +597,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   std::unique_ptr<Client> client(new Client(options, job_id, local_rank, local_size,
                                             response.global_rank(), response.world_size(),
                                             response.plan_version(), std::move(session)));
+  client->generation_ = response.generation();
   common::Logger("client")->info(
       "joined job {} as global rank {} of {} (local {} of {}), session {}", job_id,
-      client->global_rank_, client->world_size_, local_rank, local_size,
+      client->global_rank(), client->world_size(), local_rank, local_size,
       client->session_->session_id());
   return client;
 }
@@ -618,6 +629,37 @@ Client::~Client() {
 const std::string& Client::session_id() const { return session_->session_id(); }
 
 bool Client::has_control_ring() const { return session_->ring() != nullptr; }
+
+absl::Status Client::Resync() {
+  if (!session_->active()) return LeftError(job_id_);
+  v1::ResyncRequest request;
+  request.set_session_id(session_->session_id());
+  const auto start = Clock::now();
+  milliseconds backoff = kInitialJoinBackoff;
+  while (true) {
+    v1::ResyncResponse response;
+    auto context = session_->NewContext();
+    absl::Status status =
+        common::FromGrpcStatus(session_->stub().Resync(context.get(), request, &response));
+    if (status.ok()) {
+      const uint64_t old = generation_.exchange(response.generation());
+      global_rank_ = response.global_rank();
+      world_size_ = response.world_size();
+      plan_version_ = response.plan_version();
+      Log()->info("job {}: resynced at membership generation {} (was {}): global rank {} of {}",
+                  job_id_, response.generation(), old, response.global_rank(),
+                  response.world_size());
+      return absl::OkStatus();
+    }
+    const auto waited = std::chrono::duration_cast<milliseconds>(Clock::now() - start);
+    if (status.code() != absl::StatusCode::kUnavailable || waited >= options_.join_timeout) {
+      return Annotate(status, absl::StrCat("resyncing with job '", job_id_, "' after ",
+                                           waited.count(), " ms: "));
+    }
+    std::this_thread::sleep_for(std::min(backoff, options_.join_timeout - waited));
+    backoff = std::min(backoff * 2, kMaxJoinBackoff);
+  }
+}
 
 absl::Status Client::Leave() {
   std::lock_guard lock(leave_mu_);
@@ -686,11 +728,11 @@ absl::StatusOr<Handle> Client::Submit(std::string_view name, const SharedBuffer&
       return absl::InvalidArgumentError(
           absl::StrCat("tensor ", tensor, ": the block size (count) must be at least 1"));
     }
-    if (count > SIZE_MAX / std::max<uint32_t>(world_size_, 1)) {
-      return absl::OutOfRangeError(absl::StrCat("tensor ", tensor, ": ", world_size_, " blocks of ",
-                                                count, " elements overflow"));
+    if (count > SIZE_MAX / std::max<uint32_t>(world_size(), 1)) {
+      return absl::OutOfRangeError(absl::StrCat("tensor ", tensor, ": ", world_size(),
+                                                " blocks of ", count, " elements overflow"));
     }
-    region = count * world_size_;
+    region = count * world_size();
   }
   if (offset_bytes > buffer.size() || region > (buffer.size() - offset_bytes) / element) {
     return absl::OutOfRangeError(absl::StrCat("tensor ", tensor, ": ", region, " elements of ",
@@ -698,9 +740,9 @@ absl::StatusOr<Handle> Client::Submit(std::string_view name, const SharedBuffer&
                                               " at offset ", offset_bytes, " do not fit in buffer ",
                                               buffer.name(), " of ", buffer.size(), " bytes"));
   }
-  if (op == v1::COLLECTIVE_OP_BROADCAST && root_rank >= world_size_) {
+  if (op == v1::COLLECTIVE_OP_BROADCAST && root_rank >= world_size()) {
     return absl::InvalidArgumentError(absl::StrCat("tensor ", tensor, ": root rank ", root_rank,
-                                                   " is not below the world size ", world_size_));
+                                                   " is not below the world size ", world_size()));
   }
 
   Request r;

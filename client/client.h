@@ -2,6 +2,7 @@
 // through the agent on its node.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -54,6 +55,13 @@ struct ClientOptions {
 };
 
 enum class ReduceOp { kSum, kAverage };
+
+// True for the error of a collective refused or failed because the job's membership changed
+// (ABORTED, "[membership changed, generation G] ..."): a process of the job was replaced (it
+// died and a new one joined in its place), an agent of a worker node restarted, or an elastic
+// job's worker nodes changed. Every process of the job gets it once per change. Call
+// Client::Resync, then restart the training step from a sync point.
+bool IsMembershipChanged(const absl::Status& status);
 
 // A submitted collective. Cheap to copy; copies share the result. Valid after the Client is
 // gone, but then Wait fails (the session has ended). With ClientOptions::retry_collectives,
@@ -134,14 +142,17 @@ class Client {
 
   const std::string& job_id() const { return job_id_; }
   const std::string& session_id() const;
-  // Rank among all processes of the job (node_rank * procs_per_node + local_rank).
+  // Rank among all processes of the job (node_rank * procs_per_node + local_rank). An elastic
+  // job's may change at a Resync.
   uint32_t global_rank() const { return global_rank_; }
-  // Number of processes in the job.
+  // Number of processes in the job (an elastic job's may change at a Resync).
   uint32_t world_size() const { return world_size_; }
   uint32_t local_rank() const { return local_rank_; }
   uint32_t local_size() const { return local_size_; }
-  // Version of the job's plan when the session joined.
+  // Version of the job's plan when the session joined (or last resynced).
   uint64_t plan_version() const { return plan_version_; }
+  // The job's membership generation the session is bound to (moves with Resync).
+  uint64_t generation() const { return generation_; }
   // True when the agent attached this session's control ring (the fast path).
   bool has_control_ring() const;
 
@@ -221,6 +232,15 @@ class Client {
   absl::StatusOr<uint64_t> PullParams(std::string_view name, const SharedBuffer& buffer,
                                       size_t offset_bytes, size_t count, common::DataType dtype);
 
+  // After a membership change (IsMembershipChanged): binds the session to the job's new
+  // membership generation, retrying while the agent still waits for it (up to
+  // options.join_timeout; then UNAVAILABLE). This process's iterations of every tensor name
+  // start again at 0, as every other process's do: restart the training step from a sync
+  // point (agree on the step, broadcast the parameters from rank 0). Updates global_rank(),
+  // world_size(), plan_version() and generation(). Idempotent within a generation. Do not call
+  // it while collectives of this client are in flight.
+  absl::Status Resync();
+
   // Leaves the job: LeaveJob (its error is returned, but the session is closed locally
   // regardless), then closes the KeepAlive stream. Idempotent; later calls on this client fail
   // with FAILED_PRECONDITION.
@@ -251,9 +271,10 @@ class Client {
   const std::string job_id_;
   const uint32_t local_rank_;
   const uint32_t local_size_;
-  const uint32_t global_rank_;
-  const uint32_t world_size_;
-  const uint64_t plan_version_;
+  std::atomic<uint32_t> global_rank_;
+  std::atomic<uint32_t> world_size_;
+  std::atomic<uint64_t> plan_version_;
+  std::atomic<uint64_t> generation_{0};
   const std::shared_ptr<internal::AgentSession> session_;
   // Copies of submitted regions for retries, reused across submissions.
   const std::shared_ptr<internal::InputPool> input_pool_;

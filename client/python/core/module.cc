@@ -55,7 +55,11 @@ void TranslateStatusError(std::exception_ptr p) {
     const std::string code = absl::StatusCodeToString(e.status.code());
     py::object error_type;
     try {
-      error_type = py::module_::import("tributary").attr("TributaryError");
+      // tributary.MembershipChanged is a TributaryError: the training loop catches it, resyncs
+      // and restarts its step from a sync point.
+      error_type =
+          py::module_::import("tributary")
+              .attr(IsMembershipChanged(e.status) ? "MembershipChanged" : "TributaryError");
     } catch (py::error_already_set&) {
       // The package is not importable (the module used on its own): a RuntimeError then.
       PyErr_SetString(PyExc_RuntimeError, absl::StrCat(code, ": ", message).c_str());
@@ -250,6 +254,15 @@ class PyClient {
     return PyHandle{ValueOrThrow(std::move(handle)), buffer.buffer};
   }
 
+  void Resync() {
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = client_->Resync();
+    }
+    ThrowIfError(status);
+  }
+
   void Leave() {
     absl::Status status;
     {
@@ -439,6 +452,11 @@ PYBIND11_MODULE(_tributary, m) {
           py::arg("name"), py::arg("buffer"), py::arg("offset"), py::arg("count"), py::arg("dtype"),
           "Async jobs: the current parameters into the region (Handle.version: their version); "
           "waits while this rank is more than the job's staleness ahead of the slowest.")
+      .def_property_readonly("generation", [](PyClient& c) { return c.client().generation(); })
+      .def("resync", &PyClient::Resync,
+           "After a MembershipChanged error: binds the session to the job's new membership "
+           "generation (waiting for it up to the join timeout); every tensor name's iterations "
+           "start again at 0 on every process. rank and size may change (elastic jobs).")
       .def("leave", &PyClient::Leave,
            "Leaves the job (idempotent); later calls fail with FAILED_PRECONDITION.");
 }

@@ -12,7 +12,7 @@ See client/python/README.md.
 """
 
 import tributary.distributed  # noqa: F401  (registers the "tributary" torch.distributed backend)
-from tributary import TributaryError
+from tributary import MembershipChanged, TributaryError
 from tributary.torch.compression import Compression
 from tributary.torch.ddp import ddp_comm_hook
 from tributary.torch.ops import (Handle, allgather, allgather_async, barrier, broadcast,
@@ -21,14 +21,14 @@ from tributary.torch.ops import (Handle, allgather, allgather_async, barrier, br
                                  init_params_async, is_initialized, local_rank, local_size, poll,
                                  pull_params, pull_params_async, push_delta, push_delta_async,
                                  push_pull, push_pull_async, rank, reduce_scatter,
-                                 reduce_scatter_async, shutdown, size, synchronize)
+                                 reduce_scatter_async, resync, shutdown, size, synchronize)
 from tributary.torch.optimizer import DistributedOptimizer
 
 __all__ = [
-    "TributaryError", "Compression", "DistributedOptimizer", "Handle", "allgather",
+    "TributaryError", "MembershipChanged", "Compression", "DistributedOptimizer", "Handle", "allgather",
     "allgather_async", "barrier", "broadcast", "broadcast_async", "broadcast_object",
     "broadcast_optimizer_state", "broadcast_parameters", "ddp_comm_hook", "empty", "init",
     "init_params", "init_params_async", "pull_params", "pull_params_async", "push_delta",
     "push_delta_async", "is_initialized", "local_rank", "local_size", "poll", "push_pull", "push_pull_async",
-    "rank", "reduce_scatter", "reduce_scatter_async", "shutdown", "size", "synchronize",
+    "rank", "reduce_scatter", "reduce_scatter_async", "resync", "shutdown", "size", "synchronize",
 ]

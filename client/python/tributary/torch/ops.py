@@ -188,6 +188,21 @@ def shutdown():
     state.client.leave()
 
 
+def resync():
+    """After a tributary.MembershipChanged error: binds this process to the job's new membership
+    generation (waiting up to the join timeout while the controller confirms it). Every process's
+    iterations start again together, and so do the automatic names of unnamed operations. rank()
+    and size() may change (elastic jobs). Returns (rank, size). Then restart the training step
+    from a sync point, e.g. broadcast_parameters(model.state_dict(), root_rank=0). Call it with
+    no operation in flight."""
+    state = _get()
+    state.client.resync()
+    with state.lock:
+        state.counters.clear()
+        state.in_flight.clear()
+    return state.client.rank, state.client.size
+
+
 def is_initialized():
     return _state is not None
 

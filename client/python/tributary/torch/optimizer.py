@@ -105,12 +105,21 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     if p.grad is None:
                         p.grad = torch.zeros_like(p)
                     self._submit(p)
+            error = None
             try:
+                # Every handle is waited for, even after one failed: none stays in flight (after a
+                # membership change the rest fail at once too), then the first error is raised.
                 for p, handle, ctx, compressed in self._handles.values():
-                    result = ops.synchronize(handle)
-                    if ctx is not None or result is not p.grad:
+                    try:
+                        result = ops.synchronize(handle)
+                    except TributaryError as e:
+                        error = error or e
+                        continue
+                    if error is None and (ctx is not None or result is not p.grad):
                         with torch.no_grad():
                             p.grad.copy_(self._compression.decompress(result, ctx))
+                if error is not None:
+                    raise error
             finally:
                 self._handles.clear()
                 for p in self._params:
