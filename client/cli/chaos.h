@@ -15,11 +15,12 @@ namespace tributary::client::cli {
 
 // The faults `tributary chaos` injects, by name.
 inline constexpr const char* kChaosFaults[] = {
-    "spare-kill",          // SIGKILL of a spare summation server's agent
-    "spare-freeze",        // SIGSTOP of a spare past the op deadline, then SIGCONT
-    "controller-restart",  // SIGKILL of the controller, restarted on its database
-    "process-restart",     // SIGKILL of a training process, a replacement started at once
-    "worker-agent-kill",   // SIGKILL of a worker node's agent (not restarted)
+    "spare-kill",            // SIGKILL of a spare summation server's agent
+    "spare-freeze",          // SIGSTOP of a spare past the op deadline, then SIGCONT
+    "controller-restart",    // SIGKILL of the controller, restarted on its database
+    "process-restart",       // SIGKILL of a training process, a replacement started at once
+    "worker-agent-kill",     // SIGKILL of a worker node's agent (not restarted)
+    "worker-agent-restart",  // SIGKILL of a worker node's agent, started again at once
 };
 // Faults after which the workload is expected to run again (the others only have to fail
 // cleanly: a dead worker node degrades a non-elastic job until it returns).

@@ -85,10 +85,18 @@ class ChaosRank {
       std::printf("%s\n", FormatChaosIteration(it).c_str());
       std::fflush(stdout);
       if (!status.ok()) {
-        // The session may be gone (its agent died, or it was replaced): join again next time.
         const absl::StatusCode code = status.code();
-        if (code == absl::StatusCode::kNotFound || code == absl::StatusCode::kUnavailable ||
-            code == absl::StatusCode::kFailedPrecondition || code == absl::StatusCode::kCancelled) {
+        if (client_ && IsMembershipChanged(status)) {
+          // A process of the job was replaced: every rank starts its iterations again from
+          // here, and the next iteration's step agreement is the sync point.
+          if (absl::Status resynced = Resync(); !resynced.ok()) {
+            std::fprintf(stderr, "rank %u: %s\n", f_.rank, StatusText(resynced).c_str());
+            client_.reset();
+          }
+        } else if (code == absl::StatusCode::kNotFound || code == absl::StatusCode::kUnavailable ||
+                   code == absl::StatusCode::kFailedPrecondition ||
+                   code == absl::StatusCode::kCancelled) {
+          // The session may be gone (its agent died): join again next time.
           client_.reset();
         }
         std::this_thread::sleep_for(milliseconds(20));  // pacing a failing loop, not a wait
@@ -127,6 +135,16 @@ class ChaosRank {
     for (size_t n : f_.elements) {
       ASSIGN_OR_RETURN(auto buffer, client_->AllocateBuffer(n * sizeof(float)));
       tensors_.push_back(std::move(buffer));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Resync() {
+    RETURN_IF_ERROR(client_->Resync());
+    if (client_->global_rank() != f_.rank || client_->world_size() != world_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("resynced as global rank ", client_->global_rank(), " of ",
+                       client_->world_size(), ", expected ", f_.rank, " of ", world_));
     }
     return absl::OkStatus();
   }
@@ -381,6 +399,8 @@ class Trial {
       RETURN_IF_ERROR(Spawn(victim));
     } else if (fault == "worker-agent-kill") {
       cluster_->KillNode(pick(f_.workers));
+    } else if (fault == "worker-agent-restart") {
+      RETURN_IF_ERROR(cluster_->RestartNode(pick(f_.workers)));
     } else {
       return absl::InvalidArgumentError(absl::StrCat("unknown fault '", fault, "'"));
     }

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
 
 namespace tributary::client {
@@ -156,6 +157,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
     auto apid = SpawnProcess(argv, absl::StrCat(o.run_dir, "/", c->node_id(i), ".log"));
     if (!apid.ok()) return apid.status();
     c->agent_pids_.push_back(*apid);
+    c->agent_argv_.push_back(std::move(argv));
+    c->agent_restarts_.push_back(0);
   }
   const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
       deadline - std::chrono::steady_clock::now());
@@ -313,10 +316,13 @@ LocalCluster::~LocalCluster() { Stop(); }
 
 void LocalCluster::Stop() {
   for (pid_t pid : agent_pids_) {
+    if (pid <= 0) continue;  // a restart that failed to spawn
     kill(pid, SIGCONT);
     kill(pid, SIGTERM);
   }
-  for (pid_t pid : agent_pids_) WaitProcess(pid, std::chrono::seconds(5));
+  for (pid_t pid : agent_pids_) {
+    if (pid > 0) WaitProcess(pid, std::chrono::seconds(5));
+  }
   agent_pids_.clear();
   if (controller_pid_ > 0) {
     kill(controller_pid_, SIGTERM);
@@ -348,5 +354,21 @@ std::vector<std::string> LocalCluster::worker_node_ids() const {
 void LocalCluster::FreezeNode(int i) { kill(agent_pids_.at(i), SIGSTOP); }
 void LocalCluster::ThawNode(int i) { kill(agent_pids_.at(i), SIGCONT); }
 void LocalCluster::KillNode(int i) { kill(agent_pids_.at(i), SIGKILL); }
+
+absl::Status LocalCluster::RestartNode(int i) {
+  pid_t& pid = agent_pids_.at(i);
+  if (pid > 0) {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    pid = -1;
+  }
+  std::vector<std::string> argv = agent_argv_.at(i);
+  for (size_t a = 0; a + 1 < argv.size(); ++a) {
+    if (argv[a] == "--controller") argv[a + 1] = controller_address_;  // it may have restarted
+  }
+  ASSIGN_OR_RETURN(pid, SpawnProcess(argv, absl::StrCat(options_.run_dir, "/", node_id(i), ".",
+                                                        ++agent_restarts_.at(i), ".log")));
+  return absl::OkStatus();
+}
 
 }  // namespace tributary::client

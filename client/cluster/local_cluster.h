@@ -86,6 +86,10 @@ class LocalCluster {
   void FreezeNode(int i);
   void ThawNode(int i);
   void KillNode(int i);
+  // Kills node i's agent (if it runs) and starts it again with the same arguments (same node id
+  // and socket; a new data-plane port, a new agent instance); logs to <node>.<n>.log. Does not
+  // wait for it to register. Its metrics address (metrics_address) is then stale.
+  absl::Status RestartNode(int i);
 
   // Failure injection: SIGKILL of the controller (waits for it to be gone). Agents and training
   // processes keep running.
@@ -107,6 +111,8 @@ class LocalCluster {
   bool own_run_dir_ = false;
   pid_t controller_pid_ = -1;
   std::vector<pid_t> agent_pids_;
+  std::vector<std::vector<std::string>> agent_argv_;  // to restart them
+  std::vector<int> agent_restarts_;
   std::string controller_address_;
   std::string controller_metrics_address_;
   std::vector<std::string> metrics_addresses_;

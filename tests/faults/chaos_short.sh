@@ -3,11 +3,10 @@
 # the workload must survive today, with a 3 s op deadline (a hang is a collective over 6 s), through `tributary chaos`, which
 # exits non-zero on any hang, wrong sum, or a fault the workload did not recover from. Real
 # processes: a controller with its database, 3 worker agents, 2 spares, one training process per
-# worker node. process-restart is left out until a replacement process can rejoin mid-loop
-# (issue 12); run `tributary chaos --faults process-restart` to see it.
+# worker node.
 # Usage: chaos_short.sh BIN_DIR
 set -eu
 bin="$1"
 export UCX_NET_DEVICES="${UCX_NET_DEVICES:-lo}" UCX_TLS="${UCX_TLS:-tcp}"
-exec "$bin/tributary" chaos --trials 4 --seed 1 --op-deadline-ms 3000 \
-  --faults spare-kill,spare-freeze,controller-restart,worker-agent-kill
+exec "$bin/tributary" chaos --trials 5 --seed 1 --op-deadline-ms 3000 \
+  --faults spare-kill,spare-freeze,controller-restart,process-restart,worker-agent-kill
