@@ -10,13 +10,20 @@
 
 namespace tributary::client::cli {
 
-bool ChaosFaultRecovers(std::string_view fault) { return fault != "worker-agent-kill"; }
+bool ChaosFaultRecovers(std::string_view fault, bool elastic) {
+  return elastic || fault != "worker-agent-kill";
+}
 
 std::string FormatChaosIteration(const ChaosIteration& it) {
-  nlohmann::json j = {{"chaos", 1},          {"rank", it.rank},
-                      {"step", it.step},     {"start_ms", it.start_ms},
-                      {"end_ms", it.end_ms}, {"max_op_ms", it.max_op_ms},
-                      {"ok", it.ok},         {"error", it.error},
+  nlohmann::json j = {{"chaos", 1},
+                      {"rank", it.rank},
+                      {"world", it.world},
+                      {"step", it.step},
+                      {"start_ms", it.start_ms},
+                      {"end_ms", it.end_ms},
+                      {"max_op_ms", it.max_op_ms},
+                      {"ok", it.ok},
+                      {"error", it.error},
                       {"wrong", it.wrong}};
   return j.dump();
 }
@@ -30,6 +37,7 @@ absl::StatusOr<ChaosIteration> ParseChaosIteration(std::string_view line) {
   try {
     ChaosIteration it;
     it.rank = j.at("rank").get<uint32_t>();
+    it.world = j.value("world", 0u);
     it.step = j.at("step").get<uint64_t>();
     it.start_ms = j.at("start_ms").get<int64_t>();
     it.end_ms = j.at("end_ms").get<int64_t>();
@@ -47,6 +55,7 @@ absl::StatusOr<ChaosIteration> ParseChaosIteration(std::string_view line) {
 ChaosVerdict JudgeChaosTrial(const ChaosTrial& trial) {
   ChaosVerdict v;
   v.hangs = trial.stuck_processes;
+  v.expected_to_recover = ChaosFaultRecovers(trial.fault, trial.elastic);
   // Per agreed step: which ranks completed it, and when the last of them did.
   struct Step {
     std::set<uint32_t> ok_ranks;
@@ -54,7 +63,7 @@ ChaosVerdict JudgeChaosTrial(const ChaosTrial& trial) {
     int64_t first_start = INT64_MAX;
     int64_t last_end = 0;
   };
-  std::map<uint64_t, Step> steps;
+  std::map<std::pair<uint64_t, uint32_t>, Step> steps;  // by (step, world size)
   for (const ChaosIteration& it : trial.iterations) {
     if (it.max_op_ms > 2 * trial.op_deadline_ms) ++v.hangs;
     v.wrong_elements += it.wrong;
@@ -62,13 +71,13 @@ ChaosVerdict JudgeChaosTrial(const ChaosTrial& trial) {
       ++v.failed_iterations;
       continue;
     }
-    Step& s = steps[it.step];
+    Step& s = steps[{it.step, it.world > 0 ? it.world : trial.world_size}];
     s.ok_ranks.insert(it.rank);
     s.first_start = std::min(s.first_start, it.start_ms);
     s.last_end = std::max(s.last_end, it.end_ms);
   }
-  for (const auto& [step, s] : steps) {
-    if (s.ok_ranks.size() == trial.world_size) {
+  for (const auto& [key, s] : steps) {
+    if (s.ok_ranks.size() == key.second) {
       if (!v.recovery_ms && s.first_start >= trial.fault_ms)
         v.recovery_ms = s.last_end - trial.fault_ms;
     } else {
@@ -107,7 +116,7 @@ std::vector<ChaosSummary> SummarizeChaos(
     s.hangs += v.hangs;
     if (v.wrong_elements > 0) ++s.trials_with_wrong_sums;
     s.failed_iterations += v.failed_iterations;
-    if (ChaosFaultRecovers(fault)) ++s.expected_to_recover;
+    if (v.expected_to_recover) ++s.expected_to_recover;
     if (v.recovery_ms) {
       ++s.recovered;
       recoveries[fault].push_back(*v.recovery_ms);

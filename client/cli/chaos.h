@@ -23,15 +23,17 @@ inline constexpr const char* kChaosFaults[] = {
     "worker-agent-restart",  // SIGKILL of a worker node's agent, started again at once
 };
 // Faults after which the workload is expected to run again (the others only have to fail
-// cleanly: a dead worker node degrades a non-elastic job until it returns).
-bool ChaosFaultRecovers(std::string_view fault);
+// cleanly: a dead worker node degrades a non-elastic job until it returns; an elastic job goes
+// on without it).
+bool ChaosFaultRecovers(std::string_view fault, bool elastic = false);
 
 // One iteration of one rank: a step agreement (an all-reduce in which every rank contributes
 // its step) then the workload's tensors, every element checked. Times are steady-clock
 // milliseconds (CLOCK_MONOTONIC: one clock for every process of the machine).
 struct ChaosIteration {
-  uint32_t rank = 0;
-  uint64_t step = 0;  // the agreed step (meaningful when ok)
+  uint32_t rank = 0;   // the global rank it ran as
+  uint32_t world = 0;  // the world size it ran with (an elastic job's changes; 0 = unknown)
+  uint64_t step = 0;   // the agreed step (meaningful when ok)
   int64_t start_ms = 0;
   int64_t end_ms = 0;
   int64_t max_op_ms = 0;  // the slowest single collective of the iteration
@@ -47,6 +49,7 @@ absl::StatusOr<ChaosIteration> ParseChaosIteration(std::string_view line);
 // Everything one trial produced.
 struct ChaosTrial {
   std::string fault;
+  bool elastic = false;
   uint32_t world_size = 0;
   int64_t op_deadline_ms = 0;
   int64_t fault_ms = 0;  // when the fault was injected
@@ -61,11 +64,14 @@ struct ChaosVerdict {
   uint32_t hangs = 0;
   uint64_t wrong_elements = 0;
   uint64_t failed_iterations = 0;  // errors surfaced to the training processes
-  // From the fault to the end of the first step after it that succeeded on every rank.
+  // From the fault to the end of the first step after it that succeeded on every rank (of the
+  // world size it ran with).
   std::optional<int64_t> recovery_ms;
   // OK iterations of different ranks that claim the same step with different outcomes never
   // happen by construction; this counts steps some ranks completed and others failed.
   uint64_t split_steps = 0;
+  // ChaosFaultRecovers(fault, elastic) of the trial.
+  bool expected_to_recover = false;
 };
 
 ChaosVerdict JudgeChaosTrial(const ChaosTrial& trial);

@@ -55,7 +55,8 @@ std::string StatusText(const absl::Status& status) {
 struct RankFlags {
   std::string agent;
   std::string job;
-  uint32_t rank = 0;  // the global rank this process expects (one process per node)
+  uint32_t rank = 0;     // the global rank this process expects (one process per node)
+  bool elastic = false;  // the job is elastic: the rank and world size may change at a resync
   std::string stop_file;
   int op_timeout_ms = 5000;
   int join_timeout_ms = 3000;
@@ -75,7 +76,8 @@ class ChaosRank {
   absl::Status Run() {
     while (!std::filesystem::exists(f_.stop_file)) {
       ChaosIteration it;
-      it.rank = f_.rank;
+      it.rank = rank_;
+      it.world = world_;
       it.start_ms = NowMs();
       absl::Status status = client_ ? absl::OkStatus() : Connect();
       if (status.ok()) status = Iterate(it);
@@ -90,7 +92,7 @@ class ChaosRank {
           // A process of the job was replaced: every rank starts its iterations again from
           // here, and the next iteration's step agreement is the sync point.
           if (absl::Status resynced = Resync(); !resynced.ok()) {
-            std::fprintf(stderr, "rank %u: %s\n", f_.rank, StatusText(resynced).c_str());
+            std::fprintf(stderr, "rank %u: %s\n", rank_, StatusText(resynced).c_str());
             client_.reset();
           }
         } else if (code == absl::StatusCode::kNotFound || code == absl::StatusCode::kUnavailable ||
@@ -125,10 +127,11 @@ class ChaosRank {
       }
       std::this_thread::sleep_for(milliseconds(50));  // bounded by until
     }
-    if (client_->global_rank() != f_.rank) {
+    if (!f_.elastic && client_->global_rank() != f_.rank) {
       return absl::FailedPreconditionError(
           absl::StrCat("joined as global rank ", client_->global_rank(), ", expected ", f_.rank));
     }
+    rank_ = client_->global_rank();
     world_ = client_->world_size();
     ASSIGN_OR_RETURN(step_buffer_, client_->AllocateBuffer(world_ * sizeof(int32_t)));
     tensors_.clear();
@@ -141,11 +144,18 @@ class ChaosRank {
 
   absl::Status Resync() {
     RETURN_IF_ERROR(client_->Resync());
-    if (client_->global_rank() != f_.rank || client_->world_size() != world_) {
+    if (client_->global_rank() == rank_ && client_->world_size() == world_) {
+      return absl::OkStatus();
+    }
+    if (!f_.elastic) {
       return absl::FailedPreconditionError(
           absl::StrCat("resynced as global rank ", client_->global_rank(), " of ",
-                       client_->world_size(), ", expected ", f_.rank, " of ", world_));
+                       client_->world_size(), ", expected ", rank_, " of ", world_));
     }
+    // An elastic job went on with other workers: new rank and world size.
+    rank_ = client_->global_rank();
+    world_ = client_->world_size();
+    ASSIGN_OR_RETURN(step_buffer_, client_->AllocateBuffer(world_ * sizeof(int32_t)));
     return absl::OkStatus();
   }
 
@@ -160,7 +170,7 @@ class ChaosRank {
     // Agree on the step: slot r holds rank r's step + 1.
     auto* slots = reinterpret_cast<int32_t*>(step_buffer_->data());
     std::fill(slots, slots + world_, 0);
-    slots[f_.rank] = static_cast<int32_t>(step_ + 1);
+    slots[rank_] = static_cast<int32_t>(step_ + 1);
     RETURN_IF_ERROR(Timed(it, [&] {
       return client_->AllReduce("chaos.step", *step_buffer_, 0, world_, common::DataType::kInt32,
                                 ReduceOp::kSum);
@@ -176,7 +186,7 @@ class ChaosRank {
     for (size_t k = 0; k < tensors_.size(); ++k) {
       auto* values = reinterpret_cast<float*>(tensors_[k]->data());
       const size_t n = f_.elements[k];
-      for (size_t e = 0; e < n; ++e) values[e] = Input(f_.rank, it.step, k, e);
+      for (size_t e = 0; e < n; ++e) values[e] = Input(rank_, it.step, k, e);
       RETURN_IF_ERROR(Timed(it, [&] {
         return client_->AllReduce(absl::StrCat("chaos.t", k), *tensors_[k], 0, n,
                                   common::DataType::kFloat32, ReduceOp::kSum);
@@ -190,7 +200,8 @@ class ChaosRank {
 
   const RankFlags f_;
   std::unique_ptr<Client> client_;
-  uint32_t world_ = 0;
+  uint32_t rank_ = 0;   // the global rank it runs as now
+  uint32_t world_ = 0;  // the world size now
   uint64_t step_ = 0;
   std::shared_ptr<SharedBuffer> step_buffer_;
   std::vector<std::shared_ptr<SharedBuffer>> tensors_;
@@ -214,6 +225,7 @@ struct ChaosFlags {
   std::string log_level = "warn";  // the controller's and agents'
   bool json = false;
   std::string keep_dir;  // keep logs here instead of a temp folder
+  bool elastic = false;  // create the job elastic
 };
 
 std::string ReadWhole(const std::string& path) {
@@ -247,6 +259,7 @@ class Trial {
     ChaosTrial out;
     out.fault = fault;
     out.world_size = static_cast<uint32_t>(f_.workers);
+    out.elastic = f_.elastic;
     out.op_deadline_ms = f_.op_deadline_ms;
     LocalClusterOptions o;
     o.bin_dir = ExecutableDir();
@@ -272,6 +285,7 @@ class Trial {
     req.mutable_spec()->set_credit_bytes(256 << 10);
     req.mutable_spec()->set_op_timeout_ms(f_.op_deadline_ms);
     req.mutable_spec()->set_algorithm(v1::ALGORITHM_PUSH_PULL);
+    req.mutable_spec()->set_elastic(f_.elastic);
     {
       grpc::ClientContext ctx;
       ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
@@ -298,6 +312,7 @@ class Trial {
                 std::to_string(f_.op_deadline_ms),
                 "--log-level",
                 "warn"};
+      if (f_.elastic) p.argv.push_back("--elastic");
       ranks_.push_back(std::move(p));
       RETURN_IF_ERROR(Spawn(w));
     }
@@ -309,7 +324,7 @@ class Trial {
     out.fault_ms = NowMs();
     RETURN_IF_ERROR(Inject(fault));
     const int window = f_.window_ms > 0 ? f_.window_ms : 2 * f_.op_deadline_ms + 6000;
-    if (ChaosFaultRecovers(fault)) {
+    if (ChaosFaultRecovers(fault, f_.elastic)) {
       (void)WaitUntil([&] { return MinOkSteps(out.fault_ms) >= 1; },
                       out.fault_ms + window - NowMs(), "");
       std::this_thread::sleep_for(milliseconds(f_.settle_ms));
@@ -352,10 +367,13 @@ class Trial {
     return absl::OkStatus();
   }
 
-  // Steps every rank completed OK that began at or after `since_ms`.
+  // Steps every rank (but one on a killed worker node) completed OK that began at or after
+  // `since_ms`.
   int MinOkSteps(int64_t since_ms) {
     int least = INT32_MAX;
-    for (const RankProcess& p : ranks_) {
+    for (int r = 0; r < static_cast<int>(ranks_.size()); ++r) {
+      if (r == killed_worker_) continue;
+      const RankProcess& p = ranks_[r];
       int ok = 0;
       for (const std::string& log : p.logs) {
         for (const ChaosIteration& it : ReadRecords(log)) ok += it.ok && it.start_ms >= since_ms;
@@ -398,7 +416,8 @@ class Trial {
       WaitProcess(ranks_[victim].pid, milliseconds(5000));
       RETURN_IF_ERROR(Spawn(victim));
     } else if (fault == "worker-agent-kill") {
-      cluster_->KillNode(pick(f_.workers));
+      killed_worker_ = pick(f_.workers);
+      cluster_->KillNode(killed_worker_);
     } else if (fault == "worker-agent-restart") {
       RETURN_IF_ERROR(cluster_->RestartNode(pick(f_.workers)));
     } else {
@@ -414,6 +433,7 @@ class Trial {
   std::unique_ptr<LocalCluster> cluster_;
   std::vector<RankProcess> ranks_;
   std::string stop_file_;
+  int killed_worker_ = -1;  // worker-agent-kill's victim
 };
 
 std::string Ms(const std::optional<int64_t>& ms) {
@@ -457,6 +477,7 @@ absl::Status RunChaos(const ChaosFlags& f) {
                  static_cast<unsigned long>(v.failed_iterations), Ms(v.recovery_ms).c_str());
     trials_json.push_back({{"trial", t},
                            {"fault", fault},
+                           {"elastic", f.elastic},
                            {"hangs", v.hangs},
                            {"wrong_elements", v.wrong_elements},
                            {"failed_iterations", v.failed_iterations},
@@ -496,7 +517,7 @@ absl::Status RunChaos(const ChaosFlags& f) {
     for (const ChaosSummary& s : summary) {
       table.AddRow({s.fault, std::to_string(s.trials), std::to_string(s.hangs),
                     std::to_string(s.trials_with_wrong_sums), std::to_string(s.failed_iterations),
-                    ChaosFaultRecovers(s.fault)
+                    s.expected_to_recover > 0
                         ? absl::StrCat(s.recovered, "/", s.expected_to_recover)
                         : std::string("n/a"),
                     Ms(s.recovery_p50_ms), Ms(s.recovery_p99_ms), Ms(s.recovery_max_ms)});
@@ -541,6 +562,9 @@ void AddChaosCommands(CLI::App& app, GlobalOptions& global) {
   cmd->add_option("--agent-log-level", flags->log_level, "log level of the controller and agents")
       ->capture_default_str();
   cmd->add_option("--keep-dir", flags->keep_dir, "keep every trial's logs in this folder");
+  cmd->add_flag("--elastic", flags->elastic,
+                "create the job elastic: a dead worker node's job goes on with the others "
+                "(worker-agent-kill is then expected to recover)");
   cmd->add_flag("--json", flags->json, "print the per-trial verdicts and the summary as JSON");
   SetAction(cmd, global, [flags] { return RunChaos(*flags); });
 
@@ -554,6 +578,7 @@ void AddChaosCommands(CLI::App& app, GlobalOptions& global) {
   rank_cmd->add_option("--stop-file", rank->stop_file, "stop once this file exists")->required();
   rank_cmd->add_option("--op-timeout-ms", rank->op_timeout_ms, "client-side wait per collective");
   rank_cmd->add_option("--join-timeout-ms", rank->join_timeout_ms, "how long a join retries");
+  rank_cmd->add_flag("--elastic", rank->elastic, "the job is elastic");
   rank_cmd->add_option("--elements", rank->elements, "float32 elements of each tensor")
       ->delimiter(',');
   SetAction(rank_cmd, global, [rank] { return ChaosRank(*rank).Run(); });

@@ -62,6 +62,7 @@ struct SpecFlags {
   std::string mode = "sync";
   int32_t staleness = -1;
   std::optional<double> delta_scale;
+  bool elastic = false;
 
   void Add(CLI::App* command, bool with_run_options) {
     command->add_option("--workers", workers, "worker nodes in rank order, comma-separated")
@@ -100,6 +101,10 @@ struct SpecFlags {
       command->add_option_function<double>(
           "--delta-scale", [this](const double& s) { delta_scale = s; },
           "async: the servers apply params += scale * delta (default 1)");
+      command->add_flag("--elastic", elastic,
+                        "go on with the surviving worker nodes when one dies (new ranks and "
+                        "size; the processes catch the membership change and resync) instead "
+                        "of failing until it is back");
     }
   }
 
@@ -115,6 +120,7 @@ struct SpecFlags {
     spec.set_fixed_partition(fixed_partition);
     if (model_bytes) spec.set_model_bytes(*model_bytes);
     spec.set_op_timeout_ms(timeout_ms);
+    spec.set_elastic(elastic);
     if (mode == "async") {
       spec.set_mode(v1::JOB_MODE_ASYNC);
       spec.set_staleness(staleness);

@@ -62,6 +62,10 @@ std::string RenderPlan(const v1::Job& job, uint64_t model_bytes) {
       "job " + job.job_id() + ": plan version " + std::to_string(plan.version()) + ", workers " +
       JoinOrDash(workers) + " x " + std::to_string(plan.procs_per_node()) + " procs, partition " +
       FormatBytes(plan.partition_bytes()) + ", credit " + FormatBytes(plan.credit_bytes()) + "\n";
+  if (job.spec().elastic() || plan.generation() > 0) {
+    out += std::string(job.spec().elastic() ? "elastic, " : "") + "membership generation " +
+           std::to_string(plan.generation()) + "\n";
+  }
   if (plan.mode() == v1::JOB_MODE_ASYNC) {
     out += "mode async (parameter server), staleness " +
            (plan.staleness() < 0 ? std::string("unbounded") : std::to_string(plan.staleness())) +
@@ -114,6 +118,8 @@ nlohmann::json PlanToJson(const v1::Job& job, uint64_t model_bytes) {
   nlohmann::json out;
   out["job_id"] = job.job_id();
   out["plan_version"] = plan.version();
+  out["generation"] = plan.generation();
+  out["elastic"] = job.spec().elastic();
   out["model_bytes"] = model_bytes;
   out["procs_per_node"] = plan.procs_per_node();
   out["partition_bytes"] = plan.partition_bytes();

@@ -75,6 +75,34 @@ TEST(ChaosTest, RecoveryIsTheFirstStepAfterTheFaultThatEveryRankCompleted) {
   EXPECT_EQ(v.split_steps, 1u);  // step 6: rank 1 only
 }
 
+TEST(ChaosTest, AnElasticJobRecoversWhenEveryRankOfItsNewWorldCompletedAStep) {
+  ChaosTrial t = TwoRanks();
+  t.fault = "worker-agent-kill";
+  EXPECT_FALSE(JudgeChaosTrial(t).expected_to_recover);  // a degraded job does not run
+  t.elastic = true;
+  t.world_size = 3;
+  auto in = [](ChaosIteration it, uint32_t world) {
+    it.world = world;
+    return it;
+  };
+  t.iterations = {in(Ok(0, 5, 50, 60), 3),
+                  in(Ok(1, 5, 50, 60), 3),
+                  in(Ok(2, 5, 50, 60), 3),
+                  in(Failed(0, 100, 300, "ABORTED: x"), 3),
+                  in(Ok(0, 6, 400, 500), 2),
+                  in(Ok(1, 6, 400, 510), 2),
+                  in(Failed(2, 100, 9000, "UNAVAILABLE: no agent"), 0)};
+  const ChaosVerdict v = JudgeChaosTrial(t);
+  EXPECT_TRUE(v.expected_to_recover);
+  ASSERT_TRUE(v.recovery_ms.has_value());
+  EXPECT_EQ(*v.recovery_ms, 510 - 100);  // step 6 in a world of 2: both ranks
+  EXPECT_EQ(v.split_steps, 0u);
+  // Parsed back with its world.
+  absl::StatusOr<ChaosIteration> back = ParseChaosIteration(FormatChaosIteration(t.iterations[4]));
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->world, 2u);
+}
+
 TEST(ChaosTest, SlowCollectivesStuckProcessesAndWrongElementsAreCounted) {
   ChaosTrial t = TwoRanks();
   t.stuck_processes = 1;
@@ -99,11 +127,13 @@ TEST(ChaosTest, SummaryPerFaultWithRecoveryQuantiles) {
     ChaosVerdict v;
     v.recovery_ms = ms;
     v.failed_iterations = 1;
+    v.expected_to_recover = true;
     trials.emplace_back("spare-kill", v);
   }
   ChaosVerdict bad;
   bad.hangs = 1;
   bad.wrong_elements = 5;
+  bad.expected_to_recover = true;
   trials.emplace_back("process-restart", bad);  // expected to recover, did not
   trials.emplace_back("worker-agent-kill", ChaosVerdict{});
   const std::vector<ChaosSummary> s = SummarizeChaos(trials);
