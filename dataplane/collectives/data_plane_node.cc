@@ -171,18 +171,27 @@ absl::Status DataPlaneNode::Start(const std::string& job_id, Operation op) {
              done = std::move(op.done)](absl::Status s) {
     const common::Clock::TimePoint now = metrics_clock_->Now();
     const double seconds = std::chrono::duration<double>(now - started).count();
+    std::optional<double> recovered;
     {
       std::lock_guard lock(pending_mu_);
       pending_.erase(id);
       ActivityEndLocked(job_id, now, /*completed=*/true);
-      if (s.ok()) {
-        if (auto it = activity_.find(job_id); it != activity_.end()) {
-          it->second.taken.bytes += bytes;
-          it->second.taken.seconds += seconds;
+      if (auto it = activity_.find(job_id); it != activity_.end()) {
+        Activity& a = it->second;
+        if (s.ok()) {
+          a.taken.bytes += bytes;
+          a.taken.seconds += seconds;
+          if (a.failing_since) {
+            recovered = std::chrono::duration<double>(now - *a.failing_since).count();
+            a.failing_since.reset();
+          }
+        } else if (!a.failing_since) {
+          a.failing_since = now;
         }
       }
     }
     metrics_->OperationFinished(alg, bytes, seconds, s);
+    if (recovered) metrics_->RecoveryObserved(*recovered);
     if (done) done(std::move(s));
   };
   metrics_->OperationStarted(*algorithm);

@@ -156,6 +156,8 @@ class DataPlaneNode {
     uint64_t iteration_number = 0;  // of first_tensor's latest start
     common::Clock::TimePoint iteration_start;
     double busy_at_iteration_start = 0;
+    // When the first of the job's operations failed since the last one that succeeded.
+    std::optional<common::Clock::TimePoint> failing_since;
     double BusyAt(common::Clock::TimePoint now) const {
       return busy_closed +
              (in_flight > 0 ? std::chrono::duration<double>(now - busy_since).count() : 0);

@@ -51,6 +51,11 @@ DataPlaneMetrics::DataPlaneMetrics(prometheus::Registry& registry)
                             "Node-level collective operations that failed, by status code.")),
       duration_(HistogramFamily(registry, "tributary_dataplane_operation_duration_seconds",
                                 "Start to completion of successful operations.")),
+      recovery_(HistogramFamily(registry, "tributary_dataplane_recovery_seconds",
+                                "Per job on this node: from the first collective that failed to "
+                                "the next one that succeeded (faults and their recovery).")
+                    .Add({}, prometheus::Histogram::BucketBoundaries{0.05, 0.1, 0.25, 0.5, 1, 2, 5,
+                                                                     10, 30, 60, 120, 300})),
       pending_(GaugeFamily(registry, "tributary_dataplane_pending_operations",
                            "Operations started and not finished.")),
       oldest_(GaugeFamily(registry, "tributary_dataplane_oldest_pending_operation_age_seconds",
@@ -101,6 +106,8 @@ void DataPlaneMetrics::OperationFinished(Algorithm algorithm, uint64_t bytes, do
     failed_.Add({{"algorithm", AlgName(algorithm)}, {"reason", Reason(status)}}).Increment();
   }
 }
+
+void DataPlaneMetrics::RecoveryObserved(double seconds) { recovery_.Observe(seconds); }
 
 void DataPlaneMetrics::OperationRefused(Algorithm algorithm, const absl::Status& status) {
   failed_.Add({{"algorithm", AlgName(algorithm)}, {"reason", Reason(status)}}).Increment();

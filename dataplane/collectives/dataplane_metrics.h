@@ -50,6 +50,9 @@ class DataPlaneMetrics {
   // A start refused before running (failed{reason}, not started).
   void OperationRefused(Algorithm algorithm, const absl::Status& status);
   void SetPending(const std::string& job_id, size_t pending, double oldest_age_seconds);
+  // A job's collectives succeed again on this node `seconds` after the first of them failed
+  // (recovery from a fault: a lost server, a re-plan, a membership change).
+  void RecoveryObserved(double seconds);
 
  private:
   prometheus::Family<prometheus::Counter>& pushed_;
@@ -60,6 +63,7 @@ class DataPlaneMetrics {
   prometheus::Family<prometheus::Counter>& completed_;
   prometheus::Family<prometheus::Counter>& failed_;
   prometheus::Family<prometheus::Histogram>& duration_;
+  prometheus::Histogram& recovery_;
   prometheus::Family<prometheus::Gauge>& pending_;
   prometheus::Family<prometheus::Gauge>& oldest_;
   // Pre-resolved per algorithm (index = Algorithm value).

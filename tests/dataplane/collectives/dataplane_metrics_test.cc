@@ -171,6 +171,25 @@ TEST(DataPlaneMetricsTest, StuckOperationAgesAndFailsWithReason) {
             1);
   EXPECT_EQ(
       Value(f, "tributary_dataplane_operations_completed_total", {{"algorithm", "push_pull"}}), 0);
+
+  // 3 s later both workers run the next iteration: node 0's job works again, and the time from
+  // its failure to this success is its recovery.
+  cluster.clock().Advance(std::chrono::seconds(3));
+  std::vector<float> b0(256, 1.0f), b1(256, 2.0f);
+  auto f0 = cluster.Start(0, b0, 1);
+  auto f1 = cluster.Start(1, b1, 1);
+  ASSERT_EQ(f0.wait_for(kGuard), std::future_status::ready);
+  ASSERT_EQ(f1.wait_for(kGuard), std::future_status::ready);
+  ASSERT_TRUE(f0.get().ok());
+  ASSERT_TRUE(f1.get().ok());
+  f = cluster.Collect(0);
+  const prometheus::ClientMetric* recovery = FindSample(f, "tributary_dataplane_recovery_seconds");
+  ASSERT_NE(recovery, nullptr);
+  EXPECT_EQ(recovery->histogram.sample_count, 1u);
+  EXPECT_DOUBLE_EQ(recovery->histogram.sample_sum, 3.0);
+  recovery = FindSample(cluster.Collect(1), "tributary_dataplane_recovery_seconds");
+  ASSERT_NE(recovery, nullptr);
+  EXPECT_EQ(recovery->histogram.sample_count, 0u);  // nothing failed there
 }
 
 TEST(DataPlaneMetricsTest, RefusedStartCountsAsFailed) {

@@ -347,5 +347,59 @@ TEST(EpochFencing, RingRanksOnDifferentPlansFailRetriableNotAsADisagreement) {
   EXPECT_GT(fenced, 0u);
 }
 
+TEST(EpochFencing, ANewGenerationReusesIterationNumbersWithoutTheOldOnesTombstones) {
+  // Generation 0: ring iterations 0 and 1 complete; iteration 2 fails (rank 2 aborts it).
+  ClusterOptions o = Job(3, 0);
+  o.algorithm = Algorithm::kRing;
+  Cluster cluster(o);
+  auto run = [&](uint64_t iteration) {
+    std::vector<std::vector<std::vector<std::byte>>> b;
+    for (int r = 0; r < 3; ++r) b.push_back(Input(r));
+    std::vector<std::future<absl::Status>> f;
+    for (int r = 0; r < 3; ++r) {
+      f.push_back(cluster.Start(
+          r, MakeOp("grad", iteration, DataType::kFloat32, kCount, Reduction::kSum, b[r])));
+    }
+    for (int r = 0; r < 3; ++r) {
+      absl::Status s = Await(f[r]);
+      EXPECT_TRUE(s.ok()) << "iteration " << iteration << " rank " << r << ": " << s;
+      EXPECT_EQ(Wrong(b[r], 3), 0);
+    }
+  };
+  run(0);
+  run(1);
+  cluster.node(2).Abort("job-f", "grad", 2, absl::AbortedError("local rank 1 ended"));
+
+  // Generation 1 (plan v8): the processes count from 0 again. Rank 0 gets the plan and starts
+  // first, so its messages reach ranks that still run v7 and hold v7's tombstones of the same
+  // numbers: they must wait as early messages, not be dropped as late ones.
+  for (int r = 0; r < 3; ++r) {
+    JobView v = cluster.ViewOf(r);
+    v.plan_version = 8;
+    v.generation = 1;
+    if (r == 0) cluster.SetJob(r, v);
+  }
+  std::vector<std::vector<std::vector<std::byte>>> b;
+  for (int r = 0; r < 3; ++r) b.push_back(Input(r));
+  std::vector<std::future<absl::Status>> f;
+  f.push_back(
+      cluster.Start(0, MakeOp("grad", 0, DataType::kFloat32, kCount, Reduction::kSum, b[0])));
+  for (int r = 1; r < 3; ++r) {
+    JobView v = cluster.ViewOf(r);
+    v.plan_version = 8;
+    v.generation = 1;
+    cluster.SetJob(r, v);
+    f.push_back(
+        cluster.Start(r, MakeOp("grad", 0, DataType::kFloat32, kCount, Reduction::kSum, b[r])));
+  }
+  for (int r = 0; r < 3; ++r) {
+    absl::Status s = Await(f[r]);
+    EXPECT_TRUE(s.ok()) << "rank " << r << ": " << s;
+    EXPECT_EQ(Wrong(b[r], 3), 0);
+  }
+  run(1);
+  run(2);  // generation 0's aborted iteration 2 does not fail generation 1's
+}
+
 }  // namespace
 }  // namespace tributary::dataplane
