@@ -5,6 +5,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -85,6 +86,12 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& in) {
   }
   runner->SetCostModel(options.selector_alpha_seconds, inv.nic_bytes_per_s(),
                        inv.sum_bytes_per_s());
+  // This agent process's incarnation: in its registrations (a restarted agent is told from a
+  // reconnecting one) and stamped into its data-plane messages (fenced once a plan names another).
+  uint64_t agent_instance = 0;
+  std::random_device random;
+  while (agent_instance == 0) agent_instance = (uint64_t{random()} << 32) | random();
+  runner->SetInstance(agent_instance);
 
   GrpcControllerClient::Options copts;
   copts.controller_address = options.controller_address;
@@ -101,6 +108,7 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& in) {
   }
   copts.node_id = options.node_id;
   copts.inventory = inv;
+  copts.agent_instance = agent_instance;
 
   Parts parts;
   parts.node_id = options.node_id;

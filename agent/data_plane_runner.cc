@@ -103,6 +103,7 @@ absl::StatusOr<std::unique_ptr<DataPlaneRunner>> DataPlaneRunner::Create(
             listener_stats ? listener_stats() : dataplane::TransportListenerStats{};
         stats.unauthenticated_messages = auth->stats().bad_mac.load();
         stats.unknown_job_messages = auth->stats().park_dropped.load();
+        stats.old_incarnation_messages = auth->stats().old_instance.load();
         return stats;
       });
   r->node_ =
@@ -133,10 +134,15 @@ absl::Status DataPlaneRunner::SetSelectorCalibration(std::string_view json) {
   return absl::OkStatus();
 }
 
+void DataPlaneRunner::SetInstance(uint64_t agent_instance) {
+  auth_->SetInstance(dataplane::InstanceTag(agent_instance));
+}
+
 void DataPlaneRunner::SetJob(const dataplane::JobView& view, dataplane::Algorithm algorithm) {
   // The secret first: the node may send as soon as it has the job, and messages that waited
   // for the secret go to the node, which parks what it has no plan for yet.
-  if (absl::Status s = auth_->SetJobSecret(view.job_hash(), view.secret); !s.ok()) {
+  if (absl::Status s = auth_->SetJobSecret(view.job_hash(), view.secret, view.node_instances);
+      !s.ok()) {
     Log()->error("job {} plan v{}: {}; its data-plane messages will be refused", view.job_id,
                  view.plan_version, s.message());
   }

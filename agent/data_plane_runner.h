@@ -67,6 +67,9 @@ class DataPlaneRunner final : public CollectiveRunner {
     return transport_stats_collector_;
   }
 
+  // This agent process's incarnation (RegisterNodeRequest.agent_instance): stamped into every
+  // data-plane message it sends (WireHeader::sender_instance).
+  void SetInstance(uint64_t agent_instance);
   void SetJob(const dataplane::JobView& view, dataplane::Algorithm algorithm) override;
   void RemoveJob(const std::string& job_id) override;
   absl::Status Start(const std::string& job_id, dataplane::Operation op) override;

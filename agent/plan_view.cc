@@ -1,6 +1,7 @@
 #include "agent/plan_view.h"
 
 #include "absl/strings/str_cat.h"
+#include "dataplane/collectives/wire.h"
 #include "dataplane/schedule/chunk_map.h"
 
 namespace tributary::agent {
@@ -38,6 +39,14 @@ absl::StatusOr<dataplane::JobView> ToJobView(const tributary::v1::JobPlan& plan,
   v.credit_bytes = std::max(plan.credit_bytes(), plan.partition_bytes());
   v.op_timeout = std::chrono::milliseconds(plan.op_timeout_ms());
   v.secret = plan.job_secret();
+  for (const auto& w : plan.workers()) {
+    if (w.agent_instance() != 0)
+      v.node_instances.push_back(dataplane::InstanceTag(w.agent_instance()));
+  }
+  for (const auto& s : plan.servers()) {
+    if (s.agent_instance() != 0)
+      v.node_instances.push_back(dataplane::InstanceTag(s.agent_instance()));
+  }
   v.async_mode = plan.mode() == tributary::v1::JOB_MODE_ASYNC;
   v.staleness = plan.staleness();
   v.delta_scale = plan.delta_scale() != 0 ? plan.delta_scale() : 1.0;

@@ -248,6 +248,7 @@ absl::Status ClusterState::RegisterNode(const tributary::v1::RegisterNodeRequest
       // from iteration 0, so every process of its jobs must start again with them.
       for (const std::string& id : node.jobs) {
         JobEntry& entry = jobs_.at(id);
+        MarkLocked(id);  // its plan names the old process: messages of the new one are dropped
         const auto& workers = entry.job.spec().worker_nodes();
         if (std::find(workers.begin(), workers.end(), req.node_id()) == workers.end()) continue;
         Log()->info(
@@ -255,7 +256,6 @@ absl::Status ClusterState::RegisterNode(const tributary::v1::RegisterNodeRequest
             "membership generation",
             id, req.node_id());
         entry.new_generation = true;
-        MarkLocked(id);
       }
     }
     if (req.agent_instance() != 0) node.agent_instance = req.agent_instance();
@@ -286,11 +286,23 @@ absl::Status ClusterState::RegisterNode(const tributary::v1::RegisterNodeRequest
     for (auto& [id, entry] : jobs_) {
       if (entry.awaiting.erase(req.node_id()) == 0) continue;
       bool here = false;
+      // Another agent process than the restored plan names (it restarted while the controller
+      // was down): its training processes lost their sessions, and its messages would be fenced.
+      const auto other_process = [&](uint64_t planned) {
+        return planned != 0 && req.agent_instance() != 0 && planned != req.agent_instance();
+      };
       for (const auto& w : entry.job.plan().workers()) {
-        here |= w.node_id() == req.node_id() && w.data_plane_address() != inv.data_plane_address();
+        if (w.node_id() != req.node_id()) continue;
+        here |= w.data_plane_address() != inv.data_plane_address();
+        if (other_process(w.agent_instance())) {
+          here = true;
+          entry.new_generation = true;
+        }
       }
       for (const auto& s : entry.job.plan().servers()) {
-        here |= s.node_id() == req.node_id() && s.data_plane_address() != inv.data_plane_address();
+        if (s.node_id() != req.node_id()) continue;
+        here |=
+            s.data_plane_address() != inv.data_plane_address() || other_process(s.agent_instance());
       }
       if (here) {
         Log()->warn(
@@ -512,6 +524,7 @@ std::vector<NodeSnapshot> ClusterState::SnapshotLocked(const std::string& job_id
     s.node_id = id;
     s.inventory = node.inventory;
     s.alive = node.alive;
+    s.agent_instance = node.agent_instance;
     s.cpu_busy_fraction = node.load.cpu_busy_fraction();
     s.measured_nic_bytes_per_s = ForeignNicBytesPerSecond(node.load);
     for (const std::string& other : node.jobs) {
@@ -541,12 +554,14 @@ void ClusterState::Plan(PlanWork& work) const {
 
 bool ClusterState::StillValidLocked(const PlanWork& work,
                                     const tributary::v1::JobPlan& plan) const {
-  std::unordered_map<std::string, const tributary::v1::NodeInventory*> planned;
-  for (const NodeSnapshot& s : work.snapshot) planned[s.node_id] = s.inventory.get();
+  std::unordered_map<std::string, const NodeSnapshot*> planned;
+  for (const NodeSnapshot& s : work.snapshot) planned[s.node_id] = &s;
   auto same = [&](const std::string& id, bool must_be_alive) {
     auto it = nodes_.find(id);
     auto p = planned.find(id);
-    return it != nodes_.end() && p != planned.end() && it->second.inventory.get() == p->second &&
+    return it != nodes_.end() && p != planned.end() &&
+           it->second.inventory.get() == p->second->inventory.get() &&
+           it->second.agent_instance == p->second->agent_instance &&
            (!must_be_alive || it->second.alive);
   };
   for (const auto& w : plan.workers()) {

@@ -184,6 +184,7 @@ absl::StatusOr<tributary::v1::JobPlan> PlanJob(const std::string& job_id,
     w->set_data_plane_address(by_id[spec.worker_nodes(r)]->inventory->data_plane_address());
     w->set_rank(r);
     w->set_down(!by_id[spec.worker_nodes(r)]->alive);
+    w->set_agent_instance(by_id[spec.worker_nodes(r)]->agent_instance);
   }
   std::map<std::string, MachineCapacity> caps;
   for (const auto& m : workers) caps[m.node_id] = m;
@@ -197,6 +198,7 @@ absl::StatusOr<tributary::v1::JobPlan> PlanJob(const std::string& job_id,
     out->set_weight(s.weight);
     out->set_nic_bytes_per_s(caps[s.node_id].nic_bytes_per_s);
     out->set_sum_bytes_per_s(caps[s.node_id].sum_bytes_per_s);
+    out->set_agent_instance(by_id[s.node_id]->agent_instance);
   }
   // Intra-node aggregation per worker node; nodes with the same topology are planned once.
   std::map<std::string, tributary::v1::IntraNodePlan> by_topology;

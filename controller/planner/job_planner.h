@@ -24,6 +24,9 @@ struct NodeSnapshot {
   // NIC traffic the node's heartbeats measure that is not Tributary's own data plane (the busier
   // direction), bytes/s: ForeignNicBytesPerSecond. The planner subtracts committed + measured.
   double measured_nic_bytes_per_s = 0;
+  // The node's agent process (RegisterNodeRequest.agent_instance; 0 = unknown): written into
+  // the plan for each worker and server.
+  uint64_t agent_instance = 0;
 };
 
 // Framing on the wire per data-plane byte that NIC counters see and the agent's message counts

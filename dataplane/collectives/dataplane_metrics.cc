@@ -194,6 +194,12 @@ std::vector<prometheus::MetricFamily> TransportStatsCollector::Collect() const {
                            "(dropped when the bounded park overflowed or timed out).",
                            prometheus::MetricType::Counter));
   AddSample(out.back(), static_cast<double>(stats.unknown_job_messages));
+  out.push_back(MakeFamily("tributary_dataplane_old_incarnation_messages_total",
+                           "Data-plane messages dropped because their sender is an agent process "
+                           "the job's plan no longer names (a restarted agent's previous "
+                           "incarnation); never summed.",
+                           prometheus::MetricType::Counter));
+  AddSample(out.back(), static_cast<double>(stats.old_incarnation_messages));
   return out;
 }
 

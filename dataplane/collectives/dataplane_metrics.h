@@ -92,6 +92,9 @@ struct TransportListenerStats {
   // of jobs whose secret never arrived (park full or expired).
   uint64_t unauthenticated_messages = 0;
   uint64_t unknown_job_messages = 0;
+  // Verified messages from an agent process the job's plan does not name (a previous
+  // incarnation of a restarted agent): dropped.
+  uint64_t old_incarnation_messages = 0;
 };
 
 // Scrape-time view of the transport listener's counters, read through `read` (which must stay

@@ -39,6 +39,10 @@ struct JobView {
   // The job's data-plane secret (JobPlan.job_secret): AuthenticatingTransport signs and checks
   // every message of the job with it. Empty in-process (no authenticator runs there).
   std::string secret;
+  // InstanceTag of the agent process of every node the plan names (workers and servers; nodes
+  // of unknown instance left out): the only senders whose messages the job accepts (empty: not
+  // checked; message_auth.h).
+  std::vector<uint32_t> node_instances;
   // Asynchronous parameter-server training (JobPlan.mode JOB_MODE_ASYNC, parameter_server.h):
   // the kPs* operations run; `staleness` is the SSP bound (-1 unbounded, 0 synchronous) and
   // `delta_scale` the servers' default scale of a pushed delta.

@@ -4,6 +4,7 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -54,15 +55,20 @@ void AuthenticatingTransport::SetReceiveHandler(ReceiveHandler handler) {
       });
 }
 
-absl::Status AuthenticatingTransport::SetJobSecret(uint64_t job_hash, std::string secret) {
+absl::Status AuthenticatingTransport::SetJobSecret(uint64_t job_hash, std::string secret,
+                                                   std::vector<uint32_t> instances) {
   if (secret.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("job 0x", absl::Hex(job_hash), " has an empty data-plane secret"));
   }
+  std::sort(instances.begin(), instances.end());
   std::vector<Parked> ready;
+  JobEntry entry;
   {
     std::lock_guard lock(mu_);
     secrets_[job_hash].secret = secret;
+    secrets_[job_hash].instances = std::move(instances);
+    entry.instances = secrets_[job_hash].instances;
     ExpireParkedLocked(clock_->Now());
     for (auto it = parked_.begin(); it != parked_.end();) {
       if (it->header.job != job_hash) {
@@ -83,6 +89,7 @@ absl::Status AuthenticatingTransport::SetJobSecret(uint64_t job_hash, std::strin
       continue;
     }
     stats_.verified_messages++;
+    if (!KnownInstance(entry, p.header)) continue;
     verified_bytes += sizeof(WireHeader) + p.payload.size();
     handler_(AsBytes(p.header), p.payload);
   }
@@ -126,6 +133,7 @@ void AuthenticatingTransport::Send(const std::string& peer_address,
                      "; its plan has not arrived at this node (or was issued without one)")));
     return;
   }
+  h.sender_instance = instance_.load(std::memory_order_relaxed);
   SignHeader(h, secret);
   stats_.signed_messages++;
   inner_->Send(peer_address, AsBytes(h), payload, std::move(done));
@@ -176,10 +184,26 @@ void AuthenticatingTransport::OnReceive(std::span<const std::byte> header,
     // Counted once verified: a stranger's bytes never inflate a job's traffic.
     std::lock_guard lock(mu_);
     if (auto it = secrets_.find(h.job); it != secrets_.end()) {
+      if (!KnownInstance(it->second, h)) return;
       it->second.bytes.received += header.size() + payload.size();
     }
   }
   handler_(header, payload);
+}
+
+bool AuthenticatingTransport::KnownInstance(const JobEntry& job, const WireHeader& h) {
+  if (h.sender_instance == 0 || job.instances.empty() ||
+      std::binary_search(job.instances.begin(), job.instances.end(), h.sender_instance)) {
+    return true;
+  }
+  const uint64_t n = ++stats_.old_instance;
+  if ((n & (n - 1)) == 0) {
+    Log()->warn(
+        "{} message(s) of job 0x{:x} from an agent process its plan does not name were "
+        "dropped (last: instance {:08x}, {})",
+        n, h.job, h.sender_instance, Describe(h));
+  }
+  return false;
 }
 
 std::map<uint64_t, AuthenticatingTransport::JobBytes> AuthenticatingTransport::TakeJobBytes() {

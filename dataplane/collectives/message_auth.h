@@ -8,6 +8,12 @@
 // so a peer that does not know the secret can neither forge a message nor move a captured one to
 // another job, epoch, chunk or length; its bytes are dropped and counted, never summed.
 //
+// Incarnations: every signed header is stamped with this agent process's instance tag
+// (SetInstance; WireHeader::sender_instance, under the MAC). A job whose plan names its nodes'
+// instances (SetJobSecret's `instances`) accepts only messages stamped with one of them (or 0,
+// an unstamped sender): a restarted agent's previous process, frozen and resumed, cannot feed
+// the job's sums; such messages are dropped and counted (old_instance).
+//
 // What it does not do: the payload is not covered (an HMAC over every tensor byte would cost more
 // than the transfer) and nothing is encrypted. Against an attacker on the path (who can rewrite
 // bytes in flight) run the data plane over an encrypted network (IPsec, WireGuard); this layer
@@ -51,6 +57,7 @@ struct MessageAuthStats {
   std::atomic<uint64_t> parked{0};          // job's secret unknown on arrival
   std::atomic<uint64_t> park_dropped{0};    // park full, or expired before the secret came
   std::atomic<uint64_t> unsigned_sends{0};  // sends refused: no secret for the job
+  std::atomic<uint64_t> old_instance{0};    // a sender process the plan does not name: dropped
 };
 
 // HMAC-SHA256(secret, header with mac zeroed), first kMacBytes bytes, into header.mac.
@@ -64,9 +71,13 @@ class AuthenticatingTransport final : public Transport {
                           MessageAuthOptions options = {});
   ~AuthenticatingTransport() override;
 
-  // Installs (or replaces) the secret of the job whose StableHash64(job id) is `job_hash`, then
+  // Installs (or replaces) the secret of the job whose StableHash64(job id) is `job_hash`, and
+  // the instance tags of the agent processes its plan names (empty: not checked), then
   // delivers, verified, the messages parked for it. An empty secret is refused.
-  absl::Status SetJobSecret(uint64_t job_hash, std::string secret);
+  absl::Status SetJobSecret(uint64_t job_hash, std::string secret,
+                            std::vector<uint32_t> instances = {});
+  // This agent process's instance tag, stamped into every header it signs (0: none).
+  void SetInstance(uint32_t instance) { instance_ = instance; }
   // Forgets a deleted job's secret; its later messages are parked, then dropped.
   void RemoveJob(uint64_t job_hash);
 
@@ -90,7 +101,8 @@ class AuthenticatingTransport final : public Transport {
  private:
   struct JobEntry {
     std::string secret;
-    JobBytes bytes;  // since the last TakeJobBytes
+    std::vector<uint32_t> instances;  // sorted; empty: not checked
+    JobBytes bytes;                   // since the last TakeJobBytes
   };
   struct Parked {
     WireHeader header;
@@ -99,6 +111,8 @@ class AuthenticatingTransport final : public Transport {
   };
 
   void OnReceive(std::span<const std::byte> header, std::span<const std::byte> payload);
+  // A verified message from a sender process the job's plan names (or an unstamped one).
+  bool KnownInstance(const JobEntry& job, const WireHeader& h);
   void ExpireParkedLocked(common::Clock::TimePoint now);
 
   std::unique_ptr<Transport> inner_;
@@ -106,6 +120,7 @@ class AuthenticatingTransport final : public Transport {
   const MessageAuthOptions options_;
   ReceiveHandler handler_;
   MessageAuthStats stats_;
+  std::atomic<uint32_t> instance_{0};
 
   std::mutex mu_;
   std::map<uint64_t, JobEntry> secrets_;  // by job hash

@@ -40,7 +40,8 @@ enum class MessageKind : uint8_t {
 // Every field sits at a multiple of its size and the struct is 8-aligned: code binds references
 // to the fields (StrCat, std::max, fmt), and a reference to a misaligned field is undefined
 // behaviour (UBSan -fsanitize=alignment, found by tests/fuzz/wire_header_fuzz.cc). Version 3:
-// reserved0 grew from 3 to 7 bytes to put `job` at offset 16; the 16-byte job MAC ends it.
+// reserved0 grew from 3 to 7 bytes to put `job` at offset 16; the 16-byte job MAC ends it. Its
+// last 4 bytes then became `sender_instance` (0 from senders that do not stamp it).
 #pragma pack(push, 1)
 struct alignas(8) WireHeader {
   static constexpr uint32_t kMagic = 0x42495254;  // "TRIB"
@@ -54,7 +55,12 @@ struct alignas(8) WireHeader {
   uint8_t dtype = 0;      // common::DataType
   uint8_t reduce = 0;     // Reduction
   uint8_t algorithm = 0;  // Algorithm, never kAuto
-  uint8_t reserved0[7] = {0, 0, 0, 0, 0, 0, 0};
+  uint8_t reserved0[3] = {0, 0, 0};
+  // The sending agent process's incarnation (InstanceTag of its agent_instance), stamped by
+  // AuthenticatingTransport and covered by the MAC: a message of an agent process the job's
+  // plan no longer names (it was restarted, or frozen and resumed after its replacement) is
+  // dropped and counted, never summed. 0 = not stamped.
+  uint32_t sender_instance = 0;
   uint64_t job = 0;        // StableHash64(job id)
   uint64_t tensor = 0;     // StableHash64(tensor name)
   uint64_t iteration = 0;  // n-th submission of this tensor name in the job
@@ -83,8 +89,8 @@ struct alignas(8) WireHeader {
 #pragma pack(pop)
 static_assert(sizeof(WireHeader) <= Transport::kMaxHeaderBytes);
 static_assert(sizeof(WireHeader) == 120 && offsetof(WireHeader, mac) == 104 &&
-              offsetof(WireHeader, job) == 16 && offsetof(WireHeader, world_size) == 56 &&
-              offsetof(WireHeader, chunk_offset) == 80);
+              offsetof(WireHeader, sender_instance) == 12 && offsetof(WireHeader, job) == 16 &&
+              offsetof(WireHeader, world_size) == 56 && offsetof(WireHeader, chunk_offset) == 80);
 
 // Identifies one collective: sums never mix jobs, tensors or iterations.
 struct CollectiveKey {
@@ -94,6 +100,14 @@ struct CollectiveKey {
   friend bool operator==(const CollectiveKey&, const CollectiveKey&) = default;
   friend auto operator<=>(const CollectiveKey&, const CollectiveKey&) = default;
 };
+
+// The 32-bit incarnation tag of an agent process (RegisterNodeRequest.agent_instance, random per
+// process) carried in WireHeader::sender_instance; never 0 for a non-zero instance.
+inline uint32_t InstanceTag(uint64_t agent_instance) {
+  if (agent_instance == 0) return 0;
+  const uint32_t tag = static_cast<uint32_t>(agent_instance ^ (agent_instance >> 32));
+  return tag != 0 ? tag : 1;
+}
 
 inline CollectiveKey KeyOf(const WireHeader& h) { return {h.job, h.tensor, h.iteration}; }
 

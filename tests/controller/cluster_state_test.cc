@@ -579,6 +579,7 @@ TEST_F(ClusterStateTest, ARestartedWorkerAgentMovesTheGenerationAControllerResta
   Register("w1");
   auto job = Create("j", {"w0", "w1"});
   ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->plan().workers(0).agent_instance(), 11u);  // its messages are the ones heard
   // The same agent registering again (it lost the controller for a while): nothing moves.
   register_instance("w0", 11);
   tributary::v1::Job now;
@@ -590,6 +591,7 @@ TEST_F(ClusterStateTest, ARestartedWorkerAgentMovesTheGenerationAControllerResta
   state_.CheckLiveness();
   ASSERT_TRUE(state_.GetJob("j", &now).ok());
   EXPECT_EQ(now.plan().generation(), 1u);
+  EXPECT_EQ(now.plan().workers(0).agent_instance(), 12u);
   // Once: the next re-plan keeps it.
   register_instance("w0", 12);
   clock_.Advance(std::chrono::milliseconds(100));

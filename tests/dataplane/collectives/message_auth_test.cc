@@ -272,5 +272,53 @@ TEST(MessageAuth, JobBytesCountSignedSendsAndVerifiedArrivalsPerJob) {
   EXPECT_TRUE(p.b->TakeJobBytes().empty());
 }
 
+TEST(MessageAuth, OnlyTheAgentProcessesThePlanNamesAreHeardAndTheStampIsSigned) {
+  Pair p;
+  const uint64_t job = common::StableHash64("job-a");
+  const uint32_t old_process = InstanceTag(0x1111222233334444), new_process = InstanceTag(77);
+  ASSERT_TRUE(p.a->SetJobSecret(job, "real").ok());
+  // b's plan names the node's new agent process; a is still the old one (restarted meanwhile).
+  ASSERT_TRUE(p.b->SetJobSecret(job, "real", {new_process, InstanceTag(5)}).ok());
+  p.a->SetInstance(old_process);
+  ASSERT_TRUE(SendAndWait(*p.a, "b", Push("job-a", 0, 4), "old incarnation!").ok());
+  // Unstamped (an agent that does not stamp): heard.
+  p.a->SetInstance(0);
+  ASSERT_TRUE(SendAndWait(*p.a, "b", Push("job-a", 1, 4), "0123456789abcdef").ok());
+  p.a->SetInstance(new_process);
+  ASSERT_TRUE(SendAndWait(*p.a, "b", Push("job-a", 2, 4), "0123456789abcdef").ok());
+  ASSERT_TRUE(p.inbox.WaitFor(2));
+  auto got = p.inbox.Take();
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].first.iteration, 1u);
+  EXPECT_EQ(got[1].first.iteration, 2u);
+  EXPECT_EQ(got[1].first.sender_instance, new_process);
+  EXPECT_EQ(p.b->stats().old_instance, 1u);
+  EXPECT_EQ(p.b->stats().bad_mac, 0u);
+  // The stamp is under the MAC: rewriting it breaks the message.
+  WireHeader h = Push("job-a", 3, 4);
+  h.sender_instance = old_process;
+  SignHeader(h, "real");
+  h.sender_instance = new_process;
+  EXPECT_FALSE(VerifyHeader(h, "real"));
+  // Parked messages are judged the same way when the plan arrives.
+  const uint64_t later = common::StableHash64("job-later");
+  ASSERT_TRUE(p.a->SetJobSecret(later, "l").ok());
+  p.a->SetInstance(old_process);
+  ASSERT_TRUE(SendAndWait(*p.a, "b", Push("job-later", 0, 4), "old incarnation!").ok());
+  p.a->SetInstance(new_process);
+  ASSERT_TRUE(SendAndWait(*p.a, "b", Push("job-later", 1, 4), "0123456789abcdef").ok());
+  ASSERT_TRUE(SendAndWait(*p.a, "b", Push("job-a", 4, 4), "0123456789abcdef").ok());
+  ASSERT_TRUE(p.inbox.WaitFor(1));  // job-a's: the two before it are parked
+  p.inbox.Take();
+  ASSERT_TRUE(p.b->SetJobSecret(later, "l", {new_process}).ok());
+  ASSERT_TRUE(p.inbox.WaitFor(1));
+  got = p.inbox.Take();
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].first.iteration, 1u);
+  EXPECT_EQ(p.b->stats().old_instance, 2u);
+  EXPECT_EQ(InstanceTag(0), 0u);
+  EXPECT_NE(InstanceTag(uint64_t{1} << 32 | 1), 0u);  // halves that cancel: still not 0
+}
+
 }  // namespace
 }  // namespace tributary::dataplane

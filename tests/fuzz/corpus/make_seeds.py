@@ -9,8 +9,8 @@ import subprocess
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
-# WireHeader, packed, little-endian: magic version kind dtype reduce algorithm reserved0[7]
-# job tensor iteration plan_version tensor_count world_size sender root step num_chunks chunk
+# WireHeader, packed, little-endian: magic version kind dtype reduce algorithm reserved0[3]
+# sender_instance (together the 7s below: zero, an unstamped sender) job tensor iteration plan_version tensor_count world_size sender root step num_chunks chunk
 # chunk_offset chunk_count error_code reserved1 mac[16] (the job MAC; zero: the fuzz targets
 # parse headers, they do not authenticate them).
 WIRE = struct.Struct("<IBBBBB7sQQQQQIIIIIIQQII16s")
