@@ -31,6 +31,9 @@ class AsyncTest(unittest.TestCase):
     def test_deltas_from_every_rank_are_applied_exactly_once(self):
         params = initial() if trt.rank() == 0 else torch.zeros(N)
         trt.init_params(params, "exact")
+        # A rank's init returns the current values: without this barrier a fast rank's first
+        # delta could already be in them (asynchronous training; found under load).
+        trt.barrier()
         self.assertTrue(torch.equal(params, initial()), "every rank starts from rank 0's values")
         seen = 0
         for k in range(1, ROUNDS + 1):
