@@ -6,6 +6,7 @@
 #include <random>
 
 #include "common/logging.h"
+#include "common/rpc/tls.h"
 #include "grpcpp/grpcpp.h"
 
 namespace tributary::agent {
@@ -43,6 +44,9 @@ GrpcControllerClient::GrpcControllerClient(Options options) : options_(std::move
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
+  // A node's part of a plan is small, but a node in many jobs of thousands of workers could
+  // pass gRPC's default 4 MiB.
+  args.SetMaxReceiveMessageSize(common::kMaxReplyBytes);
   channel_ = grpc::CreateCustomChannel(
       options_.controller_address,
       options_.credentials ? options_.credentials : grpc::InsecureChannelCredentials(), args);

@@ -177,6 +177,12 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& ta
       MakeChannelCredentials(config);
   if (!credentials.ok()) return credentials.status();
   ApplyTlsChannelArgs(config, &args);
+  grpc_channel_args raw = args.c_channel_args();
+  bool limited = false;
+  for (size_t i = 0; i < raw.num_args; ++i) {
+    limited |= std::string_view(raw.args[i].key) == GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+  }
+  if (!limited) args.SetMaxReceiveMessageSize(kMaxReplyBytes);
   return grpc::CreateCustomChannel(target, *credentials, args);
 }
 

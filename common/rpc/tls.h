@@ -51,7 +51,12 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
 // Adds what the channel needs besides its credentials (the server-name override) to `args`.
 void ApplyTlsChannelArgs(const TlsConfig& config, grpc::ChannelArguments* args);
 
-// A channel to `target` with MakeChannelCredentials and ApplyTlsChannelArgs (and `args`).
+// The largest reply a channel of MakeChannel accepts, unless `args` set another: gRPC's default
+// (4 MiB) is below a plan of ~4,000 multi-GPU workers (GetJob, CreateJob's answer).
+inline constexpr int kMaxReplyBytes = 256 << 20;
+
+// A channel to `target` with MakeChannelCredentials and ApplyTlsChannelArgs (and `args`), whose
+// replies may be up to kMaxReplyBytes.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(const std::string& target,
                                                            const TlsConfig& config,
                                                            grpc::ChannelArguments args = {});
