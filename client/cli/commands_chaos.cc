@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -187,12 +188,27 @@ class ChaosRank {
       auto* values = reinterpret_cast<float*>(tensors_[k]->data());
       const size_t n = f_.elements[k];
       for (size_t e = 0; e < n; ++e) values[e] = Input(rank_, it.step, k, e);
-      RETURN_IF_ERROR(Timed(it, [&] {
-        return client_->AllReduce(absl::StrCat("chaos.t", k), *tensors_[k], 0, n,
-                                  common::DataType::kFloat32, ReduceOp::kSum);
+      Handle handle;
+      RETURN_IF_ERROR(Timed(it, [&]() -> absl::Status {
+        ASSIGN_OR_RETURN(handle,
+                         client_->AllReduceAsync(absl::StrCat("chaos.t", k), *tensors_[k], 0, n,
+                                                 common::DataType::kFloat32, ReduceOp::kSum));
+        return handle.Wait(milliseconds(f_.op_timeout_ms));
       }));
+      uint64_t wrong = 0;
+      size_t first = 0;
       for (size_t e = 0; e < n; ++e) {
-        if (values[e] != ranks_sum * Input(0, it.step, k, e)) ++it.wrong;
+        if (values[e] != ranks_sum * Input(0, it.step, k, e) && wrong++ == 0) first = e;
+      }
+      if (wrong > 0) {
+        // What a wrong sum looked like, for the trial's kept logs.
+        it.wrong += wrong;
+        it.error = absl::StrCat("tensor chaos.t", k, " step ", it.step, " (rank ", rank_, " of ",
+                                world_, "): ", wrong, " of ", n, " elements wrong; first at ",
+                                first, ": got ", values[first], ", expected ",
+                                ranks_sum * Input(0, it.step, k, first), ", this rank's input ",
+                                Input(rank_, it.step, k, first), "; ", handle.retries(),
+                                " retries, via ", handle.via_control_ring() ? "ring" : "rpc");
       }
     }
     return absl::OkStatus();
@@ -458,6 +474,7 @@ absl::Status RunChaos(const ChaosFlags& f) {
     dir = tmpl;
   }
   std::vector<std::pair<std::string, ChaosVerdict>> verdicts;
+  std::map<int, std::string> failed_trials;  // trials with a hang or a wrong sum
   nlohmann::json trials_json = nlohmann::json::array();
   absl::Status failure;
   for (int t = 0; t < f.trials; ++t) {
@@ -470,6 +487,7 @@ absl::Status RunChaos(const ChaosFlags& f) {
     }
     const ChaosVerdict v = JudgeChaosTrial(*trial);
     verdicts.emplace_back(fault, v);
+    if (v.hangs > 0 || v.wrong_elements > 0) failed_trials[t] = fault;
     std::fprintf(stderr,
                  "trial %d %-18s hangs %u, wrong elements %lu, failed iterations %lu, "
                  "recovery %s ms\n",
@@ -485,7 +503,20 @@ absl::Status RunChaos(const ChaosFlags& f) {
                            {"recovery_ms", v.recovery_ms ? nlohmann::json(*v.recovery_ms)
                                                          : nlohmann::json(nullptr)}});
   }
-  if (f.keep_dir.empty()) std::filesystem::remove_all(dir);
+  if (f.keep_dir.empty()) {
+    // A trial with a hang or a wrong sum keeps its logs (every process's, and the ranks' records).
+    for (const auto& [t, v] : failed_trials) {
+      std::fprintf(stderr, "trial %d kept for inspection: %s/trial-%d\n", t, dir.c_str(), t);
+    }
+    if (failed_trials.empty()) {
+      std::filesystem::remove_all(dir);
+    } else {
+      for (int t = 0; t < f.trials; ++t) {
+        if (!failed_trials.contains(t))
+          std::filesystem::remove_all(absl::StrCat(dir, "/trial-", t));
+      }
+    }
+  }
 
   const std::vector<ChaosSummary> summary = SummarizeChaos(verdicts);
   bool bad = false;
