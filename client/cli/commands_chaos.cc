@@ -140,6 +140,7 @@ class ChaosRank {
       ASSIGN_OR_RETURN(auto buffer, client_->AllocateBuffer(n * sizeof(float)));
       tensors_.push_back(std::move(buffer));
     }
+    pending_.assign(tensors_.size() + 1, Handle());
     return absl::OkStatus();
   }
 
@@ -157,25 +158,55 @@ class ChaosRank {
     rank_ = client_->global_rank();
     world_ = client_->world_size();
     ASSIGN_OR_RETURN(step_buffer_, client_->AllocateBuffer(world_ * sizeof(int32_t)));
+    pending_.back() = Handle();  // a new step buffer
     return absl::OkStatus();
   }
 
-  absl::Status Timed(ChaosIteration& it, const std::function<absl::Status()>& op) {
+  // One all-reduce of `count` elements of `buffer`, timed into `it`. A collective this process
+  // stopped waiting for (the client's own wait ran out first) still runs in the agent and will
+  // write its sum into the buffer: it stays in `pending`, and the buffer is not filled again
+  // until it reported (the Client's contract; reusing the buffer at once let a late sum of an
+  // earlier step overwrite a later step's result).
+  absl::Status AllReduce(ChaosIteration& it, const std::string& name, SharedBuffer& buffer,
+                         size_t count, common::DataType dtype, Handle& pending) {
     const int64_t start = NowMs();
-    absl::Status status = op();
+    absl::StatusOr<Handle> handle =
+        client_->AllReduceAsync(name, buffer, 0, count, dtype, ReduceOp::kSum);
+    absl::Status status =
+        handle.ok() ? handle->Wait(milliseconds(f_.op_timeout_ms)) : handle.status();
     it.max_op_ms = std::max(it.max_op_ms, NowMs() - start);
+    if (handle.ok()) last_ = *handle;
+    if (handle.ok() && !status.ok()) {
+      absl::StatusOr<bool> done = handle->Test();
+      if (done.ok() && !*done) pending = *handle;  // still running
+    }
     return status;
+  }
+
+  // Before a buffer is filled again: its previous collective, if this process gave up waiting
+  // for it, must have reported. If it still has not after another op timeout, the rank starts
+  // over with a new session and new buffers (FAILED_PRECONDITION: Run joins again).
+  absl::Status Settle(Handle& pending) {
+    if (!pending.valid()) return absl::OkStatus();
+    (void)pending.Wait(milliseconds(f_.op_timeout_ms));
+    absl::StatusOr<bool> done = pending.Test();
+    if (done.ok() && !*done) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("collective ", pending.name(), " still running after ", 2 * f_.op_timeout_ms,
+                       " ms; starting over with a new session"));
+    }
+    pending = Handle();
+    return absl::OkStatus();
   }
 
   absl::Status Iterate(ChaosIteration& it) {
     // Agree on the step: slot r holds rank r's step + 1.
+    RETURN_IF_ERROR(Settle(pending_.back()));
     auto* slots = reinterpret_cast<int32_t*>(step_buffer_->data());
     std::fill(slots, slots + world_, 0);
     slots[rank_] = static_cast<int32_t>(step_ + 1);
-    RETURN_IF_ERROR(Timed(it, [&] {
-      return client_->AllReduce("chaos.step", *step_buffer_, 0, world_, common::DataType::kInt32,
-                                ReduceOp::kSum);
-    }));
+    RETURN_IF_ERROR(AllReduce(it, "chaos.step", *step_buffer_, world_, common::DataType::kInt32,
+                              pending_.back()));
     int32_t agreed = 0;
     for (uint32_t r = 0; r < world_; ++r) {
       if (slots[r] < 1) ++it.wrong;  // a rank's contribution is missing
@@ -185,16 +216,13 @@ class ChaosRank {
     step_ = it.step + 1;
     const float ranks_sum = static_cast<float>(world_ * (world_ + 1) / 2);
     for (size_t k = 0; k < tensors_.size(); ++k) {
+      RETURN_IF_ERROR(Settle(pending_[k]));
       auto* values = reinterpret_cast<float*>(tensors_[k]->data());
       const size_t n = f_.elements[k];
       for (size_t e = 0; e < n; ++e) values[e] = Input(rank_, it.step, k, e);
-      Handle handle;
-      RETURN_IF_ERROR(Timed(it, [&]() -> absl::Status {
-        ASSIGN_OR_RETURN(handle,
-                         client_->AllReduceAsync(absl::StrCat("chaos.t", k), *tensors_[k], 0, n,
-                                                 common::DataType::kFloat32, ReduceOp::kSum));
-        return handle.Wait(milliseconds(f_.op_timeout_ms));
-      }));
+      RETURN_IF_ERROR(AllReduce(it, absl::StrCat("chaos.t", k), *tensors_[k], n,
+                                common::DataType::kFloat32, pending_[k]));
+      const Handle& handle = last_;
       uint64_t wrong = 0;
       size_t first = 0;
       for (size_t e = 0; e < n; ++e) {
@@ -221,6 +249,10 @@ class ChaosRank {
   uint64_t step_ = 0;
   std::shared_ptr<SharedBuffer> step_buffer_;
   std::vector<std::shared_ptr<SharedBuffer>> tensors_;
+  // Per tensor, then the step buffer: a collective still running that this process stopped
+  // waiting for.
+  std::vector<Handle> pending_;
+  Handle last_;  // the latest collective (for the record of a wrong sum)
 };
 
 // --- chaos: the trials. ---
