@@ -141,7 +141,8 @@ void DataPlaneRunner::SetInstance(uint64_t agent_instance) {
 void DataPlaneRunner::SetJob(const dataplane::JobView& view, dataplane::Algorithm algorithm) {
   // The secret first: the node may send as soon as it has the job, and messages that waited
   // for the secret go to the node, which parks what it has no plan for yet.
-  if (absl::Status s = auth_->SetJobSecret(view.job_hash(), view.secret, view.node_instances);
+  if (absl::Status s =
+          auth_->SetJobSecret(view.job_hash(), view.secret, view.node_instances, view.plan_version);
       !s.ok()) {
     Log()->error("job {} plan v{}: {}; its data-plane messages will be refused", view.job_id,
                  view.plan_version, s.message());

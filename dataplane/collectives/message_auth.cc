@@ -56,7 +56,8 @@ void AuthenticatingTransport::SetReceiveHandler(ReceiveHandler handler) {
 }
 
 absl::Status AuthenticatingTransport::SetJobSecret(uint64_t job_hash, std::string secret,
-                                                   std::vector<uint32_t> instances) {
+                                                   std::vector<uint32_t> instances,
+                                                   uint64_t plan_version) {
   if (secret.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("job 0x", absl::Hex(job_hash), " has an empty data-plane secret"));
@@ -68,7 +69,9 @@ absl::Status AuthenticatingTransport::SetJobSecret(uint64_t job_hash, std::strin
     std::lock_guard lock(mu_);
     secrets_[job_hash].secret = secret;
     secrets_[job_hash].instances = std::move(instances);
+    secrets_[job_hash].instances_version = plan_version;
     entry.instances = secrets_[job_hash].instances;
+    entry.instances_version = plan_version;
     ExpireParkedLocked(clock_->Now());
     for (auto it = parked_.begin(); it != parked_.end();) {
       if (it->header.job != job_hash) {
@@ -192,7 +195,7 @@ void AuthenticatingTransport::OnReceive(std::span<const std::byte> header,
 }
 
 bool AuthenticatingTransport::KnownInstance(const JobEntry& job, const WireHeader& h) {
-  if (h.sender_instance == 0 || job.instances.empty() ||
+  if (h.sender_instance == 0 || job.instances.empty() || h.plan_version > job.instances_version ||
       std::binary_search(job.instances.begin(), job.instances.end(), h.sender_instance)) {
     return true;
   }

@@ -12,7 +12,9 @@
 // (SetInstance; WireHeader::sender_instance, under the MAC). A job whose plan names its nodes'
 // instances (SetJobSecret's `instances`) accepts only messages stamped with one of them (or 0,
 // an unstamped sender): a restarted agent's previous process, frozen and resumed, cannot feed
-// the job's sums; such messages are dropped and counted (old_instance).
+// the job's sums; such messages are dropped and counted (old_instance). A message of a newer
+// epoch than that plan passes (a node this one has no plan for yet may be in the newer plan;
+// dropping its messages split a collective's verdict in chaos spare-freeze trials).
 //
 // What it does not do: the payload is not covered (an HMAC over every tensor byte would cost more
 // than the transfer) and nothing is encrypted. Against an attacker on the path (who can rewrite
@@ -74,8 +76,10 @@ class AuthenticatingTransport final : public Transport {
   // Installs (or replaces) the secret of the job whose StableHash64(job id) is `job_hash`, and
   // the instance tags of the agent processes its plan names (empty: not checked), then
   // delivers, verified, the messages parked for it. An empty secret is refused.
+  // `plan_version` is the plan the instances come from: a message of a newer epoch (its sender
+  // has a plan this node has not received yet) is not judged by them.
   absl::Status SetJobSecret(uint64_t job_hash, std::string secret,
-                            std::vector<uint32_t> instances = {});
+                            std::vector<uint32_t> instances = {}, uint64_t plan_version = 0);
   // This agent process's instance tag, stamped into every header it signs (0: none).
   void SetInstance(uint32_t instance) { instance_ = instance; }
   // Forgets a deleted job's secret; its later messages are parked, then dropped.
@@ -102,6 +106,7 @@ class AuthenticatingTransport final : public Transport {
   struct JobEntry {
     std::string secret;
     std::vector<uint32_t> instances;  // sorted; empty: not checked
+    uint64_t instances_version = 0;   // the plan version they come from
     JobBytes bytes;                   // since the last TakeJobBytes
   };
   struct Parked {

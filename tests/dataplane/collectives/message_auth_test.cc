@@ -278,7 +278,7 @@ TEST(MessageAuth, OnlyTheAgentProcessesThePlanNamesAreHeardAndTheStampIsSigned) 
   const uint32_t old_process = InstanceTag(0x1111222233334444), new_process = InstanceTag(77);
   ASSERT_TRUE(p.a->SetJobSecret(job, "real").ok());
   // b's plan names the node's new agent process; a is still the old one (restarted meanwhile).
-  ASSERT_TRUE(p.b->SetJobSecret(job, "real", {new_process, InstanceTag(5)}).ok());
+  ASSERT_TRUE(p.b->SetJobSecret(job, "real", {new_process, InstanceTag(5)}, 3).ok());
   p.a->SetInstance(old_process);
   ASSERT_TRUE(SendAndWait(*p.a, "b", Push("job-a", 0, 4), "old incarnation!").ok());
   // Unstamped (an agent that does not stamp): heard.
@@ -310,11 +310,21 @@ TEST(MessageAuth, OnlyTheAgentProcessesThePlanNamesAreHeardAndTheStampIsSigned) 
   ASSERT_TRUE(SendAndWait(*p.a, "b", Push("job-a", 4, 4), "0123456789abcdef").ok());
   ASSERT_TRUE(p.inbox.WaitFor(1));  // job-a's: the two before it are parked
   p.inbox.Take();
-  ASSERT_TRUE(p.b->SetJobSecret(later, "l", {new_process}).ok());
+  ASSERT_TRUE(p.b->SetJobSecret(later, "l", {new_process}, 3).ok());
   ASSERT_TRUE(p.inbox.WaitFor(1));
   got = p.inbox.Take();
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].first.iteration, 1u);
+  EXPECT_EQ(p.b->stats().old_instance, 2u);
+  // A message of a newer epoch than b's plan (b has not received the plan that names its
+  // sender yet) is not judged by the older plan's instances.
+  ASSERT_TRUE(p.b->SetJobSecret(later, "l", {new_process}, /*plan_version=*/3).ok());
+  p.a->SetInstance(InstanceTag(99));
+  WireHeader newer = Push("job-later", 2, 4);
+  newer.plan_version = 4;
+  ASSERT_TRUE(SendAndWait(*p.a, "b", newer, "0123456789abcdef").ok());
+  ASSERT_TRUE(p.inbox.WaitFor(1));
+  EXPECT_EQ(p.inbox.Take()[0].first.plan_version, 4u);
   EXPECT_EQ(p.b->stats().old_instance, 2u);
   EXPECT_EQ(InstanceTag(0), 0u);
   EXPECT_NE(InstanceTag(uint64_t{1} << 32 | 1), 0u);  // halves that cancel: still not 0
