@@ -166,8 +166,8 @@ absl::Status LocalService::Resync(const tributary::v1::ResyncRequest& req,
     session->failed.clear();
     resyncs_++;
   }
-  resp->set_global_rank(job->node_rank * job->procs_per_node + session->local_rank);
-  resp->set_world_size(job->num_nodes * job->procs_per_node);
+  resp->set_global_rank(job->GlobalRank(session->local_rank));
+  resp->set_world_size(job->WorldSize());
   resp->set_generation(session->generation);
   resp->set_plan_version(job->plan_version);
   return absl::OkStatus();
@@ -191,10 +191,7 @@ absl::Status LocalService::JoinInternal(const tributary::v1::JoinJobRequest& req
     const bool replacement = p == pending_.end() && req.local_rank() < job->procs_per_node &&
                              req.local_size() == job->procs_per_node &&
                              joined_ranks_[req.job_id()].contains(req.local_rank());
-    bool held = false;
-    for (const auto& [id, s] : sessions_.sessions()) {
-      held |= s->job_id == req.job_id() && s->local_rank == req.local_rank();
-    }
+    const bool held = sessions_.Holder(req.job_id(), req.local_rank()) != nullptr;
     if (replacement && !held) {
       p = pending_
               .emplace(req.job_id(),
@@ -219,8 +216,8 @@ absl::Status LocalService::JoinInternal(const tributary::v1::JoinJobRequest& req
   joined_ranks_[req.job_id()].insert(req.local_rank());
   const LocalJob& job = *sessions_.FindJob(req.job_id());
   resp->set_session_id(session->id);
-  resp->set_global_rank(job.node_rank * job.procs_per_node + req.local_rank());
-  resp->set_world_size(job.num_nodes * job.procs_per_node);
+  resp->set_global_rank(job.GlobalRank(req.local_rank()));
+  resp->set_world_size(job.WorldSize());
   resp->set_plan_version(job.plan_version);
   resp->set_generation(session->generation);
   Log()->info("session {} joined job {} as local rank {}/{} (global rank {})", session->id,
@@ -364,7 +361,7 @@ absl::Status LocalService::SubmitInternal(const tributary::v1::SubmitRequest& re
     }
     const DataType dtype = static_cast<DataType>(req.dtype());
     const uint64_t esize = common::DataTypeSize(dtype);
-    const uint32_t world = job->num_nodes * job->procs_per_node;
+    const uint32_t world = job->WorldSize();
     // All-gather and reduce-scatter: `count` is one process's block; the region holds world
     // blocks.
     const bool blockwise = dataplane::IsBlockwise(*reduction);
@@ -437,7 +434,7 @@ absl::Status LocalService::SubmitInternal(const tributary::v1::SubmitRequest& re
       op.buffers = {mapping->data() + req.offset_bytes()};
       op.priority = req.priority();
       op.keepalive = mapping;
-      op.ps_worker = job->node_rank * job->procs_per_node + session->local_rank;
+      op.ps_worker = job->GlobalRank(session->local_rank);
       op.ps_scale = req.delta_scale();
       op.ps_version = std::make_shared<uint64_t>(0);
       op.done = [handle = sub.handle, version = op.ps_version](absl::Status s) {

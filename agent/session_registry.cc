@@ -52,11 +52,9 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Join(const std::string
     return absl::InvalidArgumentError(
         absl::StrCat("local_rank ", local_rank, " is not below local_size ", local_size));
   }
-  for (const auto& [id, s] : sessions_) {
-    if (s->job_id == job_id && s->local_rank == local_rank) {
-      return absl::AlreadyExistsError(absl::StrCat("local rank ", local_rank, " of job '", job_id,
-                                                   "' is taken by session ", id));
-    }
+  if (std::shared_ptr<Session> holder = Holder(job_id, local_rank)) {
+    return absl::AlreadyExistsError(absl::StrCat("local rank ", local_rank, " of job '", job_id,
+                                                 "' is taken by session ", holder->id));
   }
   auto session = std::make_shared<Session>();
   session->id = NewSessionId();
@@ -66,6 +64,14 @@ absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Join(const std::string
   session->generation = job->generation;
   sessions_[session->id] = session;
   return session;
+}
+
+std::shared_ptr<Session> SessionRegistry::Holder(const std::string& job_id,
+                                                 uint32_t local_rank) const {
+  for (const auto& [id, s] : sessions_) {
+    if (s->job_id == job_id && s->local_rank == local_rank) return s;
+  }
+  return nullptr;
 }
 
 absl::StatusOr<std::shared_ptr<Session>> SessionRegistry::Find(

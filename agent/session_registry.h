@@ -31,6 +31,10 @@ struct LocalJob {
   // The plan's membership generation (JobPlan.generation): sessions bound to an older one must
   // Resync before their next collective.
   uint64_t generation = 0;
+
+  // Rank among all processes of the job of local rank `local_rank` here, and their number.
+  uint32_t GlobalRank(uint32_t local_rank) const { return node_rank * procs_per_node + local_rank; }
+  uint32_t WorldSize() const { return num_nodes * procs_per_node; }
 };
 
 // One local process in one job: from JoinJob until LeaveJob, the end of its KeepAlive stream
@@ -73,6 +77,8 @@ class SessionRegistry {
   // the rank.
   absl::StatusOr<std::shared_ptr<Session>> Join(const std::string& job_id, uint32_t local_rank,
                                                 uint32_t local_size);
+  // The session holding local rank `local_rank` of `job_id`, or null.
+  std::shared_ptr<Session> Holder(const std::string& job_id, uint32_t local_rank) const;
   // NOT_FOUND (telling the process to join first) when there is no such session.
   absl::StatusOr<std::shared_ptr<Session>> Find(const std::string& session_id) const;
   // Forgets the session and returns it; null when there is none.
