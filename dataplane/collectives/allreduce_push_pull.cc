@@ -514,6 +514,19 @@ struct PushPullWorker::OpState {
   // Wall-clock times for the trace (common/trace.h), kept only while one is recorded.
   common::Trace::TimePoint started_at;
   std::vector<common::Trace::TimePoint> sent_at, send_done_at;
+  // Peer recovery (see kDefaultRetainBytes). `sums` receives a copy of every chunk's sum as it
+  // is written (null: over the budget, or a single worker); `writing` marks chunks whose sum is
+  // being written outside the lock, so that a peer's copy and the server's never both land.
+  std::shared_ptr<std::byte[]> sums;
+  std::vector<uint8_t> writing;
+  bool recovering = false;
+  absl::Status recovery_failure;  // what the op fails with if no peer has its sums
+  common::Clock::TimePoint recovery_deadline;
+  std::vector<bool> answered;  // by worker rank
+  uint32_t answers_pending = 0;
+  int fetch_from = -1;  // the peer asked for the missing chunks
+  // Peers that asked about this op before it ended here: (rank, their attempt's epoch).
+  std::vector<std::pair<uint32_t, uint64_t>> peer_queries;
 
   OpState(ChunkMap m) : map(std::move(m)) {}
 
@@ -557,6 +570,11 @@ void PushPullWorker::SetJob(const JobView& view) {
     std::lock_guard lock(mu_);
     const uint64_t job_hash = view.job_hash();
     jobs_[job_hash] = std::make_shared<const JobView>(view);
+    const std::set<std::string> worker_set(view.worker_addresses.begin(),
+                                           view.worker_addresses.end());
+    dedicated_servers_[job_hash] =
+        std::any_of(view.server_addresses.begin(), view.server_addresses.end(),
+                    [&](const std::string& a) { return !worker_set.contains(a); });
     // An operation of an older epoch that waits on a summation server the new plan dropped (it
     // died, or was taken away) can never complete: fail it now, retriable. The others go on:
     // their servers decide (PushPullServer fails what is unfinished when it switches plans).
@@ -579,14 +597,31 @@ void PushPullWorker::SetJob(const JobView& view) {
     for (const auto& [key, server] : lost) {
       const OpState& op = *ops_[key];
       stats_->plan_change_failures++;
-      FailLocked(key,
-                 PlanChangedError(
-                     view.job_id, op.job->plan_version, view.plan_version,
-                     absl::StrCat("tensor '", op.op.tensor_name, "' iteration ", key.iteration,
-                                  " (summation server ", server, " left the plan)")),
-                 done);
+      FailOrRecoverLocked(
+          key,
+          PlanChangedError(
+              view.job_id, op.job->plan_version, view.plan_version,
+              absl::StrCat("tensor '", op.op.tensor_name, "' iteration ", key.iteration,
+                           " (summation server ", server, " left the plan)")),
+          done);
     }
-    if (!lost.empty()) PumpLocked(sends);
+    // Peer recovery: a worker the new plan dropped will not answer (it died, or left an elastic
+    // job).
+    std::vector<CollectiveKey> recovering;
+    for (auto it = ops_.lower_bound({job_hash, 0, 0});
+         it != ops_.end() && it->first.job == job_hash; ++it) {
+      OpState& op = *it->second;
+      if (!op.recovering) continue;
+      for (size_t r = 0; r < op.answered.size(); ++r) {
+        if (!op.answered[r] && !worker_set.contains(op.job->worker_addresses[r])) {
+          op.answered[r] = true;
+          op.answers_pending--;
+        }
+      }
+      recovering.push_back(it->first);
+    }
+    for (const CollectiveKey& key : recovering) MaybeEndRecoveryLocked(key, done);
+    PumpLocked(sends);
   }
   Flush(std::move(sends), std::move(done));
 }
@@ -596,6 +631,7 @@ void PushPullWorker::RemoveJob(uint64_t job_hash) {
   {
     std::lock_guard lock(mu_);
     jobs_.erase(job_hash);
+    dedicated_servers_.erase(job_hash);
     for (auto it = held_.begin(); it != held_.end();) {
       if (it->first.job != job_hash) {
         ++it;
@@ -608,6 +644,7 @@ void PushPullWorker::RemoveJob(uint64_t job_hash) {
       it = held_.erase(it);
     }
     tuning_.erase(tuning_.lower_bound({job_hash, 0}), tuning_.lower_bound({job_hash + 1, 0}));
+    retained_.erase(retained_.lower_bound({job_hash, 0}), retained_.lower_bound({job_hash + 1, 0}));
     std::vector<CollectiveKey> keys;
     for (auto& [key, op] : ops_) {
       if (key.job == job_hash) keys.push_back(key);
@@ -769,6 +806,23 @@ absl::Status PushPullWorker::StartLocked(const std::string& job_id, Operation& o
     for (uint32_t p = 0; p < order.size(); ++p) {
       queue_.insert(QueuedChunk{op.priority, state->seq, p, order[p], key});
     }
+    const uint64_t bytes = op.count * element_size;
+    if (job->num_workers() > 1 && dedicated_servers_[job_hash]) {
+      // Peer recovery keeps a copy of the sums (see kDefaultRetainBytes).
+      auto kept = retained_.find({job_hash, tensor_hash});
+      if (kept != retained_.end() && kept->second.spare && kept->second.spare_bytes == bytes) {
+        state->sums = std::move(kept->second.spare);
+        kept->second.spare_bytes = 0;
+      } else if (stats_->worker_retained_bytes.load() + bytes <= retain_budget_) {
+        stats_->worker_retained_bytes += bytes;
+        state->sums =
+            std::shared_ptr<std::byte[]>(new std::byte[bytes], [this, bytes](std::byte* p) {
+              stats_->worker_retained_bytes -= bytes;
+              delete[] p;
+            });
+      }
+    }
+    state->writing.assign(state->num_chunks, 0);
     state->op = std::move(op);
     ops_[key] = std::move(state);
     stats_->ops_started++;
@@ -931,6 +985,8 @@ void PushPullWorker::Abort(const std::string& job_id, const std::string& tensor_
 }
 
 void PushPullWorker::HandleResult(const WireHeader& h, std::span<const std::byte> payload) {
+  // A sum from a summation server, or a copy of one from a worker (peer recovery).
+  const bool from_peer = h.sender != WireHeader::kFromServer;
   std::shared_ptr<OpState> op;
   {
     std::lock_guard lock(mu_);
@@ -948,13 +1004,20 @@ void PushPullWorker::HandleResult(const WireHeader& h, std::span<const std::byte
                    h.plan_version, op->job->plan_version);
       return;
     }
+    if (from_peer && (!op->recovering || static_cast<int>(h.sender) != op->fetch_from)) {
+      Log()->debug("sum of {} from worker {} dropped: not asked for", Describe(h), h.sender);
+      return;
+    }
     if (h.num_chunks != op->num_chunks || h.tensor_count != op->op.count ||
         h.dtype != static_cast<uint8_t>(op->op.dtype) ||
         (op->chunk_state[h.chunk] != 1 && op->chunk_state[h.chunk] != 3)) {
+      if (from_peer && op->num_chunks == h.num_chunks) return;  // the server's sum came first
       Log()->warn("result for {} does not match the running operation; dropped", Describe(h));
       stats_->malformed_messages++;
       return;
     }
+    if (op->writing[h.chunk]) return;  // the same sum, from the server and from a peer
+    op->writing[h.chunk] = 1;
     op->writers++;
   }
   // Write the sum into every local buffer outside the lock. The buffers stay mapped: `op` holds
@@ -963,14 +1026,16 @@ void PushPullWorker::HandleResult(const WireHeader& h, std::span<const std::byte
   const auto& buffers = op->op.buffers;
   stats_->bytes_pulled += payload.size();
   const uint32_t server_index = op->map.ServerOf(h.tensor, h.num_chunks, h.chunk);
-  if (op->job->counters && server_index < op->job->counters->pulled.size()) {
+  if (!from_peer && op->job->counters && server_index < op->job->counters->pulled.size()) {
     op->job->counters->pulled[server_index]->Increment(static_cast<double>(payload.size()));
   }
   if (Log()->should_log(spdlog::level::debug)) {
-    Log()->debug("result of {} ({} bytes) of job {} tensor '{}' from server {}", Describe(h),
+    Log()->debug("result of {} ({} bytes) of job {} tensor '{}' from {}", Describe(h),
                  payload.size(), op->job->job_id, op->op.tensor_name,
-                 op->job->server_addresses[server_index]);
+                 from_peer ? absl::StrCat("worker ", h.sender)
+                           : absl::StrCat("server ", op->job->server_addresses[server_index]));
   }
+  if (op->sums) std::memcpy(op->sums.get() + offset, payload.data(), payload.size());
   if (op->is_broadcast()) {
     const bool root_node = static_cast<uint32_t>(op->job->my_worker_rank) == op->op.root_node;
     for (size_t b = 0; b < buffers.size(); ++b) {
@@ -994,9 +1059,10 @@ void PushPullWorker::HandleResult(const WireHeader& h, std::span<const std::byte
       done.push_back(*std::move(op->failed));  // failed while this sum was being written
       op->failed.reset();
     }
+    op->writing[h.chunk] = 0;
     // Unless the operation failed meanwhile:
     if (!op->finished && (op->chunk_state[h.chunk] == 1 || op->chunk_state[h.chunk] == 3)) {
-      if (!op->sent_at.empty()) TraceChunkLocked(*op, h.chunk, server_index);
+      if (!op->sent_at.empty() && !from_peer) TraceChunkLocked(*op, h.chunk, server_index);
       if (h.chunk == 0 && op->tuned) op->decision_kib = h.reserved1;
       op->outstanding[server_index]--;
       if (op->chunk_state[h.chunk] == 1) {
@@ -1056,6 +1122,27 @@ void PushPullWorker::ChunkDoneLocked(const std::shared_ptr<OpState>& op, uint32_
       while (t.decisions.size() > 8) t.decisions.erase(t.decisions.begin());
     }
   }
+  if (op->sums) {
+    Retained& r = retained_[{op->job_hash, op->tensor_hash}];
+    const uint64_t bytes = op->op.count * op->element_size;
+    // The earlier sums become the next collective's buffer, unless a copy is still being sent
+    // from them.
+    std::shared_ptr<std::byte[]> earlier = std::move(r.sums);
+    const uint64_t earlier_bytes = r.count * DataTypeSize(static_cast<DataType>(r.dtype));
+    r = Retained{op->op.iteration, op->op.count,     static_cast<uint8_t>(op->op.dtype),
+                 op->num_chunks,   op->decision_kib, op->job,
+                 op->sums};
+    if (earlier && earlier.use_count() == 1 && earlier_bytes == bytes) {
+      r.spare = std::move(earlier);
+      r.spare_bytes = bytes;
+    }
+  }
+  if (op->recovering) {
+    stats_->peer_recoveries++;
+    Log()->info("tensor '{}' iteration {} completed from worker {}'s copy of its sums",
+                op->op.tensor_name, op->op.iteration, op->fetch_from);
+  }
+  AnswerQueriesLocked(*op, op->sums != nullptr, done);
   ReleaseHeldLocked(key, done);
   if (!op->sent_at.empty()) {
     common::Trace::Async(absl::StrCat("push/pull ", op->op.tensor_name), op->seq, op->started_at,
@@ -1085,9 +1172,14 @@ void PushPullWorker::HandleError(const WireHeader& h, std::string_view message) 
       // decisions before anything held starts, as the home server forgets its tuner.
       tuning_.erase({h.job, h.tensor});
     }
-    FailLocked(KeyOf(h),
-               absl::Status(static_cast<absl::StatusCode>(h.error_code), std::string(message)),
-               done);
+    absl::Status status(static_cast<absl::StatusCode>(h.error_code), std::string(message));
+    if (status.code() == absl::StatusCode::kDeadlineExceeded) {
+      // The server timed the chunk out: the workers it waited for may have completed this
+      // collective under an earlier epoch (the fan-out hole), so ask them first.
+      FailOrRecoverLocked(KeyOf(h), std::move(status), done);
+    } else {
+      FailLocked(KeyOf(h), std::move(status), done);
+    }
     PumpLocked(sends);  // ops held for this one may have started
   }
   Flush(std::move(sends), std::move(done));
@@ -1100,6 +1192,7 @@ void PushPullWorker::FailLocked(const CollectiveKey& key, absl::Status status,
   std::shared_ptr<OpState> op = it->second;
   ops_.erase(it);
   op->finished = true;
+  AnswerQueriesLocked(*op, false, done);
   ReleaseHeldLocked(key, done);
   for (uint32_t c = 0; c < op->num_chunks; ++c) {
     if (op->chunk_state[c] == 1 || op->chunk_state[c] == 4) ReleaseCreditLocked(*op, c);
@@ -1150,8 +1243,19 @@ void PushPullWorker::ExpireStale() {
     // What waited for those may go now.
     for (const auto& key : expired_held) ReleaseHeldLocked(key, done);
     std::vector<CollectiveKey> expired;
+    std::vector<CollectiveKey> unrecovered;
     for (auto& [key, op] : ops_) {
-      if (op->deadline <= now) expired.push_back(key);
+      if (op->recovering) {
+        if (op->recovery_deadline <= now) unrecovered.push_back(key);
+      } else if (op->deadline <= now) {
+        expired.push_back(key);
+      }
+    }
+    for (const auto& key : unrecovered) {
+      OpState& op = *ops_[key];
+      Log()->warn("tensor '{}' iteration {}: {} of the other workers did not answer in time",
+                  op.op.tensor_name, op.op.iteration, op.answers_pending);
+      FailLocked(key, op.recovery_failure, done);
     }
     for (const auto& key : expired) {
       auto op = ops_[key];
@@ -1159,12 +1263,13 @@ void PushPullWorker::ExpireStale() {
           job != jobs_.end() && job->second->plan_version > op->job->plan_version) {
         // It ran under a plan that has been replaced meanwhile: retriable.
         stats_->plan_change_failures++;
-        FailLocked(key,
-                   PlanChangedError(
-                       op->job->job_id, op->job->plan_version, job->second->plan_version,
-                       absl::StrCat("tensor '", op->op.tensor_name, "' iteration ", key.iteration,
-                                    " (timed out after ", op->job->op_timeout.count(), " ms)")),
-                   done);
+        FailOrRecoverLocked(
+            key,
+            PlanChangedError(
+                op->job->job_id, op->job->plan_version, job->second->plan_version,
+                absl::StrCat("tensor '", op->op.tensor_name, "' iteration ", key.iteration,
+                             " (timed out after ", op->job->op_timeout.count(), " ms)")),
+            done);
         continue;
       }
       std::set<std::string> waiting;
@@ -1174,7 +1279,7 @@ void PushPullWorker::ExpireStale() {
               op->job->server_addresses[op->map.ServerOf(op->tensor_hash, op->num_chunks, c)]);
         }
       }
-      FailLocked(
+      FailOrRecoverLocked(
           key,
           absl::DeadlineExceededError(absl::StrCat(
               "job '", op->job->job_id, "' tensor '", op->op.tensor_name, "' iteration ",
@@ -1183,7 +1288,216 @@ void PushPullWorker::ExpireStale() {
               absl::StrJoin(waiting, ", "), "]")),
           done);
     }
-    if (!expired.empty() || !expired_held.empty()) PumpLocked(sends);
+    if (!expired.empty() || !expired_held.empty() || !unrecovered.empty()) PumpLocked(sends);
+  }
+  Flush(std::move(sends), std::move(done));
+}
+
+void PushPullWorker::FailOrRecoverLocked(const CollectiveKey& key, absl::Status status,
+                                         std::vector<Completion>& done) {
+  auto it = ops_.find(key);
+  if (it == ops_.end()) return;
+  OpState& op = *it->second;
+  if (op.recovering) return;  // already asking: its deadline and the answers decide
+  const int n = op.job->num_workers();
+  const int me = op.job->my_worker_rank;
+  // A chunk this worker never pushed cannot have been summed anywhere: no worker completed it.
+  const bool all_pushed = std::none_of(op.chunk_state.begin(), op.chunk_state.end(),
+                                       [](uint8_t state) { return state == 0; });
+  if (n < 2 || me < 0 || !all_pushed) {
+    FailLocked(key, std::move(status), done);
+    return;
+  }
+  if (status.code() == absl::StatusCode::kUnavailable) {
+    status = WithEpoch(std::move(status), op.job->plan_version);
+  }
+  op.recovering = true;
+  op.recovery_failure = std::move(status);
+  op.recovery_deadline = std::max(clock_->Now(), op.deadline) + WorkerGrace(op.job->op_timeout);
+  op.answered.assign(n, false);
+  op.answered[me] = true;
+  op.answers_pending = n - 1;
+  stats_->peer_recoveries_started++;
+  Log()->info("tensor '{}' iteration {} ({}): asking the other {} workers for their sums",
+              op.op.tensor_name, op.op.iteration, op.recovery_failure.message(), n - 1);
+  AnswerQueriesLocked(op, false, done);  // peers asking this one: it has nothing to give
+  const WireHeader about = op.Header(0);
+  for (int r = 0; r < n; ++r) {
+    if (r == me) continue;
+    SendPeerLocked(*op.job, MessageKind::kPeerQuery, about, r, op.job->plan_version,
+                   absl::StatusCode::kOk, done);
+  }
+}
+
+void PushPullWorker::SendPeerLocked(const JobView& job, MessageKind kind, const WireHeader& about,
+                                    uint32_t rank, uint64_t plan_version, absl::StatusCode code,
+                                    std::vector<Completion>& done,
+                                    std::shared_ptr<std::vector<uint32_t>> chunks) {
+  if (rank >= job.worker_addresses.size() || job.my_worker_rank < 0) return;
+  WireHeader h = about;
+  h.kind = static_cast<uint8_t>(kind);
+  h.algorithm = static_cast<uint8_t>(Algorithm::kPushPull);
+  h.job = job.job_hash();
+  h.plan_version = plan_version;
+  h.sender = static_cast<uint32_t>(job.my_worker_rank);
+  h.chunk = 0;
+  h.chunk_offset = 0;
+  h.chunk_count = 0;
+  h.step = 0;
+  h.reserved1 = 0;
+  h.error_code = static_cast<uint32_t>(code);
+  std::string to = job.worker_addresses[rank];
+  // Sent once the lock is released (completions run in Flush).
+  done.emplace_back(
+      [this, h, to = std::move(to), chunks = std::move(chunks)](absl::Status) {
+        std::span<const std::byte> payload;
+        if (chunks) {
+          payload = {reinterpret_cast<const std::byte*>(chunks->data()), chunks->size() * 4};
+        }
+        transport_->Send(to, AsBytes(h), payload, [chunks, to, what = Describe(h)](absl::Status s) {
+          if (!s.ok())
+            Log()->debug("peer message about {} to {} failed: {}", what, to, s.message());
+        });
+      },
+      absl::OkStatus());
+}
+
+void PushPullWorker::AnswerQueriesLocked(OpState& op, bool have, std::vector<Completion>& done) {
+  const WireHeader about = op.Header(0);
+  for (const auto& [rank, plan_version] : op.peer_queries) {
+    SendPeerLocked(*op.job, MessageKind::kPeerAnswer, about, rank, plan_version,
+                   have ? absl::StatusCode::kOk : absl::StatusCode::kNotFound, done);
+  }
+  op.peer_queries.clear();
+}
+
+void PushPullWorker::MaybeEndRecoveryLocked(const CollectiveKey& key,
+                                            std::vector<Completion>& done) {
+  auto it = ops_.find(key);
+  if (it == ops_.end()) return;
+  OpState& op = *it->second;
+  if (!op.recovering || op.answers_pending > 0 || op.fetch_from >= 0) return;
+  Log()->info("tensor '{}' iteration {}: no other worker completed it", op.op.tensor_name,
+              op.op.iteration);
+  FailLocked(key, op.recovery_failure, done);
+}
+
+void PushPullWorker::HandlePeer(const WireHeader& h, std::span<const std::byte> payload) {
+  std::vector<std::function<void()>> sends;
+  std::vector<Completion> done;
+  {
+    std::lock_guard lock(mu_);
+    const CollectiveKey key = KeyOf(h);
+    auto job_it = jobs_.find(h.job);
+    if (job_it == jobs_.end()) {
+      Log()->debug("peer message about {} of no job here dropped", Describe(h));
+      return;
+    }
+    const JobView& job = *job_it->second;
+    auto retained = retained_.find({h.job, h.tensor});
+    const bool have = retained != retained_.end() && retained->second.iteration == h.iteration;
+    switch (static_cast<MessageKind>(h.kind)) {
+      case MessageKind::kPeerQuery: {
+        if (have && retained->second.count == h.tensor_count && retained->second.dtype == h.dtype) {
+          SendPeerLocked(*retained->second.job, MessageKind::kPeerAnswer, h, h.sender,
+                         h.plan_version, absl::StatusCode::kOk, done);
+        } else if (auto op = ops_.find(key); op != ops_.end()) {
+          OpState& state = *op->second;
+          if (state.recovering || state.job->plan_version > h.plan_version) {
+            // It has no sums to give, or this attempt is a later one (the asker's epoch failed
+            // here too).
+            SendPeerLocked(*state.job, MessageKind::kPeerAnswer, h, h.sender, h.plan_version,
+                           absl::StatusCode::kNotFound, done);
+          } else {
+            state.peer_queries.emplace_back(h.sender, h.plan_version);  // answered when it ends
+          }
+        } else {
+          // Neither kept nor running here. Should this worker yet run the collective under the
+          // asker's epoch and complete it (its servers got the asker's pushes before the asker
+          // gave up, and survived), the asker's retry under the next epoch times out at its
+          // servers waiting for this worker, asks again, and then gets the sums.
+          SendPeerLocked(job, MessageKind::kPeerAnswer, h, h.sender, h.plan_version,
+                         absl::StatusCode::kNotFound, done);
+        }
+        break;
+      }
+      case MessageKind::kPeerAnswer: {
+        auto op = ops_.find(key);
+        if (op == ops_.end() || !op->second->recovering ||
+            op->second->job->plan_version != h.plan_version ||
+            h.sender >= op->second->answered.size()) {
+          Log()->debug("peer answer about {} from worker {} dropped: not asked", Describe(h),
+                       h.sender);
+          break;
+        }
+        OpState& state = *op->second;
+        if (state.answered[h.sender]) {
+          if (static_cast<int>(h.sender) == state.fetch_from && h.error_code != 0) {
+            // The worker it fetched from no longer keeps the sums.
+            state.fetch_from = -1;
+            MaybeEndRecoveryLocked(key, done);
+          }
+          break;
+        }
+        state.answered[h.sender] = true;
+        state.answers_pending--;
+        if (h.error_code == 0 && state.fetch_from < 0) {
+          state.fetch_from = static_cast<int>(h.sender);
+          auto missing = std::make_shared<std::vector<uint32_t>>();
+          for (uint32_t c = 0; c < state.num_chunks; ++c) {
+            if (state.chunk_state[c] == 1 || state.chunk_state[c] == 3) missing->push_back(c);
+          }
+          Log()->info("tensor '{}' iteration {}: worker {} completed it; fetching {} chunks",
+                      state.op.tensor_name, state.op.iteration, h.sender, missing->size());
+          if (!missing->empty()) {
+            SendPeerLocked(*state.job, MessageKind::kPeerFetch, state.Header(0), h.sender,
+                           state.job->plan_version, absl::StatusCode::kOk, done,
+                           std::move(missing));
+          }
+        }
+        MaybeEndRecoveryLocked(key, done);
+        break;
+      }
+      case MessageKind::kPeerFetch: {
+        if (!have || retained->second.count != h.tensor_count ||
+            retained->second.dtype != h.dtype) {
+          SendPeerLocked(job, MessageKind::kPeerAnswer, h, h.sender, h.plan_version,
+                         absl::StatusCode::kNotFound, done);
+          break;
+        }
+        const Retained& r = retained->second;
+        if (r.job->my_worker_rank < 0 || h.sender >= r.job->worker_addresses.size()) break;
+        const std::string to = r.job->worker_addresses[h.sender];
+        const size_t element_size = DataTypeSize(static_cast<DataType>(r.dtype));
+        for (size_t i = 0; i + 4 <= payload.size(); i += 4) {
+          uint32_t c;
+          std::memcpy(&c, payload.data() + i, 4);
+          if (c >= h.num_chunks) break;
+          WireHeader out = h;
+          out.kind = static_cast<uint8_t>(MessageKind::kResult);
+          out.sender = static_cast<uint32_t>(r.job->my_worker_rank);
+          out.chunk = c;
+          const ChunkRange range = GetChunk(h.tensor_count, h.num_chunks, c);
+          out.chunk_offset = range.offset;
+          out.chunk_count = range.count;
+          out.step = 0;
+          out.error_code = 0;
+          // Chunk 0's sum carries the home server's partition decision: so does its copy.
+          out.reserved1 = c == 0 && h.num_chunks == r.num_chunks ? r.decision_kib : 0;
+          stats_->peer_chunks_served++;
+          sends.push_back([this, out, to, sums = r.sums, element_size] {
+            const std::span<const std::byte> bytes(sums.get() + out.chunk_offset * element_size,
+                                                   out.chunk_count * element_size);
+            transport_->Send(to, AsBytes(out), bytes, [sums, to](absl::Status s) {
+              if (!s.ok()) Log()->warn("sum copy to worker {} failed: {}", to, s.message());
+            });
+          });
+        }
+        break;
+      }
+      default:
+        break;
+    }
   }
   Flush(std::move(sends), std::move(done));
 }
@@ -1254,6 +1568,11 @@ void PushPull::HandleMessage(const WireHeader& h, std::span<const std::byte> pay
       return;
     case MessageKind::kAbort:
       server_.HandleAbort(h, message);
+      return;
+    case MessageKind::kPeerQuery:
+    case MessageKind::kPeerAnswer:
+    case MessageKind::kPeerFetch:
+      worker_.HandlePeer(h, payload);
       return;
     case MessageKind::kData:
     case MessageKind::kPull:

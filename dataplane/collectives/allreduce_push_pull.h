@@ -69,6 +69,12 @@ struct PushPullStats {
   std::atomic<uint64_t> duplicate_pushes{0};
   // Collectives failed as retriable (UNAVAILABLE, epoch attached) because their job's plan changed.
   std::atomic<uint64_t> plan_change_failures{0};
+  // Peer recovery (see PushPullWorker): collectives that asked the other workers, those that
+  // completed from another worker's copy of the sums, and chunks sent to a worker that asked.
+  std::atomic<uint64_t> peer_recoveries_started{0};
+  std::atomic<uint64_t> peer_recoveries{0};
+  std::atomic<uint64_t> peer_chunks_served{0};
+  std::atomic<uint64_t> worker_retained_bytes{0};  // gauge: sums kept for peer recovery
 };
 
 // Online partition tuning (DESIGN.md §1.3, MIAD), agreed by construction. The tensor's home
@@ -237,6 +243,29 @@ class PushPullServer {
 // go).
 inline constexpr uint32_t kPushPullAhead = 4;
 
+// Peer recovery: closes the "fan-out hole". A summation server that dies (or freezes) part-way
+// through sending a chunk's sum to the workers leaves the collective complete on the workers that
+// got the sum and incomplete on the others; a retry of the iteration under the next epoch would
+// then wait for workers that have moved on. So:
+//  * every worker of a job with several workers and a dedicated summation server (a spare: one
+//    that is not also a worker) keeps the sums of the last completed collective of each tensor
+//    (the bytes the servers sent, within a budget, kDefaultRetainBytes), until the tensor's next
+//    collective completes here (by then every worker has the earlier one). Jobs whose servers
+//    are all workers keep nothing: such a server dies only with its worker, which ends the
+//    iteration for every worker anyway (a membership change);
+//  * a worker that would fail a collective on its own -- a summation server left the plan, its
+//    deadline passed, or a server timed the chunk out -- with every chunk already pushed (else no
+//    worker can have completed it) first asks every other worker (kPeerQuery) whether it
+//    completed it. A worker answers (kPeerAnswer) once it knows: yes if it keeps the sums; no
+//    if its own attempt failed or is recovering too, it runs a later epoch, or it has not
+//    started the collective (a running attempt answers when it ends);
+//  * on the first yes it fetches its missing chunks from that worker (kPeerFetch, answered with
+//    kResult messages carrying the worker's rank) and completes as if the servers had sent them;
+//    when every worker said no, or no answer came within WorkerGrace past the deadline, it fails
+//    with the error it had, and the agent's retry runs the iteration again under the new epoch.
+// A worker completes from the servers' sums or from a copy of them: never a different sum.
+inline constexpr uint64_t kDefaultRetainBytes = uint64_t{4} << 30;
+
 class PushPullWorker {
  public:
   PushPullWorker(Transport* transport, Reducer* reducer, const common::Clock* clock,
@@ -260,6 +289,13 @@ class PushPullWorker {
 
   void HandleResult(const WireHeader& h, std::span<const std::byte> payload);
   void HandleError(const WireHeader& h, std::string_view message);
+  // kPeerQuery, kPeerAnswer and kPeerFetch (see kDefaultRetainBytes).
+  void HandlePeer(const WireHeader& h, std::span<const std::byte> payload);
+  // Bytes of sums kept for peer recovery at most (kDefaultRetainBytes); 0 keeps none.
+  void SetRetainBudget(uint64_t bytes) {
+    std::lock_guard lock(mu_);
+    retain_budget_ = bytes;
+  }
   // Fails operations past their deadline with DEADLINE_EXCEEDED.
   void ExpireStale();
 
@@ -291,6 +327,20 @@ class PushPullWorker {
     Operation op;
     common::Clock::TimePoint deadline;
   };
+  // The sums of the last completed collective of one tensor (peer recovery).
+  struct Retained {
+    uint64_t iteration = 0;
+    uint64_t count = 0;
+    uint8_t dtype = 0;
+    uint32_t num_chunks = 0;
+    uint32_t decision_kib = 0;  // carried by chunk 0's sum
+    std::shared_ptr<const JobView> job;
+    std::shared_ptr<std::byte[]> sums;
+    // The buffer of the collective before, free again: the next one writes into it (a fresh
+    // allocation per collective costs a page fault per 4 KiB, more than the copy itself).
+    std::shared_ptr<std::byte[]> spare;
+    uint64_t spare_bytes = 0;
+  };
   // Partition tuning of one tensor at this worker.
   struct TensorTuning {
     std::map<uint64_t, uint64_t> decisions;  // iteration -> decision carried by it, bytes
@@ -319,6 +369,19 @@ class PushPullWorker {
   // Marks a chunk summed and its send complete; the operation completes with its last chunk.
   void ChunkDoneLocked(const std::shared_ptr<OpState>& op, uint32_t chunk,
                        std::vector<Completion>& done);
+  // Fails the operation, or, when another worker may have completed it, starts peer recovery
+  // (see kDefaultRetainBytes) and fails it with `status` only if that finds no copy. mu_ held.
+  void FailOrRecoverLocked(const CollectiveKey& key, absl::Status status,
+                           std::vector<Completion>& done);
+  // Queues a peer message (no payload) to worker `rank` of `job`, sent after the lock is released
+  // (as a completion in `done`). mu_ held.
+  void SendPeerLocked(const JobView& job, MessageKind kind, const WireHeader& about, uint32_t rank,
+                      uint64_t plan_version, absl::StatusCode code, std::vector<Completion>& done,
+                      std::shared_ptr<std::vector<uint32_t>> chunks = nullptr);
+  // Tells the workers that asked about `op` whether it completed here. mu_ held.
+  void AnswerQueriesLocked(OpState& op, bool have, std::vector<Completion>& done);
+  // A recovering op heard from every peer, none with the sums: fail it. mu_ held.
+  void MaybeEndRecoveryLocked(const CollectiveKey& key, std::vector<Completion>& done);
   // Records the chunk's phases in the trace (common/trace.h). mu_ held.
   void TraceChunkLocked(const OpState& op, uint32_t chunk, uint32_t server);
 
@@ -334,6 +397,9 @@ class PushPullWorker {
   uint64_t next_seq_ = 0;
   std::map<CollectiveKey, std::vector<Held>> held_;               // by the key they wait for
   std::map<std::pair<uint64_t, uint64_t>, TensorTuning> tuning_;  // by (job, tensor)
+  std::map<std::pair<uint64_t, uint64_t>, Retained> retained_;    // by (job, tensor)
+  std::map<uint64_t, bool> dedicated_servers_;  // per job: a server that is not a worker
+  uint64_t retain_budget_ = kDefaultRetainBytes;
   ThroughputHook throughput_hook_;
 };
 

@@ -160,6 +160,18 @@ std::vector<prometheus::MetricFamily> DataPlaneStatsCollector::Collect() const {
       "Collectives failed as retriable (UNAVAILABLE) because their job's plan changed under "
       "them, on this node (worker or server role).",
       MetricType::Counter, p.plan_change_failures.load());
+  add("tributary_dataplane_peer_recoveries_total",
+      "Worker role: collectives that a summation server's loss (or a deadline) would have failed "
+      "with every chunk pushed, completed from another worker's copy of the sums instead (the "
+      "server had reached only some workers).",
+      MetricType::Counter, p.peer_recoveries.load());
+  add("tributary_dataplane_peer_recovery_attempts_total",
+      "Worker role: collectives that asked the job's other workers for their sums before failing.",
+      MetricType::Counter, p.peer_recoveries_started.load());
+  add("tributary_dataplane_retained_bytes",
+      "Worker role: bytes of sums kept for peer recovery (the last completed collective of each "
+      "tensor, and the ones in flight).",
+      MetricType::Gauge, p.worker_retained_bytes.load());
   add("tributary_dataplane_p2p_sent_bytes_total",
       "Ring / halving-doubling engine: payload bytes sent.", MetricType::Counter,
       e.bytes_sent.load());

@@ -17,6 +17,12 @@ bool IsPushPullKind(uint8_t kind) {
          kind == static_cast<uint8_t>(MessageKind::kResult);
 }
 
+bool IsPeerKind(uint8_t kind) {
+  return kind == static_cast<uint8_t>(MessageKind::kPeerQuery) ||
+         kind == static_cast<uint8_t>(MessageKind::kPeerAnswer) ||
+         kind == static_cast<uint8_t>(MessageKind::kPeerFetch);
+}
+
 // Chunks of at most 2^56 bytes: byte counts (and a version before them) never wrap around.
 absl::Status CheckChunkBytes(const WireHeader& h) {
   if (h.chunk_count > (uint64_t{1} << 56) / DataTypeSize(static_cast<DataType>(h.dtype))) {
@@ -56,6 +62,42 @@ absl::Status ValidatePushPull(const WireHeader& h, size_t payload_bytes) {
   if (payload_bytes != want) {
     return absl::InvalidArgumentError(
         absl::StrCat("payload of ", payload_bytes, " bytes, expected ", want, " (truncated?)"));
+  }
+  return absl::OkStatus();
+}
+
+// Peer recovery (push/pull): the answer's code; a query's or fetch's shape, a fetch's chunk list.
+absl::Status ValidatePeer(const WireHeader& h, size_t payload_bytes) {
+  if (h.sender == WireHeader::kFromServer) {
+    return absl::InvalidArgumentError("peer message without a worker rank");
+  }
+  if (h.kind == static_cast<uint8_t>(MessageKind::kPeerAnswer)) {
+    if (h.error_code != 0 && h.error_code != static_cast<uint32_t>(absl::StatusCode::kNotFound)) {
+      return absl::InvalidArgumentError(absl::StrCat("bad peer answer ", h.error_code));
+    }
+    if (payload_bytes != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("payload of ", payload_bytes, " bytes, expected 0"));
+    }
+    return absl::OkStatus();
+  }
+  if (!common::IsValidDataType(h.dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown dtype ", h.dtype));
+  }
+  if (h.tensor_count == 0 || h.num_chunks == 0 || h.num_chunks > h.tensor_count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(h.num_chunks, " chunks of a tensor of ", h.tensor_count, " elements"));
+  }
+  if (h.kind == static_cast<uint8_t>(MessageKind::kPeerQuery)) {
+    if (payload_bytes != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("payload of ", payload_bytes, " bytes, expected 0"));
+    }
+    return absl::OkStatus();
+  }
+  if (payload_bytes == 0 || payload_bytes % 4 != 0 || payload_bytes / 4 > h.num_chunks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk list of ", payload_bytes, " bytes for ", h.num_chunks, " chunks"));
   }
   return absl::OkStatus();
 }
@@ -143,7 +185,7 @@ absl::StatusOr<WireHeader> ParseHeader(std::span<const std::byte> header, size_t
   if (h.version != WireHeader::kVersion) {
     return absl::InvalidArgumentError(absl::StrCat("unsupported version ", h.version));
   }
-  if (h.kind < 1 || h.kind > 6) {
+  if (h.kind < 1 || h.kind > kMaxMessageKind) {
     return absl::InvalidArgumentError(absl::StrCat("unknown message kind ", h.kind));
   }
   if (!IsValidAlgorithm(h.algorithm)) {
@@ -172,6 +214,14 @@ absl::StatusOr<WireHeader> ParseHeader(std::span<const std::byte> header, size_t
   }
   if (h.kind == static_cast<uint8_t>(MessageKind::kPull)) {
     return absl::InvalidArgumentError("message kind 6 (pull) belongs to parameter_server only");
+  }
+  if (IsPeerKind(h.kind)) {
+    if (!push_pull) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("message kind ", h.kind, " belongs to push_pull only"));
+    }
+    if (absl::Status valid = ValidatePeer(h, payload_bytes); !valid.ok()) return valid;
+    return h;
   }
   if (IsPushPullKind(h.kind) != push_pull && h.kind != static_cast<uint8_t>(MessageKind::kError) &&
       h.kind != static_cast<uint8_t>(MessageKind::kAbort)) {

@@ -27,7 +27,16 @@ enum class MessageKind : uint8_t {
                 // home server, which fails it for every worker; ring / halving-doubling: rank ->
                 // every other rank); payload: the reason (text)
   kPull = 6,    // parameter server, worker -> server: send me this chunk's parameters; no payload
+  // Push/pull peer recovery (PushPullWorker, "fan-out hole"): a worker that lost a summation
+  // server, or waited out its deadline, with every chunk pushed asks the job's other workers
+  // whether they completed the collective (a server may have sent some workers the sum before
+  // it died). No payloads but kPeerFetch's; `plan_version` is the asker's attempt.
+  kPeerQuery = 7,   // worker -> worker: did you complete (tensor, iteration)?
+  kPeerAnswer = 8,  // worker -> worker: error_code 0: yes, I keep its result; NOT_FOUND: no
+  kPeerFetch = 9,   // worker -> worker that answered yes: send me these chunks' sums as kResult
+                    // (sender = the peer's rank); payload: uint32 chunk indices, ascending
 };
+inline constexpr uint8_t kMaxMessageKind = 9;
 
 // Parameter-server messages (algorithm kParameterServer, parameter_server.h) use the push/pull
 // chunk fields and: reduce = kPsInit / kPsDelta / kPsPull; root = the worker's global rank (in

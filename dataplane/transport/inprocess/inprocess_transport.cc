@@ -34,6 +34,15 @@ void InProcessNetwork::SetFrozen(const std::string& address, bool frozen) {
   if (InProcessTransport* t = Find(address)) t->SetFrozen(frozen);
 }
 
+void InProcessNetwork::SetCut(const std::string& from, const std::string& to, bool cut) {
+  std::lock_guard lock(mu_);
+  if (cut) {
+    cut_.emplace(from, to);
+  } else {
+    cut_.erase({from, to});
+  }
+}
+
 InProcessTransport::InProcessTransport(InProcessNetwork* network, std::string address)
     : network_(network), address_(std::move(address)), thread_([this] { Run(); }) {}
 
@@ -94,7 +103,9 @@ void InProcessTransport::Send(const std::string& peer_address, std::span<const s
   {
     std::lock_guard lock(network_->mu_);
     if (InProcessTransport* peer = network_->Find(peer_address)) {
-      peer->Deliver({header.begin(), header.end()}, {payload.begin(), payload.end()});
+      if (!network_->cut_.contains({address_, peer_address})) {
+        peer->Deliver({header.begin(), header.end()}, {payload.begin(), payload.end()});
+      }
       delivered = true;
     }
   }

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -28,6 +29,9 @@ class InProcessNetwork {
 
   // While frozen, messages to `address` are held back (a hung peer); unfreezing delivers them.
   void SetFrozen(const std::string& address, bool frozen);
+  // While cut, messages from `from` to `to` are lost, and their sends still succeed (a peer that
+  // died after its sends were accepted, before they arrived).
+  void SetCut(const std::string& from, const std::string& to, bool cut);
 
  private:
   friend class InProcessTransport;
@@ -36,6 +40,7 @@ class InProcessNetwork {
 
   std::mutex mu_;
   std::map<std::string, InProcessTransport*> endpoints_;
+  std::set<std::pair<std::string, std::string>> cut_;
 };
 
 // Copies every message at Send time and delivers it on the receiver's thread, in order per

@@ -289,6 +289,12 @@ TEST(PushPull, WorkerDeadlineFiresWhenServersAreSilent) {
   auto f = cluster.Start(0, MakeOp("grad", 0, DataType::kFloat32, 100, Reduction::kSum, b[0]));
   cluster.clock().Advance(std::chrono::seconds(6));
   cluster.node(0).push_pull().worker().ExpireStale();
+  // Every chunk was pushed, so first it asks worker 1 whether it completed the collective (peer
+  // recovery); worker 1 is frozen too, and the question ends WorkerGrace later.
+  EXPECT_EQ(f.wait_for(std::chrono::milliseconds(0)), std::future_status::timeout);
+  EXPECT_EQ(cluster.node(0).push_pull().stats().peer_recoveries_started.load(), 1u);
+  cluster.clock().Advance(WorkerGrace(std::chrono::milliseconds(5000)));
+  cluster.node(0).push_pull().worker().ExpireStale();
   absl::Status s = Await(f);
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(s.message(), HasSubstr("waiting on summation servers"));

@@ -235,8 +235,8 @@ TEST(WireTest, RejectsWhatDoesNotFit) {
   h.chunk_offset = 1;
   EXPECT_THAT(Error(h, 40), HasSubstr("expected [0, +10)"));
   h = Push();
-  h.kind = 7;
-  EXPECT_THAT(Error(h, 40), HasSubstr("unknown message kind 7"));
+  h.kind = 10;
+  EXPECT_THAT(Error(h, 40), HasSubstr("unknown message kind 10"));
   // A ring sub-chunk of 2^63 bf16 elements: 2^64 bytes would wrap to an empty payload (found by
   // wire_header_fuzz, seed 2).
   h = Data();
@@ -265,6 +265,41 @@ TEST(WireTest, BroadcastPushesFromOtherWorkersAreEmpty) {
 // fields at offset 12, so every reference bound to one (StrCat, std::max, fmt) was misaligned.
 // Now each field is at a multiple of its size (the static_asserts in wire.h) and a header from
 // any byte position of a message parses and is described into an aligned copy.
+TEST(WireTest, PeerRecoveryMessages) {
+  auto parse = [](WireHeader h, size_t payload) {
+    return ParseHeader(std::as_bytes(std::span(&h, 1)), payload);
+  };
+  WireHeader query = Push();
+  query.kind = static_cast<uint8_t>(MessageKind::kPeerQuery);
+  query.chunk_count = 0;
+  EXPECT_TRUE(parse(query, 0).ok());
+  EXPECT_THAT(parse(query, 4).status().message(), HasSubstr("expected 0"));
+  WireHeader fetch = query;
+  fetch.kind = static_cast<uint8_t>(MessageKind::kPeerFetch);
+  EXPECT_TRUE(parse(fetch, 4).ok());
+  EXPECT_THAT(parse(fetch, 0).status().message(), HasSubstr("chunk list"));
+  EXPECT_THAT(parse(fetch, 6).status().message(), HasSubstr("chunk list"));
+  EXPECT_THAT(parse(fetch, 8).status().message(), HasSubstr("chunk list"));  // 2 of 1 chunk
+  WireHeader answer;
+  answer.kind = static_cast<uint8_t>(MessageKind::kPeerAnswer);
+  answer.algorithm = static_cast<uint8_t>(Algorithm::kPushPull);
+  answer.sender = 2;
+  EXPECT_TRUE(parse(answer, 0).ok());
+  answer.error_code = static_cast<uint32_t>(absl::StatusCode::kNotFound);
+  EXPECT_TRUE(parse(answer, 0).ok());
+  answer.error_code = static_cast<uint32_t>(absl::StatusCode::kInternal);
+  EXPECT_THAT(parse(answer, 0).status().message(), HasSubstr("bad peer answer"));
+  // Push/pull only, from a worker.
+  query.algorithm = static_cast<uint8_t>(Algorithm::kRing);
+  query.world_size = 4;
+  EXPECT_THAT(parse(query, 0).status().message(), HasSubstr("push_pull only"));
+  query.algorithm = static_cast<uint8_t>(Algorithm::kPushPull);
+  query.sender = WireHeader::kFromServer;
+  EXPECT_THAT(parse(query, 0).status().message(), HasSubstr("worker rank"));
+  query.kind = 10;
+  EXPECT_THAT(parse(query, 0).status().message(), HasSubstr("unknown message kind"));
+}
+
 TEST(WireTest, HeaderAtAnyOffsetParsesIntoAnAlignedCopy) {
   EXPECT_EQ(alignof(WireHeader), 8u);
   const WireHeader h = Push();
