@@ -1139,7 +1139,7 @@ void PushPullWorker::ChunkDoneLocked(const std::shared_ptr<OpState>& op, uint32_
   }
   if (op->recovering) {
     stats_->peer_recoveries++;
-    Log()->info("tensor '{}' iteration {} completed from worker {}'s copy of its sums",
+    Log()->warn("tensor '{}' iteration {} completed from worker {}'s copy of its sums",
                 op->op.tensor_name, op->op.iteration, op->fetch_from);
   }
   AnswerQueriesLocked(*op, op->sums != nullptr, done);
@@ -1318,7 +1318,7 @@ void PushPullWorker::FailOrRecoverLocked(const CollectiveKey& key, absl::Status 
   op.answered[me] = true;
   op.answers_pending = n - 1;
   stats_->peer_recoveries_started++;
-  Log()->info("tensor '{}' iteration {} ({}): asking the other {} workers for their sums",
+  Log()->warn("tensor '{}' iteration {} ({}): asking the other {} workers for their sums",
               op.op.tensor_name, op.op.iteration, op.recovery_failure.message(), n - 1);
   AnswerQueriesLocked(op, false, done);  // peers asking this one: it has nothing to give
   const WireHeader about = op.Header(0);
