@@ -182,14 +182,17 @@ absl::Status Agent::ServeLocal(const std::string& address, const SocketAccess& a
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   // Local requests are small (no tensor bytes travel over gRPC): 1 MiB is plenty.
   builder.SetMaxReceiveMessageSize(1 << 20);
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  // A Unix socket is accepted by GrpcUnixListener, which checks each connection's peer first.
+  if (!unix_socket) builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(grpc_service_.get());
   server_ = builder.BuildAndStart();
   if (!server_) {
     return absl::UnavailableError(absl::StrCat("cannot serve local processes on ", address));
   }
   if (unix_socket) {
-    RETURN_IF_ERROR(ApplySocketAccess(path, access));
+    ASSIGN_OR_RETURN(refuse_server_, RefusingServer::Start(RefusalMessage(access)));
+    ASSIGN_OR_RETURN(grpc_listener_, GrpcUnixListener::Start(path, access, server_.get(),
+                                                             refuse_server_->server()));
     ASSIGN_OR_RETURN(buffer_socket_,
                      BufferSocketServer::Start(
                          common::buffer_socket::PathFor(path), access,
@@ -304,7 +307,9 @@ void Agent::Stop() {
   controller_->Stop();
   local_->Shutdown();
   if (rings_) rings_->Shutdown();  // after the sessions ended: their rings are stopping
+  if (grpc_listener_) grpc_listener_->Stop();
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  if (refuse_server_) refuse_server_->Shutdown();
   if (buffer_socket_) buffer_socket_->Stop();
   runner_->Shutdown();
   Log()->info("agent {} stopped", node_id_);

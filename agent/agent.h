@@ -140,6 +140,10 @@ class Agent {
   std::unique_ptr<LocalGrpcService> grpc_service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<BufferSocketServer> buffer_socket_;  // from ServeLocal, unix: addresses only
+  // unix: addresses: the gRPC socket's listener (peer checked per connection) and the server
+  // that refuses the peers it does not allow.
+  std::unique_ptr<RefusingServer> refuse_server_;
+  std::unique_ptr<GrpcUnixListener> grpc_listener_;
   std::unique_ptr<ControllerClient> controller_;
   uint64_t last_dataplane_sent_ = 0;      // heartbeat thread only
   uint64_t last_dataplane_received_ = 0;  // heartbeat thread only

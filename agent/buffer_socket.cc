@@ -17,6 +17,11 @@
 #include "common/buffer_socket_protocol.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "grpcpp/generic/async_generic_service.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "grpcpp/server_posix.h"
+#include "grpcpp/support/server_callback.h"
 
 namespace tributary::agent {
 namespace {
@@ -53,6 +58,15 @@ void Respond(int fd, absl::Status status, uint64_t buffer_id) {
 
 }  // namespace
 
+static std::string AllowedPeers(const SocketAccess& access) {
+  return absl::StrCat("allowed are root, uid ", geteuid(),
+                      access.group ? absl::StrCat(", group ", *access.group) : std::string(),
+                      access.allowed_uids.empty()
+                          ? std::string()
+                          : absl::StrCat(", uids ", absl::StrJoin(access.allowed_uids, ",")),
+                      " (agent flags --socket-group / --socket-allow-uid)");
+}
+
 absl::Status CheckPeer(const SocketAccess& access, const common::PeerCredentials& peer) {
   if (peer.uid == 0 || peer.uid == geteuid()) return absl::OkStatus();
   if (access.group && peer.gid == *access.group) return absl::OkStatus();
@@ -62,12 +76,11 @@ absl::Status CheckPeer(const SocketAccess& access, const common::PeerCredentials
   }
   return absl::PermissionDeniedError(
       absl::StrCat("uid ", peer.uid, " (gid ", peer.gid, ", pid ", peer.pid,
-                   ") may not use this agent: allowed are root, uid ", geteuid(),
-                   access.group ? absl::StrCat(", group ", *access.group) : std::string(),
-                   access.allowed_uids.empty()
-                       ? std::string()
-                       : absl::StrCat(", uids ", absl::StrJoin(access.allowed_uids, ",")),
-                   " (agent flags --socket-group / --socket-allow-uid)"));
+                   ") may not use this agent: ", AllowedPeers(access)));
+}
+
+std::string RefusalMessage(const SocketAccess& access) {
+  return absl::StrCat("your uid may not use this agent: ", AllowedPeers(access));
 }
 
 absl::Status ClaimSocketPath(const std::string& path) {
@@ -232,6 +245,121 @@ void BufferSocketServer::Serve(Connection* connection) {
     if (absl::IsInvalidArgument(received)) break;
   }
   connection->done = true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// GrpcUnixListener
+
+class RefuseAllService : public grpc::CallbackGenericService {
+ public:
+  explicit RefuseAllService(std::string message) : message_(std::move(message)) {}
+
+  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext*) override {
+    class Refuse : public grpc::ServerGenericBidiReactor {
+     public:
+      explicit Refuse(const std::string& message) {
+        Finish(grpc::Status(grpc::StatusCode::PERMISSION_DENIED, message));
+      }
+      void OnDone() override { delete this; }
+    };
+    return new Refuse(message_);
+  }
+
+ private:
+  const std::string message_;
+};
+
+struct RefusingServer::Impl {
+  explicit Impl(std::string message) : service(std::move(message)) {}
+  RefuseAllService service;
+  std::unique_ptr<grpc::Server> server;
+};
+
+absl::StatusOr<std::unique_ptr<RefusingServer>> RefusingServer::Start(std::string message) {
+  auto impl = std::make_unique<Impl>(std::move(message));
+  grpc::ServerBuilder builder;
+  builder.SetMaxReceiveMessageSize(4 << 10);
+  builder.RegisterCallbackGenericService(&impl->service);
+  impl->server = builder.BuildAndStart();
+  if (!impl->server) return absl::UnavailableError("cannot start the refusing gRPC server");
+  return std::unique_ptr<RefusingServer>(new RefusingServer(std::move(impl)));
+}
+
+RefusingServer::RefusingServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+RefusingServer::~RefusingServer() { Shutdown(); }
+
+grpc::Server* RefusingServer::server() { return impl_->server.get(); }
+
+void RefusingServer::Shutdown() { impl_->server->Shutdown(std::chrono::system_clock::now()); }
+
+absl::StatusOr<std::unique_ptr<GrpcUnixListener>> GrpcUnixListener::Start(const std::string& path,
+                                                                          SocketAccess access,
+                                                                          grpc::Server* server,
+                                                                          grpc::Server* refuse) {
+  ASSIGN_OR_RETURN(sockaddr_un address, UnixAddress(path));
+  RETURN_IF_ERROR(ClaimSocketPath(path));
+  common::UniqueFd listener(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!listener.valid()) return Errno("socket", path);
+  const mode_t old_mask = umask(0177);
+  const int bound = bind(listener.get(), reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  umask(old_mask);
+  if (bound != 0) return Errno("bind", path);
+  RETURN_IF_ERROR(ApplySocketAccess(path, access));
+  if (listen(listener.get(), 128) != 0) return Errno("listen", path);
+  common::UniqueFd wake(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!wake.valid()) return Errno("eventfd", path);
+  std::unique_ptr<GrpcUnixListener> l(new GrpcUnixListener(path, std::move(access), server, refuse,
+                                                           std::move(listener), std::move(wake)));
+  l->acceptor_ = std::thread([raw = l.get()] { raw->AcceptLoop(); });
+  return l;
+}
+
+GrpcUnixListener::GrpcUnixListener(std::string path, SocketAccess access, grpc::Server* server,
+                                   grpc::Server* refuse, common::UniqueFd listener,
+                                   common::UniqueFd wake)
+    : path_(std::move(path)),
+      access_(std::move(access)),
+      server_(server),
+      refuse_(refuse),
+      listener_(std::move(listener)),
+      wake_(std::move(wake)) {}
+
+GrpcUnixListener::~GrpcUnixListener() { Stop(); }
+
+void GrpcUnixListener::Stop() {
+  std::call_once(stop_, [this] {
+    const uint64_t one = 1;
+    (void)!write(wake_.get(), &one, sizeof(one));
+    if (acceptor_.joinable()) acceptor_.join();
+    listener_.Reset();
+    unlink(path_.c_str());
+  });
+}
+
+void GrpcUnixListener::AcceptLoop() {
+  while (true) {
+    pollfd fds[2] = {{listener_.get(), POLLIN, 0}, {wake_.get(), POLLIN, 0}};
+    if (poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      Log()->error("local socket '{}': poll: {}", path_, std::strerror(errno));
+      return;
+    }
+    if (fds[1].revents != 0) return;
+    // Non-blocking, as gRPC's endpoints expect of a descriptor they are handed.
+    common::UniqueFd fd(accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+    if (!fd.valid()) continue;
+    absl::StatusOr<common::PeerCredentials> peer = common::GetPeerCredentials(fd.get());
+    absl::Status allowed = peer.ok() ? CheckPeer(access_, *peer) : peer.status();
+    if (allowed.ok()) {
+      accepted_++;
+      grpc::AddInsecureChannelFromFd(server_, fd.Release());
+    } else {
+      refused_++;
+      Log()->warn("local socket '{}': connection refused: {}", path_, allowed.message());
+      grpc::AddInsecureChannelFromFd(refuse_, fd.Release());
+    }
+  }
 }
 
 }  // namespace tributary::agent

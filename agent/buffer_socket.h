@@ -1,6 +1,7 @@
 // The agent's local sockets: who may connect (mode, group, SO_PEERCRED), how a socket path is
-// claimed (never deleting what is not ours), and the buffer socket through which training
-// processes hand their sealed memfds to the agent (common/buffer_socket_protocol.h).
+// claimed (never deleting what is not ours), the buffer socket through which training
+// processes hand their sealed memfds to the agent (common/buffer_socket_protocol.h), and the
+// gRPC socket's listener, which checks every connection's peer before gRPC serves it.
 #pragma once
 
 #include <sys/types.h>
@@ -18,6 +19,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/unix_fd.h"
+
+namespace grpc {
+class Server;
+}
 
 namespace tributary::agent {
 
@@ -86,5 +91,61 @@ class BufferSocketServer {
   bool stopped_ = false;
   std::list<Connection> connections_;
 };
+
+// The agent's gRPC Unix socket, bound and accepted here instead of by gRPC, so that each
+// connection's peer is checked (SO_PEERCRED, CheckPeer) before gRPC reads a byte of it: an
+// allowed peer's connection is handed to `server`, a refused one to `refuse`, a server that
+// answers every call with PERMISSION_DENIED naming what is allowed (MakeRefusingServer). Every
+// call rides a checked connection, so the check holds per call whatever the file's mode. The
+// socket is bound with no access for others until `access` is applied. Both servers are built
+// without listening ports and must outlive the listener.
+class GrpcUnixListener {
+ public:
+  static absl::StatusOr<std::unique_ptr<GrpcUnixListener>> Start(const std::string& path,
+                                                                 SocketAccess access,
+                                                                 grpc::Server* server,
+                                                                 grpc::Server* refuse);
+  ~GrpcUnixListener();
+  // Closes the socket (removes the file) and joins the acceptor; connections already handed to
+  // gRPC end with their servers. Idempotent.
+  void Stop();
+
+  uint64_t accepted_connections() const { return accepted_.load(); }
+  uint64_t refused_connections() const { return refused_.load(); }
+
+ private:
+  GrpcUnixListener(std::string path, SocketAccess access, grpc::Server* server,
+                   grpc::Server* refuse, common::UniqueFd listener, common::UniqueFd wake);
+  void AcceptLoop();
+
+  const std::string path_;
+  const SocketAccess access_;
+  grpc::Server* server_;
+  grpc::Server* refuse_;
+  common::UniqueFd listener_;
+  common::UniqueFd wake_;
+  std::thread acceptor_;
+  std::atomic<uint64_t> accepted_{0};
+  std::atomic<uint64_t> refused_{0};
+  std::once_flag stop_;
+};
+
+// A gRPC server, without ports, whose every method answers PERMISSION_DENIED with `message`:
+// where GrpcUnixListener sends the peers it refuses.
+class RefusingServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<RefusingServer>> Start(std::string message);
+  ~RefusingServer();
+  grpc::Server* server();
+  void Shutdown();
+
+ private:
+  struct Impl;
+  explicit RefusingServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+// The refusal for peers CheckPeer does not allow, without the peer's own uid (the refusing
+// server cannot tell connections apart).
+std::string RefusalMessage(const SocketAccess& access);
 
 }  // namespace tributary::agent

@@ -154,6 +154,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
       argv.push_back("--sum-gbps");
       argv.push_back(absl::StrCat(o.sum_gbps));
     }
+    argv.insert(argv.end(), o.agent_args.begin(), o.agent_args.end());
     auto apid = SpawnProcess(argv, absl::StrCat(o.run_dir, "/", c->node_id(i), ".log"));
     if (!apid.ok()) return apid.status();
     c->agent_pids_.push_back(*apid);

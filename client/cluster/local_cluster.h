@@ -53,6 +53,8 @@ struct LocalClusterOptions {
   std::string tls_admin = "admin";
   // Every process's --tls-reload-seconds.
   int tls_reload_seconds = 10;
+  // More flags for every agent (e.g. --socket-mode 0666).
+  std::vector<std::string> agent_args;
 };
 
 // Owns the processes: Stop (or the destructor) ends them, SIGTERM first, SIGKILL after a
