@@ -33,7 +33,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Accepted: the magic and version were checked, and the description names the message.
   if (h->magic != WireHeader::kMagic || h->version != WireHeader::kVersion) __builtin_trap();
   // A chunk's payload holds exactly its elements (none for a broadcast push by a non-root):
-  // receivers read chunk_count elements from it. Exact arithmetic, no wrap-around.
+  // receivers read chunk_count elements from it. Exact arithmetic, no wrap-around. Peer
+  // recovery's messages carry none, or (a fetch) a list of chunk indices.
   const auto kind = static_cast<MessageKind>(h->kind);
   if (h->algorithm == static_cast<uint8_t>(tributary::dataplane::Algorithm::kParameterServer)) {
     // Parameter server: a push holds the chunk's values, a pull nothing, an answer nothing (an
@@ -48,6 +49,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                           ? payload_bytes == 0 || bytes + 8 == payload_bytes
                           : false;
       if (!ok || h->root >= h->world_size) __builtin_trap();
+    }
+  } else if (kind == MessageKind::kPeerQuery || kind == MessageKind::kPeerAnswer) {
+    // Push/pull peer recovery: questions and answers carry no payload.
+    if (payload_bytes != 0 || h->sender == WireHeader::kFromServer) __builtin_trap();
+  } else if (kind == MessageKind::kPeerFetch) {
+    // A list of chunk indices: whole uint32s, at least one, at most one per chunk.
+    if (payload_bytes == 0 || payload_bytes % 4 != 0 || payload_bytes / 4 > h->num_chunks ||
+        h->num_chunks == 0 || h->num_chunks > h->tensor_count) {
+      __builtin_trap();
     }
   } else if (kind != MessageKind::kError && kind != MessageKind::kAbort) {
     const unsigned __int128 bytes =

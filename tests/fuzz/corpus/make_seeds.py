@@ -16,6 +16,7 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 WIRE = struct.Struct("<IBBBBB7sQQQQQIIIIIIQQII16s")
 assert WIRE.size == 120
 PUSH, RESULT, ERROR, DATA, ABORT, PULL = 1, 2, 3, 4, 5, 6
+PEER_QUERY, PEER_ANSWER, PEER_FETCH = 7, 8, 9
 PUSH_PULL, RING, HD, PS = 1, 2, 3, 4
 F32, F64, F16, BF16, I32, I64 = 1, 2, 3, 4, 5, 6
 SIZE = {F32: 4, F64: 8, F16: 2, BF16: 2, I32: 4, I64: 8}
@@ -54,6 +55,11 @@ def messages():
     yield "ps_pull", (header(PULL, PS, reduce=PS_PULL, sender=2, root=2)[0], b"")
     h, p = header(RESULT, PS, reduce=PS_PULL, sender=0xFFFFFFFF, root=2)
     yield "ps_values", (h, struct.pack("<Q", 5) + p)
+    # Push/pull peer recovery: a question, a no, a fetch of chunks 0 and 3, a peer's sum.
+    yield "peer_query", (header(PEER_QUERY, PUSH_PULL, index=0)[0], b"")
+    yield "peer_answer_no", (header(PEER_ANSWER, PUSH_PULL, error=5)[0], b"")
+    yield "peer_fetch", (header(PEER_FETCH, PUSH_PULL, index=0)[0], struct.pack("<II", 0, 3))
+    yield "peer_result", header(RESULT, PUSH_PULL, sender=2)
 
 
 def pad8(b):
