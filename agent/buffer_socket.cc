@@ -279,6 +279,10 @@ absl::StatusOr<std::unique_ptr<RefusingServer>> RefusingServer::Start(std::strin
   auto impl = std::make_unique<Impl>(std::move(message));
   grpc::ServerBuilder builder;
   builder.SetMaxReceiveMessageSize(4 << 10);
+  // A refused peer's connection does not stay: closed when idle for 2 s, and after 10 s anyway.
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, 2000);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS, 10000);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS, 1000);
   builder.RegisterCallbackGenericService(&impl->service);
   impl->server = builder.BuildAndStart();
   if (!impl->server) return absl::UnavailableError("cannot start the refusing gRPC server");
@@ -348,17 +352,34 @@ void GrpcUnixListener::AcceptLoop() {
     if (fds[1].revents != 0) return;
     // Non-blocking, as gRPC's endpoints expect of a descriptor they are handed.
     common::UniqueFd fd(accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
-    if (!fd.valid()) continue;
+    if (!fd.valid()) {
+      if (errno == EMFILE || errno == ENFILE) {
+        // Out of descriptors: the connection stays pending, and poll would report it at once
+        // again. Say so, and wait (for Stop, at most 100 ms) instead of spinning.
+        Log()->warn("local socket '{}': accept: {}", path_, std::strerror(errno));
+        pollfd wake = {wake_.get(), POLLIN, 0};
+        if (poll(&wake, 1, 100) > 0) return;
+      }
+      continue;
+    }
     absl::StatusOr<common::PeerCredentials> peer = common::GetPeerCredentials(fd.get());
     absl::Status allowed = peer.ok() ? CheckPeer(access_, *peer) : peer.status();
     if (allowed.ok()) {
       accepted_++;
       grpc::AddInsecureChannelFromFd(server_, fd.Release());
-    } else {
-      refused_++;
-      Log()->warn("local socket '{}': connection refused: {}", path_, allowed.message());
-      grpc::AddInsecureChannelFromFd(refuse_, fd.Release());
+      continue;
     }
+    refused_++;
+    // At most kMaxRefusedPer10s refused connections get their answer in any 10 s (each is
+    // held by the refusing server until idle or old); beyond that they are closed unanswered.
+    const auto now = std::chrono::steady_clock::now();
+    while (!recent_refusals_.empty() && now - recent_refusals_.front() > std::chrono::seconds(10)) {
+      recent_refusals_.pop_front();
+    }
+    if (recent_refusals_.size() >= kMaxRefusedPer10s) continue;  // `fd` closes
+    recent_refusals_.push_back(now);
+    Log()->warn("local socket '{}': connection refused: {}", path_, allowed.message());
+    grpc::AddInsecureChannelFromFd(refuse_, fd.Release());
   }
 }
 

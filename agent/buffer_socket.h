@@ -7,6 +7,8 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <chrono>
+#include <deque>
 #include <functional>
 #include <list>
 #include <memory>
@@ -95,12 +97,16 @@ class BufferSocketServer {
 // The agent's gRPC Unix socket, bound and accepted here instead of by gRPC, so that each
 // connection's peer is checked (SO_PEERCRED, CheckPeer) before gRPC reads a byte of it: an
 // allowed peer's connection is handed to `server`, a refused one to `refuse`, a server that
-// answers every call with PERMISSION_DENIED naming what is allowed (MakeRefusingServer). Every
-// call rides a checked connection, so the check holds per call whatever the file's mode. The
-// socket is bound with no access for others until `access` is applied. Both servers are built
-// without listening ports and must outlive the listener.
+// answers every call with PERMISSION_DENIED naming what is allowed (RefusingServer), and closes
+// the connection once idle for 2 s or 10 s old; past kMaxRefusedPer10s refusals in 10 s, refused
+// connections are closed unanswered. Every call rides a checked connection, so the check holds
+// per call whatever the file's mode. The socket is bound with no access for others until
+// `access` is applied. Out of descriptors, the acceptor logs and waits instead of spinning. Both
+// servers are built without listening ports and must outlive the listener.
 class GrpcUnixListener {
  public:
+  static constexpr size_t kMaxRefusedPer10s = 64;
+
   static absl::StatusOr<std::unique_ptr<GrpcUnixListener>> Start(const std::string& path,
                                                                  SocketAccess access,
                                                                  grpc::Server* server,
@@ -127,6 +133,7 @@ class GrpcUnixListener {
   std::thread acceptor_;
   std::atomic<uint64_t> accepted_{0};
   std::atomic<uint64_t> refused_{0};
+  std::deque<std::chrono::steady_clock::time_point> recent_refusals_;  // acceptor thread only
   std::once_flag stop_;
 };
 

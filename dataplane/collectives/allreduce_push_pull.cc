@@ -524,7 +524,8 @@ struct PushPullWorker::OpState {
   common::Clock::TimePoint recovery_deadline;
   std::vector<bool> answered;  // by worker rank
   uint32_t answers_pending = 0;
-  int fetch_from = -1;  // the peer asked for the missing chunks
+  int fetch_from = -1;          // the peer asked for the missing chunks
+  std::vector<uint32_t> haves;  // peers that answered yes, not asked yet (the next to ask)
   // Peers that asked about this op before it ended here: (rank, their attempt's epoch).
   std::vector<std::pair<uint32_t, uint64_t>> peer_queries;
 
@@ -569,6 +570,13 @@ void PushPullWorker::SetJob(const JobView& view) {
   {
     std::lock_guard lock(mu_);
     const uint64_t job_hash = view.job_hash();
+    if (auto old = jobs_.find(job_hash);
+        old != jobs_.end() && old->second->generation != view.generation) {
+      // A new membership generation counts its iterations from 0 again: the kept sums belong to
+      // collectives no one will ask about.
+      retained_.erase(retained_.lower_bound({job_hash, 0}),
+                      retained_.lower_bound({job_hash + 1, 0}));
+    }
     jobs_[job_hash] = std::make_shared<const JobView>(view);
     const std::set<std::string> worker_set(view.worker_addresses.begin(),
                                            view.worker_addresses.end());
@@ -612,11 +620,17 @@ void PushPullWorker::SetJob(const JobView& view) {
          it != ops_.end() && it->first.job == job_hash; ++it) {
       OpState& op = *it->second;
       if (!op.recovering) continue;
-      for (size_t r = 0; r < op.answered.size(); ++r) {
-        if (!op.answered[r] && !worker_set.contains(op.job->worker_addresses[r])) {
+      auto gone = [&](uint32_t r) { return !worker_set.contains(op.job->worker_addresses[r]); };
+      for (uint32_t r = 0; r < op.answered.size(); ++r) {
+        if (!op.answered[r] && gone(r)) {
           op.answered[r] = true;
           op.answers_pending--;
         }
+      }
+      std::erase_if(op.haves, gone);
+      if (op.fetch_from >= 0 && gone(static_cast<uint32_t>(op.fetch_from))) {
+        op.fetch_from = -1;
+        FetchNextLocked(op, done);
       }
       recovering.push_back(it->first);
     }
@@ -1008,9 +1022,12 @@ void PushPullWorker::HandleResult(const WireHeader& h, std::span<const std::byte
       Log()->debug("sum of {} from worker {} dropped: not asked for", Describe(h), h.sender);
       return;
     }
+    // A peer's copy may also fill a chunk this attempt never pushed (state 0, see
+    // FailOrRecoverLocked).
     if (h.num_chunks != op->num_chunks || h.tensor_count != op->op.count ||
         h.dtype != static_cast<uint8_t>(op->op.dtype) ||
-        (op->chunk_state[h.chunk] != 1 && op->chunk_state[h.chunk] != 3)) {
+        (op->chunk_state[h.chunk] != 1 && op->chunk_state[h.chunk] != 3 &&
+         !(from_peer && op->chunk_state[h.chunk] == 0))) {
       if (from_peer && op->num_chunks == h.num_chunks) return;  // the server's sum came first
       Log()->warn("result for {} does not match the running operation; dropped", Describe(h));
       stats_->malformed_messages++;
@@ -1061,7 +1078,12 @@ void PushPullWorker::HandleResult(const WireHeader& h, std::span<const std::byte
     }
     op->writing[h.chunk] = 0;
     // Unless the operation failed meanwhile:
-    if (!op->finished && (op->chunk_state[h.chunk] == 1 || op->chunk_state[h.chunk] == 3)) {
+    if (!op->finished && from_peer && op->chunk_state[h.chunk] == 0) {
+      // Never pushed (nothing outstanding, no credit held): done with the copy.
+      if (h.chunk == 0 && op->tuned) op->decision_kib = h.reserved1;
+      ChunkDoneLocked(op, h.chunk, done);
+      PumpLocked(sends);
+    } else if (!op->finished && (op->chunk_state[h.chunk] == 1 || op->chunk_state[h.chunk] == 3)) {
       if (!op->sent_at.empty() && !from_peer) TraceChunkLocked(*op, h.chunk, server_index);
       if (h.chunk == 0 && op->tuned) op->decision_kib = h.reserved1;
       op->outstanding[server_index]--;
@@ -1301,12 +1323,15 @@ void PushPullWorker::FailOrRecoverLocked(const CollectiveKey& key, absl::Status 
   if (op.recovering) return;  // already asking: its deadline and the answers decide
   const int n = op.job->num_workers();
   const int me = op.job->my_worker_rank;
-  // A chunk this worker never pushed cannot have been summed anywhere: no worker completed it.
-  const bool all_pushed = std::none_of(op.chunk_state.begin(), op.chunk_state.end(),
-                                       [](uint8_t state) { return state == 0; });
-  if (n < 2 || me < 0 || !all_pushed) {
+  if (n < 2 || me < 0) {
     FailLocked(key, std::move(status), done);
     return;
+  }
+  // Even with chunks never pushed (held back by kPushPullAhead), another worker may have
+  // completed the collective under an earlier epoch (this is then a retry). What is still queued
+  // is not pushed any more: this attempt ends with a copy or with `status`.
+  for (auto q = queue_.begin(); q != queue_.end();) {
+    q = q->key == key ? queue_.erase(q) : std::next(q);
   }
   if (status.code() == absl::StatusCode::kUnavailable) {
     status = WithEpoch(std::move(status), op.job->plan_version);
@@ -1371,6 +1396,24 @@ void PushPullWorker::AnswerQueriesLocked(OpState& op, bool have, std::vector<Com
   op.peer_queries.clear();
 }
 
+void PushPullWorker::FetchNextLocked(OpState& op, std::vector<Completion>& done) {
+  if (op.haves.empty()) return;
+  op.fetch_from = static_cast<int>(op.haves.front());
+  op.haves.erase(op.haves.begin());
+  // Every chunk without its sum: pushed and waiting, or never pushed (queued no more).
+  auto missing = std::make_shared<std::vector<uint32_t>>();
+  for (uint32_t c = 0; c < op.num_chunks; ++c) {
+    if (op.chunk_state[c] != 2 && op.chunk_state[c] != 4) missing->push_back(c);
+  }
+  Log()->info("tensor '{}' iteration {}: worker {} completed it; fetching {} chunks",
+              op.op.tensor_name, op.op.iteration, op.fetch_from, missing->size());
+  if (!missing->empty()) {
+    SendPeerLocked(*op.job, MessageKind::kPeerFetch, op.Header(0),
+                   static_cast<uint32_t>(op.fetch_from), op.job->plan_version,
+                   absl::StatusCode::kOk, done, std::move(missing));
+  }
+}
+
 void PushPullWorker::MaybeEndRecoveryLocked(const CollectiveKey& key,
                                             std::vector<Completion>& done) {
   auto it = ops_.find(key);
@@ -1393,20 +1436,32 @@ void PushPullWorker::HandlePeer(const WireHeader& h, std::span<const std::byte> 
       Log()->debug("peer message about {} of no job here dropped", Describe(h));
       return;
     }
+    // Answers and copies go by the current plan (ranks and addresses), never by the one the
+    // kept sums completed under.
     const JobView& job = *job_it->second;
+    if (job.my_worker_rank < 0 || h.sender >= job.worker_addresses.size()) {
+      Log()->debug("peer message about {} from worker {} dropped: no such worker", Describe(h),
+                   h.sender);
+      return;
+    }
     auto retained = retained_.find({h.job, h.tensor});
-    const bool have = retained != retained_.end() && retained->second.iteration == h.iteration;
+    // Kept sums of the same iteration, shape and membership generation (a new generation counts
+    // its iterations from 0 again: the same number is another collective).
+    const bool have = retained != retained_.end() && retained->second.iteration == h.iteration &&
+                      retained->second.count == h.tensor_count &&
+                      retained->second.dtype == h.dtype &&
+                      retained->second.job->generation == job.generation && !ops_.contains(key);
     switch (static_cast<MessageKind>(h.kind)) {
       case MessageKind::kPeerQuery: {
-        if (have && retained->second.count == h.tensor_count && retained->second.dtype == h.dtype) {
-          SendPeerLocked(*retained->second.job, MessageKind::kPeerAnswer, h, h.sender,
-                         h.plan_version, absl::StatusCode::kOk, done);
+        if (have) {
+          SendPeerLocked(job, MessageKind::kPeerAnswer, h, h.sender, h.plan_version,
+                         absl::StatusCode::kOk, done);
         } else if (auto op = ops_.find(key); op != ops_.end()) {
           OpState& state = *op->second;
           if (state.recovering || state.job->plan_version > h.plan_version) {
             // It has no sums to give, or this attempt is a later one (the asker's epoch failed
             // here too).
-            SendPeerLocked(*state.job, MessageKind::kPeerAnswer, h, h.sender, h.plan_version,
+            SendPeerLocked(job, MessageKind::kPeerAnswer, h, h.sender, h.plan_version,
                            absl::StatusCode::kNotFound, done);
           } else {
             state.peer_queries.emplace_back(h.sender, h.plan_version);  // answered when it ends
@@ -1433,41 +1488,30 @@ void PushPullWorker::HandlePeer(const WireHeader& h, std::span<const std::byte> 
         OpState& state = *op->second;
         if (state.answered[h.sender]) {
           if (static_cast<int>(h.sender) == state.fetch_from && h.error_code != 0) {
-            // The worker it fetched from no longer keeps the sums.
+            // The worker it fetched from no longer keeps the sums: the next that said yes.
             state.fetch_from = -1;
+            FetchNextLocked(state, done);
             MaybeEndRecoveryLocked(key, done);
           }
           break;
         }
         state.answered[h.sender] = true;
         state.answers_pending--;
-        if (h.error_code == 0 && state.fetch_from < 0) {
-          state.fetch_from = static_cast<int>(h.sender);
-          auto missing = std::make_shared<std::vector<uint32_t>>();
-          for (uint32_t c = 0; c < state.num_chunks; ++c) {
-            if (state.chunk_state[c] == 1 || state.chunk_state[c] == 3) missing->push_back(c);
-          }
-          Log()->info("tensor '{}' iteration {}: worker {} completed it; fetching {} chunks",
-                      state.op.tensor_name, state.op.iteration, h.sender, missing->size());
-          if (!missing->empty()) {
-            SendPeerLocked(*state.job, MessageKind::kPeerFetch, state.Header(0), h.sender,
-                           state.job->plan_version, absl::StatusCode::kOk, done,
-                           std::move(missing));
-          }
+        if (h.error_code == 0) {
+          state.haves.push_back(h.sender);
+          if (state.fetch_from < 0) FetchNextLocked(state, done);
         }
         MaybeEndRecoveryLocked(key, done);
         break;
       }
       case MessageKind::kPeerFetch: {
-        if (!have || retained->second.count != h.tensor_count ||
-            retained->second.dtype != h.dtype) {
+        if (!have) {
           SendPeerLocked(job, MessageKind::kPeerAnswer, h, h.sender, h.plan_version,
                          absl::StatusCode::kNotFound, done);
           break;
         }
         const Retained& r = retained->second;
-        if (r.job->my_worker_rank < 0 || h.sender >= r.job->worker_addresses.size()) break;
-        const std::string to = r.job->worker_addresses[h.sender];
+        const std::string to = job.worker_addresses[h.sender];
         const size_t element_size = DataTypeSize(static_cast<DataType>(r.dtype));
         for (size_t i = 0; i + 4 <= payload.size(); i += 4) {
           uint32_t c;
@@ -1475,7 +1519,7 @@ void PushPullWorker::HandlePeer(const WireHeader& h, std::span<const std::byte> 
           if (c >= h.num_chunks) break;
           WireHeader out = h;
           out.kind = static_cast<uint8_t>(MessageKind::kResult);
-          out.sender = static_cast<uint32_t>(r.job->my_worker_rank);
+          out.sender = static_cast<uint32_t>(job.my_worker_rank);
           out.chunk = c;
           const ChunkRange range = GetChunk(h.tensor_count, h.num_chunks, c);
           out.chunk_offset = range.offset;

@@ -254,13 +254,16 @@ inline constexpr uint32_t kPushPullAhead = 4;
 //    are all workers keep nothing: such a server dies only with its worker, which ends the
 //    iteration for every worker anyway (a membership change);
 //  * a worker that would fail a collective on its own -- a summation server left the plan, its
-//    deadline passed, or a server timed the chunk out -- with every chunk already pushed (else no
-//    worker can have completed it) first asks every other worker (kPeerQuery) whether it
-//    completed it. A worker answers (kPeerAnswer) once it knows: yes if it keeps the sums; no
-//    if its own attempt failed or is recovering too, it runs a later epoch, or it has not
-//    started the collective (a running attempt answers when it ends);
+//    deadline passed, or a server timed the chunk out -- first asks every other worker
+//    (kPeerQuery) whether it completed it (under this epoch, or, when this is a retry, an
+//    earlier one), and pushes nothing more. A worker answers (kPeerAnswer) once it knows: yes if it
+//    keeps the sums; no if its own attempt failed or is recovering too, it runs a later epoch, or
+//    it has not started the collective (a running attempt answers when it ends). Kept sums count
+//    only for the same membership generation (a new one counts its iterations from 0 again), and
+//    answers and copies go by the current plan's ranks and addresses;
 //  * on the first yes it fetches its missing chunks from that worker (kPeerFetch, answered with
-//    kResult messages carrying the worker's rank) and completes as if the servers had sent them;
+//    kResult messages carrying the worker's rank; should that one have lost them, from the next
+//    that said yes) and completes as if the servers had sent them;
 //    when every worker said no, or no answer came within WorkerGrace past the deadline, it fails
 //    with the error it had, and the agent's retry runs the iteration again under the new epoch.
 // A worker completes from the servers' sums or from a copy of them: never a different sum.
@@ -380,6 +383,8 @@ class PushPullWorker {
                       std::shared_ptr<std::vector<uint32_t>> chunks = nullptr);
   // Tells the workers that asked about `op` whether it completed here. mu_ held.
   void AnswerQueriesLocked(OpState& op, bool have, std::vector<Completion>& done);
+  // Asks the next peer that said yes for every chunk still without its sum. mu_ held.
+  void FetchNextLocked(OpState& op, std::vector<Completion>& done);
   // A recovering op heard from every peer, none with the sums: fail it. mu_ held.
   void MaybeEndRecoveryLocked(const CollectiveKey& key, std::vector<Completion>& done);
   // Records the chunk's phases in the trace (common/trace.h). mu_ held.

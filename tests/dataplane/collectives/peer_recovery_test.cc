@@ -31,7 +31,9 @@ using ::testing::HasSubstr;
 using testing::MakeOp;
 using testing::PutValue;
 
-constexpr uint64_t kCount = 3000;  // float32: several chunks per server at 1 KiB
+constexpr uint64_t kCount = 3000;  // float32: at most 4 chunks per server at 1 KiB
+// More chunks per server than a worker pushes ahead of their sums (kPushPullAhead).
+constexpr uint64_t kBigCount = 30000;
 
 ClusterOptions Job() {
   ClusterOptions o;
@@ -57,9 +59,9 @@ JobView WithoutTheSpare(const Cluster& cluster, int i) {
 }
 
 // Rank r's input: (r + 1) * (i % 7 + 1); the sum over 3 ranks is exact in float32.
-std::vector<std::vector<std::byte>> Input(int rank) {
-  std::vector<std::vector<std::byte>> b(1, std::vector<std::byte>(kCount * 4));
-  for (uint64_t i = 0; i < kCount; ++i) {
+std::vector<std::vector<std::byte>> Input(int rank, uint64_t count = kCount) {
+  std::vector<std::vector<std::byte>> b(1, std::vector<std::byte>(count * 4));
+  for (uint64_t i = 0; i < count; ++i) {
     PutValue(DataType::kFloat32, b[0].data(), i, (rank + 1.0) * (i % 7 + 1));
   }
   return b;
@@ -67,7 +69,7 @@ std::vector<std::vector<std::byte>> Input(int rank) {
 
 int64_t Wrong(const std::vector<std::vector<std::byte>>& b) {
   int64_t wrong = 0;
-  for (uint64_t i = 0; i < kCount; ++i) {
+  for (uint64_t i = 0; i < b[0].size() / 4; ++i) {
     wrong += GetValue(DataType::kFloat32, b[0].data(), i) != 6.0 * (i % 7 + 1);
   }
   return wrong;
@@ -108,14 +110,15 @@ struct Iteration {
 };
 
 // Starts iteration `iteration` of "grad" on the given workers.
-void Start(Cluster& cluster, Iteration& run, std::vector<int> ranks, uint64_t iteration = 0) {
+void Start(Cluster& cluster, Iteration& run, std::vector<int> ranks, uint64_t iteration = 0,
+           uint64_t count = kCount) {
   if (run.buffers.empty()) {
-    for (int r = 0; r < 3; ++r) run.buffers.push_back(Input(r));
+    for (int r = 0; r < 3; ++r) run.buffers.push_back(Input(r, count));
     run.done.resize(3);
   }
   for (int r : ranks) {
     run.done[r] = cluster.Start(
-        r, MakeOp("grad", iteration, DataType::kFloat32, kCount, Reduction::kSum, run.buffers[r]));
+        r, MakeOp("grad", iteration, DataType::kFloat32, count, Reduction::kSum, run.buffers[r]));
   }
 }
 
@@ -263,6 +266,69 @@ TEST(PeerRecovery, WorkerThatGaveUpBeforeItsPeersCompletedRecoversWhenItsRetryTi
   EXPECT_EQ(Wrong(run.buffers[0]), 0);
   EXPECT_EQ(Stats(cluster, 0).peer_recoveries.load(), 1u);
   RunExactOnV8(cluster, 1);
+}
+
+TEST(PeerRecovery, RetryHoldingBackMostOfItsChunksFetchesThemAllFromAPeer) {
+  // A tensor with more chunks per server than a worker pushes ahead of their sums: a retry
+  // whose peers completed earlier pushes only the first few of each server's share, gets no sums
+  // back, and holds the rest. Here every worker completed iteration 0 under v7; worker 0 then
+  // runs it again under v8 (as its agent would had it not seen that outcome).
+  Cluster cluster(Job());
+  Iteration first;
+  Start(cluster, first, {0, 1, 2}, 0, kBigCount);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_TRUE(Await(first.done[r]).ok()) << "rank " << r;
+    EXPECT_EQ(Wrong(first.buffers[r]), 0) << "rank " << r;
+  }
+  for (int i = 0; i < 4; ++i) cluster.SetJob(i, WithoutTheSpare(cluster, i));
+  auto pushes = [&] {
+    uint64_t n = 0;
+    for (int i = 0; i < 3; ++i) n += Stats(cluster, i).pushes_received.load();
+    return n;
+  };
+  const uint64_t before = pushes();
+  Iteration retry;
+  Start(cluster, retry, {0}, 0, kBigCount);
+  ASSERT_TRUE(Eventually([&] { return pushes() == before + 3 * kPushPullAhead; }));
+  cluster.clock().Advance(std::chrono::milliseconds(5100));
+  for (int i = 0; i < 3; ++i) cluster.node(i).push_pull().server().ExpireStale();
+  EXPECT_TRUE(Await(retry.done[0]).ok());
+  EXPECT_EQ(Wrong(retry.buffers[0]), 0);
+  EXPECT_EQ(Stats(cluster, 0).peer_recoveries.load(), 1u);
+  // Every chunk came from the one peer it fetched from: those pushed and those held back.
+  EXPECT_EQ(
+      Stats(cluster, 1).peer_chunks_served.load() + Stats(cluster, 2).peer_chunks_served.load(),
+      PushPullChunks(kBigCount, 4, 1024, 3));
+}
+
+TEST(PeerRecovery, SumsOfAnEarlierMembershipGenerationAreNeverGiven) {
+  // Every worker completed iteration 0, then the job moved to a new membership generation, which
+  // counts its iterations from 0 again: the same number is another collective.
+  Cluster cluster(Job());
+  RunExactOnV8(cluster, 0);  // (still v7 here: the helper runs on the current plan)
+  for (int i = 0; i < 4; ++i) {
+    JobView v = WithoutTheSpare(cluster, i);
+    v.generation = 1;
+    cluster.SetJob(i, v);
+  }
+  EXPECT_EQ(Stats(cluster, 1).worker_retained_bytes.load(), 0u);  // nothing kept, nothing spare
+  // Worker 0 runs the new generation's iteration 0 alone; its servers time it out, and the
+  // others, who kept the old iteration 0's sums, say no.
+  auto pushes = [&] {
+    uint64_t n = 0;
+    for (int i = 0; i < 3; ++i) n += Stats(cluster, i).pushes_received.load();
+    return n;
+  };
+  const uint64_t before = pushes();
+  Iteration run;
+  Start(cluster, run, {0});
+  ASSERT_TRUE(Eventually([&] { return pushes() == before + PushPullChunks(kCount, 4, 1024, 3); }));
+  cluster.clock().Advance(std::chrono::milliseconds(5100));
+  for (int i = 0; i < 3; ++i) cluster.node(i).push_pull().server().ExpireStale();
+  absl::Status s = Await(run.done[0]);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_EQ(Stats(cluster, 0).peer_recoveries_started.load(), 1u);
+  EXPECT_EQ(Stats(cluster, 0).peer_recoveries.load(), 0u);
 }
 
 TEST(PeerRecovery, PeerThatNeverAnswersEndsTheRecoveryAtItsDeadline) {
