@@ -275,6 +275,10 @@ absl::StatusOr<Topology> ParseTopologyJson(std::string_view text, std::string_vi
     for (size_t i = 0; i < e.byte && i < text.size(); ++i) line += text[i] == '\n';
     return absl::InvalidArgumentError(
         absl::StrCat(std::string(source), ": line ", line, ": malformed JSON: ", e.what()));
+  } catch (const json::exception& e) {
+    // E.g. out_of_range for a number that overflows a double (found by topology_json_fuzz).
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(source), ": malformed JSON: ", e.what()));
   }
   return FromJson(j, source, nullptr);
 }

@@ -325,6 +325,24 @@ TEST(JsonYamlTest, StringsThatAreNotUtf8AreRejected) {
   EXPECT_TRUE(ParseTopologyJson(TopologyToJson(*t), "back.json").ok());
 }
 
+// Found by tests/fuzz/topology_json_fuzz.cc (a 10-minute run): a number that overflows a double
+// made nlohmann::json throw out_of_range, which ParseTopologyJson did not catch (abort).
+TEST(JsonYamlTest, NumbersThatOverflowAreRejected) {
+  for (std::string text :
+       {std::string("5.555E55000"), std::string("{\"hostname\": \"h\", \"nics\": [{\"name\": "
+                                                "\"a\", \"speed_bits_per_s\": 1e999}]}")}) {
+    absl::StatusOr<Topology> t = ParseTopologyJson(text, "big.json");
+    ASSERT_FALSE(t.ok()) << text;
+    EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(t.status().message(), HasSubstr("big.json: malformed JSON"));
+    EXPECT_THAT(t.status().message(), HasSubstr("number overflow"));
+  }
+  absl::StatusOr<Topology> y = ParseTopologyYaml(
+      "hostname: h\nnics:\n  - name: a\n    speed_bits_per_s: 1e999\n", "big.yaml");
+  ASSERT_FALSE(y.ok());
+  EXPECT_EQ(y.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(LoadTopologyFileTest, MissingFileIsNotFound) {
   EXPECT_EQ(LoadTopologyFile("/nonexistent/topo.json").status().code(),
             absl::StatusCode::kNotFound);
