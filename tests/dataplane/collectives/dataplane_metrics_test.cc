@@ -187,7 +187,9 @@ TEST(DataPlaneMetricsTest, StuckOperationAgesAndFailsWithReason) {
   ASSERT_NE(recovery, nullptr);
   EXPECT_EQ(recovery->histogram.sample_count, 1u);
   EXPECT_DOUBLE_EQ(recovery->histogram.sample_sum, 3.0);
-  recovery = FindSample(cluster.Collect(1), "tributary_dataplane_recovery_seconds");
+  // FindSample points into the families: keep them alive (found by the TSan suite).
+  const std::vector<prometheus::MetricFamily> f1_families = cluster.Collect(1);
+  recovery = FindSample(f1_families, "tributary_dataplane_recovery_seconds");
   ASSERT_NE(recovery, nullptr);
   EXPECT_EQ(recovery->histogram.sample_count, 0u);  // nothing failed there
 }
