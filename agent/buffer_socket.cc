@@ -116,19 +116,30 @@ absl::Status ApplySocketAccess(const std::string& path, const SocketAccess& acce
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<BufferSocketServer>> BufferSocketServer::Start(
-    const std::string& path, SocketAccess access, Handler handler) {
+namespace {
+
+// Claims `path` and listens on it (socket `type`), bound with no access for others until
+// `access` is applied.
+absl::StatusOr<common::UniqueFd> ListenUnix(const std::string& path, int type, int backlog,
+                                            const SocketAccess& access) {
   ASSIGN_OR_RETURN(sockaddr_un address, UnixAddress(path));
   RETURN_IF_ERROR(ClaimSocketPath(path));
-  common::UniqueFd listener(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  common::UniqueFd listener(socket(AF_UNIX, type | SOCK_CLOEXEC, 0));
   if (!listener.valid()) return Errno("socket", path);
-  // Bound with no access for others until the mode is applied.
   const mode_t old_mask = umask(0177);
   const int bound = bind(listener.get(), reinterpret_cast<sockaddr*>(&address), sizeof(address));
   umask(old_mask);
   if (bound != 0) return Errno("bind", path);
   RETURN_IF_ERROR(ApplySocketAccess(path, access));
-  if (listen(listener.get(), 64) != 0) return Errno("listen", path);
+  if (listen(listener.get(), backlog) != 0) return Errno("listen", path);
+  return listener;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<BufferSocketServer>> BufferSocketServer::Start(
+    const std::string& path, SocketAccess access, Handler handler) {
+  ASSIGN_OR_RETURN(common::UniqueFd listener, ListenUnix(path, SOCK_SEQPACKET, 64, access));
   common::UniqueFd wake(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake.valid()) return Errno("eventfd", path);
   std::unique_ptr<BufferSocketServer> server(new BufferSocketServer(
@@ -301,16 +312,7 @@ absl::StatusOr<std::unique_ptr<GrpcUnixListener>> GrpcUnixListener::Start(const 
                                                                           SocketAccess access,
                                                                           grpc::Server* server,
                                                                           grpc::Server* refuse) {
-  ASSIGN_OR_RETURN(sockaddr_un address, UnixAddress(path));
-  RETURN_IF_ERROR(ClaimSocketPath(path));
-  common::UniqueFd listener(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!listener.valid()) return Errno("socket", path);
-  const mode_t old_mask = umask(0177);
-  const int bound = bind(listener.get(), reinterpret_cast<sockaddr*>(&address), sizeof(address));
-  umask(old_mask);
-  if (bound != 0) return Errno("bind", path);
-  RETURN_IF_ERROR(ApplySocketAccess(path, access));
-  if (listen(listener.get(), 128) != 0) return Errno("listen", path);
+  ASSIGN_OR_RETURN(common::UniqueFd listener, ListenUnix(path, SOCK_STREAM, 128, access));
   common::UniqueFd wake(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake.valid()) return Errno("eventfd", path);
   std::unique_ptr<GrpcUnixListener> l(new GrpcUnixListener(path, std::move(access), server, refuse,

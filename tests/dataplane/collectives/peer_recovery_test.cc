@@ -104,6 +104,13 @@ bool WorkerServersDone(Cluster& cluster) {
   return sent == (PushPullChunks(kCount, 4, 1024, 4) - SpareChunks(cluster)) * 3;
 }
 
+// Pushes received by the servers on the worker nodes (0..2) so far.
+uint64_t PushesAtWorkerServers(Cluster& cluster) {
+  uint64_t n = 0;
+  for (int i = 0; i < 3; ++i) n += Stats(cluster, i).pushes_received.load();
+  return n;
+}
+
 struct Iteration {
   std::vector<std::vector<std::vector<std::byte>>> buffers;
   std::vector<std::future<absl::Status>> done;
@@ -251,11 +258,7 @@ TEST(PeerRecovery, WorkerThatGaveUpBeforeItsPeersCompletedRecoversWhenItsRetryTi
   // Everyone moves to v8 and worker 0 retries iteration 0, which workers 1 and 2 never push
   // again: the servers time it out naming them, and worker 0 asks them for the sums.
   for (int i = 0; i < 4; ++i) cluster.SetJob(i, WithoutTheSpare(cluster, i));
-  auto pushes = [&] {
-    uint64_t n = 0;
-    for (int i = 0; i < 3; ++i) n += Stats(cluster, i).pushes_received.load();
-    return n;
-  };
+  auto pushes = [&] { return PushesAtWorkerServers(cluster); };
   const uint64_t before = pushes();
   run.buffers[0] = Input(0);
   Start(cluster, run, {0});
@@ -281,11 +284,7 @@ TEST(PeerRecovery, RetryHoldingBackMostOfItsChunksFetchesThemAllFromAPeer) {
     EXPECT_EQ(Wrong(first.buffers[r]), 0) << "rank " << r;
   }
   for (int i = 0; i < 4; ++i) cluster.SetJob(i, WithoutTheSpare(cluster, i));
-  auto pushes = [&] {
-    uint64_t n = 0;
-    for (int i = 0; i < 3; ++i) n += Stats(cluster, i).pushes_received.load();
-    return n;
-  };
+  auto pushes = [&] { return PushesAtWorkerServers(cluster); };
   const uint64_t before = pushes();
   Iteration retry;
   Start(cluster, retry, {0}, 0, kBigCount);
@@ -314,11 +313,7 @@ TEST(PeerRecovery, SumsOfAnEarlierMembershipGenerationAreNeverGiven) {
   EXPECT_EQ(Stats(cluster, 1).worker_retained_bytes.load(), 0u);  // nothing kept, nothing spare
   // Worker 0 runs the new generation's iteration 0 alone; its servers time it out, and the
   // others, who kept the old iteration 0's sums, say no.
-  auto pushes = [&] {
-    uint64_t n = 0;
-    for (int i = 0; i < 3; ++i) n += Stats(cluster, i).pushes_received.load();
-    return n;
-  };
+  auto pushes = [&] { return PushesAtWorkerServers(cluster); };
   const uint64_t before = pushes();
   Iteration run;
   Start(cluster, run, {0});
