@@ -6,6 +6,11 @@
 # goes to stdout and to bench/results/cuda_reduce_<gpu>.txt.
 #   scripts/gpu_check.sh            # exit 77 (skipped) where no GPU is visible
 #   BUILD_DIR=... MIB=... scripts/gpu_check.sh
+#   PREBUILT=build-gpu-pack scripts/gpu_check.sh
+#       a machine that cannot build (no Debian packages): runs the binaries and libraries that
+#       scripts/gpu_pack.sh packed elsewhere -- cuda_test, the benchmark, and `tributary topo`
+#       (this machine's topology from sysfs and NVML) next to `nvidia-smi topo -m`; the CPU tests
+#       (staging, intranode, reduce) run where the pack was built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export UCX_NET_DEVICES=lo UCX_TLS=tcp UCX_WARN_UNUSED_ENV_VARS=n
@@ -16,35 +21,51 @@ if ! gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head 
 fi
 echo "gpu_check: $gpu"
 nvidia-smi -L
-scripts/install_deps.sh
-if [ ! -f "$build/build.ninja" ]; then
+if [ -n "${PREBUILT:-}" ]; then
+  bin="$PREBUILT/bin"
+  export LD_LIBRARY_PATH="$PWD/$PREBUILT/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  export TRIBUTARY_CUDA_IPC_PEER="$PWD/$bin/cuda_ipc_peer"
+else
+  bin="$build/bin"
+  scripts/install_deps.sh
+fi
+if [ -z "${PREBUILT:-}" ] && [ ! -f "$build/build.ninja" ]; then
   # "native": the architecture of the GPUs present (the default list is 80-real;90).
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTRIBUTARY_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=native >/dev/null
 fi
-cmake --build "$build" -j"$(nproc)" --target cuda_test staging_test intranode_test reduce_test \
-  cuda_reduce_bench
+if [ -z "${PREBUILT:-}" ]; then
+  cmake --build "$build" -j"$(nproc)" --target cuda_test staging_test intranode_test reduce_test \
+    cuda_reduce_bench cuda_staging_bench tributary
+fi
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
-"$build/bin/cuda_test" 2>&1 | tee "$log" || status=1
+"$bin/cuda_test" 2>&1 | tee "$log" || status=1
 if grep -q '^\[  SKIPPED \]' "$log"; then
   echo "gpu_check: GPU tests were skipped on a machine with a GPU:" >&2
   grep '^\[  SKIPPED \]' "$log" >&2
   status=1
 fi
-"$build/bin/staging_test" || status=1
-"$build/bin/intranode_test" || status=1
-"$build/bin/reduce_test" --gtest_brief=1 || status=1
+if [ -z "${PREBUILT:-}" ]; then
+  "$bin/staging_test" || status=1
+  "$bin/intranode_test" || status=1
+  "$bin/reduce_test" --gtest_brief=1 || status=1
+fi
+# NVML discovery against the driver's own view.
+nvidia-smi topo -m || status=1
+"$bin/tributary" topo || status=1
 
 slug=$(echo "$gpu" | tr 'A-Z' 'a-z' | tr -cs 'a-z0-9' '_' | sed 's/_$//')
 mkdir -p bench/results
-"$build/bin/cuda_reduce_bench" --mib="${MIB:-256}" | tee "bench/results/cuda_reduce_${slug}.txt" ||
+"$bin/cuda_reduce_bench" --mib="${MIB:-256}" | tee "bench/results/cuda_reduce_${slug}.txt" ||
+  status=1
+"$bin/cuda_staging_bench" --mib="${MIB:-256}" | tee "bench/results/cuda_staging_${slug}.txt" ||
   status=1
 if [ "$status" -ne 0 ]; then
   echo "gpu_check: FAILED" >&2
 else
-  echo "gpu_check: every GPU test ran and passed; table in bench/results/cuda_reduce_${slug}.txt"
+  echo "gpu_check: every GPU test ran and passed; tables in bench/results/cuda_{reduce,staging}_${slug}.txt"
 fi
 exit "$status"

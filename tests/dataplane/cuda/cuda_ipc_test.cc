@@ -85,7 +85,11 @@ TEST(CudaIpc, AnotherProcessReadsAndWritesTheBufferInPlace) {
     std::snprintf(two, sizeof(two), "%02x", c);
     hex += two;
   }
-  const std::string command = std::string(TRIBUTARY_CUDA_IPC_PEER) + " " + hex;
+  // The build's peer, or the one named by the environment (binaries run away from their build
+  // tree: scripts/gpu_check.sh with PREBUILT).
+  const char* peer = std::getenv("TRIBUTARY_CUDA_IPC_PEER");
+  const std::string command =
+      std::string(peer != nullptr ? peer : TRIBUTARY_CUDA_IPC_PEER) + " " + hex;
   const int status = std::system(command.c_str());
   ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << command << " -> " << status;
   std::vector<int32_t> back(kCount);
