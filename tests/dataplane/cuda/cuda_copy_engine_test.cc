@@ -7,9 +7,12 @@
 #include <cuda_runtime_api.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "common/dtype.h"
@@ -118,6 +121,67 @@ TEST_F(CudaCopyEngineTest, CopiesWaitForTheComputeStream) {
   cudaStreamDestroy(compute);
   cudaFree(da);
   cudaFree(db);
+}
+
+TEST_F(CudaCopyEngineTest, NotificationsRunInStreamOrderAndSynchronizeWaitsForThem) {
+  constexpr size_t kBytes = 64 << 10;
+  absl::StatusOr<StagingMemory> host = engine_->AllocateStaging(kBytes);
+  ASSERT_TRUE(host.ok()) << host.status();
+  void* device = nullptr;
+  ASSERT_EQ(cudaMalloc(&device, kBytes), cudaSuccess);
+  std::vector<int> order;  // Written by the completion thread; read after Synchronize.
+  for (int i = 0; i < 200; ++i) {
+    ASSERT_TRUE(engine_->CopyAsync(host->data(), device, kBytes).ok());
+    ASSERT_TRUE(engine_
+                    ->NotifyAsync([&order, i](absl::Status s) {
+                      EXPECT_TRUE(s.ok()) << s;
+                      order.push_back(i);
+                    })
+                    .ok());
+  }
+  ASSERT_TRUE(engine_->Synchronize().ok());
+  ASSERT_EQ(order.size(), 200u);
+  for (int i = 0; i < 200; ++i) EXPECT_EQ(order[i], i);
+  cudaFree(device);
+}
+
+// A notification's `done` still running (here: blocked) does not hold back the copies enqueued
+// after it, as a stream callback (cudaStreamAddCallback) would.
+TEST_F(CudaCopyEngineTest, ABusyNotificationDoesNotStallLaterCopies) {
+  constexpr size_t kBytes = 1 << 20;
+  absl::StatusOr<StagingMemory> host = engine_->AllocateStaging(kBytes);
+  ASSERT_TRUE(host.ok()) << host.status();
+  void* device = nullptr;
+  ASSERT_EQ(cudaMalloc(&device, kBytes), cudaSuccess);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool go = false;
+  ASSERT_TRUE(engine_->CopyAsync(host->data(), device, kBytes).ok());
+  ASSERT_TRUE(engine_
+                  ->NotifyAsync([&](absl::Status) {
+                    std::unique_lock lock(mu);
+                    cv.wait_for(lock, std::chrono::seconds(30), [&] { return go; });
+                  })
+                  .ok());
+  ASSERT_TRUE(engine_->CopyAsync(device, host->data(), kBytes).ok());
+  cudaEvent_t after = nullptr;
+  ASSERT_EQ(cudaEventCreateWithFlags(&after, cudaEventDisableTiming), cudaSuccess);
+  ASSERT_EQ(cudaEventRecord(after, engine_->stream()), cudaSuccess);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  cudaError_t e = cudaEventQuery(after);
+  while (e == cudaErrorNotReady && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+    e = cudaEventQuery(after);
+  }
+  EXPECT_EQ(e, cudaSuccess) << "the copy after a notification waited for its callback";
+  {
+    std::lock_guard lock(mu);
+    go = true;
+  }
+  cv.notify_all();
+  ASSERT_TRUE(engine_->Synchronize().ok());
+  cudaEventDestroy(after);
+  cudaFree(device);
 }
 
 TEST(CudaCopyEngineCreate, ReportsNoDeviceCleanly) {
