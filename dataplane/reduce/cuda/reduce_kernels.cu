@@ -1,5 +1,6 @@
-// The reduction kernels: one grid-stride kernel per element type and load mode (18 in all;
-// the number of sources and the division are arguments, so they add no instantiations).
+// The reduction kernels: one grid-stride kernel per element type and load mode, and for 16-byte
+// vectors a second one that takes two vectors per step for passes of at most kPairSources
+// sources (24 in all; the number of sources and the division are arguments).
 #include "dataplane/reduce/cuda/reduce_kernels.h"
 
 namespace tributary::dataplane::cuda_reduce {
@@ -7,11 +8,11 @@ namespace {
 
 constexpr int kThreadsPerBlock = 256;
 
-template <typename Op, LoadMode M>
+template <typename Op, LoadMode M, bool Pair = false>
 __global__ void __launch_bounds__(kThreadsPerBlock) ReduceKernel(ReduceArgs args) {
   const size_t tid = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const size_t threads = static_cast<size_t>(gridDim.x) * blockDim.x;
-  ReduceThread<Op, M>(args, tid, threads);
+  ReduceThread<Op, M, Pair>(args, tid, threads);
 }
 
 }  // namespace
@@ -29,7 +30,11 @@ cudaError_t LaunchReduce(ElementType t, const ReduceArgs& args, int max_blocks,
   DispatchElementType(t, [&]<typename Op>() {
     switch (mode) {
       case LoadMode::kVector16:
-        ReduceKernel<Op, LoadMode::kVector16><<<grid, kThreadsPerBlock, 0, stream>>>(args);
+        if (args.num_sources <= kPairSources) {
+          ReduceKernel<Op, LoadMode::kVector16, true><<<grid, kThreadsPerBlock, 0, stream>>>(args);
+        } else {
+          ReduceKernel<Op, LoadMode::kVector16><<<grid, kThreadsPerBlock, 0, stream>>>(args);
+        }
         break;
       case LoadMode::kElement:
         ReduceKernel<Op, LoadMode::kElement><<<grid, kThreadsPerBlock, 0, stream>>>(args);
