@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/hash.h"
@@ -1221,6 +1222,19 @@ void PushPullWorker::FailLocked(const CollectiveKey& key, absl::Status status,
     if (op->chunk_state[c] == 4) op->chunk_state[c] = 2;
   }
   stats_->ops_failed++;
+  // A server's verdict names the tensor by its hash (all a server knows): say which tensor it
+  // was, which the caller can act on (payloads, the epoch included, stay). Messages that start
+  // with a marker the agent and client read ("[retriable, ...", "[membership changed ...") are
+  // left as they are.
+  if (!op->op.tensor_name.empty() && !absl::StartsWith(status.message(), "[") &&
+      status.message().find(op->op.tensor_name) == absl::string_view::npos) {
+    absl::Status named(status.code(), absl::StrCat("tensor '", op->op.tensor_name, "' iteration ",
+                                                   op->op.iteration, ": ", status.message()));
+    status.ForEachPayload([&named](absl::string_view url, const absl::Cord& payload) {
+      named.SetPayload(url, payload);
+    });
+    status = std::move(named);
+  }
   Log()->warn("{} of tensor '{}' iteration {} failed: {}",
               op->is_broadcast() ? "broadcast" : "all-reduce", op->op.tensor_name, op->op.iteration,
               status.message());
