@@ -64,8 +64,11 @@ absl::Status MarkRetriable(const absl::Status& status, uint64_t epoch) {
       epoch);
 }
 
-LocalGather::LocalGather(CollectiveRunner* runner, const common::Clock* clock)
-    : runner_(runner), clock_(clock) {}
+LocalGather::LocalGather(CollectiveRunner* runner, const common::Clock* clock,
+                         std::shared_ptr<MirrorStager> stager)
+    : runner_(runner),
+      clock_(clock),
+      stager_(stager != nullptr ? std::move(stager) : std::make_shared<MirrorStager>()) {}
 
 void LocalGather::Add(const LocalJob& job, const GatherKey& key, Submission sub, Deferred& after) {
   auto& gather = gathers_[key];
@@ -140,12 +143,16 @@ void LocalGather::Start(const GatherKey& key, std::unique_ptr<Gather> gather, De
   auto mappings = std::make_shared<std::vector<std::shared_ptr<SharedMemoryMapping>>>();
   std::vector<std::shared_ptr<OpHandle>> handles;
   std::vector<std::string> session_ids;
+  std::vector<MirroredRegion> mirrored;
   for (const auto& slot : gather->slots) {
     op.buffers.push_back(slot->mapping->data() + slot->offset);
     op.priority = std::min(op.priority, slot->priority);
     mappings->push_back(slot->mapping);
     handles.push_back(slot->handle);
     session_ids.push_back(slot->session_id);
+    if (slot->mapping->mirror() != nullptr) {
+      mirrored.push_back({slot->mapping, slot->offset, slot->bytes});
+    }
   }
   op.keepalive = mappings;
   op.done = [handles, key, session_ids, on_retriable = on_retriable_](absl::Status s) {
@@ -158,14 +165,22 @@ void LocalGather::Start(const GatherKey& key, std::unique_ptr<Gather> gather, De
     }
     for (const auto& h : handles) h->Complete(s);
   };
-  after.Add([runner = runner_, job_id = key.job_id, op = std::move(op), handles]() mutable {
+  after.Add([runner = runner_, stager = stager_, job_id = key.job_id, op = std::move(op), handles,
+             mirrored = std::move(mirrored)]() mutable {
     const std::string tensor = op.tensor_name;
     const uint64_t iteration = op.iteration;
-    absl::Status started = runner->Start(job_id, std::move(op));
-    if (!started.ok()) {
-      for (const auto& h : handles) h->Complete(started);
-      runner->Abort(job_id, tensor, iteration, started);
-    }
+    auto fail = [runner, job_id, tensor, iteration, handles](const absl::Status& status) {
+      for (const auto& h : handles) h->Complete(status);
+      runner->Abort(job_id, tensor, iteration, status);
+    };
+    // Mirrored buffers (a process's CUDA memory) are copied in first, on the staging thread.
+    StartMirrored(
+        stager, std::move(mirrored), std::move(op),
+        [runner, job_id, fail](dataplane::Operation op) {
+          absl::Status started = runner->Start(job_id, std::move(op));
+          if (!started.ok()) fail(started);
+        },
+        fail);
   });
 }
 

@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "agent/collective_runner.h"
 #include "agent/deferred.h"
+#include "agent/mirror_stager.h"
 #include "agent/op_handle.h"
 #include "agent/session_registry.h"
 #include "agent/shm_mapping.h"
@@ -53,6 +54,7 @@ struct Submission {
   std::shared_ptr<SharedMemoryMapping> mapping;
   uint64_t offset = 0;  // bytes into `mapping`
   uint64_t count = 0;   // elements
+  uint64_t bytes = 0;   // of the region (count x element size, x world size when blockwise)
   common::DataType dtype = common::DataType::kFloat32;
   dataplane::Reduction reduction = dataplane::Reduction::kSum;
   uint32_t root = 0;  // broadcast: the root's global rank
@@ -80,8 +82,10 @@ class LocalGather {
   using RetriableFailure = std::function<void(
       const GatherKey& key, const std::vector<std::string>& session_ids, uint64_t epoch)>;
 
-  // `runner` and `clock` must outlive the gather.
-  LocalGather(CollectiveRunner* runner, const common::Clock* clock);
+  // `runner` and `clock` must outlive the gather. Operations on mirrored buffers
+  // (SharedMemoryMapping::mirror) are staged on `stager` (mirror_stager.h StartMirrored).
+  LocalGather(CollectiveRunner* runner, const common::Clock* clock,
+              std::shared_ptr<MirrorStager> stager = nullptr);
 
   void SetRetriableFailureCallback(RetriableFailure callback) {
     on_retriable_ = std::move(callback);
@@ -135,6 +139,7 @@ class LocalGather {
 
   CollectiveRunner* runner_;
   const common::Clock* clock_;
+  std::shared_ptr<MirrorStager> stager_;
   // Starts the node-level operation of a complete gather that agrees.
   void Start(const GatherKey& key, std::unique_ptr<Gather> gather, Deferred& after);
 

@@ -107,6 +107,15 @@ grpc::ServerUnaryReactor* LocalGrpcService::UnregisterBuffer(
   return Finish(ctx, service_->UnregisterBuffer(*req));
 }
 
+grpc::ServerUnaryReactor* LocalGrpcService::RegisterCudaBuffer(
+    grpc::CallbackServerContext* ctx, const tributary::v1::RegisterCudaBufferRequest* req,
+    tributary::v1::RegisterCudaBufferResponse* resp) {
+  // Opens the IPC handle and allocates the mirror: short, like a buffer registration.
+  absl::StatusOr<uint64_t> id = service_->RegisterCudaBuffer(*req);
+  if (id.ok()) resp->set_buffer_id(*id);
+  return Finish(ctx, id.status());
+}
+
 grpc::ServerUnaryReactor* LocalGrpcService::Submit(grpc::CallbackServerContext* ctx,
                                                    const tributary::v1::SubmitRequest* req,
                                                    tributary::v1::SubmitResponse* resp) {

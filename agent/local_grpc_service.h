@@ -33,6 +33,9 @@ class LocalGrpcService final : public tributary::v1::Agent::CallbackService {
   grpc::ServerUnaryReactor* UnregisterBuffer(
       grpc::CallbackServerContext* ctx, const tributary::v1::UnregisterBufferRequest* req,
       tributary::v1::UnregisterBufferResponse* resp) override;
+  grpc::ServerUnaryReactor* RegisterCudaBuffer(
+      grpc::CallbackServerContext* ctx, const tributary::v1::RegisterCudaBufferRequest* req,
+      tributary::v1::RegisterCudaBufferResponse* resp) override;
   grpc::ServerUnaryReactor* Submit(grpc::CallbackServerContext* ctx,
                                    const tributary::v1::SubmitRequest* req,
                                    tributary::v1::SubmitResponse* resp) override;

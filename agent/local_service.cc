@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "agent/cuda_buffer.h"
 #include "common/dtype.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -24,7 +25,12 @@ constexpr auto Log = common::ComponentLog<"agent">;
 }  // namespace
 
 LocalService::LocalService(CollectiveRunner* runner, const common::Clock* clock)
-    : runner_(runner), clock_(clock), gather_(runner, clock), link_(std::make_shared<Link>()) {
+    : runner_(runner),
+      clock_(clock),
+      stager_(std::make_shared<MirrorStager>()),
+      cuda_importer_(ImportCudaBuffer),
+      gather_(runner, clock, stager_),
+      link_(std::make_shared<Link>()) {
   link_->service = this;
   // Operations may complete on a data-plane thread after this service is gone: the link says.
   gather_.SetRetriableFailureCallback([link = link_](const GatherKey& key,
@@ -45,8 +51,38 @@ LocalService::LocalService(CollectiveRunner* runner, const common::Clock* clock)
 
 LocalService::~LocalService() {
   Shutdown();
+  // Copies still queued run now (the runner outlives the service); later ones run inline.
+  stager_->Stop();
   std::lock_guard lock(link_->mu);
   link_->service = nullptr;
+}
+
+void LocalService::SetCudaImporterForTest(CudaImporter importer) {
+  cuda_importer_ = std::move(importer);
+}
+
+absl::StatusOr<uint64_t> LocalService::RegisterCudaBuffer(
+    const tributary::v1::RegisterCudaBufferRequest& req) {
+  {
+    std::lock_guard lock(mu_);
+    RETURN_IF_ERROR(sessions_.Find(req.session_id()).status());
+  }
+  // Opening the IPC handle and allocating the mirror are CUDA calls: outside the lock.
+  ASSIGN_OR_RETURN(std::shared_ptr<SharedMemoryMapping> mapping,
+                   cuda_importer_(req.record(),
+                                  absl::StrCat("CUDA buffer of session '", req.session_id(), "'")));
+  std::lock_guard lock(mu_);
+  ASSIGN_OR_RETURN(std::shared_ptr<Session> session, sessions_.Find(req.session_id()));
+  if (session->buffers.size() >= kMaxBuffersPerSession) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("session '", req.session_id(), "' already has ", session->buffers.size(),
+                     " buffers (the limit); unregister some first"));
+  }
+  const uint64_t id = session->next_buffer++;
+  Log()->info("session {}: CUDA buffer {} of {} bytes registered (host mirror)", req.session_id(),
+              id, mapping->size());
+  session->buffers[id] = std::move(mapping);
+  return id;
 }
 
 void LocalService::SetJobs(const std::vector<LocalJob>& jobs) {
@@ -402,6 +438,7 @@ absl::Status LocalService::SubmitInternal(const tributary::v1::SubmitRequest& re
     sub.mapping = mapping;
     sub.offset = req.offset_bytes();
     sub.count = req.count();
+    sub.bytes = bytes;
     sub.dtype = dtype;
     sub.reduction = *reduction;
     sub.root = req.root_rank();
@@ -441,10 +478,17 @@ absl::Status LocalService::SubmitInternal(const tributary::v1::SubmitRequest& re
         handle->set_version(*version);
         handle->Complete(s);
       };
-      after.Add([runner = runner_, job_id = session->job_id, op = std::move(op),
-                 handle = sub.handle]() mutable {
-        absl::Status started = runner->Start(job_id, std::move(op));
-        if (!started.ok()) handle->Complete(started);
+      std::vector<MirroredRegion> mirrored;
+      if (mapping->mirror() != nullptr) mirrored.push_back({mapping, req.offset_bytes(), bytes});
+      after.Add([runner = runner_, stager = stager_, job_id = session->job_id, op = std::move(op),
+                 handle = sub.handle, mirrored = std::move(mirrored)]() mutable {
+        StartMirrored(
+            stager, std::move(mirrored), std::move(op),
+            [runner, job_id, handle](dataplane::Operation op) {
+              absl::Status started = runner->Start(job_id, std::move(op));
+              if (!started.ok()) handle->Complete(started);
+            },
+            [handle](const absl::Status& status) { handle->Complete(status); });
       });
       return absl::OkStatus();
     }

@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "agent/collective_runner.h"
 #include "agent/local_gather.h"
+#include "agent/mirror_stager.h"
 #include "agent/op_handle.h"
 #include "agent/session_registry.h"
 #include "common/clock.h"
@@ -96,6 +97,18 @@ class LocalService {
   absl::StatusOr<uint64_t> RegisterBuffer(const common::PeerCredentials& peer,
                                           const std::string& session_id, uint64_t size_bytes,
                                           common::UniqueFd fd);
+  // Opens a CUDA device buffer of the process from its CUDA IPC record
+  // (RegisterCudaBufferRequest) and gives its host mirror a buffer id in the session, as
+  // RegisterBuffer does; collectives on it are staged (agent/mirror_stager.h). The import (a
+  // few CUDA calls) runs on the calling thread, without the service's lock. Errors: NOT_FOUND
+  // for an unknown session; ImportCudaBuffer's (agent/cuda_buffer.h): FAILED_PRECONDITION
+  // without CUDA or a device, INVALID_ARGUMENT for a bad record; RESOURCE_EXHAUSTED over the
+  // session's buffer limit.
+  absl::StatusOr<uint64_t> RegisterCudaBuffer(const tributary::v1::RegisterCudaBufferRequest& req);
+  // What RegisterCudaBuffer opens records with (tests: a fake mirror). Set before serving.
+  using CudaImporter = std::function<absl::StatusOr<std::shared_ptr<SharedMemoryMapping>>(
+      const std::string& record, const std::string& what)>;
+  void SetCudaImporterForTest(CudaImporter importer);
   // The session's registered buffer `buffer_id` (NOT_FOUND naming what is missing).
   absl::StatusOr<std::shared_ptr<SharedMemoryMapping>> FindBuffer(const std::string& session_id,
                                                                   uint64_t buffer_id);
@@ -148,6 +161,9 @@ class LocalService {
 
   CollectiveRunner* runner_;
   const common::Clock* clock_;
+  // The copies of mirrored (CUDA) buffers; stopped (drained) by the destructor.
+  std::shared_ptr<MirrorStager> stager_;
+  CudaImporter cuda_importer_;
   mutable std::mutex mu_;
   SessionRegistry sessions_;    // Guarded by mu_.
   LocalGather gather_;          // Guarded by mu_.

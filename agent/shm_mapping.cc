@@ -14,7 +14,7 @@
 namespace tributary::agent {
 
 SharedMemoryMapping::~SharedMemoryMapping() {
-  if (data_ != nullptr) munmap(data_, size_);
+  if (data_ != nullptr && mirror_ == nullptr) munmap(data_, size_);
 }
 
 absl::Status CheckBufferSize(uint64_t size_bytes) {

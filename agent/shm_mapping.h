@@ -15,12 +15,38 @@ namespace tributary::agent {
 // The largest buffer or tensor the agent accepts: 1 TiB.
 inline constexpr uint64_t kMaxTensorBytes = uint64_t{1} << 40;
 
+// Memory whose bytes live outside the agent's address space (a training process's CUDA
+// buffer, agent/cuda_buffer.h), seen by the data plane through a host mirror. The agent copies
+// an operation's region in before the data plane reads it and back after the operation
+// succeeded (agent/mirror_stager.h). Copies block: they run on the staging thread only, never
+// under a lock of the agent or on a data-plane thread.
+class MirroredMemory {
+ public:
+  virtual ~MirroredMemory() = default;
+  // The host mirror: what the data plane reads and writes, size() bytes.
+  virtual std::byte* host() const = 0;
+  virtual uint64_t size() const = 0;
+  // Copies bytes [offset, offset + bytes) of the source into the mirror, ordered after the
+  // source's owner marked them ready; returns once they are there.
+  virtual absl::Status CopyIn(uint64_t offset, uint64_t bytes) = 0;
+  // Copies the mirror's bytes [offset, offset + bytes) back to the source; returns once the
+  // source's owner would see them.
+  virtual absl::Status CopyOut(uint64_t offset, uint64_t bytes) = 0;
+};
+
 // One mapping, read-write and shared with its creator. Unmapped when the last owner (the
 // session that registered it, or an operation still using it) lets go. Immutable once made.
+// Either a shared-memory mapping (munmapped at the end) or a MirroredMemory's host mirror
+// (released with it).
 class SharedMemoryMapping {
  public:
   SharedMemoryMapping(std::string name, std::byte* data, uint64_t size)
       : name_(std::move(name)), data_(data), size_(size) {}
+  SharedMemoryMapping(std::string name, std::unique_ptr<MirroredMemory> mirror)
+      : name_(std::move(name)),
+        data_(mirror->host()),
+        size_(mirror->size()),
+        mirror_(std::move(mirror)) {}
   SharedMemoryMapping(const SharedMemoryMapping&) = delete;
   SharedMemoryMapping& operator=(const SharedMemoryMapping&) = delete;
   ~SharedMemoryMapping();
@@ -28,11 +54,14 @@ class SharedMemoryMapping {
   const std::string& name() const { return name_; }
   std::byte* data() const { return data_; }
   uint64_t size() const { return size_; }
+  // The memory behind the mirror, or null for shared memory.
+  MirroredMemory* mirror() const { return mirror_.get(); }
 
  private:
   const std::string name_;
   std::byte* const data_;
   const uint64_t size_;
+  const std::unique_ptr<MirroredMemory> mirror_;
 };
 
 // INVALID_ARGUMENT unless `size_bytes` is in [1, 1 TiB].

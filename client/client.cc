@@ -10,8 +10,10 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "client/agent_session.h"
 #include "client/buffer_channel.h"
+#include "client/cuda_export.h"
 #include "common/logging.h"
 #include "common/rpc/grpc_status.h"
 #include "common/status_macros.h"
@@ -698,6 +700,25 @@ absl::StatusOr<std::shared_ptr<SharedBuffer>> Client::AllocateBuffer(size_t byte
   return std::shared_ptr<SharedBuffer>(std::move(buffer));
 }
 
+absl::StatusOr<std::shared_ptr<SharedBuffer>> Client::RegisterCudaBuffer(
+    void* device_allocation_base, size_t bytes, int device, void* stream) {
+  if (!session_->active()) return LeftError(job_id_);
+  ASSIGN_OR_RETURN(std::unique_ptr<internal::CudaExport> exported,
+                   internal::ExportCudaBuffer(device_allocation_base, bytes, device));
+  v1::RegisterCudaBufferRequest request;
+  request.set_session_id(session_->session_id());
+  request.set_record(exported->record());
+  v1::RegisterCudaBufferResponse response;
+  auto context = session_->NewContext();
+  RETURN_IF_ERROR(common::FromGrpcStatus(
+      session_->stub().RegisterCudaBuffer(context.get(), request, &response)));
+  std::unique_ptr<SharedBuffer> buffer(
+      new SharedBuffer(absl::StrFormat("cuda:%d:%p", device, device_allocation_base),
+                       device_allocation_base, bytes, std::move(exported), device, stream));
+  buffer->SetRegistration(session_, response.buffer_id());
+  return std::shared_ptr<SharedBuffer>(std::move(buffer));
+}
+
 absl::StatusOr<Handle> Client::Submit(std::string_view name, const SharedBuffer& buffer,
                                       size_t offset_bytes, size_t count, common::DataType dtype,
                                       v1::CollectiveOp op, uint32_t root_rank, int32_t priority,
@@ -757,7 +778,9 @@ absl::StatusOr<Handle> Client::Submit(std::string_view name, const SharedBuffer&
   r.delta_scale = delta_scale;
   auto state = std::make_shared<Handle::State>();
   state->name = tensor;
-  state->retry = options_.retry_collectives && options_.max_retries > 0 && !IsParameterServerOp(op);
+  // A CUDA buffer's region is device memory: no host copy of the inputs, so no retry.
+  state->retry = options_.retry_collectives && options_.max_retries > 0 &&
+                 !IsParameterServerOp(op) && !buffer.is_cuda();
   if (state->retry) {
     state->max_retries = options_.max_retries;
     state->region = static_cast<std::byte*>(buffer.data()) + offset_bytes;
@@ -770,6 +793,8 @@ absl::StatusOr<Handle> Client::Submit(std::string_view name, const SharedBuffer&
     // a refused submission, which is not retried.
     wait = milliseconds(0);
   }
+  // The agent copies a CUDA buffer's region after the caller's work queued before this.
+  RETURN_IF_ERROR(buffer.MarkReady());
   bool done = false;
   ASSIGN_OR_RETURN(auto attempt, SubmitOnce(*session_, r, wait, &done, &state->version));
   state->request = std::move(r);

@@ -117,7 +117,8 @@ class Handle {
 //
 // Connect joins the job as local worker `local_rank` of `local_size` and holds a KeepAlive
 // stream open, so the agent ends the session (and fails its pending operations) when the
-// process dies. Collectives run on regions of SharedBuffers that this client allocated.
+// process dies. Collectives run on regions of SharedBuffers that this client allocated
+// (AllocateBuffer) or registered (RegisterCudaBuffer).
 // Every process of the job must submit the same tensor names, in any order, with the same
 // count, dtype and op; each submission of a name is that tensor's next iteration.
 //
@@ -158,6 +159,22 @@ class Client {
 
   // Creates a shared-memory buffer of `bytes` bytes and registers it with the agent.
   absl::StatusOr<std::shared_ptr<SharedBuffer>> AllocateBuffer(size_t bytes);
+
+  // Registers the caller's CUDA device allocation with the agent by CUDA IPC (the agent keeps a
+  // pinned host mirror and copies each collective's region in and the result back; see
+  // SharedBuffer). `device_allocation_base` must be the base pointer cudaMalloc returned on
+  // `device` (IPC handles name whole allocations), `bytes` at most its size; the allocation
+  // must outlive the returned buffer (destroy the buffer, which unregisters it, before
+  // cudaFree). `stream` (a cudaStream_t; null: the legacy default stream) is where the caller's
+  // kernels write the buffer: each submission on the buffer records its ready event there, so
+  // the agent's copy waits for them. The result returned by the collectives' Async forms is
+  // usable as for shared memory, except that a collective on a CUDA buffer is never retried
+  // transparently (ClientOptions::retry_collectives: its retriable failure is returned).
+  // Errors: FAILED_PRECONDITION when this client or the agent was built without CUDA, or a
+  // machine has no CUDA device; INVALID_ARGUMENT for memory that cannot be exported.
+  absl::StatusOr<std::shared_ptr<SharedBuffer>> RegisterCudaBuffer(void* device_allocation_base,
+                                                                   size_t bytes, int device,
+                                                                   void* stream = nullptr);
 
   // Starts an all-reduce of `count` elements of `dtype` at byte `offset_bytes` of `buffer`
   // (in place: the result replaces the input) under the tensor name `name`. Lower `priority`

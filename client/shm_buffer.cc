@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/agent_session.h"
+#include "client/cuda_export.h"
 #include "common/logging.h"
 #include "common/rpc/grpc_status.h"
 
@@ -74,6 +75,20 @@ absl::StatusOr<std::unique_ptr<SharedBuffer>> SharedBuffer::Create(size_t bytes)
 SharedBuffer::SharedBuffer(std::string name, void* data, size_t size, common::UniqueFd fd)
     : name_(std::move(name)), data_(data), size_(size), fd_(std::move(fd)) {}
 
+SharedBuffer::SharedBuffer(std::string name, void* data, size_t size,
+                           std::unique_ptr<internal::CudaExport> cuda, int device, void* stream)
+    : name_(std::move(name)),
+      data_(data),
+      size_(size),
+      cuda_(std::move(cuda)),
+      cuda_device_(device),
+      cuda_stream_(stream) {}
+
+absl::Status SharedBuffer::MarkReady() const {
+  if (cuda_ == nullptr) return absl::OkStatus();
+  return cuda_->MarkReady(cuda_stream_);
+}
+
 void SharedBuffer::SetRegistration(std::shared_ptr<internal::AgentSession> session, uint64_t id) {
   session_ = std::move(session);
   id_ = id;
@@ -93,6 +108,7 @@ SharedBuffer::~SharedBuffer() {
                   common::FromGrpcStatus(status));
     }
   }
+  if (cuda_ != nullptr) return;  // the device allocation is the caller's
   if (munmap(data_, size_) != 0) {
     Log()->warn("munmap of shared buffer {} failed: {}", name_, std::strerror(errno));
   }

@@ -15,6 +15,7 @@ namespace tributary::client {
 namespace internal {
 class AgentSession;
 class ControlRing;
+class CudaExport;
 }  // namespace internal
 
 class Client;
@@ -31,6 +32,14 @@ class Client;
 // A buffer may outlive the Client that allocated it.
 // Threading: the accessors are thread-safe; the bytes are the caller's to synchronise — do not
 // write a region while a collective on it is in flight.
+//
+// A CUDA buffer (Client::RegisterCudaBuffer, is_cuda()) is the caller's device allocation
+// registered by CUDA IPC instead: data() is the device pointer (as<T>() spans device memory,
+// not to be read on the host), the buffer owns only the export (the allocation stays the
+// caller's and must outlive the buffer), and each collective's submission first records the
+// buffer's ready event on its stream, so the agent copies the region only after the work
+// queued there. When a collective on it is done (Handle::Wait OK) the result is in device
+// memory, visible to kernels launched after.
 class SharedBuffer {
  public:
   // Creates and maps a new sealed memfd of `bytes` bytes (> 0), zero-filled, labelled
@@ -53,6 +62,9 @@ class SharedBuffer {
   // The memfd while the buffer is not registered (what Client::AllocateBuffer sends to the
   // agent); -1 once it is.
   int fd() const { return fd_.get(); }
+  // A CUDA device buffer (Client::RegisterCudaBuffer); then cuda_device() is its device.
+  bool is_cuda() const { return cuda_ != nullptr; }
+  int cuda_device() const { return cuda_device_; }
 
   // The whole buffer as elements of T (size() / sizeof(T) of them; the tail that does not fill
   // a whole T is left out).
@@ -67,6 +79,12 @@ class SharedBuffer {
   friend class internal::ControlRing;
 
   SharedBuffer(std::string name, void* data, size_t size, common::UniqueFd fd);
+  // A CUDA buffer: `cuda` exports the device allocation at `data`; `stream` (a cudaStream_t,
+  // null: the legacy default stream) is where MarkReady records the ready event.
+  SharedBuffer(std::string name, void* data, size_t size,
+               std::unique_ptr<internal::CudaExport> cuda, int device, void* stream);
+  // CUDA buffers: records the ready event before a submission (OK for shared memory).
+  absl::Status MarkReady() const;
 
   // Called by Client::AllocateBuffer once the agent has registered the buffer.
   void SetRegistration(std::shared_ptr<internal::AgentSession> session, uint64_t id);
@@ -77,6 +95,9 @@ class SharedBuffer {
   common::UniqueFd fd_;
   std::shared_ptr<internal::AgentSession> session_;
   uint64_t id_ = 0;
+  const std::unique_ptr<internal::CudaExport> cuda_;
+  const int cuda_device_ = -1;
+  void* const cuda_stream_ = nullptr;
 };
 
 }  // namespace tributary::client

@@ -36,7 +36,8 @@ if [ -z "${PREBUILT:-}" ] && [ ! -f "$build/build.ninja" ]; then
 fi
 if [ -z "${PREBUILT:-}" ]; then
   cmake --build "$build" -j"$(nproc)" --target cuda_test staging_test intranode_test reduce_test \
-    cuda_reduce_bench cuda_staging_bench tributary
+    cuda_integration_test tributary-controller tributary-agent cuda_reduce_bench \
+    cuda_staging_bench tributary
 fi
 
 log=$(mktemp)
@@ -46,6 +47,12 @@ status=0
 if grep -q '^\[  SKIPPED \]' "$log"; then
   echo "gpu_check: GPU tests were skipped on a machine with a GPU:" >&2
   grep '^\[  SKIPPED \]' "$log" >&2
+  status=1
+fi
+# End to end: a controller and two agents as processes, training processes with CUDA tensors.
+TRIBUTARY_BIN_DIR="$bin" "$bin/cuda_integration_test" 2>&1 | tee "$log" || status=1
+if grep -q '^\[  SKIPPED \]' "$log"; then
+  echo "gpu_check: the end-to-end GPU test was skipped on a machine with a GPU" >&2
   status=1
 fi
 if [ -z "${PREBUILT:-}" ]; then

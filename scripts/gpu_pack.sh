@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Packs the GPU checks of a finished build for a GPU machine that cannot build them (no Debian
 # packages there: gRPC, Abseil, GoogleTest...): the CUDA test and benchmark binaries, the
-# `tributary` CLI (for `topo`, the NVML discovery) and every shared library they load that is
+# end-to-end CUDA test with the controller and agent it starts, the `tributary` CLI (for `topo`,
+# the NVML discovery) and every shared library they load that is
 # not the C runtime's own (glibc, libstdc++, libgcc_s) or the driver's (libcuda, libnvidia-ml),
 # stripped of debug info. `PREBUILT=<dir> scripts/gpu_check.sh` runs them there.
 #   scripts/gpu_pack.sh [build-dir] [pack-dir]      # defaults: build build-gpu-pack
@@ -12,7 +13,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build="${1:-build}"
 pack="${2:-build-gpu-pack}"
-binaries=(cuda_test cuda_ipc_peer cuda_reduce_bench cuda_staging_bench tributary)
+binaries=(cuda_test cuda_ipc_peer cuda_integration_test tributary-controller tributary-agent
+  cuda_reduce_bench cuda_staging_bench tributary)
 for b in "${binaries[@]}"; do
   if [ ! -x "$build/bin/$b" ]; then
     echo "gpu_pack: $build/bin/$b is missing (a build with CUDA: scripts/build.sh where nvcc is)" >&2

@@ -10,8 +10,10 @@
 #include <memory>
 #include <string>
 
+#include "agent/cuda_buffer.h"
 #include "agent/fake_collective_runner.h"
 #include "common/rpc/grpc_status.h"
+#include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/agent/shm_test_util.h"
@@ -209,6 +211,29 @@ TEST_F(LocalGrpcServiceTest, AttachControlRingIsUnimplementedWithoutRings) {
   const grpc::Status status = stub_->AttachControlRing(Context().get(), req, &resp);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED);
   EXPECT_EQ(status.error_message(), "this agent serves no control rings");
+}
+
+TEST_F(LocalGrpcServiceTest, RegisterCudaBufferRefusalsCrossWithTheirCodeAndMessage) {
+  auto s0 = Join(0);
+  ASSERT_TRUE(s0.ok());
+  tributary::v1::RegisterCudaBufferRequest req;
+  req.set_session_id(*s0);
+  req.set_record("not a record");
+  tributary::v1::RegisterCudaBufferResponse resp;
+  const absl::Status status =
+      common::FromGrpcStatus(stub_->RegisterCudaBuffer(Context().get(), req, &resp));
+  if (AgentHasCuda()) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_EQ(status.message(), "CUDA buffer of session '" + *s0 +
+                                    "': a CUDA IPC buffer record has 160 bytes, not 12");
+  } else {
+    EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+    EXPECT_THAT(std::string(status.message()),
+                ::testing::HasSubstr("this agent was built without CUDA"));
+  }
+  // The agent keeps serving the session.
+  testing::ScopedShm shm(64);
+  EXPECT_NE(Register(*s0, shm), 0u);
 }
 
 }  // namespace

@@ -528,6 +528,28 @@ TEST_F(ClientTest, ConcurrentCallsFromManyThreads) {
   EXPECT_EQ(failures.load(), 0);
 }
 
+TEST_F(ClientTest, RegisterCudaBufferFailsClearlyWithoutCudaOrADevice) {
+  std::unique_ptr<Client> client = Join();
+  ASSERT_NE(client, nullptr);
+  float host[4] = {};
+  auto buffer = client->RegisterCudaBuffer(host, sizeof(host), /*device=*/0);
+  ASSERT_FALSE(buffer.ok());
+  if (buffer.status().code() == absl::StatusCode::kFailedPrecondition) {
+    // A client built without CUDA, or a machine without a CUDA device.
+    EXPECT_THAT(buffer.status().message(),
+                ::testing::AnyOf(HasSubstr("this client was built without CUDA"),
+                                 HasSubstr("no CUDA device")));
+  } else {
+    // With a GPU: host memory is no cudaMalloc allocation.
+    EXPECT_EQ(buffer.status().code(), absl::StatusCode::kInvalidArgument) << buffer.status();
+  }
+  EXPECT_EQ(agent_.registered(), 0u);  // refused before anything reached the agent
+  // The client goes on with shared memory.
+  auto shm = client->AllocateBuffer(1024);
+  ASSERT_TRUE(shm.ok()) << shm.status();
+  EXPECT_FALSE((*shm)->is_cuda());
+}
+
 TEST(ClientConnectTest, NoAgentFailsWithUnavailableWithinTheJoinTimeout) {
   ClientOptions options;
   options.agent_address = "unix:/tmp/tributary-no-such-agent-" + std::to_string(getpid());

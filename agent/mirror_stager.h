@@ -1,0 +1,66 @@
+// The staging of mirrored buffers (agent/shm_mapping.h MirroredMemory, e.g. a training
+// process's CUDA buffer): an operation's regions are copied into their host mirrors before the
+// data plane starts it and back after it succeeded, before its handles complete.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "agent/shm_mapping.h"
+#include "dataplane/collectives/operation.h"
+
+namespace tributary::agent {
+
+// One thread that runs the mirrors' blocking copies in order, so that they never run under a
+// lock of the agent, on a gRPC thread or on a data-plane thread. Started on the first Post.
+// Threading: Post from any thread. Stop drains the queue (tasks posted by queued tasks
+// included) and joins; after it, Post runs the task on the caller's thread.
+class MirrorStager {
+ public:
+  MirrorStager() = default;
+  MirrorStager(const MirrorStager&) = delete;
+  MirrorStager& operator=(const MirrorStager&) = delete;
+  ~MirrorStager();
+
+  void Post(std::function<void()> task);
+  void Stop();
+  // Tasks run so far (for tests).
+  uint64_t tasks_run() const;
+
+ private:
+  void Run();
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;  // Guarded by mu_.
+  bool started_ = false;                     // Guarded by mu_.
+  bool stopping_ = false;                    // Guarded by mu_.
+  bool exited_ = false;                      // Guarded by mu_: the thread takes no more tasks.
+  uint64_t tasks_run_ = 0;                   // Guarded by mu_.
+  std::thread thread_;
+};
+
+// An operation's region that lives in mirrored memory.
+struct MirroredRegion {
+  std::shared_ptr<SharedMemoryMapping> mapping;  // mapping->mirror() != nullptr
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+};
+
+// Starts `op` with `start`. Without `regions`, at once on the calling thread. Otherwise on
+// `stager`'s thread once every region is copied in (MirroredMemory::CopyIn); and `op.done` then
+// copies them back (CopyOut, on the stager's thread) when the operation succeeded, before the
+// original `done` runs -- with the copy's error instead when one fails. When a copy-in fails,
+// `start` is not called and `failed` gets the error.
+void StartMirrored(const std::shared_ptr<MirrorStager>& stager, std::vector<MirroredRegion> regions,
+                   dataplane::Operation op, std::function<void(dataplane::Operation)> start,
+                   std::function<void(const absl::Status&)> failed);
+
+}  // namespace tributary::agent

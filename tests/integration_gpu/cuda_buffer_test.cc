@@ -1,0 +1,205 @@
+// End to end with CUDA buffers (label `gpu`; skipped without a CUDA device): a controller and
+// two worker agents as real processes; on agent A two training processes (threads of this
+// test) with cudaMalloc'd tensors registered by CUDA IPC, on agent B one with a CUDA tensor and
+// one with shared memory. All-reduce sum of every dtype (exact integer-valued inputs) and a
+// broadcast, every element checked on every rank, bytes outside the region untouched.
+//
+// The binaries it starts come from $TRIBUTARY_BIN_DIR when set (a copied folder of binaries on
+// a GPU machine), else from this build's bin/.
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/cli/bench_data.h"
+#include "client/client.h"
+#include "client/cluster/local_cluster.h"
+#include "common/dtype.h"
+#include "dataplane/cuda/cuda_status.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+
+namespace tributary {
+namespace {
+
+using client::cli::BenchOp;
+using namespace std::chrono_literals;
+
+constexpr uint32_t kProcsPerNode = 2;
+constexpr uint32_t kWorld = 2 * kProcsPerNode;
+// Elements per tensor: many 64 KiB chunks for every dtype.
+constexpr size_t kCount = 100003;
+// The region starts this far into the allocation; the bytes before it must stay untouched.
+constexpr size_t kOffset = 256;
+constexpr unsigned char kSentinel = 0xA5;
+
+std::string BinDir() {
+  const char* dir = std::getenv("TRIBUTARY_BIN_DIR");
+  return dir != nullptr && *dir != '\0' ? dir : TRIBUTARY_BIN_DIR;
+}
+
+class CudaBufferClusterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<int> devices = dataplane::cuda::CudaDeviceCount();
+    if (!devices.ok()) GTEST_SKIP() << devices.status().message();
+    client::LocalClusterOptions o;
+    o.bin_dir = BinDir();
+    o.workers = 2;
+    o.spares = 0;
+    o.nic_gbps = {10};
+    o.sum_gbps = 4;
+    o.heartbeat_timeout = 30s;
+    auto c = client::LocalCluster::Start(o);
+    ASSERT_TRUE(c.ok()) << c.status() << " (binaries from " << o.bin_dir
+                        << "; set TRIBUTARY_BIN_DIR to the folder of tributary-controller and "
+                           "tributary-agent)";
+    cluster_ = *std::move(c);
+
+    tributary::v1::CreateJobRequest req;
+    req.set_job_id("cuda");
+    for (const std::string& node : cluster_->worker_node_ids()) {
+      req.mutable_spec()->add_worker_nodes(node);
+    }
+    req.mutable_spec()->set_procs_per_node(kProcsPerNode);
+    req.mutable_spec()->set_partition_bytes(64 << 10);
+    req.mutable_spec()->set_op_timeout_ms(30000);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 5s);
+    tributary::v1::Job job;
+    grpc::Status s = cluster_->controller().CreateJob(&ctx, req, &job);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+
+  std::unique_ptr<client::LocalCluster> cluster_;
+};
+
+// One training process: node `node`, local rank `local`; a CUDA tensor unless `shared_memory`.
+// Returns what went wrong ("" when every element of every collective was right).
+std::string RunRank(const client::LocalCluster& cluster, int node, uint32_t local,
+                    bool shared_memory) {
+  client::ClientOptions options;
+  options.agent_address = cluster.agent_address(node);
+  options.join_timeout = 20000ms;
+  auto connected = client::Client::Connect(options, "cuda", local, kProcsPerNode);
+  if (!connected.ok()) return absl::StrCat("connect: ", connected.status().ToString());
+  std::unique_ptr<client::Client> c = *std::move(connected);
+  const uint32_t rank = c->global_rank();
+  const std::string who =
+      absl::StrCat("rank ", rank, shared_memory ? " (shared memory)" : " (CUDA)");
+  if (c->world_size() != kWorld) return absl::StrCat(who, ": world size ", c->world_size());
+
+  const size_t bytes = kOffset + kCount * sizeof(double);
+  void* device = nullptr;
+  cudaStream_t stream = nullptr;
+  std::shared_ptr<client::SharedBuffer> buffer;
+  if (shared_memory) {
+    auto b = c->AllocateBuffer(bytes);
+    if (!b.ok()) return absl::StrCat(who, ": AllocateBuffer: ", b.status().ToString());
+    buffer = *std::move(b);
+  } else {
+    if (cudaSetDevice(0) != cudaSuccess || cudaMalloc(&device, bytes) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+      return absl::StrCat(who, ": cudaMalloc/cudaStreamCreate failed");
+    }
+    // The caller's writes go on `stream`; the registration orders the agent's copies after them.
+    auto b = c->RegisterCudaBuffer(device, bytes, 0, stream);
+    if (!b.ok()) {
+      cudaFree(device);
+      return absl::StrCat(who, ": RegisterCudaBuffer: ", b.status().ToString());
+    }
+    buffer = *std::move(b);
+  }
+  std::vector<unsigned char> host(bytes);
+  // Writes `host` into the buffer (asynchronously on the stream for CUDA, not synchronized:
+  // the ready event orders the agent's copy) and reads the result back.
+  auto put = [&]() -> bool {
+    if (shared_memory) {
+      std::memcpy(buffer->data(), host.data(), bytes);
+      return true;
+    }
+    return cudaMemcpyAsync(device, host.data(), bytes, cudaMemcpyHostToDevice, stream) ==
+           cudaSuccess;
+  };
+  auto get = [&]() -> bool {
+    if (shared_memory) {
+      std::memcpy(host.data(), buffer->data(), bytes);
+      return true;
+    }
+    return cudaMemcpy(host.data(), device, bytes, cudaMemcpyDeviceToHost) == cudaSuccess;
+  };
+
+  std::string error;
+  for (int iteration = 0; iteration < 2 && error.empty(); ++iteration) {
+    for (common::DataType dtype : common::kAllDataTypes) {
+      const std::string what = absl::StrCat(who, " iteration ", iteration, " ",
+                                            std::string(common::DataTypeName(dtype)));
+      std::memset(host.data(), kSentinel, bytes);
+      client::cli::FillInput(dtype, rank, host.data() + kOffset, kCount);
+      if (!put()) return absl::StrCat(what, ": copy to the device failed");
+      auto handle = c->AllReduceAsync("sum." + std::string(common::DataTypeName(dtype)), *buffer,
+                                      kOffset, kCount, dtype, client::ReduceOp::kSum);
+      if (!handle.ok()) return absl::StrCat(what, ": submit: ", handle.status().ToString());
+      if (absl::Status s = handle->Wait(60000ms); !s.ok()) {
+        return absl::StrCat(what, ": ", s.ToString());
+      }
+      if (!get()) return absl::StrCat(what, ": copy from the device failed");
+      const size_t wrong =
+          client::cli::CountWrong(dtype, BenchOp::kSum, kWorld, 0, host.data() + kOffset, kCount);
+      if (wrong != 0) return absl::StrCat(what, ": ", wrong, " wrong elements of ", kCount);
+      for (size_t i = 0; i < kOffset; ++i) {
+        if (host[i] != kSentinel) return absl::StrCat(what, ": byte ", i, " before the region");
+      }
+    }
+    // A broadcast from rank 1 (a CUDA rank on node A).
+    std::memset(host.data(), kSentinel, bytes);
+    client::cli::FillInput(common::DataType::kFloat32, rank, host.data() + kOffset, kCount);
+    if (!put()) return absl::StrCat(who, ": copy to the device failed");
+    if (absl::Status s = c->Broadcast("bcast", *buffer, kOffset, kCount, common::DataType::kFloat32,
+                                      /*root_rank=*/1);
+        !s.ok()) {
+      return absl::StrCat(who, " broadcast: ", s.ToString());
+    }
+    if (!get()) return absl::StrCat(who, ": copy from the device failed");
+    const size_t wrong = client::cli::CountWrong(common::DataType::kFloat32, BenchOp::kBroadcast,
+                                                 kWorld, 1, host.data() + kOffset, kCount);
+    if (wrong != 0) error = absl::StrCat(who, " broadcast: ", wrong, " wrong elements");
+  }
+  buffer.reset();  // unregisters it before the allocation goes
+  if (device != nullptr) {
+    cudaStreamDestroy(stream);
+    cudaFree(device);
+  }
+  return error;
+}
+
+TEST_F(CudaBufferClusterTest, AllReduceOfCudaTensorsIsExactOnEveryRank) {
+  std::mutex mu;
+  std::vector<std::string> errors;
+  std::vector<std::thread> ranks;
+  for (int node = 0; node < 2; ++node) {
+    for (uint32_t local = 0; local < kProcsPerNode; ++local) {
+      // Node B's local rank 1 uses shared memory: CUDA and shared-memory buffers in one gather.
+      const bool shared_memory = node == 1 && local == 1;
+      ranks.emplace_back([&, node, local, shared_memory] {
+        std::string e = RunRank(*cluster_, node, local, shared_memory);
+        if (!e.empty()) {
+          std::lock_guard lock(mu);
+          errors.push_back(e);
+        }
+      });
+    }
+  }
+  for (auto& t : ranks) t.join();
+  for (const std::string& e : errors) ADD_FAILURE() << e;
+}
+
+}  // namespace
+}  // namespace tributary
