@@ -68,7 +68,11 @@ ChaosVerdict JudgeChaosTrial(const ChaosTrial& trial) {
     if (it.max_op_ms > 2 * trial.op_deadline_ms) ++v.hangs;
     v.wrong_elements += it.wrong;
     if (!it.ok) {
-      ++v.failed_iterations;
+      if (it.wrong == 0 && trial.stop_ms > 0 && it.end_ms >= trial.stop_ms) {
+        ++v.failed_at_stop;
+      } else {
+        ++v.failed_iterations;
+      }
       continue;
     }
     Step& s = steps[{it.step, it.world > 0 ? it.world : trial.world_size}];
@@ -116,6 +120,7 @@ std::vector<ChaosSummary> SummarizeChaos(
     s.hangs += v.hangs;
     if (v.wrong_elements > 0) ++s.trials_with_wrong_sums;
     s.failed_iterations += v.failed_iterations;
+    s.failed_at_stop += v.failed_at_stop;
     if (v.expected_to_recover) ++s.expected_to_recover;
     if (v.recovery_ms) {
       ++s.recovered;

@@ -64,6 +64,10 @@ struct ChaosVerdict {
   uint32_t hangs = 0;
   uint64_t wrong_elements = 0;
   uint64_t failed_iterations = 0;  // errors surfaced to the training processes
+  // Failed iterations that ended after the ranks were told to stop (stop_ms): a rank that saw the
+  // stop before starting its next step leaves the others' step to its deadline. The end of the
+  // trial, not an effect of the fault: counted apart, never hidden.
+  uint64_t failed_at_stop = 0;
   // From the fault to the end of the first step after it that succeeded on every rank (of the
   // world size it ran with).
   std::optional<int64_t> recovery_ms;
@@ -83,6 +87,7 @@ struct ChaosSummary {
   uint32_t hangs = 0;
   uint32_t trials_with_wrong_sums = 0;
   uint64_t failed_iterations = 0;
+  uint64_t failed_at_stop = 0;
   uint32_t recovered = 0;  // trials with a recovery_ms
   uint32_t expected_to_recover = 0;
   std::optional<int64_t> recovery_p50_ms, recovery_p99_ms, recovery_max_ms;

@@ -521,16 +521,18 @@ absl::Status RunChaos(const ChaosFlags& f) {
     verdicts.emplace_back(fault, v);
     if (v.hangs > 0 || v.wrong_elements > 0) failed_trials[t] = fault;
     std::fprintf(stderr,
-                 "trial %d %-18s hangs %u, wrong elements %lu, failed iterations %lu, "
-                 "recovery %s ms\n",
+                 "trial %d %-18s hangs %u, wrong elements %lu, failed iterations %lu (+%lu at "
+                 "the stop), recovery %s ms\n",
                  t, fault.c_str(), v.hangs, static_cast<unsigned long>(v.wrong_elements),
-                 static_cast<unsigned long>(v.failed_iterations), Ms(v.recovery_ms).c_str());
+                 static_cast<unsigned long>(v.failed_iterations),
+                 static_cast<unsigned long>(v.failed_at_stop), Ms(v.recovery_ms).c_str());
     trials_json.push_back({{"trial", t},
                            {"fault", fault},
                            {"elastic", f.elastic},
                            {"hangs", v.hangs},
                            {"wrong_elements", v.wrong_elements},
                            {"failed_iterations", v.failed_iterations},
+                           {"failed_at_stop", v.failed_at_stop},
                            {"split_steps", v.split_steps},
                            {"recovery_ms", v.recovery_ms ? nlohmann::json(*v.recovery_ms)
                                                          : nlohmann::json(nullptr)}});
@@ -566,6 +568,7 @@ absl::Status RunChaos(const ChaosFlags& f) {
                               {"hangs", s.hangs},
                               {"trials_with_wrong_sums", s.trials_with_wrong_sums},
                               {"failed_iterations", s.failed_iterations},
+                              {"failed_at_stop", s.failed_at_stop},
                               {"recovered", s.recovered},
                               {"expected_to_recover", s.expected_to_recover},
                               {"recovery_p50_ms", opt(s.recovery_p50_ms)},
@@ -574,12 +577,13 @@ absl::Status RunChaos(const ChaosFlags& f) {
     }
     std::printf("%s\n", j.dump(2).c_str());
   } else {
-    Table table({"fault", "trials", "hangs", "wrong sums", "errors surfaced", "recovered",
-                 "recovery p50 ms", "p99 ms", "max ms"});
-    for (size_t c = 1; c < 9; ++c) table.SetAlign(c, Table::Align::kRight);
+    Table table({"fault", "trials", "hangs", "wrong sums", "errors surfaced", "at the stop",
+                 "recovered", "recovery p50 ms", "p99 ms", "max ms"});
+    for (size_t c = 1; c < 10; ++c) table.SetAlign(c, Table::Align::kRight);
     for (const ChaosSummary& s : summary) {
       table.AddRow({s.fault, std::to_string(s.trials), std::to_string(s.hangs),
                     std::to_string(s.trials_with_wrong_sums), std::to_string(s.failed_iterations),
+                    std::to_string(s.failed_at_stop),
                     s.expected_to_recover > 0
                         ? absl::StrCat(s.recovered, "/", s.expected_to_recover)
                         : std::string("n/a"),

@@ -121,6 +121,30 @@ TEST(ChaosTest, SlowCollectivesStuckProcessesAndWrongElementsAreCounted) {
   EXPECT_FALSE(v.recovery_ms.has_value());
 }
 
+// The end of a trial: rank 1 saw the stop before its next step, rank 0 had started it and waits
+// out its deadline. Counted apart from the failures of the run, and only after the stop.
+TEST(ChaosTest, FailuresAfterTheStopAreCountedApart) {
+  ChaosTrial t = TwoRanks();
+  t.stop_ms = 1000;
+  ChaosIteration wrong_after_stop = Ok(1, 11, 990, 1500);
+  wrong_after_stop.wrong = 2;
+  wrong_after_stop.ok = false;
+  t.iterations = {Failed(0, 200, 400, "UNAVAILABLE: lost"),  // during the run
+                  Ok(0, 9, 500, 600),
+                  Ok(1, 9, 500, 610),
+                  Failed(0, 995, 4000, "DEADLINE_EXCEEDED: waited for rank 1"),
+                  Failed(1, 990, 1000, "CANCELLED: x"),  // ended at the stop
+                  wrong_after_stop};                     // wrong sums are never set apart
+  const ChaosVerdict v = JudgeChaosTrial(t);
+  EXPECT_EQ(v.failed_iterations, 2u);
+  EXPECT_EQ(v.failed_at_stop, 2u);
+  EXPECT_EQ(v.wrong_elements, 2u);
+  const std::vector<ChaosSummary> s = SummarizeChaos({{"spare-kill", v}, {"spare-kill", v}});
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].failed_iterations, 4u);
+  EXPECT_EQ(s[0].failed_at_stop, 4u);
+}
+
 TEST(ChaosTest, SummaryPerFaultWithRecoveryQuantiles) {
   std::vector<std::pair<std::string, ChaosVerdict>> trials;
   for (int64_t ms : {300, 100, 200, 400}) {
