@@ -5,6 +5,7 @@
 #include <string>
 
 #include "common/rpc/grpc_status.h"
+#include "common/tsan_annotations.h"
 
 namespace tributary::agent {
 namespace {
@@ -55,11 +56,16 @@ class LocalGrpcService::KeepAliveReactor final
     std::lock_guard lock(link_->mu);
     link_->reactor = this;
   }
+  // gRPC runs the reactions one after another, after KeepAlive returned the reactor, and OnDone
+  // last; it synchronises them where TSan cannot see (common/tsan_annotations.h).
   void OnCancel() override {
+    TRIBUTARY_TSAN_ACQUIRE(this);
     service_->EndSession(session_id_, "its process disconnected");
     link_->End(grpc::Status::CANCELLED);
+    TRIBUTARY_TSAN_RELEASE(this);
   }
   void OnDone() override {
+    TRIBUTARY_TSAN_ACQUIRE(this);
     {
       std::lock_guard lock(link_->mu);
       link_->reactor = nullptr;
@@ -91,6 +97,7 @@ grpc::ServerWriteReactor<tributary::v1::KeepAliveEvent>* LocalGrpcService::KeepA
   } else {
     link->End(common::ToGrpcStatus(watched));
   }
+  TRIBUTARY_TSAN_RELEASE(reactor);  // handed to gRPC: its reactions run on other threads
   return reactor;
 }
 

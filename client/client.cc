@@ -17,6 +17,7 @@
 #include "common/logging.h"
 #include "common/rpc/grpc_status.h"
 #include "common/status_macros.h"
+#include "common/tsan_annotations.h"
 
 namespace tributary::client {
 namespace internal {
@@ -30,17 +31,26 @@ class KeepAliveReactor : public grpc::ClientReadReactor<v1::KeepAliveEvent> {
     // No deadline: the stream lives as long as the session.
     session_->stub().async()->KeepAlive(&context_, &request_, this);
     StartRead(&event_);
+    // gRPC runs the reactions on its threads, one after another and OnDone last; it synchronises
+    // them where TSan cannot see (common/tsan_annotations.h).
+    TRIBUTARY_TSAN_RELEASE(this);
     StartCall();
   }
 
   void OnReadDone(bool ok) override {
-    if (!ok) return;  // OnDone follows.
+    TRIBUTARY_TSAN_ACQUIRE(this);
+    if (!ok) {
+      TRIBUTARY_TSAN_RELEASE(this);
+      return;  // OnDone follows.
+    }
     common::Logger("client")->info("agent on session {}: {}", session_->session_id(),
                                    event_.message());
+    TRIBUTARY_TSAN_RELEASE(this);
     StartRead(&event_);
   }
 
   void OnDone(const grpc::Status& status) override {
+    TRIBUTARY_TSAN_ACQUIRE(this);
     if (ControlRing* ring = session_->ring(); ring != nullptr) {
       // Wakes every waiter of the ring: their results can no longer come.
       ring->Close(absl::UnavailableError(absl::StrCat(
