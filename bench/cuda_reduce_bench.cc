@@ -8,7 +8,8 @@
 // ((k + 1) x bytes), like nccl-tests' algorithm bandwidth. Also printed: the theoretical peak
 // from the memory clock and bus width. Time by CUDA events, best of --reps after one warm-up.
 //
-// Flags: --mib=N (each buffer's size, default 256), --reps=N (default 20), --device=N.
+// Flags (bench/cuda_bench_flags.h): --mib N (each buffer's size, default 256), --reps N
+// (default 20), --device N.
 // Without a CUDA device it prints why and exits 77 (scripts/gpu_check.sh reports "skipped").
 #include <cuda_runtime_api.h>
 
@@ -18,9 +19,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "bench/cuda_bench_flags.h"
 #include "common/dtype.h"
 #include "dataplane/cuda/cuda_status.h"
 #include "dataplane/reduce/cuda/cuda_reducer.h"
@@ -62,24 +65,13 @@ double BestSeconds(cudaStream_t stream, int reps, F&& run) {
 }
 
 int Main(int argc, char** argv) {
-  size_t mib = 256;
-  int reps = 20, device = 0;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strncmp(argv[i], "--mib=", 6) == 0) {
-      mib = std::strtoull(argv[i] + 6, nullptr, 10);
-    } else if (std::strncmp(argv[i], "--reps=", 7) == 0) {
-      reps = std::atoi(argv[i] + 7);
-    } else if (std::strncmp(argv[i], "--device=", 9) == 0) {
-      device = std::atoi(argv[i] + 9);
-    } else {
-      std::fprintf(stderr, "usage: %s [--mib=N] [--reps=N] [--device=N]\n", argv[0]);
-      return 2;
-    }
+  bench::CudaBenchFlags flags;
+  if (std::optional<int> exit = bench::ParseCudaBenchFlags(
+          argc, argv, "CUDA reduction kernels against the device-to-device copy", flags)) {
+    return *exit;
   }
-  if (mib == 0 || reps <= 0) {
-    std::fprintf(stderr, "--mib and --reps must be >= 1\n");
-    return 2;
-  }
+  const size_t mib = flags.mib;
+  const int reps = flags.reps, device = flags.device;
   absl::StatusOr<std::unique_ptr<CudaReducer>> reducer = CudaReducer::Create(device);
   if (!reducer.ok()) {
     std::fprintf(stderr, "cuda_reduce_bench needs a CUDA device: %s\n",

@@ -13,7 +13,7 @@
 //    whole D2H, then the whole host copy) and the pipeline's speed-up over it.
 // Times are the best of --reps after one warm-up; GB/s = tensor bytes per second.
 //
-// Flags: --mib=N (default 256), --reps=N (default 5), --device=N.
+// Flags (bench/cuda_bench_flags.h): --mib N (default 256), --reps N (default 5), --device N.
 // Without a CUDA device it prints why and exits 77 (scripts/gpu_check.sh reports "skipped").
 #include <cuda_runtime_api.h>
 
@@ -28,9 +28,11 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
+#include "bench/cuda_bench_flags.h"
 #include "dataplane/cuda/cuda_status.h"
 #include "dataplane/staging/cuda_copy_engine.h"
 #include "dataplane/staging/staging_pipeline.h"
@@ -102,24 +104,13 @@ double BestSeconds(int reps, F&& run) {
 }
 
 int Main(int argc, char** argv) {
-  size_t mib = 256;
-  int reps = 5, device = 0;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strncmp(argv[i], "--mib=", 6) == 0) {
-      mib = std::strtoull(argv[i] + 6, nullptr, 10);
-    } else if (std::strncmp(argv[i], "--reps=", 7) == 0) {
-      reps = std::atoi(argv[i] + 7);
-    } else if (std::strncmp(argv[i], "--device=", 9) == 0) {
-      device = std::atoi(argv[i] + 9);
-    } else {
-      std::fprintf(stderr, "usage: %s [--mib=N] [--reps=N] [--device=N]\n", argv[0]);
-      return 2;
-    }
+  bench::CudaBenchFlags flags{.reps = 5};
+  if (std::optional<int> exit = bench::ParseCudaBenchFlags(
+          argc, argv, "GPU tensors through pinned staging against one whole-tensor copy", flags)) {
+    return *exit;
   }
-  if (mib == 0 || reps <= 0) {
-    std::fprintf(stderr, "--mib and --reps must be >= 1\n");
-    return 2;
-  }
+  const size_t mib = flags.mib;
+  const int reps = flags.reps, device = flags.device;
   absl::StatusOr<std::unique_ptr<CudaCopyEngine>> engine = CudaCopyEngine::Create(device);
   if (!engine.ok()) {
     std::fprintf(stderr, "cuda_staging_bench needs a CUDA device: %s\n",
