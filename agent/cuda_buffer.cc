@@ -3,6 +3,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "dataplane/cuda/cuda_ipc.h"
@@ -18,11 +22,12 @@ namespace cuda = dataplane::cuda;
 class CudaMirror final : public MirroredMemory {
  public:
   CudaMirror(int device, std::unique_ptr<cuda::CudaIpcImport> import, std::byte* host,
-             cudaStream_t stream)
-      : device_(device), import_(std::move(import)), host_(host), stream_(stream) {}
+             cudaStream_t stream, cudaEvent_t done)
+      : device_(device), import_(std::move(import)), host_(host), stream_(stream), done_(done) {}
   ~CudaMirror() override {
     cuda::ScopedCudaDevice on_device(device_);
     cudaStreamSynchronize(stream_);
+    cudaEventDestroy(done_);
     cudaStreamDestroy(stream_);
     cudaFreeHost(host_);
     import_.reset();  // cudaIpcCloseMemHandle
@@ -31,7 +36,7 @@ class CudaMirror final : public MirroredMemory {
   std::byte* host() const override { return host_; }
   uint64_t size() const override { return import_->bytes(); }
 
-  absl::Status CopyIn(uint64_t offset, uint64_t bytes) override {
+  absl::Status CopyIn(uint64_t offset, uint64_t bytes, std::chrono::milliseconds timeout) override {
     cuda::ScopedCudaDevice on_device(device_);
     RETURN_IF_ERROR(on_device.status());
     // After the process's kernels that wrote the buffer (its MarkReady before the Submit).
@@ -40,25 +45,49 @@ class CudaMirror final : public MirroredMemory {
         cudaMemcpyAsync(host_ + offset, static_cast<const std::byte*>(import_->data()) + offset,
                         bytes, cudaMemcpyDeviceToHost, stream_),
         "cudaMemcpyAsync(device to host)"));
-    return cuda::CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    return WaitForStream(timeout,
+                         "the process's GPU work before its submit (the ready event) "
+                         "and the copy to the agent");
   }
 
-  absl::Status CopyOut(uint64_t offset, uint64_t bytes) override {
+  absl::Status CopyOut(uint64_t offset, uint64_t bytes,
+                       std::chrono::milliseconds timeout) override {
     cuda::ScopedCudaDevice on_device(device_);
     RETURN_IF_ERROR(on_device.status());
     RETURN_IF_ERROR(
         cuda::CudaStatus(cudaMemcpyAsync(static_cast<std::byte*>(import_->data()) + offset,
                                          host_ + offset, bytes, cudaMemcpyHostToDevice, stream_),
                          "cudaMemcpyAsync(host to device)"));
-    // Synchronized before the operation completes: the process's next kernels see the result.
-    return cuda::CudaStatus(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    // Done before the operation completes: the process's next kernels see the result.
+    return WaitForStream(timeout, "the copy of the result back to the process's GPU memory");
   }
 
  private:
+  // Waits for everything on stream_ until `timeout`: an event recorded after it, polled with a
+  // backoff from 20 us to 1 ms (cudaStreamSynchronize has no deadline). DEADLINE_EXCEEDED names
+  // `what`; the work stays queued, in order before any later copy on the stream.
+  absl::Status WaitForStream(std::chrono::milliseconds timeout, const char* what) {
+    RETURN_IF_ERROR(cuda::CudaStatus(cudaEventRecord(done_, stream_), "cudaEventRecord"));
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    auto pause = std::chrono::microseconds(20);
+    while (true) {
+      const cudaError_t e = cudaEventQuery(done_);
+      if (e != cudaErrorNotReady) return cuda::CudaStatus(e, "cudaEventQuery");
+      if (std::chrono::steady_clock::now() >= deadline) {
+        return absl::DeadlineExceededError(
+            absl::StrCat(what, " did not finish within ", timeout.count(),
+                         " ms (the job's op deadline): is a kernel of the process stuck?"));
+      }
+      std::this_thread::sleep_for(pause);  // polling a GPU event, bounded by the deadline
+      pause = std::min<std::chrono::microseconds>(2 * pause, std::chrono::milliseconds(1));
+    }
+  }
+
   const int device_;
   std::unique_ptr<cuda::CudaIpcImport> import_;
   std::byte* const host_;
   const cudaStream_t stream_;
+  const cudaEvent_t done_;  // WaitForStream's
 };
 
 }  // namespace
@@ -98,9 +127,17 @@ absl::StatusOr<std::shared_ptr<SharedMemoryMapping>> ImportCudaBuffer(const std:
     cudaFreeHost(host);
     return s;
   }
+  cudaEvent_t done = nullptr;
+  if (absl::Status s = cuda::CudaStatus(cudaEventCreateWithFlags(&done, cudaEventDisableTiming),
+                                        "cudaEventCreateWithFlags");
+      !s.ok()) {
+    cudaStreamDestroy(stream);
+    cudaFreeHost(host);
+    return s;
+  }
   return std::make_shared<SharedMemoryMapping>(
       what, std::make_unique<CudaMirror>(parsed->device, std::move(import),
-                                         static_cast<std::byte*>(host), stream));
+                                         static_cast<std::byte*>(host), stream, done));
 }
 
 }  // namespace tributary::agent

@@ -166,7 +166,7 @@ void LocalGather::Start(const GatherKey& key, std::unique_ptr<Gather> gather, De
     for (const auto& h : handles) h->Complete(s);
   };
   after.Add([runner = runner_, stager = stager_, job_id = key.job_id, op = std::move(op), handles,
-             mirrored = std::move(mirrored)]() mutable {
+             mirrored = std::move(mirrored), timeout = gather->job.op_timeout]() mutable {
     const std::string tensor = op.tensor_name;
     const uint64_t iteration = op.iteration;
     auto fail = [runner, job_id, tensor, iteration, handles](const absl::Status& status) {
@@ -175,7 +175,7 @@ void LocalGather::Start(const GatherKey& key, std::unique_ptr<Gather> gather, De
     };
     // Mirrored buffers (a process's CUDA memory) are copied in first, on the staging thread.
     StartMirrored(
-        stager, std::move(mirrored), std::move(op),
+        stager, std::move(mirrored), std::move(op), timeout,
         [runner, job_id, fail](dataplane::Operation op) {
           absl::Status started = runner->Start(job_id, std::move(op));
           if (!started.ok()) fail(started);

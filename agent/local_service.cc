@@ -481,9 +481,10 @@ absl::Status LocalService::SubmitInternal(const tributary::v1::SubmitRequest& re
       std::vector<MirroredRegion> mirrored;
       if (mapping->mirror() != nullptr) mirrored.push_back({mapping, req.offset_bytes(), bytes});
       after.Add([runner = runner_, stager = stager_, job_id = session->job_id, op = std::move(op),
-                 handle = sub.handle, mirrored = std::move(mirrored)]() mutable {
+                 handle = sub.handle, mirrored = std::move(mirrored),
+                 timeout = job->op_timeout]() mutable {
         StartMirrored(
-            stager, std::move(mirrored), std::move(op),
+            stager, std::move(mirrored), std::move(op), timeout,
             [runner, job_id, handle](dataplane::Operation op) {
               absl::Status started = runner->Start(job_id, std::move(op));
               if (!started.ok()) handle->Complete(started);

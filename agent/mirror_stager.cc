@@ -70,18 +70,19 @@ void MirrorStager::Run() {
 }
 
 void StartMirrored(const std::shared_ptr<MirrorStager>& stager, std::vector<MirroredRegion> regions,
-                   dataplane::Operation op, std::function<void(dataplane::Operation)> start,
+                   dataplane::Operation op, std::chrono::milliseconds timeout,
+                   std::function<void(dataplane::Operation)> start,
                    std::function<void(const absl::Status&)> failed) {
   if (regions.empty()) {
     start(std::move(op));
     return;
   }
   // The results go back before the handles complete: the process's next work must see them.
-  op.done = [stager, regions, done = std::move(op.done)](absl::Status status) {
-    stager->Post([regions, done, status]() mutable {
+  op.done = [stager, regions, timeout, done = std::move(op.done)](absl::Status status) {
+    stager->Post([regions, timeout, done, status]() mutable {
       if (status.ok()) {
         for (const MirroredRegion& r : regions) {
-          absl::Status copied = r.mapping->mirror()->CopyOut(r.offset, r.bytes);
+          absl::Status copied = r.mapping->mirror()->CopyOut(r.offset, r.bytes, timeout);
           if (!copied.ok()) {
             status = absl::Status(copied.code(),
                                   absl::StrCat("copying the result back to ", r.mapping->name(),
@@ -94,10 +95,10 @@ void StartMirrored(const std::shared_ptr<MirrorStager>& stager, std::vector<Mirr
       done(status);
     });
   };
-  stager->Post([regions = std::move(regions), op = std::move(op), start = std::move(start),
+  stager->Post([regions = std::move(regions), op = std::move(op), timeout, start = std::move(start),
                 failed = std::move(failed)]() mutable {
     for (const MirroredRegion& r : regions) {
-      absl::Status copied = r.mapping->mirror()->CopyIn(r.offset, r.bytes);
+      absl::Status copied = r.mapping->mirror()->CopyIn(r.offset, r.bytes, timeout);
       if (!copied.ok()) {
         const absl::Status status(copied.code(),
                                   absl::StrCat("copying the input from ", r.mapping->name(),

@@ -3,6 +3,7 @@
 // data plane starts it and back after it succeeded, before its handles complete.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -58,9 +59,12 @@ struct MirroredRegion {
 // `stager`'s thread once every region is copied in (MirroredMemory::CopyIn); and `op.done` then
 // copies them back (CopyOut, on the stager's thread) when the operation succeeded, before the
 // original `done` runs -- with the copy's error instead when one fails. When a copy-in fails,
-// `start` is not called and `failed` gets the error.
+// `start` is not called and `failed` gets the error. Each copy waits at most `timeout` (the
+// job's op deadline): a process whose GPU work never finishes fails its operation, and holds the
+// staging thread for no longer than that.
 void StartMirrored(const std::shared_ptr<MirrorStager>& stager, std::vector<MirroredRegion> regions,
-                   dataplane::Operation op, std::function<void(dataplane::Operation)> start,
+                   dataplane::Operation op, std::chrono::milliseconds timeout,
+                   std::function<void(dataplane::Operation)> start,
                    std::function<void(const absl::Status&)> failed);
 
 }  // namespace tributary::agent

@@ -2,6 +2,7 @@
 // into the agent.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -27,11 +28,15 @@ class MirroredMemory {
   virtual std::byte* host() const = 0;
   virtual uint64_t size() const = 0;
   // Copies bytes [offset, offset + bytes) of the source into the mirror, ordered after the
-  // source's owner marked them ready; returns once they are there.
-  virtual absl::Status CopyIn(uint64_t offset, uint64_t bytes) = 0;
+  // source's owner marked them ready; returns once they are there, or DEADLINE_EXCEEDED after
+  // `timeout` (the owner's work before the mark never finished; the copy stays queued, in order
+  // before any later one).
+  virtual absl::Status CopyIn(uint64_t offset, uint64_t bytes,
+                              std::chrono::milliseconds timeout) = 0;
   // Copies the mirror's bytes [offset, offset + bytes) back to the source; returns once the
-  // source's owner would see them.
-  virtual absl::Status CopyOut(uint64_t offset, uint64_t bytes) = 0;
+  // source's owner would see them, or DEADLINE_EXCEEDED after `timeout`.
+  virtual absl::Status CopyOut(uint64_t offset, uint64_t bytes,
+                               std::chrono::milliseconds timeout) = 0;
 };
 
 // One mapping, read-write and shared with its creator. Unmapped when the last owner (the

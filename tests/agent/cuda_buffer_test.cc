@@ -56,7 +56,7 @@ class FakeMirror final : public MirroredMemory {
       : shared_(std::move(shared)), host_(shared_->device.size()) {}
   std::byte* host() const override { return reinterpret_cast<std::byte*>(host_.data()); }
   uint64_t size() const override { return host_.size() * sizeof(float); }
-  absl::Status CopyIn(uint64_t offset, uint64_t bytes) override {
+  absl::Status CopyIn(uint64_t offset, uint64_t bytes, std::chrono::milliseconds) override {
     std::lock_guard lock(shared_->mu);
     shared_->copies.push_back("in " + std::to_string(offset) + " " + std::to_string(bytes));
     if (!shared_->fail_in.ok()) return shared_->fail_in;
@@ -64,7 +64,7 @@ class FakeMirror final : public MirroredMemory {
                 bytes);
     return absl::OkStatus();
   }
-  absl::Status CopyOut(uint64_t offset, uint64_t bytes) override {
+  absl::Status CopyOut(uint64_t offset, uint64_t bytes, std::chrono::milliseconds) override {
     std::lock_guard lock(shared_->mu);
     shared_->copies.push_back("out " + std::to_string(offset) + " " + std::to_string(bytes));
     if (!shared_->fail_out.ok()) return shared_->fail_out;

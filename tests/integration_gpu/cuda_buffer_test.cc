@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -62,15 +63,18 @@ class CudaBufferClusterTest : public ::testing::Test {
                         << "; set TRIBUTARY_BIN_DIR to the folder of tributary-controller and "
                            "tributary-agent)";
     cluster_ = *std::move(c);
+    ASSERT_NO_FATAL_FAILURE(CreateJob("cuda", 30000));
+  }
 
+  void CreateJob(const std::string& id, int op_timeout_ms) {
     tributary::v1::CreateJobRequest req;
-    req.set_job_id("cuda");
+    req.set_job_id(id);
     for (const std::string& node : cluster_->worker_node_ids()) {
       req.mutable_spec()->add_worker_nodes(node);
     }
     req.mutable_spec()->set_procs_per_node(kProcsPerNode);
     req.mutable_spec()->set_partition_bytes(64 << 10);
-    req.mutable_spec()->set_op_timeout_ms(30000);
+    req.mutable_spec()->set_op_timeout_ms(op_timeout_ms);
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + 5s);
     tributary::v1::Job job;
@@ -198,6 +202,123 @@ TEST_F(CudaBufferClusterTest, AllReduceOfCudaTensorsIsExactOnEveryRank) {
     }
   }
   for (auto& t : ranks) t.join();
+  for (const std::string& e : errors) ADD_FAILURE() << e;
+}
+
+// The agent's copy of a CUDA buffer waits for the process's GPU work before the submit with the
+// job's op deadline: rank 0's stream is held by a host function that does not return (a stuck
+// kernel), so its agent fails the collective by the deadline, every rank gets an error, and
+// once the stream moves on the next collective is exact.
+TEST_F(CudaBufferClusterTest, StuckGpuWorkBeforeASubmitFailsTheCollectiveByTheDeadline) {
+  ASSERT_NO_FATAL_FAILURE(CreateJob("cuda-stuck", 1500));
+  struct Gate {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool open = false;
+  } gate;
+  std::mutex mu;
+  std::vector<std::string> errors;
+  auto error = [&](std::string e) {
+    std::lock_guard lock(mu);
+    errors.push_back(std::move(e));
+  };
+  std::vector<std::thread> ranks;
+  for (int node = 0; node < 2; ++node) {
+    for (uint32_t local = 0; local < kProcsPerNode; ++local) {
+      ranks.emplace_back([&, node, local] {
+        client::ClientOptions options;
+        options.agent_address = cluster_->agent_address(node);
+        options.join_timeout = 20000ms;
+        auto c = client::Client::Connect(options, "cuda-stuck", local, kProcsPerNode);
+        if (!c.ok()) return error(absl::StrCat("connect: ", c.status().ToString()));
+        const uint32_t rank = (*c)->global_rank();
+        const bool stuck = rank == 0;
+        const size_t bytes = kCount * sizeof(float);
+        void* device = nullptr;
+        cudaStream_t stream = nullptr;
+        std::shared_ptr<client::SharedBuffer> buffer;
+        if (stuck) {
+          if (cudaSetDevice(0) != cudaSuccess || cudaMalloc(&device, bytes) != cudaSuccess ||
+              cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+            return error("rank 0: cudaMalloc/cudaStreamCreate failed");
+          }
+          auto b = (*c)->RegisterCudaBuffer(device, bytes, 0, stream);
+          if (!b.ok()) return error(absl::StrCat("rank 0: ", b.status().ToString()));
+          buffer = *std::move(b);
+        } else {
+          auto b = (*c)->AllocateBuffer(bytes);
+          if (!b.ok()) return error(absl::StrCat("rank ", rank, ": ", b.status().ToString()));
+          buffer = *std::move(b);
+        }
+        std::vector<unsigned char> host(bytes);
+        auto fill = [&] {
+          client::cli::FillInput(common::DataType::kFloat32, rank, host.data(), kCount);
+          if (stuck) return cudaMemcpy(device, host.data(), bytes, cudaMemcpyHostToDevice);
+          std::memcpy(buffer->data(), host.data(), bytes);
+          return cudaSuccess;
+        };
+        if (fill() != cudaSuccess) return error("rank 0: copy to the device failed");
+        if (stuck) {
+          // Work on the stream that does not finish until the gate opens (at most 20 s).
+          cudaLaunchHostFunc(
+              stream,
+              [](void* p) {
+                Gate& g = *static_cast<Gate*>(p);
+                std::unique_lock lock(g.mu);
+                g.cv.wait_for(lock, 20s, [&] { return g.open; });
+              },
+              &gate);
+        }
+        const auto start = std::chrono::steady_clock::now();
+        absl::Status first = (*c)->AllReduce("t", *buffer, 0, kCount, common::DataType::kFloat32,
+                                             client::ReduceOp::kSum);
+        const double seconds =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        if (first.ok()) error(absl::StrCat("rank ", rank, ": the stuck collective succeeded"));
+        if (seconds > 10) error(absl::StrCat("rank ", rank, ": failed after ", seconds, " s"));
+        if (stuck &&
+            (first.code() != absl::StatusCode::kDeadlineExceeded ||
+             first.message().find("is a kernel of the process stuck?") == std::string::npos)) {
+          error(absl::StrCat("rank 0: ", first.ToString()));
+        }
+        if (stuck) {
+          {
+            std::lock_guard lock(gate.mu);
+            gate.open = true;
+          }
+          gate.cv.notify_all();
+          if (cudaStreamSynchronize(stream) != cudaSuccess) return error("rank 0: stream failed");
+        }
+        // The next iteration of the same tensor is exact on every rank.
+        if (fill() != cudaSuccess) return error("rank 0: copy to the device failed");
+        absl::Status again = (*c)->AllReduce("t", *buffer, 0, kCount, common::DataType::kFloat32,
+                                             client::ReduceOp::kSum);
+        if (!again.ok()) {
+          error(absl::StrCat("rank ", rank, " after the stuck one: ", again.ToString()));
+        } else {
+          if (stuck) {
+            cudaMemcpy(host.data(), device, bytes, cudaMemcpyDeviceToHost);
+          } else {
+            std::memcpy(host.data(), buffer->data(), bytes);
+          }
+          const size_t wrong = client::cli::CountWrong(common::DataType::kFloat32, BenchOp::kSum,
+                                                       kWorld, 0, host.data(), kCount);
+          if (wrong != 0) error(absl::StrCat("rank ", rank, ": ", wrong, " wrong elements"));
+        }
+        buffer.reset();
+        if (device != nullptr) {
+          cudaStreamDestroy(stream);
+          cudaFree(device);
+        }
+      });
+    }
+  }
+  for (auto& t : ranks) t.join();
+  {
+    std::lock_guard lock(gate.mu);
+    gate.open = true;  // Whatever happened, nothing stays stuck.
+  }
+  gate.cv.notify_all();
   for (const std::string& e : errors) ADD_FAILURE() << e;
 }
 
