@@ -231,9 +231,9 @@ def _dtype_name(tensor, what):
                              "INVALID_ARGUMENT")
     if tensor.device.type != "cpu":
         raise TributaryError(
-            f"{what}: the tensor is on {tensor.device}; only CPU tensors are supported until "
-            "Tributary's CUDA data plane lands (no silent host copy is made): move it with "
-            ".cpu()", "UNIMPLEMENTED")
+            f"{what}: the tensor is on {tensor.device}; only CPU tensors are supported from "
+            "Python so far (GPU memory goes through the C++ client's RegisterCudaBuffer; no "
+            "silent host copy is made here): move it with .cpu()", "UNIMPLEMENTED")
     if tensor.layout != torch.strided:
         raise TributaryError(f"{what}: {tensor.layout} tensors are not supported; pass a dense "
                              "tensor", "INVALID_ARGUMENT")
