@@ -73,15 +73,22 @@ absl::StatusOr<uint64_t> LocalService::RegisterCudaBuffer(
                                   absl::StrCat("CUDA buffer of session '", req.session_id(), "'")));
   std::lock_guard lock(mu_);
   ASSIGN_OR_RETURN(std::shared_ptr<Session> session, sessions_.Find(req.session_id()));
-  if (session->buffers.size() >= kMaxBuffersPerSession) {
+  const uint64_t size = mapping->size();
+  ASSIGN_OR_RETURN(const uint64_t id, AddBufferLocked(*session, std::move(mapping)));
+  Log()->info("session {}: CUDA buffer {} of {} bytes registered (host mirror)", req.session_id(),
+              id, size);
+  return id;
+}
+
+absl::StatusOr<uint64_t> LocalService::AddBufferLocked(
+    Session& session, std::shared_ptr<SharedMemoryMapping> mapping) {
+  if (session.buffers.size() >= kMaxBuffersPerSession) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("session '", req.session_id(), "' already has ", session->buffers.size(),
+        absl::StrCat("session '", session.id, "' already has ", session.buffers.size(),
                      " buffers (the limit); unregister some first"));
   }
-  const uint64_t id = session->next_buffer++;
-  Log()->info("session {}: CUDA buffer {} of {} bytes registered (host mirror)", req.session_id(),
-              id, mapping->size());
-  session->buffers[id] = std::move(mapping);
+  const uint64_t id = session.next_buffer++;
+  session.buffers[id] = std::move(mapping);
   return id;
 }
 
@@ -318,14 +325,8 @@ absl::StatusOr<uint64_t> LocalService::RegisterBuffer(const common::PeerCredenti
   std::lock_guard lock(mu_);
   ASSIGN_OR_RETURN(std::shared_ptr<Session> session, sessions_.Find(session_id));
   RETURN_IF_ERROR(check_owner(*session));
-  if (session->buffers.size() >= kMaxBuffersPerSession) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("session '", session_id, "' already has ", session->buffers.size(),
-                     " buffers (the limit); unregister some first"));
-  }
+  ASSIGN_OR_RETURN(const uint64_t id, AddBufferLocked(*session, std::move(mapping)));
   session->owner_uid = peer.uid;
-  const uint64_t id = session->next_buffer++;
-  session->buffers[id] = std::move(mapping);
   return id;
 }
 

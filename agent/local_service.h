@@ -159,6 +159,10 @@ class LocalService {
     LocalService* service = nullptr;  // Guarded by mu; null once the service is gone.
   };
 
+  // Gives `mapping` the session's next buffer id; RESOURCE_EXHAUSTED at kMaxBuffersPerSession.
+  absl::StatusOr<uint64_t> AddBufferLocked(Session& session,
+                                           std::shared_ptr<SharedMemoryMapping> mapping);
+
   CollectiveRunner* runner_;
   const common::Clock* clock_;
   // The copies of mirrored (CUDA) buffers; stopped (drained) by the destructor.

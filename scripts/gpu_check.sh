@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Everything CUDA, on a machine with a GPU, in one command: configures build-gpu/ with
-# TRIBUTARY_CUDA=ON for this machine's GPU architecture, builds the CUDA tests, the staging test
-# and the kernel benchmark, runs them, and fails if any GPU test was skipped (on a GPU machine a
-# skip means the device was not usable, not that there is nothing to test). The benchmark's table
-# goes to stdout and to bench/results/cuda_reduce_<gpu>.txt.
+# TRIBUTARY_CUDA=ON for this machine's GPU architecture, builds the CUDA tests, the end-to-end
+# CUDA test, the staging test and the two CUDA benchmarks, runs them, and fails if any GPU test
+# was skipped (on a GPU machine a skip means the device was not usable, not that there is nothing
+# to test). The benchmarks' tables go to stdout and to bench/results/cuda_{reduce,staging}_<gpu>.txt.
 #   scripts/gpu_check.sh            # exit 77 (skipped) where no GPU is visible
 #   BUILD_DIR=... MIB=... scripts/gpu_check.sh
 #   PREBUILT=build-gpu-pack scripts/gpu_check.sh
 #       a machine that cannot build (no Debian packages): runs the binaries and libraries that
-#       scripts/gpu_pack.sh packed elsewhere -- cuda_test, the benchmark, and `tributary topo`
-#       (this machine's topology from sysfs and NVML) next to `nvidia-smi topo -m`; the CPU tests
-#       (staging, intranode, reduce) run where the pack was built.
+#       scripts/gpu_pack.sh packed elsewhere -- cuda_test, cuda_integration_test, both
+#       benchmarks and `tributary topo`; the CPU tests (staging, intranode, reduce) run where the
+#       pack was built.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export UCX_NET_DEVICES=lo UCX_TLS=tcp UCX_WARN_UNUSED_ENV_VARS=n
@@ -28,13 +28,11 @@ if [ -n "${PREBUILT:-}" ]; then
 else
   bin="$build/bin"
   scripts/install_deps.sh
-fi
-if [ -z "${PREBUILT:-}" ] && [ ! -f "$build/build.ninja" ]; then
-  # "native": the architecture of the GPUs present (the default list is 80-real;90).
-  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTRIBUTARY_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES=native >/dev/null
-fi
-if [ -z "${PREBUILT:-}" ]; then
+  if [ ! -f "$build/build.ninja" ]; then
+    # "native": the architecture of the GPUs present (the default list is 80-real;90).
+    cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTRIBUTARY_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES=native >/dev/null
+  fi
   cmake --build "$build" -j"$(nproc)" --target cuda_test staging_test intranode_test reduce_test \
     cuda_integration_test tributary-controller tributary-agent cuda_reduce_bench \
     cuda_staging_bench tributary

@@ -1,6 +1,6 @@
 // The reduction kernels: one grid-stride kernel per element type and load mode, and for 16-byte
-// vectors a second one that takes two vectors per step for passes of at most kPairSources
-// sources (24 in all; the number of sources and the division are arguments).
+// vectors a second one that takes two vectors per step for the passes TakesPairs picks (24 in
+// all; the number of sources and the division are arguments).
 #include "dataplane/reduce/cuda/reduce_kernels.h"
 
 namespace tributary::dataplane::cuda_reduce {
@@ -30,7 +30,7 @@ cudaError_t LaunchReduce(ElementType t, const ReduceArgs& args, int max_blocks,
   DispatchElementType(t, [&]<typename Op>() {
     switch (mode) {
       case LoadMode::kVector16:
-        if (args.num_sources <= kPairSources) {
+        if (TakesPairs(args)) {
           ReduceKernel<Op, LoadMode::kVector16, true><<<grid, kThreadsPerBlock, 0, stream>>>(args);
         } else {
           ReduceKernel<Op, LoadMode::kVector16><<<grid, kThreadsPerBlock, 0, stream>>>(args);

@@ -207,75 +207,60 @@ TRIBUTARY_HD inline void Store16(void* p, uint4 v) {
 #endif
 }
 
-template <typename Op>
-TRIBUTARY_HD inline void ReduceVector(const ReduceArgs& a, size_t head, size_t v) {
-  using T = typename Op::T;
-  constexpr size_t kLanes = 16 / sizeof(T);
-  const size_t first = head + v * kLanes;
-  Vector16<T> acc;
-  acc.raw = Load16(static_cast<const T*>(a.src[0]) + first);
-  TRIBUTARY_UNROLL
-  for (int s = 1; s < kMaxSources; ++s) {
-    if (s < a.num_sources) {
-      Vector16<T> x;
-      x.raw = Load16(static_cast<const T*>(a.src[s]) + first);
-      TRIBUTARY_UNROLL
-      for (size_t l = 0; l < kLanes; ++l) acc.e[l] = Op::Add(acc.e[l], x.e[l]);
-    }
-  }
-  if (a.divide) {
-    TRIBUTARY_UNROLL
-    for (size_t l = 0; l < kLanes; ++l) acc.e[l] = Op::Divide(acc.e[l], a.divisor);
-  }
-  Store16(static_cast<T*>(a.dst) + first, acc.raw);
-}
-
-// Sources up to which a thread reduces two vectors at once.
+// Sources up to which a thread reduces two vectors at once (TakesPairs).
 inline constexpr int kPairSources = 4;
 
-// Two vectors of one thread at once (vector v and vector w), for passes of at most kPairSources
-// sources: every load of both is issued before the first addition, twice the bytes in flight per
-// thread of ReduceVector, which the memory system needs at few sources (on an H100, one vector at
-// a time reached 0.87-0.93 of the device-to-device copy at k = 1 and 2, two 0.94-0.97). Beyond
-// kPairSources one vector already has enough loads in flight. A kernel of its own (ReduceThread's
-// `Pair`): in the same kernel as the 8-source path its registers cost that path occupancy (k = 8
-// fp16 average fell from 1.00 to 0.86 of the copy).
-template <typename Op>
-TRIBUTARY_HD inline void ReduceVectorPair(const ReduceArgs& a, size_t head, size_t v, size_t w) {
+// `kVectors` 16-byte vectors of one thread at once (vector indices `v`, after the `head` scalar
+// elements), folding at most `kSources` sources: every load of all of them is issued before the
+// first addition. One vector per step (kVectors 1, any number of sources) or two (kVectors 2,
+// at most kPairSources): two keep twice the bytes in flight per thread, which the memory system
+// needs at few sources (on an H100, one vector at a time reached 0.87-0.93 of the
+// device-to-device copy at k = 1 and 2, two 0.94-0.97); beyond kPairSources one vector already
+// has enough loads in flight. Pairs run in kernels of their own (ReduceThread's `Pair`): in the
+// same kernel as the 8-source path their registers cost that path occupancy (k = 8 fp16 average
+// fell from 1.00 to 0.86 of the copy).
+template <typename Op, int kVectors, int kSources>
+TRIBUTARY_HD inline void ReduceVectors(const ReduceArgs& a, size_t head,
+                                       const size_t (&v)[kVectors]) {
   using T = typename Op::T;
   constexpr size_t kLanes = 16 / sizeof(T);
-  const size_t first_v = head + v * kLanes;
-  const size_t first_w = head + w * kLanes;
-  Vector16<T> acc_v, acc_w;
-  acc_v.raw = Load16(static_cast<const T*>(a.src[0]) + first_v);
-  acc_w.raw = Load16(static_cast<const T*>(a.src[0]) + first_w);
+  size_t first[kVectors];
+  Vector16<T> acc[kVectors];
   TRIBUTARY_UNROLL
-  for (int s = 1; s < kPairSources; ++s) {
+  for (int j = 0; j < kVectors; ++j) {
+    first[j] = head + v[j] * kLanes;
+    acc[j].raw = Load16(static_cast<const T*>(a.src[0]) + first[j]);
+  }
+  TRIBUTARY_UNROLL
+  for (int s = 1; s < kSources; ++s) {
     if (s < a.num_sources) {
-      Vector16<T> x, y;
-      x.raw = Load16(static_cast<const T*>(a.src[s]) + first_v);
-      y.raw = Load16(static_cast<const T*>(a.src[s]) + first_w);
+      Vector16<T> x[kVectors];
       TRIBUTARY_UNROLL
-      for (size_t l = 0; l < kLanes; ++l) {
-        acc_v.e[l] = Op::Add(acc_v.e[l], x.e[l]);
-        acc_w.e[l] = Op::Add(acc_w.e[l], y.e[l]);
+      for (int j = 0; j < kVectors; ++j)
+        x[j].raw = Load16(static_cast<const T*>(a.src[s]) + first[j]);
+      TRIBUTARY_UNROLL
+      for (int j = 0; j < kVectors; ++j) {
+        TRIBUTARY_UNROLL
+        for (size_t l = 0; l < kLanes; ++l) acc[j].e[l] = Op::Add(acc[j].e[l], x[j].e[l]);
       }
     }
   }
-  if (a.divide) {
-    TRIBUTARY_UNROLL
-    for (size_t l = 0; l < kLanes; ++l) {
-      acc_v.e[l] = Op::Divide(acc_v.e[l], a.divisor);
-      acc_w.e[l] = Op::Divide(acc_w.e[l], a.divisor);
+  TRIBUTARY_UNROLL
+  for (int j = 0; j < kVectors; ++j) {
+    if (a.divide) {
+      TRIBUTARY_UNROLL
+      for (size_t l = 0; l < kLanes; ++l) acc[j].e[l] = Op::Divide(acc[j].e[l], a.divisor);
     }
+    Store16(static_cast<T*>(a.dst) + first[j], acc[j].raw);
   }
-  Store16(static_cast<T*>(a.dst) + first_v, acc_v.raw);
-  Store16(static_cast<T*>(a.dst) + first_w, acc_w.raw);
 }
 
+// Whether a kVector16 pass runs the two-vector kernel.
+inline bool TakesPairs(const ReduceArgs& a) { return a.num_sources <= kPairSources; }
+
 // The work of thread `tid` of `threads` (grid-stride): in kVector16 mode, the elements before
-// the first 16-byte boundary, the whole vectors (with `Pair`, for at most kPairSources sources: two
-// per step, v and v + threads, so a warp's loads stay contiguous), then the tail; otherwise every
+// the first 16-byte boundary, the whole vectors (with `Pair`, which TakesPairs passes: two per
+// step, v and v + threads, so a warp's loads stay contiguous), then the tail; otherwise every
 // element. Threads write disjoint elements, so running them in any order gives the same result.
 template <typename Op, LoadMode M, bool Pair = false>
 TRIBUTARY_HD inline void ReduceThread(const ReduceArgs& a, size_t tid, size_t threads) {
@@ -291,10 +276,10 @@ TRIBUTARY_HD inline void ReduceThread(const ReduceArgs& a, size_t tid, size_t th
     size_t v = tid;
     if constexpr (Pair) {
       for (; v + threads < vectors; v += 2 * threads) {
-        ReduceVectorPair<Op>(a, head, v, v + threads);
+        ReduceVectors<Op, 2, kPairSources>(a, head, {v, v + threads});
       }
     }
-    for (; v < vectors; v += threads) ReduceVector<Op>(a, head, v);
+    for (; v < vectors; v += threads) ReduceVectors<Op, 1, kMaxSources>(a, head, {v});
     for (size_t i = tail_begin + tid; i < a.count; i += threads) {
       ReduceElement<Op, LoadMode::kElement>(a, i);
     }
@@ -350,7 +335,7 @@ inline void ReduceOnHost(ElementType t, const ReduceArgs& a, size_t threads) {
     for (size_t tid = 0; tid < threads; ++tid) {
       switch (mode) {
         case LoadMode::kVector16:
-          if (a.num_sources <= kPairSources) {
+          if (TakesPairs(a)) {
             ReduceThread<Op, LoadMode::kVector16, true>(a, tid, threads);
           } else {
             ReduceThread<Op, LoadMode::kVector16>(a, tid, threads);
