@@ -14,6 +14,7 @@
 #include "common/logging.h"
 #include "common/metrics/metrics.h"
 #include "common/process_flags.h"
+#include "common/rpc/grpc_status.h"
 #include "common/rpc/tls_flags.h"
 #include "common/trace.h"
 
@@ -49,6 +50,7 @@ void OnSignal(int) { g_stop = 1; }
 }  // namespace
 
 int main(int argc, char** argv) {
+  tributary::common::DisableMutexDeadlockDetection();
   CLI::App app{"Tributary agent: summation and communication services of one node"};
   tributary::agent::AgentOptions options;
   double nic_gbps = 0, sum_gbps = 0;

@@ -4,8 +4,10 @@
 #include "CLI/CLI.hpp"
 #include "client/cli/cli_common.h"
 #include "client/cli/commands.h"
+#include "common/rpc/grpc_status.h"
 
 int main(int argc, char** argv) {
+  tributary::common::DisableMutexDeadlockDetection();
   namespace cli = tributary::client::cli;
   CLI::App app{"tributary: inspect and drive a Tributary cluster"};
   app.require_subcommand(1);

@@ -8,6 +8,7 @@
 
 #include "CLI/CLI.hpp"
 #include "client/launcher/launcher.h"
+#include "common/rpc/grpc_status.h"
 #include "common/rpc/tls_flags.h"
 
 namespace {
@@ -22,6 +23,7 @@ std::string BinDir() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  tributary::common::DisableMutexDeadlockDetection();
   namespace launcher = tributary::client::launcher;
   namespace v1 = tributary::v1;
   launcher::LaunchOptions o;

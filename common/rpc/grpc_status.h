@@ -16,6 +16,12 @@ absl::Status FromGrpcStatus(const grpc::Status& s);
 // Turns on grpc.health.v1 and server reflection for every server built afterwards.
 void EnableHealthAndReflection();
 
+// Turns off Abseil's mutex deadlock detection for this process. Debian builds Abseil without
+// NDEBUG, so every absl::Mutex that gRPC locks records its lock order in a global graph: about a
+// seventh of a busy controller's CPU (bench/README.md, "Controller scale"). Call it first thing
+// in main, before any gRPC object exists.
+void DisableMutexDeadlockDetection();
+
 // Marks the default health service SERVING (overall and for `service_name`).
 void SetServing(grpc::Server* server, const std::string& service_name);
 

@@ -22,6 +22,7 @@
 #include "client/client.h"
 #include "common/dtype.h"
 #include "common/logging.h"
+#include "common/rpc/grpc_status.h"
 
 namespace py = pybind11;
 
@@ -287,6 +288,9 @@ PYBIND11_MODULE(_tributary, m) {
       "Tributary's C++ client for Python: sessions with the local agent, shared-memory buffers "
       "and asynchronous collectives on them.";
   py::register_exception_translator(&TranslateStatusError);
+  // Abseil's mutex deadlock detection (on in Debian's build) costs every gRPC call
+  // (common/rpc/grpc_status.h).
+  common::DisableMutexDeadlockDetection();
   // The client library logs to stderr; a training script wants its warnings, not its info lines,
   // unless TRIBUTARY_LOG_LEVEL says otherwise.
   common::InitLogging(std::getenv("TRIBUTARY_LOG_LEVEL") != nullptr ? "" : "warn");
