@@ -5,9 +5,11 @@
 #include <optional>
 #include <random>
 
+#include "agent/load_delta.h"
 #include "common/logging.h"
 #include "common/rpc/tls.h"
 #include "grpcpp/grpcpp.h"
+#include "tributary/v1/assigned_plan.h"
 
 namespace tributary::agent {
 namespace {
@@ -44,6 +46,9 @@ GrpcControllerClient::GrpcControllerClient(Options options) : options_(std::move
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
+  // No BDP pings: they arm a timer per connection (gRPC's timer table costs the controller CPU
+  // per connection, controller/README.md "Scale"), and the plans it carries are small.
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   // A node's part of a plan is small, but a node in many jobs of thousands of workers could
   // pass gRPC's default 4 MiB.
   args.SetMaxReceiveMessageSize(common::kMaxReplyBytes);
@@ -76,6 +81,13 @@ void GrpcControllerClient::Stop() {
 void GrpcControllerClient::Deliver(uint64_t version, std::vector<tributary::v1::JobPlan> plans) {
   std::lock_guard lock(deliver_mu_);
   if (version <= held_version_) return;  // the watch and a fetch both brought it
+  for (tributary::v1::JobPlan& plan : plans) {
+    if (absl::Status s = tributary::v1::ExpandAssignedPlan(plan); !s.ok()) {
+      // Not held: the next heartbeat sees the version ahead and fetches it again.
+      Log()->error("assignments v{} from the controller: {}", version, s.message());
+      return;
+    }
+  }
   held_version_ = version;
   on_plans_(plans);
 }
@@ -166,6 +178,7 @@ void GrpcControllerClient::Run() {
   auto interval = std::chrono::milliseconds(500);
   ReconnectBackoff backoff(options_.backoff);
   auto last_sample = std::chrono::steady_clock::now();
+  LoadDeltas load_deltas;
   bool warned = false;
   // Since when the controller has been unreachable (reported once it answers again).
   std::optional<std::chrono::steady_clock::time_point> lost_at;
@@ -198,6 +211,7 @@ void GrpcControllerClient::Run() {
         lost_at.reset();
       }
       incarnation = resp.incarnation();
+      load_deltas.Reset();  // the controller holds no load of this incarnation
       interval = std::chrono::milliseconds(std::max<uint32_t>(50, resp.heartbeat_interval_ms()));
       {
         // Versions are the controller's: after a restart they start again.
@@ -218,10 +232,11 @@ void GrpcControllerClient::Run() {
     hb.set_node_id(options_.node_id);
     hb.set_incarnation(incarnation);
     const auto now = std::chrono::steady_clock::now();
-    *hb.mutable_load() = load_(std::chrono::duration<double>(now - last_sample).count());
+    load_deltas.Fill(load_(std::chrono::duration<double>(now - last_sample).count()), &hb);
     last_sample = now;
     tributary::v1::HeartbeatResponse hb_resp;
     grpc::Status s = stub_->Heartbeat(Context().get(), hb, &hb_resp);
+    load_deltas.Answered(s.ok());
     heartbeats_sent_++;
     if (!s.ok()) {
       heartbeats_failed_++;

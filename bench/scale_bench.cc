@@ -31,6 +31,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -41,12 +42,15 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "common/rpc/grpc_status.h"
 #include "controller/planner/job_planner.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/wire_format_lite.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/support/proto_buffer_reader.h"
 #include "nlohmann/json.hpp"
 #include "topology/topology_file.h"
+#include "tributary/v1/assigned_plan.h"
 #include "tributary/v1/controller.grpc.pb.h"
 
 namespace tributary {
@@ -183,6 +187,7 @@ class Sim {
     for (int c = 0; c < connections; ++c) {
       grpc::ChannelArguments args;
       args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // a connection of its own
+      args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);            // as the agent's channel
       channels_.push_back(
           grpc::CreateCustomChannel(options_.target, grpc::InsecureChannelCredentials(), args));
       stubs_.push_back(v1::Controller::NewStub(channels_.back()));
@@ -295,9 +300,9 @@ class Sim {
   }
 
   // What a watch delivered: the newest plan of each job as a member list (by the first agent
-  // that got that version).
-  void OnPlan(Agent& agent, const std::string& job_id, uint64_t version, const char* bytes,
-              size_t size) {
+  // that got that version, which calls `parse` for the rest of the plan).
+  void OnPlan(Agent& agent, const std::string& job_id, uint64_t version,
+              const std::function<void(v1::JobPlan*)>& parse) {
     const auto now = SteadyClock::now();
     {
       std::lock_guard lock(agent.mu);
@@ -308,7 +313,7 @@ class Sim {
     auto& latest = latest_[job_id];
     if (version > latest.version) {
       v1::JobPlan plan;
-      plan.ParseFromArray(bytes, static_cast<int>(size));
+      parse(&plan);
       latest.version = version;
       latest.first = now;
       latest.members.clear();
@@ -405,15 +410,10 @@ class Sim {
 
 void Watch::OnReadDone(bool ok) {
   if (!ok) return;
-  std::vector<grpc::Slice> slices;
-  std::string bytes;
-  if (msg_.Dump(&slices).ok()) {
-    for (const auto& sl : slices)
-      bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
-  }
+  // Read in place (no copy of the message): most plans are skipped after their head.
   using google::protobuf::internal::WireFormatLite;
-  google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(bytes.data()),
-                                            static_cast<int>(bytes.size()));
+  grpc::ProtoBufferReader reader(&msg_);
+  google::protobuf::io::CodedInputStream in(&reader);
   while (const uint32_t tag = in.ReadTag()) {
     if (WireFormatLite::GetTagFieldNumber(tag) != 2) {
       if (!WireFormatLite::SkipField(&in, tag)) break;
@@ -421,7 +421,6 @@ void Watch::OnReadDone(bool ok) {
     }
     uint32_t length = 0;
     if (!in.ReadVarint32(&length)) break;
-    const int start = in.CurrentPosition();
     const auto limit = in.PushLimit(static_cast<int>(length));
     // A plan's job id (field 1) and version (field 2) come first.
     std::string job_id;
@@ -435,9 +434,12 @@ void Watch::OnReadDone(bool ok) {
         if (!in.ReadVarint64(&version)) break;
       }
     }
+    sim_->OnPlan(*agent_, job_id, version, [&](v1::JobPlan* plan) {
+      plan->ParseFromCodedStream(&in);  // the rest of this plan (up to the limit), packed
+      (void)v1::ExpandAssignedPlan(*plan);
+    });
     in.Skip(in.BytesUntilLimit());
     in.PopLimit(limit);
-    sim_->OnPlan(*agent_, job_id, version, bytes.data() + start, length);
   }
   StartRead(&msg_);
 }
@@ -454,7 +456,8 @@ struct Controller {
   }
 };
 
-bool StartController(const std::string& binary, int heartbeat_ms, int timeout_ms, Controller* out) {
+bool StartController(const std::string& binary, int heartbeat_ms, int timeout_ms, int debounce_ms,
+                     Controller* out) {
   const std::string port_file = (std::filesystem::temp_directory_path() /
                                  ("scale-bench-" + std::to_string(getpid()) + ".port"))
                                     .string();
@@ -464,7 +467,7 @@ bool StartController(const std::string& binary, int heartbeat_ms, int timeout_ms
                                    "--port-file=" + port_file,
                                    "--heartbeat-ms=" + std::to_string(heartbeat_ms),
                                    "--heartbeat-timeout-ms=" + std::to_string(timeout_ms),
-                                   "--replan-debounce-ms=100",
+                                   "--replan-debounce-ms=" + std::to_string(debounce_ms),
                                    "--max-heartbeats-per-s=100000",
                                    "--metrics-listen",
                                    "",
@@ -506,9 +509,10 @@ struct Row {
 
 int main(int argc, char** argv) {
   using namespace tributary;
+  common::DisableMutexDeadlockDetection();
   CLI::App app{"The controller at cluster scale: N simulated agents against a real controller"};
   int agents = 1000, connections = 0, steady_s = 10, flappers = -1, flap_s = 20;
-  int heartbeat_ms = 1000, timeout_ms = 3000, max_workers = 4096;
+  int heartbeat_ms = 1000, timeout_ms = 3000, max_workers = 4096, debounce_ms = 20;
   std::string controller_bin, json_file;
   std::string topology_file =
       std::string(TRIBUTARY_SOURCE_DIR) + "/tests/topology/fixtures/dgx1v_nccl_topo.xml";
@@ -520,6 +524,8 @@ int main(int argc, char** argv) {
   app.add_option("--max-workers", max_workers, "Largest job planned (64, 256, 1024, 4096)");
   app.add_option("--heartbeat-ms", heartbeat_ms, "Heartbeat interval of the agents");
   app.add_option("--timeout-ms", timeout_ms, "The controller's liveness timeout");
+  app.add_option("--debounce-ms", debounce_ms, "The controller's --replan-debounce-ms")
+      ->capture_default_str();
   app.add_option("--controller", controller_bin, "tributary-controller (default: next to this)");
   app.add_option("--topology-file", topology_file, "Worker nodes' topology");
   app.add_option("--json", json_file, "Also write the results as JSON here");
@@ -566,7 +572,7 @@ int main(int argc, char** argv) {
   }
 
   Controller controller;
-  if (!StartController(controller_bin, heartbeat_ms, timeout_ms, &controller)) {
+  if (!StartController(controller_bin, heartbeat_ms, timeout_ms, debounce_ms, &controller)) {
     std::fprintf(stderr, "cannot start %s\n", controller_bin.c_str());
     return 1;
   }
@@ -697,13 +703,13 @@ int main(int argc, char** argv) {
   }
 
   // A spare server of the 256-worker job (or of the largest) dies.
+  int victim = -1;  // a spare server of this job, preferably a node of no other job
   if (!jobs.empty()) {
     const int workers = jobs.size() > 1 ? 256 : jobs.back().second;
     const std::string id = "job" + std::to_string(workers);
     Sim::Latest before;
     SteadyClock::time_point ignored;
     sim.WaitDelivered(id, versions[workers], &before, &ignored, std::chrono::seconds(5));
-    int victim = -1;  // a spare server of this job, preferably a node of no other job
     const auto [first, count] = jobs.size() > 1 ? jobs[1] : jobs.back();
     for (const std::string& m : before.members) {
       const int i = std::stoi(m.substr(1));
@@ -739,9 +745,9 @@ int main(int argc, char** argv) {
       char buf[256];
       std::snprintf(buf, sizeof buf,
                     "%s: %zu agents hold the new plan %.3f s after its last heartbeat's timeout "
-                    "(%.1f s; includes the 100 ms debounce); first to last agent %.1f ms",
+                    "(%.1f s; includes the %d ms debounce); first to last agent %.1f ms",
                     ok && gone ? "ok" : "FAILED", after.members.size(), after_timeout,
-                    timeout_ms / 1000.0, spread * 1e3);
+                    timeout_ms / 1000.0, debounce_ms, spread * 1e3);
       r.text = buf;
       sim.agent(victim).beating = true;
     }
@@ -800,8 +806,9 @@ int main(int argc, char** argv) {
         v1::ListNodesResponse page;
         if (!sim.control().ListNodes(&ctx, req, &page).ok()) break;
         for (const auto& n : page.nodes()) {
-          if (n.state() == v1::NODE_STATE_DEAD &&
-              !flapping.contains(std::stoi(n.node_id().substr(1)))) {
+          // The death phase's node beats again, but is dead until its next heartbeat is due.
+          const int i = std::stoi(n.node_id().substr(1));
+          if (n.state() == v1::NODE_STATE_DEAD && !flapping.contains(i) && i != victim) {
             ++dead_healthy;
           }
         }

@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <regex>
 #include <set>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -18,6 +20,7 @@
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "google/protobuf/wire_format_lite.h"
+#include "tributary/v1/assigned_plan.h"
 
 namespace tributary::controller {
 namespace {
@@ -52,10 +55,31 @@ tributary::v1::Job Redacted(tributary::v1::Job job) {
   return job;
 }
 
-bool SamePlan(tributary::v1::JobPlan a, tributary::v1::JobPlan b) {
-  a.set_version(0);
-  b.set_version(0);
-  return MessageDifferencer::Equals(a, b);
+// The fields a commit sets (job id, version, secret, generation), serialized: the head of a
+// plan's wire form. Protobuf merges the fields of concatenated messages, so head + body parses as
+// the whole plan; the job id and version come first.
+grpc::Slice WireHead(const tributary::v1::JobPlan& plan) {
+  tributary::v1::JobPlan head;
+  head.set_job_id(plan.job_id());
+  head.set_version(plan.version());
+  head.set_job_secret(plan.job_secret());
+  head.set_generation(plan.generation());
+  return grpc::Slice(head.SerializeAsString());
+}
+
+bool SameBytes(const grpc::Slice& a, const grpc::Slice& b) {
+  return a.size() == b.size() && std::memcmp(a.begin(), b.begin(), a.size()) == 0;
+}
+
+// Deterministic bytes (a re-plan is compared with the current plan by its bytes).
+std::string Serialize(const google::protobuf::MessageLite& message) {
+  std::string bytes;
+  google::protobuf::io::StringOutputStream out(&bytes);
+  google::protobuf::io::CodedOutputStream coded(&out);
+  coded.SetSerializationDeterministic(true);
+  message.SerializeToCodedStream(&coded);
+  coded.Trim();
+  return bytes;
 }
 
 }  // namespace
@@ -138,7 +162,7 @@ absl::StatusOr<size_t> ClusterState::Restore() {
     }
     tributary::v1::JobPlan plan = job.plan();
     entry.job = std::move(job);
-    SetPlanLocked(entry, std::move(plan));
+    SetPlanLocked(entry, Prepare(std::move(plan)));
     UpdateJobStateLocked(entry.job, entry.awaiting);
     Log()->info("job {} restored with plan v{}: {}", id, entry.job.plan().version(),
                 entry.awaiting.empty() ? "its nodes are registered" : entry.job.message());
@@ -259,8 +283,7 @@ absl::Status ClusterState::RegisterNode(const tributary::v1::RegisterNodeRequest
       }
     }
     if (req.agent_instance() != 0) node.agent_instance = req.agent_instance();
-    node.last_heartbeat = clock_->Now();
-    node.alive = true;
+    TouchLocked(req.node_id(), node);
     if (node.inventory->offers_summation()) {
       summation_nodes_.insert(req.node_id());
     } else {
@@ -355,14 +378,19 @@ absl::Status ClusterState::Heartbeat(const tributary::v1::HeartbeatRequest& req,
                                               "register again"));
     }
     NodeEntry& node = it->second;
-    node.load = req.load();
+    if (req.load_unchanged()) {
+      // Only the deltas came (agent/load_delta.h): the measured load stays as last reported.
+      *node.load.mutable_jobs() = req.load().jobs();
+      *node.load.mutable_membership_changes() = req.load().membership_changes();
+    } else {
+      node.load = req.load();
+    }
     if (!req.load().jobs().empty()) RecordObservationsLocked(req.node_id(), req.load());
     if (!req.load().membership_changes().empty())
       MembershipChangesLocked(req.node_id(), req.load());
-    node.last_heartbeat = clock_->Now();
-    if (!node.alive) {
-      returned = true;
-      node.alive = true;
+    returned = !node.alive;
+    TouchLocked(req.node_id(), node);
+    if (returned) {
       if (node.inventory->offers_summation()) summation_nodes_.insert(req.node_id());
       Log()->info("node {} is alive again", req.node_id());
       // Only the jobs that need it: those it works for, and those that lost it when it died.
@@ -401,8 +429,8 @@ grpc::ByteBuffer ClusterState::AssignmentsMessageLocked(const std::string& node_
     const JobEntry& entry = jobs_.at(id);
     if (!entry.members.contains(node_id)) continue;
     auto intra = entry.wire_intra.find(node_id);
-    const size_t length =
-        entry.wire_common.size() + (intra == entry.wire_intra.end() ? 0 : intra->second.size());
+    const size_t length = entry.wire_head.size() + entry.wire_body.size() +
+                          (intra == entry.wire_intra.end() ? 0 : intra->second.size());
     std::string tag;
     {
       google::protobuf::io::StringOutputStream out(&tag);
@@ -412,7 +440,8 @@ grpc::ByteBuffer ClusterState::AssignmentsMessageLocked(const std::string& node_
       coded.Trim();
     }
     slices.emplace_back(tag);
-    slices.push_back(entry.wire_common);
+    slices.push_back(entry.wire_head);
+    slices.push_back(entry.wire_body);
     if (intra != entry.wire_intra.end()) slices.push_back(intra->second);
   }
   return grpc::ByteBuffer(slices.data(), slices.size());
@@ -432,11 +461,17 @@ void ClusterState::BumpLocked(const std::set<std::string>& nodes) {
 
 void ClusterState::ReindexLocked(const JobEntry& entry, const std::set<std::string>& nodes) {
   const std::string& job_id = entry.job.job_id();
+  const auto& workers = entry.job.spec().worker_nodes();
+  // A whole plan's nodes (thousands) are looked up in a set; one node (a return) by a scan.
+  std::unordered_set<std::string_view> worker_set;
+  if (nodes.size() > 1) worker_set.insert(workers.begin(), workers.end());
   for (const std::string& id : nodes) {
     auto it = nodes_.find(id);
     if (it == nodes_.end()) continue;
-    bool named = entry.members.contains(id) || entry.lost.contains(id);
-    for (const auto& w : entry.job.spec().worker_nodes()) named |= w == id;
+    const bool named =
+        entry.members.contains(id) || entry.lost.contains(id) ||
+        (nodes.size() > 1 ? worker_set.contains(id)
+                          : std::find(workers.begin(), workers.end(), id) != workers.end());
     if (named) {
       it->second.jobs.insert(job_id);
     } else {
@@ -453,62 +488,108 @@ void ClusterState::MembershipChangesLocked(const std::string& node_id,
     JobEntry& entry = it->second;
     const auto member = entry.members.find(node_id);
     if (member == entry.members.end() || !member->second.worker) continue;
-    const tributary::v1::JobPlan& current = entry.job.plan();
-    if (current.generation() != change.generation()) continue;  // moved already
-    tributary::v1::JobPlan plan = current;
-    plan.set_version(std::max(current.version(), max_plan_version_) + 1);
-    plan.set_generation(current.generation() + 1);
-    tributary::v1::Job stored = entry.job;
-    *stored.mutable_plan() = plan;
-    if (absl::Status s = PersistLocked({&stored}, {}, plan.version()); !s.ok()) {
-      Log()->warn("job {}: membership generation not moved (not stored): {}", change.job_id(),
-                  s.message());
-      continue;  // the node reports it again with its next heartbeat
+    tributary::v1::JobPlan& plan = *entry.job.mutable_plan();
+    if (plan.generation() != change.generation()) continue;  // moved already
+    const uint64_t version = std::max(plan.version(), max_plan_version_) + 1;
+    const uint64_t generation = plan.generation() + 1;
+    if (store_ != nullptr) {
+      tributary::v1::Job stored = entry.job;
+      stored.mutable_plan()->set_version(version);
+      stored.mutable_plan()->set_generation(generation);
+      if (absl::Status s = PersistLocked({&stored}, {}, version); !s.ok()) {
+        Log()->warn("job {}: membership generation not moved (not stored): {}", change.job_id(),
+                    s.message());
+        continue;  // the node reports it again with its next heartbeat
+      }
     }
-    max_plan_version_ = plan.version();
+    max_plan_version_ = version;
     generation_changes_->Increment();
     Log()->info(
         "job {}: membership generation {} -> {} (plan v{}): local rank {} of node {} was "
         "replaced",
-        change.job_id(), current.generation(), plan.generation(), plan.version(),
-        change.local_rank(), node_id);
-    SetPlanLocked(entry, std::move(plan));
+        change.job_id(), plan.generation(), generation, version, change.local_rank(), node_id);
+    // The same plan under a new head: its body and intra-node entries stay.
+    plan.set_version(version);
+    plan.set_generation(generation);
+    entry.wire_head = WireHead(plan);
+    std::set<std::string> members;
+    for (const auto& [id, member] : entry.members) members.insert(id);
+    BumpLocked(members);
   }
 }
 
-void ClusterState::SetPlanLocked(JobEntry& entry, tributary::v1::JobPlan plan) {
-  std::set<std::string> touched;
-  for (const auto& [id, member] : entry.members) touched.insert(id);
-  entry.members.clear();
-  for (const auto& w : plan.workers()) entry.members[w.node_id()].worker = true;
-  for (const auto& s : plan.servers()) {
-    entry.members[s.node_id()].server = true;
-    entry.members[s.node_id()].spare_nic_bytes_per_s = SpareNicUse(plan, s.node_id());
+ClusterState::PreparedPlan ClusterState::Prepare(tributary::v1::JobPlan plan) {
+  PreparedPlan prepared;
+  for (const auto& w : plan.workers()) prepared.members[w.node_id()].worker = true;
+  for (const auto& server : plan.servers()) {
+    Member& member = prepared.members[server.node_id()];
+    member.server = true;
+    member.spare_nic_bytes_per_s = SpareNicUse(plan, server);
   }
-  for (const auto& [id, member] : entry.members) {
-    touched.insert(id);
-    entry.lost.erase(id);
-  }
-  entry.wire_intra.clear();
   for (const auto& intra : plan.intra_node()) {
     std::string bytes;
-    google::protobuf::io::StringOutputStream out(&bytes);
     {
+      google::protobuf::io::StringOutputStream out(&bytes);
       google::protobuf::io::CodedOutputStream coded(&out);
+      coded.SetSerializationDeterministic(true);
       coded.WriteTag(WireFormatLite::MakeTag(tributary::v1::JobPlan::kIntraNodeFieldNumber,
                                              WireFormatLite::WIRETYPE_LENGTH_DELIMITED));
       coded.WriteVarint64(intra.ByteSizeLong());
       intra.SerializeWithCachedSizes(&coded);
     }
-    entry.wire_intra.insert_or_assign(intra.node_id(), grpc::Slice(bytes));
+    prepared.wire_intra.insert_or_assign(intra.node_id(), grpc::Slice(bytes));
   }
   {
-    tributary::v1::JobPlan common;
-    common.CopyFrom(plan);
-    common.clear_intra_node();
-    entry.wire_common = grpc::Slice(common.SerializeAsString());
+    // The body: the head's fields and intra_node are set aside meanwhile (no copy of the plan).
+    google::protobuf::RepeatedPtrField<tributary::v1::IntraNodePlan> intra;
+    intra.Swap(plan.mutable_intra_node());
+    std::string job_id = std::move(*plan.mutable_job_id());
+    std::string secret = std::move(*plan.mutable_job_secret());
+    const uint64_t version = plan.version(), generation = plan.generation();
+    plan.clear_job_id();
+    plan.clear_job_secret();
+    plan.clear_version();
+    plan.clear_generation();
+    tributary::v1::JobPlan packed = plan;  // without intra_node: a few hundred KB at most
+    tributary::v1::PackAssignedPlan(packed);
+    prepared.wire_body = grpc::Slice(Serialize(packed));
+    plan.set_job_id(std::move(job_id));
+    plan.set_job_secret(std::move(secret));
+    plan.set_version(version);
+    plan.set_generation(generation);
+    intra.Swap(plan.mutable_intra_node());
   }
-  *entry.job.mutable_plan() = std::move(plan);
+  prepared.plan = std::move(plan);
+  return prepared;
+}
+
+bool ClusterState::SamePlanLocked(const PreparedPlan& prepared, const JobEntry& entry) {
+  const tributary::v1::JobPlan& plan = prepared.plan;
+  const tributary::v1::JobPlan& current = entry.job.plan();
+  if (plan.job_secret() != current.job_secret() || plan.generation() != current.generation() ||
+      !SameBytes(prepared.wire_body, entry.wire_body) ||
+      prepared.wire_intra.size() != entry.wire_intra.size()) {
+    return false;
+  }
+  for (const auto& [node_id, bytes] : prepared.wire_intra) {
+    auto it = entry.wire_intra.find(node_id);
+    if (it == entry.wire_intra.end() || !SameBytes(bytes, it->second)) return false;
+  }
+  return true;
+}
+
+void ClusterState::SetPlanLocked(JobEntry& entry, PreparedPlan prepared) {
+  std::set<std::string> touched;
+  for (const auto& [id, member] : entry.members) touched.insert(id);
+  entry.members = std::move(prepared.members);
+  for (const auto& [id, member] : entry.members) {
+    touched.insert(id);
+    entry.lost.erase(id);
+  }
+  entry.wire_intra = std::move(prepared.wire_intra);
+  entry.wire_body = std::move(prepared.wire_body);
+  entry.wire_head = WireHead(prepared.plan);
+  *entry.job.mutable_plan() = std::move(prepared.plan);
   ReindexLocked(entry, touched);
   BumpLocked(touched);
 }
@@ -546,20 +627,22 @@ std::vector<NodeSnapshot> ClusterState::SnapshotLocked(const std::string& job_id
 
 void ClusterState::Plan(PlanWork& work) const {
   const auto start = std::chrono::steady_clock::now();
-  work.plan = PlanJob(work.job_id, work.spec, work.snapshot, work.base_version + 1);
+  absl::StatusOr<tributary::v1::JobPlan> plan =
+      PlanJob(work.job_id, work.spec, work.snapshot, work.base_version + 1);
   plan_duration_->Observe(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  (work.plan.ok() ? plans_ok_ : plans_error_)->Increment();
+  (plan.ok() ? plans_ok_ : plans_error_)->Increment();
+  work.status = plan.status();
+  if (plan.ok()) work.prepared = Prepare(*std::move(plan));
+  for (const NodeSnapshot& node : work.snapshot) work.planned[node.node_id] = &node;
 }
 
-bool ClusterState::StillValidLocked(const PlanWork& work,
-                                    const tributary::v1::JobPlan& plan) const {
-  std::unordered_map<std::string, const NodeSnapshot*> planned;
-  for (const NodeSnapshot& s : work.snapshot) planned[s.node_id] = &s;
+bool ClusterState::StillValidLocked(const PlanWork& work) const {
+  const tributary::v1::JobPlan& plan = work.prepared.plan;
   auto same = [&](const std::string& id, bool must_be_alive) {
     auto it = nodes_.find(id);
-    auto p = planned.find(id);
-    return it != nodes_.end() && p != planned.end() &&
+    auto p = work.planned.find(id);
+    return it != nodes_.end() && p != work.planned.end() &&
            it->second.inventory.get() == p->second->inventory.get() &&
            it->second.agent_instance == p->second->agent_instance &&
            (!must_be_alive || it->second.alive);
@@ -610,10 +693,10 @@ void ClusterState::Replan(std::vector<std::string> job_ids) {
         work.push_back(std::move(w));
       }
     }
-    for (PlanWork& w : work) Plan(w);  // off the lock
+    for (PlanWork& w : work) Plan(w);  // off the lock: the plan, its wire form and index
     job_ids.clear();
     std::lock_guard lock(mu_);
-    std::vector<std::pair<JobEntry*, tributary::v1::JobPlan>> changed;
+    std::vector<std::pair<JobEntry*, PreparedPlan*>> changed;
     uint64_t max_version = max_plan_version_;
     for (PlanWork& w : work) {
       auto it = jobs_.find(w.job_id);
@@ -622,57 +705,61 @@ void ClusterState::Replan(std::vector<std::string> job_ids) {
       if (entry.job.plan().version() != w.base_version || !entry.awaiting.empty()) {
         continue;  // re-planned (or restored) by someone else meanwhile
       }
-      if (!w.plan.ok()) {
+      if (!w.status.ok()) {
         Log()->warn("re-planning job {} failed, keeping plan v{}: {}", w.job_id,
-                    entry.job.plan().version(), w.plan.status().message());
+                    entry.job.plan().version(), w.status.message());
         continue;
       }
-      if (!StillValidLocked(w, *w.plan)) {
+      if (!StillValidLocked(w)) {
         plan_conflicts_->Increment();
         job_ids.push_back(w.job_id);  // a node it uses changed while planning: again
         continue;
       }
       entry.stale = false;
-      w.plan->set_job_secret(entry.job.plan().job_secret());  // the job keeps its secret
+      tributary::v1::JobPlan& plan = w.prepared.plan;
+      const tributary::v1::JobPlan& current = entry.job.plan();
+      plan.set_job_secret(current.job_secret());  // the job keeps its secret
       // The membership generation moves when the worker nodes change (an elastic job) or a
       // worker's agent restarted; a re-plan for a lost summation server keeps it.
-      bool same_workers = w.plan->workers_size() == entry.job.plan().workers_size();
-      for (int i = 0; same_workers && i < w.plan->workers_size(); ++i) {
-        same_workers = w.plan->workers(i).node_id() == entry.job.plan().workers(i).node_id();
+      bool same_workers = plan.workers_size() == current.workers_size();
+      for (int i = 0; same_workers && i < plan.workers_size(); ++i) {
+        same_workers = plan.workers(i).node_id() == current.workers(i).node_id();
       }
-      w.plan->set_generation(entry.job.plan().generation() +
-                             (same_workers && !entry.new_generation ? 0 : 1));
-      if (SamePlan(*w.plan, entry.job.plan())) continue;
-      max_version = std::max(max_version, w.plan->version());
-      changed.emplace_back(&entry, *std::move(w.plan));
+      plan.set_generation(current.generation() + (same_workers && !entry.new_generation ? 0 : 1));
+      if (SamePlanLocked(w.prepared, entry)) continue;
+      max_version = std::max(max_version, plan.version());
+      changed.emplace_back(&entry, &w.prepared);
     }
     if (changed.empty()) continue;
-    std::vector<tributary::v1::Job> put_jobs;
-    put_jobs.reserve(changed.size());
-    for (auto& [entry, plan] : changed) {
-      put_jobs.push_back(entry->job);
-      *put_jobs.back().mutable_plan() = plan;
-      UpdateJobStateLocked(put_jobs.back(), entry->awaiting);
-    }
-    std::vector<const tributary::v1::Job*> put;
-    for (const auto& j : put_jobs) put.push_back(&j);
-    if (absl::Status s = PersistLocked(put, {}, max_version); !s.ok()) {
-      for (auto& [entry, plan] : changed) {
-        Log()->warn("job {}: keeping plan v{} (the re-plan could not be stored)",
-                    entry->job.job_id(), entry->job.plan().version());
-        MarkLocked(entry->job.job_id());  // CheckLiveness tries again
+    if (store_ != nullptr) {
+      std::vector<tributary::v1::Job> put_jobs;
+      put_jobs.reserve(changed.size());
+      for (auto& [entry, prepared] : changed) {
+        put_jobs.push_back(entry->job);
+        *put_jobs.back().mutable_plan() = prepared->plan;
+        UpdateJobStateLocked(put_jobs.back(), entry->awaiting);
       }
-      continue;
+      std::vector<const tributary::v1::Job*> put;
+      for (const auto& j : put_jobs) put.push_back(&j);
+      if (absl::Status s = PersistLocked(put, {}, max_version); !s.ok()) {
+        for (auto& [entry, prepared] : changed) {
+          Log()->warn("job {}: keeping plan v{} (the re-plan could not be stored)",
+                      entry->job.job_id(), entry->job.plan().version());
+          MarkLocked(entry->job.job_id());  // CheckLiveness tries again
+        }
+        continue;
+      }
     }
     max_plan_version_ = max_version;
-    for (auto& [entry, plan] : changed) {
+    for (auto& [entry, prepared] : changed) {
+      const tributary::v1::JobPlan& plan = prepared->plan;
       if (plan.generation() != entry->job.plan().generation()) {
         generation_changes_->Increment();
         Log()->info("job {}: membership generation {} -> {} ({} worker nodes)", entry->job.job_id(),
                     entry->job.plan().generation(), plan.generation(), plan.workers_size());
       }
       entry->new_generation = false;
-      SetPlanLocked(*entry, std::move(plan));
+      SetPlanLocked(*entry, std::move(*prepared));
       UpdateJobStateLocked(entry->job, entry->awaiting);
       Log()->info("job {} re-planned: v{} with {} summation servers", entry->job.job_id(),
                   entry->job.plan().version(), entry->job.plan().servers_size());
@@ -1034,33 +1121,43 @@ absl::Status ClusterState::CreateJob(const tributary::v1::CreateJobRequest& req,
       }
       work.snapshot = SnapshotLocked(req.job_id(), *spec);
     }
-    Plan(work);  // off the lock
-    if (!work.plan.ok()) return work.plan.status();
+    Plan(work);  // off the lock: the plan, its wire form and index
+    if (!work.status.ok()) return work.status;
+    tributary::v1::JobPlan& plan = work.prepared.plan;
+    plan.set_job_secret(NewJobSecret());
+    // The answer, copied off the lock (without the secret); its version and state come below.
+    job->Clear();
+    job->set_job_id(req.job_id());
+    *job->mutable_spec() = *spec;
+    *job->mutable_plan() = plan;
+    job->mutable_plan()->clear_job_secret();
     std::lock_guard lock(mu_);
     if (absl::Status s; existing(&s)) return s;  // created by a concurrent call meanwhile
-    if (!StillValidLocked(work, *work.plan)) {
+    if (!StillValidLocked(work)) {
       plan_conflicts_->Increment();
       continue;
     }
     // Above every version handed out: a job created again under an old id never reuses an epoch.
     const uint64_t version = max_plan_version_ + 1;
-    work.plan->set_version(version);
-    work.plan->set_job_secret(NewJobSecret());
-    tributary::v1::Job created;
-    created.set_job_id(req.job_id());
-    *created.mutable_spec() = *spec;
-    *created.mutable_plan() = *work.plan;
-    UpdateJobStateLocked(created);
-    *job = Redacted(created);
+    plan.set_version(version);
+    job->mutable_plan()->set_version(version);
+    UpdateJobStateLocked(*job);
     if (req.dry_run()) return absl::OkStatus();
-    if (absl::Status s = PersistLocked({&created}, {}, version); !s.ok()) {
-      return absl::UnavailableError(
-          absl::StrCat("job '", req.job_id(), "' was not created: ", s.message()));
+    if (store_ != nullptr) {
+      tributary::v1::Job stored = *job;
+      stored.mutable_plan()->set_job_secret(plan.job_secret());
+      if (absl::Status s = PersistLocked({&stored}, {}, version); !s.ok()) {
+        return absl::UnavailableError(
+            absl::StrCat("job '", req.job_id(), "' was not created: ", s.message()));
+      }
     }
     max_plan_version_ = version;
     JobEntry& entry = jobs_[req.job_id()];
-    entry.job = std::move(created);
-    SetPlanLocked(entry, *std::move(work.plan));
+    entry.job.set_job_id(req.job_id());
+    *entry.job.mutable_spec() = *spec;
+    entry.job.set_state(job->state());
+    entry.job.set_message(job->message());
+    SetPlanLocked(entry, std::move(work.prepared));
     Log()->info(
         "job {} created: {} workers, {} summation servers, predicted {:.3f} s vs ring "
         "{:.3f} s for {} bytes",
@@ -1121,7 +1218,18 @@ absl::Status ClusterState::DeleteJob(const std::string& job_id) {
   return absl::OkStatus();
 }
 
+void ClusterState::TouchLocked(const std::string& node_id, NodeEntry& node) {
+  node.last_heartbeat = clock_->Now();
+  if (node.alive) {
+    beats_.splice(beats_.end(), beats_, node.beat);
+  } else {
+    node.beat = beats_.emplace(beats_.end(), node_id, &node);
+    node.alive = true;
+  }
+}
+
 void ClusterState::MarkDeadLocked(const std::string& node_id, NodeEntry& node) {
+  beats_.erase(node.beat);
   node.alive = false;
   summation_nodes_.erase(node_id);
   for (const std::string& id : node.jobs) {
@@ -1136,7 +1244,10 @@ void ClusterState::CheckLiveness() {
   {
     std::lock_guard lock(mu_);
     const auto now = clock_->Now();
-    job_stats_.Expire(now);
+    if (now - stats_expired_at_ >= std::chrono::seconds(1)) {  // a window is tens of seconds
+      job_stats_.Expire(now);
+      stats_expired_at_ = now;
+    }
     if (restoring_ && now - restored_at_ >= options_.restore_grace) {
       restoring_ = false;
       for (auto& [id, entry] : jobs_) {
@@ -1150,13 +1261,13 @@ void ClusterState::CheckLiveness() {
       }
     }
     size_t died = 0;
-    for (auto& [id, node] : nodes_) {
-      if (node.alive && now - node.last_heartbeat > options_.heartbeat_timeout) {
-        MarkDeadLocked(id, node);
-        if (++died <= 10) {
-          Log()->warn("node {} missed heartbeats for {} ms: dead", id,
-                      options_.heartbeat_timeout.count());
-        }
+    while (!beats_.empty() &&
+           now - beats_.front().second->last_heartbeat > options_.heartbeat_timeout) {
+      const std::string id = beats_.front().first;
+      MarkDeadLocked(id, *beats_.front().second);
+      if (++died <= 10) {
+        Log()->warn("node {} missed heartbeats for {} ms: dead", id,
+                    options_.heartbeat_timeout.count());
       }
     }
     if (died > 10) Log()->warn("{} more nodes missed heartbeats: dead", died - 10);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -146,6 +147,8 @@ class ClusterState {
     uint64_t agent_instance = 0;
     common::Clock::TimePoint last_heartbeat;
     bool alive = false;
+    // Its place in beats_, while alive.
+    std::list<std::pair<std::string, NodeEntry*>>::iterator beat;
     uint64_t assignments_version = 0;
     // Jobs whose worker list or plan names this node, or that lost it when it died.
     std::set<std::string> jobs;
@@ -171,10 +174,19 @@ class ClusterState {
     // the membership generation.
     bool new_generation = false;
     std::unordered_map<std::string, Member> members;
-    // The plan on the wire, built once per version: every field but intra_node, and each worker
-    // node's own intra_node entry (tag included), to append to it.
-    grpc::Slice wire_common;
+    // The plan on the wire: the head (job id, version, secret, generation: what a commit sets),
+    // the body (every other field but intra_node, built off the lock once per plan) and each
+    // worker node's own intra_node entry (tag included). A node's copy is head + body + its entry.
+    grpc::Slice wire_head;
+    grpc::Slice wire_body;
     std::unordered_map<std::string, grpc::Slice> wire_intra;
+  };
+  // A plan with its wire body, intra-node entries and member index, built off the lock.
+  struct PreparedPlan {
+    tributary::v1::JobPlan plan;
+    grpc::Slice wire_body;
+    std::unordered_map<std::string, grpc::Slice> wire_intra;
+    std::unordered_map<std::string, Member> members;
   };
   // A plan computed off the lock, and what it was computed from.
   struct PlanWork {
@@ -182,18 +194,23 @@ class ClusterState {
     tributary::v1::JobSpec spec;
     uint64_t base_version = 0;  // the job's plan version when snapshotted
     std::vector<NodeSnapshot> snapshot;
-    absl::StatusOr<tributary::v1::JobPlan> plan = absl::UnknownError("not planned");
+    absl::Status status = absl::UnknownError("not planned");
+    PreparedPlan prepared;  // when status is OK
+    // The snapshot by node id (built off the lock, for StillValidLocked).
+    std::unordered_map<std::string, const NodeSnapshot*> planned;
   };
 
   // The planner's input for a job: its worker nodes and the alive summation nodes, with the NIC
   // other jobs' plans use on each. mu_ held.
   std::vector<NodeSnapshot> SnapshotLocked(const std::string& job_id,
                                            const tributary::v1::JobSpec& spec) const;
-  // Plans off the lock; times and counts it.
+  // Plans and prepares off the lock; times and counts it.
   void Plan(PlanWork& work) const;
-  // Whether every node `plan` uses is still registered at the inventory it was planned with and
-  // every spare server is alive. mu_ held.
-  bool StillValidLocked(const PlanWork& work, const tributary::v1::JobPlan& plan) const;
+  // The wire body, intra-node entries and member index of `plan`.
+  static PreparedPlan Prepare(tributary::v1::JobPlan plan);
+  // Whether every node the work's plan uses is still registered at the inventory it was planned
+  // with and every spare server is alive. mu_ held.
+  bool StillValidLocked(const PlanWork& work) const;
   // Re-plans `job_ids` (snapshot, plan, commit; again on a conflict) and stores the changed plans
   // in one transaction. When the write fails the previous plans stay (a plan is never handed out
   // before it is durable) and the jobs are marked again. mu_ NOT held.
@@ -204,9 +221,11 @@ class ClusterState {
   // Heartbeat's NodeLoad.membership_changes from `node_id`: each job still at the reported
   // generation moves to the next one (same plan, next version). mu_ held.
   void MembershipChangesLocked(const std::string& node_id, const tributary::v1::NodeLoad& load);
-  // Installs `plan` as the job's plan: indexes, the wire form, and the assignments of every node
-  // it adds, keeps or drops. mu_ held.
-  void SetPlanLocked(JobEntry& entry, tributary::v1::JobPlan plan);
+  // Whether `prepared` is the job's current plan but for its version (by their bytes).
+  static bool SamePlanLocked(const PreparedPlan& prepared, const JobEntry& entry);
+  // Installs `prepared` (its version, secret and generation set) as the job's plan: indexes, the
+  // wire form, and the assignments of every node it adds, keeps or drops. mu_ held.
+  void SetPlanLocked(JobEntry& entry, PreparedPlan prepared);
   // Re-reads which of `nodes` the job names (worker list, plan, lost) into their indexes.
   void ReindexLocked(const JobEntry& entry, const std::set<std::string>& nodes);
   // Bumps the nodes' assignments versions and pushes their assignments to their watchers.
@@ -214,6 +233,8 @@ class ClusterState {
   grpc::ByteBuffer AssignmentsMessageLocked(const std::string& node_id,
                                             const NodeEntry& node) const;
   void MarkDeadLocked(const std::string& node_id, NodeEntry& node);
+  // The node was heard from now: alive, and last in beats_.
+  void TouchLocked(const std::string& node_id, NodeEntry& node);
   std::chrono::milliseconds HeartbeatIntervalLocked() const;
   // One store transaction (no-op without a store); counts and logs failures. mu_ held.
   absl::Status PersistLocked(const std::vector<const tributary::v1::Job*>& put,
@@ -250,12 +271,16 @@ class ClusterState {
   // Jobs were restored and the grace has not passed yet: registrations are rejoins.
   bool restoring_ = false;
   std::map<std::string, NodeEntry> nodes_;
+  // The alive nodes, least recently heard from first (the clock never goes back, so a heartbeat
+  // moves its node to the end): CheckLiveness looks only at the nodes that expire.
+  std::list<std::pair<std::string, NodeEntry*>> beats_;
   // Alive nodes that offer summation: the spare candidates a snapshot takes.
   std::set<std::string> summation_nodes_;
   std::map<std::string, JobEntry> jobs_;
   // Jobs to re-plan, and since when they wait.
   std::map<std::string, common::Clock::TimePoint> marked_;
   JobStatsBook job_stats_;
+  common::Clock::TimePoint stats_expired_at_;  // when CheckLiveness last expired job_stats_
 };
 
 }  // namespace tributary::controller

@@ -267,14 +267,10 @@ absl::StatusOr<tributary::v1::JobPlan> PlanJob(const std::string& job_id,
   return plan;
 }
 
-double SpareNicUse(const tributary::v1::JobPlan& plan, const std::string& node_id) {
-  if (plan.predicted_seconds_per_byte() <= 0) return 0;
-  for (const auto& s : plan.servers()) {
-    if (s.node_id() == node_id && !s.is_worker()) {
-      return plan.workers_size() * s.share() / plan.predicted_seconds_per_byte();
-    }
-  }
-  return 0;
+double SpareNicUse(const tributary::v1::JobPlan& plan,
+                   const tributary::v1::SummationServer& server) {
+  if (plan.predicted_seconds_per_byte() <= 0 || server.is_worker()) return 0;
+  return plan.workers_size() * server.share() / plan.predicted_seconds_per_byte();
 }
 
 }  // namespace tributary::controller

@@ -65,8 +65,9 @@ absl::StatusOr<tributary::v1::JobPlan> PlanJob(const std::string& job_id,
                                                const std::vector<NodeSnapshot>& nodes,
                                                uint64_t version);
 
-// NIC bandwidth (bytes/s) a spare server of `plan` uses when the job runs at its predicted
-// speed: n * share / seconds_per_byte. 0 for workers and nodes outside the plan.
-double SpareNicUse(const tributary::v1::JobPlan& plan, const std::string& node_id);
+// NIC bandwidth (bytes/s) `server`, a summation server of `plan`, uses when the job runs at its
+// predicted speed: n * share / seconds_per_byte. 0 for a worker.
+double SpareNicUse(const tributary::v1::JobPlan& plan,
+                   const tributary::v1::SummationServer& server);
 
 }  // namespace tributary::controller

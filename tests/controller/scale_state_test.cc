@@ -11,6 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/topology/fixture_path.h"
+#include "tests/util/assigned_plan_view.h"
 #include "topology/topology_file.h"
 
 namespace tributary::controller {
@@ -187,13 +188,17 @@ TEST_F(ScaleStateTest, AssignmentsArePerNodeAndCarryOnlyTheNodesOwnIntraNodePlan
     EXPECT_EQ(resp.assignments_version(), state_.assignments_version(node));
     ASSERT_EQ(resp.plans_size(), 1);
     tributary::v1::JobPlan part = resp.plans(0);
+    // Packed (tributary/v1/assigned_plan.h): the workers travel inside the packed fields.
+    EXPECT_EQ(part.workers_size(), 0);
+    EXPECT_GT(part.packed_size(), 0u);
+    ASSERT_TRUE(tributary::v1::ExpandAssignedPlan(part).ok());
     // The node gets the job's data-plane secret, which CreateJob's answer leaves out.
     EXPECT_EQ(part.job_secret().size(), 32u);
     part.clear_job_secret();
     tributary::v1::JobPlan expected = job.plan();
     expected.clear_intra_node();
     if (node == "w1") *expected.add_intra_node() = job.plan().intra_node(1);
-    EXPECT_EQ(part.SerializeAsString(), expected.SerializeAsString()) << node;
+    EXPECT_EQ(part.SerializeAsString(), testing::AsAssigned(expected).SerializeAsString()) << node;
   }
 }
 
@@ -269,6 +274,7 @@ TEST_F(ScaleStateTest, WatchersGetTheCurrentAssignmentsThenEveryChange) {
   EXPECT_EQ(resumed.received[1].plans_size(), 1);
   tributary::v1::Job replanned;
   *replanned.mutable_plan() = resumed.received[1].plans(0);
+  ASSERT_TRUE(tributary::v1::ExpandAssignedPlan(*replanned.mutable_plan()).ok());
   EXPECT_EQ(Servers(replanned), std::set<std::string>{"s0"});
   EXPECT_GT(resumed.received[1].plans(0).version(), resumed.received[0].plans(0).version());
   EXPECT_EQ(resumed.received[2].plans_size(), 0);  // deleted
@@ -286,6 +292,44 @@ TEST_F(ScaleStateTest, WatchersGetTheCurrentAssignmentsThenEveryChange) {
   req.set_incarnation(incarnations_["w0"] + 1);
   RecordingWatcher stale;
   EXPECT_EQ(state_.Watch(req, &stale).code(), absl::StatusCode::kNotFound);
+}
+
+// Heartbeats stay small (agent/load_delta.h): load_unchanged keeps the measured load the node
+// reported last; its job observations are taken from each heartbeat.
+TEST_F(ScaleStateTest, AHeartbeatWithItsLoadUnchangedKeepsTheLoadLastReported) {
+  Register("n");
+  auto beat = [&](bool unchanged, double cpu, const std::string& job) {
+    tributary::v1::HeartbeatRequest req;
+    req.set_node_id("n");
+    req.set_incarnation(incarnations_["n"]);
+    req.set_load_unchanged(unchanged);
+    if (!unchanged) {
+      req.mutable_load()->set_cpu_busy_fraction(cpu);
+      req.mutable_load()->set_nic_tx_bytes_per_s(5e6);
+      req.mutable_load()->set_memory_used_bytes(uint64_t{3} << 30);
+    }
+    req.mutable_load()->add_jobs()->set_job_id(job);
+    tributary::v1::HeartbeatResponse resp;
+    ASSERT_TRUE(state_.Heartbeat(req, &resp).ok());
+  };
+  auto load = [&] {
+    tributary::v1::ListNodesResponse nodes;
+    EXPECT_TRUE(state_.ListNodes({}, &nodes).ok());
+    EXPECT_EQ(nodes.nodes_size(), 1);
+    return nodes.nodes(0).load();
+  };
+  beat(false, 0.4, "a");
+  beat(true, 0, "b");
+  tributary::v1::NodeLoad held = load();
+  EXPECT_DOUBLE_EQ(held.cpu_busy_fraction(), 0.4);
+  EXPECT_DOUBLE_EQ(held.nic_tx_bytes_per_s(), 5e6);
+  EXPECT_EQ(held.memory_used_bytes(), uint64_t{3} << 30);
+  ASSERT_EQ(held.jobs_size(), 1);
+  EXPECT_EQ(held.jobs(0).job_id(), "b");
+  beat(false, 0.9, "c");
+  held = load();
+  EXPECT_DOUBLE_EQ(held.cpu_busy_fraction(), 0.9);
+  EXPECT_EQ(held.jobs(0).job_id(), "c");
 }
 
 TEST_F(ScaleStateTest, ListNodesPagesEveryNodeOnceInOrder) {
