@@ -1225,12 +1225,17 @@ void ClusterState::TouchLocked(const std::string& node_id, NodeEntry& node) {
   } else {
     node.beat = beats_.emplace(beats_.end(), node_id, &node);
     node.alive = true;
+    if (node.in_dead) dead_.erase(node.dead);
+    node.in_dead = false;
   }
 }
 
 void ClusterState::MarkDeadLocked(const std::string& node_id, NodeEntry& node) {
   beats_.erase(node.beat);
   node.alive = false;
+  node.died_at = clock_->Now();
+  node.dead = dead_.emplace(dead_.end(), node_id, &node);
+  node.in_dead = true;
   summation_nodes_.erase(node_id);
   for (const std::string& id : node.jobs) {
     JobEntry& entry = jobs_.at(id);
@@ -1271,6 +1276,18 @@ void ClusterState::CheckLiveness() {
       }
     }
     if (died > 10) Log()->warn("{} more nodes missed heartbeats: dead", died - 10);
+    // Nodes dead for a while lose their watch streams: a vanished machine's connection then has
+    // no call, and the server closes it once idle (controller/main.cc), instead of keeping it for
+    // good without keepalive pings. A node back within the linger keeps its stream.
+    while (!dead_.empty() && now - dead_.front().second->died_at >= options_.dead_watch_linger) {
+      auto [id, node] = dead_.front();
+      dead_.pop_front();
+      node->in_dead = false;
+      const absl::Status why = absl::UnavailableError(absl::StrCat(
+          "node '", id, "' has been dead (no heartbeat) for ",
+          options_.dead_watch_linger.count() / 1000, " s; watch again once it heartbeats"));
+      for (AssignmentsWatcher* w : std::exchange(node->watchers, {})) w->End(why);
+    }
   }
   ReplanDue();
 }

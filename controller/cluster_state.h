@@ -74,6 +74,8 @@ class ClusterState {
     // GetJobStats and the per-job metrics cover the agents' reports of the last window; a node
     // that stops reporting a job drops out of it after this long.
     std::chrono::milliseconds job_stats_window{30000};
+    // A node dead for this long has its watch streams ended (AssignmentsWatcher::End).
+    std::chrono::milliseconds dead_watch_linger{60000};
   };
 
   // One watch stream of a node's assignments (the service's reactor). Push runs with the state's
@@ -83,6 +85,9 @@ class ClusterState {
     virtual ~AssignmentsWatcher() = default;
     // `message` is a serialized WatchAssignmentsResponse at `version`.
     virtual void Push(uint64_t version, const grpc::ByteBuffer& message) = 0;
+    // The node has been dead for Options::dead_watch_linger: ClusterState has dropped the watcher
+    // (no Push follows), and the stream should end with `why` (the agent watches again).
+    virtual void End(const absl::Status& why) = 0;
   };
 
   // `registry` receives the controller's event metrics (dashboards/METRICS.md); null: one of its
@@ -149,6 +154,10 @@ class ClusterState {
     bool alive = false;
     // Its place in beats_, while alive.
     std::list<std::pair<std::string, NodeEntry*>>::iterator beat;
+    // Since when it is dead, and its place in dead_ until its watchers are ended.
+    common::Clock::TimePoint died_at;
+    std::list<std::pair<std::string, NodeEntry*>>::iterator dead;
+    bool in_dead = false;
     uint64_t assignments_version = 0;
     // Jobs whose worker list or plan names this node, or that lost it when it died.
     std::set<std::string> jobs;
@@ -274,6 +283,8 @@ class ClusterState {
   // The alive nodes, least recently heard from first (the clock never goes back, so a heartbeat
   // moves its node to the end): CheckLiveness looks only at the nodes that expire.
   std::list<std::pair<std::string, NodeEntry*>> beats_;
+  // Dead nodes whose watch streams are still open, longest dead first.
+  std::list<std::pair<std::string, NodeEntry*>> dead_;
   // Alive nodes that offer summation: the spare candidates a snapshot takes.
   std::set<std::string> summation_nodes_;
   std::map<std::string, JobEntry> jobs_;

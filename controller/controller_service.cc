@@ -105,8 +105,10 @@ class WatchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
 
   void OnWriteDone(bool ok) override {
     bool finish = false;
+    grpc::Status status;
     {
       std::lock_guard lock(mu_);
+      status = end_;
       queue_.pop_front();
       if (!ok || finishing_) {
         writing_ = false;
@@ -117,13 +119,26 @@ class WatchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
         writing_ = false;
       }
     }
-    if (finish) FinishOnce(grpc::Status(grpc::StatusCode::UNAVAILABLE, "watch stream broken"));
+    if (finish) FinishOnce(status);
+  }
+
+  void End(const absl::Status& why) override {
+    bool finish;
+    grpc::Status status = common::ToGrpcStatus(why);
+    {
+      std::lock_guard lock(mu_);
+      end_ = status;
+      finishing_ = true;
+      finish = !writing_;  // else OnWriteDone finishes, with end_
+    }
+    if (finish) FinishOnce(status);
   }
 
   void OnCancel() override {
     bool finish;
     {
       std::lock_guard lock(mu_);
+      end_ = grpc::Status::CANCELLED;
       finishing_ = true;
       finish = !writing_;  // else OnWriteDone finishes
     }
@@ -165,6 +180,8 @@ class WatchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
   bool kicked_ = false;  // queued at the hub
   bool finishing_ = false;
   bool finished_ = false;
+  // How a finish from OnWriteDone ends the stream (End's reason, or a cancel).
+  grpc::Status end_{grpc::StatusCode::UNAVAILABLE, "watch stream broken"};
   int refs_ = 1;  // gRPC's, until OnDone
 };
 

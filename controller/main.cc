@@ -1,6 +1,7 @@
 // tributary-controller: node registry, jobs and plans over gRPC; jobs durable with --state-db.
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <condition_variable>
 #include <csignal>
 #include <random>
@@ -36,6 +37,7 @@ int main(int argc, char** argv) {
   std::string port_file;
   int heartbeat_ms = 500, heartbeat_timeout_ms = 3000, restore_grace_ms = 10000;
   int replan_debounce_ms = 20;
+  int idle_connection_s = 600;
   int job_stats_window_ms = 30000;
   double max_heartbeats_per_s = 10000;
   std::string state_db;
@@ -64,6 +66,10 @@ int main(int argc, char** argv) {
   app.add_option("--replan-debounce-ms", replan_debounce_ms,
                  "Node deaths and returns within this window cost one re-plan per affected job")
       ->check(CLI::Range(0, 60000));
+  app.add_option("--idle-connection-s", idle_connection_s,
+                 "A client connection without an open call for this long is closed")
+      ->check(CLI::Range(1, 86400))
+      ->capture_default_str();
   app.add_option("--max-heartbeats-per-s", max_heartbeats_per_s,
                  "Agents are told a longer heartbeat interval when the cluster would exceed this")
       ->check(CLI::PositiveNumber);
@@ -140,8 +146,14 @@ int main(int argc, char** argv) {
   // Requests are small (the largest, a registration, carries a topology of a few KiB): anything
   // over 4 MiB is RESOURCE_EXHAUSTED before it is parsed.
   builder.SetMaxReceiveMessageSize(4 << 20);
+  // No keepalive or BDP pings: each arms a timer per connection, and Debian's gRPC (built without
+  // NDEBUG) keeps every timer in a hash table it walks on each add and remove, which cost a fifth
+  // of the CPU at 10,000 agents (README.md, "Scale"). Liveness is the heartbeats' business; a dead
+  // node's watch stream is ended (ClusterState), and a connection without streams closes after
+  // --idle-connection-s (a timer only on idle connections).
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, INT_MAX);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, idle_connection_s * 1000);
   builder.AddListeningPort(listen, *credentials, &port);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

@@ -243,7 +243,9 @@ class RecordingWatcher : public ClusterState::AssignmentsWatcher {
     EXPECT_EQ(resp.assignments_version(), version);
     received.push_back(std::move(resp));
   }
+  void End(const absl::Status& why) override { ended.push_back(why); }
   std::vector<tributary::v1::WatchAssignmentsResponse> received;
+  std::vector<absl::Status> ended;
 };
 
 TEST_F(ScaleStateTest, WatchersGetTheCurrentAssignmentsThenEveryChange) {
@@ -330,6 +332,45 @@ TEST_F(ScaleStateTest, AHeartbeatWithItsLoadUnchangedKeepsTheLoadLastReported) {
   held = load();
   EXPECT_DOUBLE_EQ(held.cpu_busy_fraction(), 0.9);
   EXPECT_EQ(held.jobs(0).job_id(), "c");
+}
+
+TEST_F(ScaleStateTest, WatchersOfANodeDeadForTheLingerAreEndedAndDropped) {
+  Register("n");
+  Register("m");
+  RecordingWatcher n, m;
+  for (auto [id, w] : {std::pair{"n", &n}, std::pair{"m", &m}}) {
+    tributary::v1::WatchAssignmentsRequest req;
+    req.set_node_id(id);
+    req.set_incarnation(incarnations_[id]);
+    ASSERT_TRUE(state_.Watch(req, w).ok());
+  }
+  clock_.Advance(kTimeout + std::chrono::milliseconds(1));
+  state_.CheckLiveness();  // both dead
+  clock_.Advance(std::chrono::seconds(59));
+  Heartbeat("m");  // back within the linger
+  state_.CheckLiveness();
+  EXPECT_TRUE(n.ended.empty());
+  clock_.Advance(std::chrono::seconds(1));
+  state_.CheckLiveness();
+  ASSERT_EQ(n.ended.size(), 1u);
+  EXPECT_EQ(n.ended[0].code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(n.ended[0].message(), HasSubstr("'n' has been dead (no heartbeat) for 60 s"));
+  clock_.Advance(std::chrono::seconds(120));
+  Heartbeat("m");
+  state_.CheckLiveness();
+  EXPECT_TRUE(m.ended.empty());
+  // Dropped: n's return and a plan that names it reach only a new watcher.
+  Heartbeat("n");
+  const size_t before = n.received.size();
+  RecordingWatcher again;
+  tributary::v1::WatchAssignmentsRequest req;
+  req.set_node_id("n");
+  req.set_incarnation(incarnations_["n"]);
+  ASSERT_TRUE(state_.Watch(req, &again).ok());
+  Create("j", {"n"});
+  EXPECT_EQ(n.received.size(), before);
+  EXPECT_FALSE(again.received.empty());
+  EXPECT_EQ(n.ended.size(), 1u);
 }
 
 TEST_F(ScaleStateTest, ListNodesPagesEveryNodeOnceInOrder) {

@@ -35,7 +35,9 @@ std::string Name(int i) {
 class TruthWatcher : public ClusterState::AssignmentsWatcher {
  public:
   void Push(uint64_t version, const grpc::ByteBuffer&) override { versions.push_back(version); }
+  void End(const absl::Status&) override { ended = true; }
   std::vector<uint64_t> versions;  // under ClusterState's mutex
+  bool ended = false;
 };
 
 // One simulated agent's stream.
@@ -84,6 +86,10 @@ class AgentWatch : public grpc::ClientReadReactor<tributary::v1::WatchAssignment
   std::vector<uint64_t> versions() {
     std::lock_guard lock(mu_);
     return versions_;
+  }
+  grpc::Status status() {
+    std::lock_guard lock(mu_);
+    return status_;
   }
   std::map<std::string, std::vector<uint64_t>> plans() {
     std::lock_guard lock(mu_);
@@ -246,6 +252,47 @@ TEST_F(WatchStreamTest, EveryAgentSeesEveryVersionOnceInOrder) {
   // their first message.
   EXPECT_GE(changed, 64 + 128);
   EXPECT_LT(changed, kAgents);
+}
+
+// A node dead for longer than the linger loses its stream (UNAVAILABLE, saying why), so that a
+// vanished machine's connection ends up without calls and is closed; a shorter death keeps it.
+TEST_F(WatchStreamTest, ANodeDeadForTheLingerLosesItsStream) {
+  for (int i = 0; i < 2; ++i) {
+    tributary::v1::RegisterNodeRequest req;
+    req.set_node_id(Name(i));
+    req.mutable_inventory()->set_data_plane_address("10.0.0." + std::to_string(i + 1) + ":4000");
+    req.mutable_inventory()->set_nic_bytes_per_s(10e9 / 8);
+    req.mutable_inventory()->set_sum_bytes_per_s(100e9);
+    tributary::v1::RegisterNodeResponse resp;
+    ASSERT_TRUE(state_.RegisterNode(req, &resp).ok());
+    agents_.push_back(std::make_unique<AgentWatch>());
+    agents_.back()->Start(stubs_[0].get(), Name(i), resp.incarnation());
+    const auto deadline = std::chrono::steady_clock::now() + kDeadline;
+    ASSERT_TRUE(agents_.back()->WaitFor(resp.assignments_version(), deadline));
+    incarnations_[i] = resp.incarnation();
+  }
+  auto beat = [&](int i) {
+    tributary::v1::HeartbeatRequest req;
+    req.set_node_id(Name(i));
+    req.set_incarnation(incarnations_[i]);
+    tributary::v1::HeartbeatResponse resp;
+    ASSERT_TRUE(state_.Heartbeat(req, &resp).ok());
+  };
+  // Both die; node 1 is back after 30 s, node 0 never.
+  clock_.Advance(kTimeout + std::chrono::milliseconds(1));
+  state_.CheckLiveness();
+  clock_.Advance(std::chrono::seconds(30));
+  ASSERT_NO_FATAL_FAILURE(beat(1));
+  state_.CheckLiveness();
+  EXPECT_FALSE(agents_[0]->WaitDone(std::chrono::steady_clock::now()));
+  clock_.Advance(std::chrono::seconds(30));
+  ASSERT_NO_FATAL_FAILURE(beat(1));
+  state_.CheckLiveness();
+  ASSERT_TRUE(agents_[0]->WaitDone(std::chrono::steady_clock::now() + kDeadline));
+  EXPECT_EQ(agents_[0]->status().error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(agents_[0]->status().error_message().find("'n000' has been dead"), std::string::npos)
+      << agents_[0]->status().error_message();
+  EXPECT_FALSE(agents_[1]->WaitDone(std::chrono::steady_clock::now()));
 }
 
 }  // namespace
