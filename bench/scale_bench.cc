@@ -317,7 +317,9 @@ class Sim {
       latest.version = version;
       latest.first = now;
       latest.members.clear();
+      latest.workers.clear();
       for (const auto& w : plan.workers()) latest.members.insert(w.node_id());
+      for (const auto& w : plan.workers()) latest.workers.insert(w.node_id());
       for (const auto& s : plan.servers()) latest.members.insert(s.node_id());
     }
   }
@@ -326,6 +328,7 @@ class Sim {
     uint64_t version = 0;
     SteadyClock::time_point first;
     std::set<std::string> members;
+    std::set<std::string> workers;
   };
   // Waits until every member of the job's plan at `min_version` or newer holds that version;
   // returns the plan and the last receipt's time.
@@ -720,19 +723,43 @@ int main(int argc, char** argv) {
     if (victim < 0) {
       r.text = "no spare server in the plan";
     } else {
+      // Every job whose plan names the victim (spares serve several jobs) is affected.
+      std::vector<std::pair<std::string, Sim::Latest>> affected;
+      for (const auto& [f, w] : jobs) {
+        const std::string job = "job" + std::to_string(w);
+        Sim::Latest b;
+        SteadyClock::time_point at;
+        if (sim.WaitDelivered(job, versions[w], &b, &at, std::chrono::seconds(5)) &&
+            b.members.contains(Name(victim))) {
+          affected.emplace_back(job, b);
+        }
+      }
       sim.TakeLatencies();
       const auto t0 = SteadyClock::now();
       sim.agent(victim).beating = false;
       Sim::Latest after;
       SteadyClock::time_point last;
-      const bool ok = sim.WaitDelivered(id, before.version + 1, &after, &last,
-                                        std::chrono::seconds(60), Name(victim));
+      bool ok = sim.WaitDelivered(id, before.version + 1, &after, &last, std::chrono::seconds(60),
+                                  Name(victim));
       const bool gone = !after.members.contains(Name(victim));
+      SteadyClock::time_point last_of_all = last;
+      size_t agents_of_all = 0;
+      for (const auto& [job, b] : affected) {
+        Sim::Latest a;
+        SteadyClock::time_point at;
+        // A job it works for keeps it in its plan, marked down; the others drop it.
+        const bool worker = b.workers.contains(Name(victim));
+        ok &= sim.WaitDelivered(job, b.version + 1, &a, &at, std::chrono::seconds(60),
+                                worker ? "" : Name(victim));
+        last_of_all = std::max(last_of_all, at);
+        agents_of_all += a.members.size();
+      }
       // The controller hears nothing after the last heartbeat sent: it is dead a timeout later.
       const SteadyClock::time_point silent_since(
           SteadyClock::duration(sim.agent(victim).last_beat_ns.load()));
       const double total = Seconds(last - t0), spread = Seconds(last - after.first);
       const double after_timeout = Seconds(last - silent_since) - timeout_ms / 1000.0;
+      const double all_after_timeout = Seconds(last_of_all - silent_since) - timeout_ms / 1000.0;
       uint64_t failed = 0;
       const std::vector<double> lat = sim.TakeLatencies(&failed);
       r.values = {{"ok", ok && gone},
@@ -741,13 +768,18 @@ int main(int argc, char** argv) {
                   {"after_timeout_s", after_timeout},
                   {"first_to_last_agent_s", spread},
                   {"agents_updated", after.members.size()},
+                  {"affected_jobs", affected.size()},
+                  {"affected_agents", agents_of_all},
+                  {"all_affected_after_timeout_s", all_after_timeout},
                   {"heartbeat_p99_ms", Percentile(lat, 0.99)}};
-      char buf[256];
+      char buf[512];
       std::snprintf(buf, sizeof buf,
                     "%s: %zu agents hold the new plan %.3f s after its last heartbeat's timeout "
-                    "(%.1f s; includes the %d ms debounce); first to last agent %.1f ms",
+                    "(%.1f s; includes the %d ms debounce); first to last agent %.1f ms; all %zu "
+                    "affected jobs (%zu agents) after %.3f s",
                     ok && gone ? "ok" : "FAILED", after.members.size(), after_timeout,
-                    timeout_ms / 1000.0, debounce_ms, spread * 1e3);
+                    timeout_ms / 1000.0, debounce_ms, spread * 1e3, affected.size(), agents_of_all,
+                    all_after_timeout);
       r.text = buf;
       sim.agent(victim).beating = true;
     }

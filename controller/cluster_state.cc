@@ -674,6 +674,20 @@ void ClusterState::ReplanDue() {
 }
 
 void ClusterState::Replan(std::vector<std::string> job_ids) {
+  std::vector<std::pair<int, std::string>> by_size;
+  {
+    std::lock_guard lock(mu_);
+    for (std::string& id : job_ids) {
+      auto it = jobs_.find(id);
+      const int workers = it == jobs_.end() ? 0 : it->second.job.spec().worker_nodes_size();
+      by_size.emplace_back(workers, std::move(id));
+    }
+  }
+  std::sort(by_size.begin(), by_size.end());
+  for (auto& [workers, id] : by_size) ReplanTogether({std::move(id)});
+}
+
+void ClusterState::ReplanTogether(std::vector<std::string> job_ids) {
   constexpr int kAttempts = 4;
   for (int attempt = 0; attempt < kAttempts && !job_ids.empty(); ++attempt) {
     std::vector<PlanWork> work;

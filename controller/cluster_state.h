@@ -220,10 +220,13 @@ class ClusterState {
   // Whether every node the work's plan uses is still registered at the inventory it was planned
   // with and every spare server is alive. mu_ held.
   bool StillValidLocked(const PlanWork& work) const;
+  // Re-plans `job_ids` one at a time, smallest first (a small job's new plan does not wait for
+  // a large one's planning). mu_ NOT held.
+  void Replan(std::vector<std::string> job_ids);
   // Re-plans `job_ids` (snapshot, plan, commit; again on a conflict) and stores the changed plans
   // in one transaction. When the write fails the previous plans stay (a plan is never handed out
   // before it is durable) and the jobs are marked again. mu_ NOT held.
-  void Replan(std::vector<std::string> job_ids);
+  void ReplanTogether(std::vector<std::string> job_ids);
   // Re-plans the marked jobs whose debounce is over. mu_ NOT held.
   void ReplanDue();
   void MarkLocked(const std::string& job_id);
