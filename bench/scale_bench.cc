@@ -515,7 +515,7 @@ int main(int argc, char** argv) {
   common::DisableMutexDeadlockDetection();
   CLI::App app{"The controller at cluster scale: N simulated agents against a real controller"};
   int agents = 1000, connections = 0, steady_s = 10, flappers = -1, flap_s = 20;
-  int heartbeat_ms = 1000, timeout_ms = 3000, max_workers = 4096, debounce_ms = 20;
+  int heartbeat_ms = 1000, timeout_ms = 3000, max_workers = 4096, debounce_ms = 10;
   std::string controller_bin, json_file;
   std::string topology_file =
       std::string(TRIBUTARY_SOURCE_DIR) + "/tests/topology/fixtures/dgx1v_nccl_topo.xml";

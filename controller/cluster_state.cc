@@ -1259,6 +1259,18 @@ void ClusterState::MarkDeadLocked(const std::string& node_id, NodeEntry& node) {
   }
 }
 
+common::Clock::TimePoint ClusterState::NextCheck() const {
+  std::lock_guard lock(mu_);
+  common::Clock::TimePoint next = common::Clock::TimePoint::max();
+  if (!beats_.empty()) {
+    // Dead once strictly more than the timeout has passed.
+    next = beats_.front().second->last_heartbeat + options_.heartbeat_timeout +
+           std::chrono::microseconds(1);
+  }
+  for (const auto& [id, since] : marked_) next = std::min(next, since + options_.replan_debounce);
+  return next;
+}
+
 void ClusterState::CheckLiveness() {
   {
     std::lock_guard lock(mu_);

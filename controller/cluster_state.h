@@ -130,6 +130,9 @@ class ClusterState {
 
   // Marks nodes without a recent heartbeat dead, and re-plans the jobs whose debounce is over.
   void CheckLiveness();
+  // When CheckLiveness next has something to do as things stand (the first alive node's
+  // heartbeat expiring, a marked job's debounce ending); later events may make it sooner.
+  common::Clock::TimePoint NextCheck() const;
 
   // The highest assignments version handed to any node.
   uint64_t assignments_version() const;

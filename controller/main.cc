@@ -36,7 +36,7 @@ int main(int argc, char** argv) {
   tributary::common::ProcessFlags process_flags{.metrics_listen = "0.0.0.0:9464"};
   std::string port_file;
   int heartbeat_ms = 500, heartbeat_timeout_ms = 3000, restore_grace_ms = 10000;
-  int replan_debounce_ms = 20;
+  int replan_debounce_ms = 10;
   int idle_connection_s = 600;
   int job_stats_window_ms = 30000;
   double max_heartbeats_per_s = 10000;
@@ -186,10 +186,11 @@ int main(int argc, char** argv) {
   {
     std::unique_lock lock(g_mu);
     while (!g_stop) {
-      // CheckLiveness costs only the nodes that expire and the jobs that are due: a death is seen
-      // within a few ms of its timeout, a re-plan within a few ms of its debounce.
-      g_cv.wait_for(lock, std::chrono::milliseconds(
-                              std::min(heartbeat_ms / 2, std::max(replan_debounce_ms / 4, 5)) + 1));
+      // CheckLiveness costs only the nodes that expire and the jobs that are due: it runs when the
+      // next one is due, or a few ms later for what other threads marked meanwhile.
+      const auto tick = std::chrono::milliseconds(
+          std::min(heartbeat_ms / 2, std::max(replan_debounce_ms / 4, 5)) + 1);
+      g_cv.wait_until(lock, std::min(state.NextCheck(), std::chrono::steady_clock::now() + tick));
       state.CheckLiveness();
     }
   }

@@ -373,6 +373,24 @@ TEST_F(ScaleStateTest, WatchersOfANodeDeadForTheLingerAreEndedAndDropped) {
   EXPECT_EQ(n.ended.size(), 1u);
 }
 
+// The controller's loop sleeps until NextCheck: the first heartbeat to expire, then the debounce.
+TEST_F(ScaleStateTest, NextCheckIsTheFirstExpiryThenTheEndOfTheDebounce) {
+  EXPECT_EQ(state_.NextCheck(), common::Clock::TimePoint::max());
+  constexpr auto kMoment = std::chrono::microseconds(1);
+  const auto t0 = clock_.Now();
+  Register("a");
+  EXPECT_EQ(state_.NextCheck(), t0 + kTimeout + kMoment);
+  clock_.Advance(std::chrono::milliseconds(300));
+  Register("b");
+  EXPECT_EQ(state_.NextCheck(), t0 + kTimeout + kMoment);  // a expires first
+  clock_.Advance(kTimeout - std::chrono::milliseconds(300) + kMoment);
+  state_.CheckLiveness();  // a is dead, b is not
+  EXPECT_EQ(state_.NextCheck(), t0 + std::chrono::milliseconds(300) + kTimeout + kMoment);
+  Create("j", {"b"});
+  Register("c");  // new capacity: j is marked, due a debounce from now, before b expires
+  EXPECT_EQ(state_.NextCheck(), clock_.Now() + kDebounce);
+}
+
 TEST_F(ScaleStateTest, ListNodesPagesEveryNodeOnceInOrder) {
   for (int i = 0; i < 1203; ++i) Register("n" + std::to_string(10000 + i));
   std::vector<std::string> seen;
