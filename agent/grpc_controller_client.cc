@@ -188,6 +188,7 @@ void GrpcControllerClient::Run() {
       req.set_node_id(options_.node_id);
       *req.mutable_inventory() = options_.inventory;
       req.set_agent_instance(agent_instance_);
+      req.set_expands_packed_plans(true);
       tributary::v1::RegisterNodeResponse resp;
       grpc::Status s = stub_->RegisterNode(Context().get(), req, &resp);
       if (!s.ok()) {
@@ -211,7 +212,9 @@ void GrpcControllerClient::Run() {
         lost_at.reset();
       }
       incarnation = resp.incarnation();
-      load_deltas.Reset();  // the controller holds no load of this incarnation
+      // The controller holds no load of this incarnation; one from before load deltas gets the
+      // whole load every time.
+      load_deltas.Reset(resp.takes_load_deltas());
       interval = std::chrono::milliseconds(std::max<uint32_t>(50, resp.heartbeat_interval_ms()));
       {
         // Versions are the controller's: after a restart they start again.

@@ -25,7 +25,7 @@ bool LoadDeltas::Moved(const tributary::v1::NodeLoad& held,
 }
 
 void LoadDeltas::Fill(tributary::v1::NodeLoad load, tributary::v1::HeartbeatRequest* hb) {
-  if (held_.has_value() && since_full_ + 1 < options_.refresh && !Moved(*held_, load)) {
+  if (deltas_ && held_.has_value() && since_full_ + 1 < options_.refresh && !Moved(*held_, load)) {
     ++since_full_;
     hb->set_load_unchanged(true);
     tributary::v1::NodeLoad* out = hb->mutable_load();

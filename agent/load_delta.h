@@ -32,10 +32,12 @@ class LoadDeltas {
   // The controller answered the heartbeat Fill made (ok), or did not: then what it holds is
   // unknown, and the next heartbeat carries the whole load.
   void Answered(bool ok);
-  // A new registration (a new incarnation): the controller holds no load of the node.
-  void Reset() {
+  // A new registration (a new incarnation): the controller holds no load of the node. Without
+  // `deltas` (RegisterNodeResponse.takes_load_deltas false) every heartbeat carries it whole.
+  void Reset(bool deltas) {
     held_.reset();
     pending_.reset();
+    deltas_ = deltas;
   }
 
  private:
@@ -45,6 +47,7 @@ class LoadDeltas {
   std::optional<tributary::v1::NodeLoad> held_;     // the measured fields the controller took
   std::optional<tributary::v1::NodeLoad> pending_;  // sent in full, not answered yet
   uint32_t since_full_ = 0;
+  bool deltas_ = false;  // until a controller that takes them answers a registration
 };
 
 }  // namespace tributary::agent

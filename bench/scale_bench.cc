@@ -235,6 +235,7 @@ class Sim {
       auto* call = new Call;
       call->ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
       call->req.set_node_id(a->id);
+      call->req.set_expands_packed_plans(true);  // as agents do
       auto* inv = call->req.mutable_inventory();
       inv->set_hostname(a->id);
       inv->set_data_plane_address("10." + std::to_string(a->index / 65536) + "." +

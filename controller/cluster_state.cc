@@ -283,6 +283,7 @@ absl::Status ClusterState::RegisterNode(const tributary::v1::RegisterNodeRequest
       }
     }
     if (req.agent_instance() != 0) node.agent_instance = req.agent_instance();
+    node.packed_plans = req.expands_packed_plans();
     TouchLocked(req.node_id(), node);
     if (node.inventory->offers_summation()) {
       summation_nodes_.insert(req.node_id());
@@ -359,6 +360,7 @@ absl::Status ClusterState::RegisterNode(const tributary::v1::RegisterNodeRequest
       if (entry.stale && entry.awaiting.empty()) MarkLocked(id);
     }
     resp->set_incarnation(node.incarnation);
+    resp->set_takes_load_deltas(true);
     resp->set_heartbeat_interval_ms(static_cast<uint32_t>(HeartbeatIntervalLocked().count()));
     resp->set_assignments_version(node.assignments_version);
   }
@@ -429,7 +431,8 @@ grpc::ByteBuffer ClusterState::AssignmentsMessageLocked(const std::string& node_
     const JobEntry& entry = jobs_.at(id);
     if (!entry.members.contains(node_id)) continue;
     auto intra = entry.wire_intra.find(node_id);
-    const size_t length = entry.wire_head.size() + entry.wire_body.size() +
+    const grpc::Slice& body = node.packed_plans ? entry.wire_body : entry.wire_body_whole;
+    const size_t length = entry.wire_head.size() + body.size() +
                           (intra == entry.wire_intra.end() ? 0 : intra->second.size());
     std::string tag;
     {
@@ -441,7 +444,7 @@ grpc::ByteBuffer ClusterState::AssignmentsMessageLocked(const std::string& node_
     }
     slices.emplace_back(tag);
     slices.push_back(entry.wire_head);
-    slices.push_back(entry.wire_body);
+    slices.push_back(body);
     if (intra != entry.wire_intra.end()) slices.push_back(intra->second);
   }
   return grpc::ByteBuffer(slices.data(), slices.size());
@@ -550,6 +553,7 @@ ClusterState::PreparedPlan ClusterState::Prepare(tributary::v1::JobPlan plan) {
     plan.clear_job_secret();
     plan.clear_version();
     plan.clear_generation();
+    prepared.wire_body_whole = grpc::Slice(Serialize(plan));
     tributary::v1::JobPlan packed = plan;  // without intra_node: a few hundred KB at most
     tributary::v1::PackAssignedPlan(packed);
     prepared.wire_body = grpc::Slice(Serialize(packed));
@@ -567,7 +571,7 @@ bool ClusterState::SamePlanLocked(const PreparedPlan& prepared, const JobEntry& 
   const tributary::v1::JobPlan& plan = prepared.plan;
   const tributary::v1::JobPlan& current = entry.job.plan();
   if (plan.job_secret() != current.job_secret() || plan.generation() != current.generation() ||
-      !SameBytes(prepared.wire_body, entry.wire_body) ||
+      !SameBytes(prepared.wire_body_whole, entry.wire_body_whole) ||
       prepared.wire_intra.size() != entry.wire_intra.size()) {
     return false;
   }
@@ -588,6 +592,7 @@ void ClusterState::SetPlanLocked(JobEntry& entry, PreparedPlan prepared) {
   }
   entry.wire_intra = std::move(prepared.wire_intra);
   entry.wire_body = std::move(prepared.wire_body);
+  entry.wire_body_whole = std::move(prepared.wire_body_whole);
   entry.wire_head = WireHead(prepared.plan);
   *entry.job.mutable_plan() = std::move(prepared.plan);
   ReindexLocked(entry, touched);

@@ -153,6 +153,8 @@ class ClusterState {
     uint64_t incarnation = 0;
     // RegisterNodeRequest.agent_instance of its last registration (0 = unknown).
     uint64_t agent_instance = 0;
+    // RegisterNodeRequest.expands_packed_plans of its last registration.
+    bool packed_plans = false;
     common::Clock::TimePoint last_heartbeat;
     bool alive = false;
     // Its place in beats_, while alive.
@@ -190,13 +192,15 @@ class ClusterState {
     // the body (every other field but intra_node, built off the lock once per plan) and each
     // worker node's own intra_node entry (tag included). A node's copy is head + body + its entry.
     grpc::Slice wire_head;
-    grpc::Slice wire_body;
+    grpc::Slice wire_body;        // packed (api/tributary/v1/assigned_plan.h)
+    grpc::Slice wire_body_whole;  // the same fields whole, for agents that do not expand
     std::unordered_map<std::string, grpc::Slice> wire_intra;
   };
   // A plan with its wire body, intra-node entries and member index, built off the lock.
   struct PreparedPlan {
     tributary::v1::JobPlan plan;
     grpc::Slice wire_body;
+    grpc::Slice wire_body_whole;
     std::unordered_map<std::string, grpc::Slice> wire_intra;
     std::unordered_map<std::string, Member> members;
   };
@@ -236,7 +240,8 @@ class ClusterState {
   // Heartbeat's NodeLoad.membership_changes from `node_id`: each job still at the reported
   // generation moves to the next one (same plan, next version). mu_ held.
   void MembershipChangesLocked(const std::string& node_id, const tributary::v1::NodeLoad& load);
-  // Whether `prepared` is the job's current plan but for its version (by their bytes).
+  // Whether `prepared` is the job's current plan but for its version (by their bytes, whole:
+  // planner outputs that packing leaves out count too).
   static bool SamePlanLocked(const PreparedPlan& prepared, const JobEntry& entry);
   // Installs `prepared` (its version, secret and generation set) as the job's plan: indexes, the
   // wire form, and the assignments of every node it adds, keeps or drops. mu_ held.

@@ -20,6 +20,13 @@ tributary::v1::NodeLoad Load(double cpu, double nic_tx, uint64_t memory = 8ull <
   return load;
 }
 
+// Registered with a controller that takes load deltas.
+LoadDeltas Registered(LoadDeltas::Options options = {}) {
+  LoadDeltas deltas(options);
+  deltas.Reset(/*deltas=*/true);
+  return deltas;
+}
+
 // Fills and answers one heartbeat; returns it.
 tributary::v1::HeartbeatRequest Beat(LoadDeltas& deltas, const tributary::v1::NodeLoad& load,
                                      bool answered = true) {
@@ -30,7 +37,7 @@ tributary::v1::HeartbeatRequest Beat(LoadDeltas& deltas, const tributary::v1::No
 }
 
 TEST(LoadDeltasTest, TheFirstHeartbeatCarriesTheLoadAndAStillLoadIsNotSentAgain) {
-  LoadDeltas deltas;
+  LoadDeltas deltas = Registered();
   const auto first = Beat(deltas, Load(0.5, 100e6));
   EXPECT_FALSE(first.load_unchanged());
   EXPECT_DOUBLE_EQ(first.load().cpu_busy_fraction(), 0.5);
@@ -46,7 +53,7 @@ TEST(LoadDeltasTest, TheFirstHeartbeatCarriesTheLoadAndAStillLoadIsNotSentAgain)
 TEST(LoadDeltasTest, EachFigureThatMovesSendsTheWholeLoad) {
   const tributary::v1::NodeLoad base = Load(0.5, 100e6);
   auto moved = [&](auto change) {
-    LoadDeltas deltas;
+    LoadDeltas deltas = Registered();
     Beat(deltas, base);
     tributary::v1::NodeLoad now = base;
     change(now);
@@ -60,13 +67,13 @@ TEST(LoadDeltasTest, EachFigureThatMovesSendsTheWholeLoad) {
   EXPECT_TRUE(moved([](auto& l) { l.set_memory_used_bytes((9ull << 30)); }));
   EXPECT_FALSE(moved([](auto& l) { l.set_nic_tx_bytes_per_s(104e6); }));
   // Small rates jitter: below the 1 MB/s floor nothing counts as moved.
-  LoadDeltas deltas;
+  LoadDeltas deltas = Registered();
   Beat(deltas, Load(0.1, 1000));
   EXPECT_TRUE(Beat(deltas, Load(0.1, 900e3)).load_unchanged());
 }
 
 TEST(LoadDeltasTest, DriftIsMeasuredFromWhatTheControllerHolds) {
-  LoadDeltas deltas;
+  LoadDeltas deltas = Registered();
   Beat(deltas, Load(0.5, 100e6));
   EXPECT_TRUE(Beat(deltas, Load(0.5, 103e6)).load_unchanged());
   EXPECT_TRUE(Beat(deltas, Load(0.5, 104e6)).load_unchanged());
@@ -77,28 +84,37 @@ TEST(LoadDeltasTest, DriftIsMeasuredFromWhatTheControllerHolds) {
 }
 
 TEST(LoadDeltasTest, TheLoadTravelsEveryRefreshHeartbeats) {
-  LoadDeltas deltas({.refresh = 4});
+  LoadDeltas deltas = Registered({.refresh = 4});
   int whole = 0;
   for (int i = 0; i < 12; ++i) whole += Beat(deltas, Load(0.5, 100e6)).load_unchanged() ? 0 : 1;
   EXPECT_EQ(whole, 3);
 }
 
 TEST(LoadDeltasTest, AnUnansweredHeartbeatOrANewRegistrationMakesTheNextOneWhole) {
-  LoadDeltas deltas;
+  LoadDeltas deltas = Registered();
   Beat(deltas, Load(0.5, 100e6));
   Beat(deltas, Load(0.5, 100e6), /*answered=*/false);
   EXPECT_FALSE(Beat(deltas, Load(0.5, 100e6)).load_unchanged());
   EXPECT_TRUE(Beat(deltas, Load(0.5, 100e6)).load_unchanged());
-  deltas.Reset();
+  deltas.Reset(true);
   EXPECT_FALSE(Beat(deltas, Load(0.5, 100e6)).load_unchanged());
   // A whole load that was not answered is not taken as held.
-  LoadDeltas lost;
+  LoadDeltas lost = Registered();
   Beat(lost, Load(0.5, 100e6), /*answered=*/false);
   EXPECT_FALSE(Beat(lost, Load(0.5, 100e6)).load_unchanged());
 }
 
+TEST(LoadDeltasTest, AControllerThatTakesNoDeltasGetsTheWholeLoadEveryTime) {
+  LoadDeltas never;  // not registered yet
+  EXPECT_FALSE(Beat(never, Load(0.5, 100e6)).load_unchanged());
+  EXPECT_FALSE(Beat(never, Load(0.5, 100e6)).load_unchanged());
+  LoadDeltas old = Registered();
+  old.Reset(/*deltas=*/false);  // registered again, with a controller from before load deltas
+  for (int i = 0; i < 3; ++i) EXPECT_FALSE(Beat(old, Load(0.5, 100e6)).load_unchanged());
+}
+
 TEST(LoadDeltasTest, ObservationsAndMembershipChangesAlwaysTravel) {
-  LoadDeltas deltas;
+  LoadDeltas deltas = Registered();
   Beat(deltas, Load(0.5, 100e6));
   tributary::v1::NodeLoad now = Load(0.5, 100e6);
   now.add_jobs()->set_job_id("j");

@@ -40,6 +40,7 @@ class ScaleStateTest : public ::testing::Test {
     req.mutable_inventory()->set_nic_bytes_per_s(10e9 / 8);
     req.mutable_inventory()->set_sum_bytes_per_s(100e9);
     req.mutable_inventory()->set_offers_summation(offers);
+    req.set_expands_packed_plans(packed_plans_);
     tributary::v1::RegisterNodeResponse resp;
     ASSERT_TRUE(state_.RegisterNode(req, &resp).ok());
     incarnations_[id] = resp.incarnation();
@@ -91,6 +92,7 @@ class ScaleStateTest : public ::testing::Test {
   ClusterState state_;
   int n_ = 0;
   std::map<std::string, uint64_t> incarnations_;
+  bool packed_plans_ = true;  // as agents register (expands_packed_plans)
 };
 
 TEST_F(ScaleStateTest, DeathsWithinTheDebounceAreOneReplanPerJob) {
@@ -200,6 +202,43 @@ TEST_F(ScaleStateTest, AssignmentsArePerNodeAndCarryOnlyTheNodesOwnIntraNodePlan
     if (node == "w1") *expected.add_intra_node() = job.plan().intra_node(1);
     EXPECT_EQ(part.SerializeAsString(), testing::AsAssigned(expected).SerializeAsString()) << node;
   }
+}
+
+// An agent from before packed plans (expands_packed_plans unset) gets its part of each plan whole.
+TEST_F(ScaleStateTest, AnAgentThatDoesNotExpandGetsPlansWhole) {
+  Register("w0");
+  packed_plans_ = false;
+  Register("old");
+  const tributary::v1::Job job = Create("j", {"w0", "old"});
+  for (const std::string node : {"w0", "old"}) {
+    tributary::v1::GetAssignmentsRequest req;
+    req.set_node_id(node);
+    tributary::v1::GetAssignmentsResponse resp;
+    ASSERT_TRUE(state_.GetAssignments(req, &resp).ok());
+    ASSERT_EQ(resp.plans_size(), 1);
+    tributary::v1::JobPlan part = resp.plans(0);
+    EXPECT_EQ(part.packed().empty(), node == "old") << node;
+    if (node == "w0") {
+      ASSERT_TRUE(tributary::v1::ExpandAssignedPlan(part).ok());
+    }
+    part.clear_job_secret();
+    tributary::v1::JobPlan expected = job.plan();
+    expected.clear_intra_node();
+    for (const auto& intra : job.plan().intra_node()) {
+      if (intra.node_id() == node) *expected.add_intra_node() = intra;  // its own entry only
+    }
+    if (node == "w0") expected = testing::AsAssigned(expected);
+    EXPECT_EQ(part.SerializeAsString(), expected.SerializeAsString()) << node;
+  }
+  // Registering again with the flag: from then on packed.
+  packed_plans_ = true;
+  Register("old");
+  tributary::v1::GetAssignmentsRequest req;
+  req.set_node_id("old");
+  tributary::v1::GetAssignmentsResponse resp;
+  ASSERT_TRUE(state_.GetAssignments(req, &resp).ok());
+  ASSERT_EQ(resp.plans_size(), 1);
+  EXPECT_FALSE(resp.plans(0).packed().empty());
 }
 
 TEST_F(ScaleStateTest, ANodeBackFromTheDeadForgetsADeletedJob) {
