@@ -32,6 +32,7 @@
 #include "common/buffer_socket_protocol.h"
 #include "common/clock.h"
 #include "common/logging.h"
+#include "common/rpc/grpc_status.h"
 #include "common/shm_ring.h"
 #include "grpcpp/grpcpp.h"
 
@@ -225,4 +226,7 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace tributary
 
-int main(int argc, char** argv) { return tributary::Main(argc, argv); }
+int main(int argc, char** argv) {
+  tributary::common::DisableMutexDeadlockDetection();  // as the agent and the client library do
+  return tributary::Main(argc, argv);
+}
