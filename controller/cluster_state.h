@@ -78,8 +78,8 @@ class ClusterState {
     std::chrono::milliseconds dead_watch_linger{60000};
   };
 
-  // One watch stream of a node's assignments (the service's reactor). Push runs with the state's
-  // mutex held: it must not block or call into ClusterState.
+  // One watch stream of a node's assignments (the service's reactor). Push and End run with the
+  // state's mutex held: they must not block or call into ClusterState.
   class AssignmentsWatcher {
    public:
     virtual ~AssignmentsWatcher() = default;

@@ -90,16 +90,22 @@ class WatchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
     }
   }
 
-  // On the hub's thread: starts writing the queue.
+  // On the hub's thread: starts writing the queue, or finishes the stream after End.
   void Kick() {
+    bool finish = false;
+    grpc::Status status;
     {
       std::lock_guard lock(mu_);
       kicked_ = false;
-      if (!writing_ && !finishing_ && !queue_.empty()) {
+      if (finishing_) {
+        finish = !writing_;  // else OnWriteDone finishes
+        status = end_;
+      } else if (!writing_ && !queue_.empty()) {
         writing_ = true;
         StartWrite(&queue_.front());
       }
     }
+    if (finish) FinishOnce(status);
     Unref();
   }
 
@@ -122,16 +128,16 @@ class WatchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>,
     if (finish) FinishOnce(status);
   }
 
+  // With ClusterState's mutex held, like Push: the stream is finished on the hub's thread (or by
+  // the write in flight), never here.
   void End(const absl::Status& why) override {
-    bool finish;
-    grpc::Status status = common::ToGrpcStatus(why);
-    {
-      std::lock_guard lock(mu_);
-      end_ = status;
-      finishing_ = true;
-      finish = !writing_;  // else OnWriteDone finishes, with end_
-    }
-    if (finish) FinishOnce(status);
+    std::lock_guard lock(mu_);
+    end_ = common::ToGrpcStatus(why);
+    finishing_ = true;
+    if (writing_ || kicked_) return;  // OnWriteDone or the queued Kick finishes, with end_
+    kicked_ = true;
+    refs_++;
+    hub_->Ready(this);
   }
 
   void OnCancel() override {
