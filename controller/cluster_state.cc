@@ -689,10 +689,11 @@ void ClusterState::Replan(std::vector<std::string> job_ids) {
     }
   }
   std::sort(by_size.begin(), by_size.end());
-  for (auto& [workers, id] : by_size) ReplanTogether({std::move(id)});
+  for (auto& [workers, id] : by_size) ReplanJob(std::move(id));
 }
 
-void ClusterState::ReplanTogether(std::vector<std::string> job_ids) {
+void ClusterState::ReplanJob(std::string job_id) {
+  std::vector<std::string> job_ids = {std::move(job_id)};  // empty once committed or given up
   constexpr int kAttempts = 4;
   for (int attempt = 0; attempt < kAttempts && !job_ids.empty(); ++attempt) {
     std::vector<PlanWork> work;
@@ -1273,6 +1274,9 @@ common::Clock::TimePoint ClusterState::NextCheck() const {
            std::chrono::microseconds(1);
   }
   for (const auto& [id, since] : marked_) next = std::min(next, since + options_.replan_debounce);
+  if (!dead_.empty())
+    next = std::min(next, dead_.front().second->died_at + options_.dead_watch_linger);
+  if (restoring_) next = std::min(next, restored_at_ + options_.restore_grace);
   return next;
 }
 

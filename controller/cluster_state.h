@@ -131,7 +131,8 @@ class ClusterState {
   // Marks nodes without a recent heartbeat dead, and re-plans the jobs whose debounce is over.
   void CheckLiveness();
   // When CheckLiveness next has something to do as things stand (the first alive node's
-  // heartbeat expiring, a marked job's debounce ending); later events may make it sooner.
+  // heartbeat expiring, a marked job's debounce ending, a dead node's watch linger ending, the
+  // restore grace ending); later events may make it sooner.
   common::Clock::TimePoint NextCheck() const;
 
   // The highest assignments version handed to any node.
@@ -230,10 +231,10 @@ class ClusterState {
   // Re-plans `job_ids` one at a time, smallest first (a small job's new plan does not wait for
   // a large one's planning). mu_ NOT held.
   void Replan(std::vector<std::string> job_ids);
-  // Re-plans `job_ids` (snapshot, plan, commit; again on a conflict) and stores the changed plans
-  // in one transaction. When the write fails the previous plans stay (a plan is never handed out
-  // before it is durable) and the jobs are marked again. mu_ NOT held.
-  void ReplanTogether(std::vector<std::string> job_ids);
+  // Re-plans one job (snapshot, plan, commit; again on a conflict) and stores a changed plan.
+  // When the write fails the previous plan stays (a plan is never handed out before it is
+  // durable) and the job is marked again. mu_ NOT held.
+  void ReplanJob(std::string job_id);
   // Re-plans the marked jobs whose debounce is over. mu_ NOT held.
   void ReplanDue();
   void MarkLocked(const std::string& job_id);

@@ -430,6 +430,16 @@ TEST_F(ScaleStateTest, NextCheckIsTheFirstExpiryThenTheEndOfTheDebounce) {
   EXPECT_EQ(state_.NextCheck(), clock_.Now() + kDebounce);
 }
 
+TEST_F(ScaleStateTest, NextCheckIsADeadNodesWatchLingerWhenNothingIsAlive) {
+  Register("a");
+  clock_.Advance(kTimeout + std::chrono::microseconds(1));
+  state_.CheckLiveness();  // a is dead: its watchers end 60 s from now
+  EXPECT_EQ(state_.NextCheck(), clock_.Now() + std::chrono::seconds(60));
+  clock_.Advance(std::chrono::seconds(60));
+  state_.CheckLiveness();
+  EXPECT_EQ(state_.NextCheck(), common::Clock::TimePoint::max());
+}
+
 TEST_F(ScaleStateTest, ListNodesPagesEveryNodeOnceInOrder) {
   for (int i = 0; i < 1203; ++i) Register("n" + std::to_string(10000 + i));
   std::vector<std::string> seen;
