@@ -52,6 +52,7 @@
 #include "topology/topology_file.h"
 #include "tributary/v1/assigned_plan.h"
 #include "tributary/v1/controller.grpc.pb.h"
+#include "tributary/v1/plan_pages.h"
 
 namespace tributary {
 namespace {
@@ -689,12 +690,44 @@ int main(int argc, char** argv) {
                 {"heartbeat_p99_ms", Percentile(lat, 0.99)},
                 {"heartbeats_failed", failed}};
     if (workers == 4096) {
-      grpc::ClientContext ctx;
-      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-      v1::ListJobsResponse listed;
-      grpc::Status s = sim.control().ListJobs(&ctx, {}, &listed);
-      r.values["listed"] = s.ok();
-      r.values["list_bytes"] = listed.ByteSizeLong();
+      // Every job listed, and each whole (a cut plan read on with GetJob): how many bytes, and
+      // the largest single reply.
+      size_t total = 0, largest = 0;
+      bool listed_whole = false;
+      grpc::Status s;
+      auto deadline = [] { return std::chrono::system_clock::now() + std::chrono::seconds(60); };
+      v1::ListJobsRequest list;
+      do {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(deadline());
+        v1::ListJobsResponse page;
+        if (s = sim.control().ListJobs(&ctx, list, &page); !s.ok()) break;
+        total += page.ByteSizeLong();
+        largest = std::max(largest, page.ByteSizeLong());
+        for (const v1::Job& job : page.jobs()) {
+          absl::StatusOr<v1::Job> whole =
+              v1::ReadRestOfPlan(job, [&](const std::string& token) -> absl::StatusOr<v1::Job> {
+                grpc::ClientContext c;
+                c.set_deadline(deadline());
+                v1::GetJobRequest get;
+                get.set_job_id(job.job_id());
+                get.set_plan_page_token(token);
+                v1::Job part;
+                grpc::Status got = sim.control().GetJob(&c, get, &part);
+                if (!got.ok()) return absl::UnknownError(got.error_message());
+                total += part.ByteSizeLong();
+                largest = std::max(largest, part.ByteSizeLong());
+                return part;
+              });
+          if (whole.ok() && job.job_id() == id) {
+            listed_whole = whole->plan().workers_size() == workers;
+          }
+        }
+        list.set_page_token(page.next_page_token());
+      } while (!list.page_token().empty());
+      r.values["listed"] = s.ok() && listed_whole;
+      r.values["list_bytes"] = total;
+      r.values["largest_reply_bytes"] = largest;
     }
     char buf[256];
     std::snprintf(buf, sizeof buf,
@@ -703,6 +736,13 @@ int main(int argc, char** argv) {
                   ok ? "ok" : "FAILED", planner_s[workers], rpc_s, delivered_s,
                   Percentile(lat, 0.99));
     r.text = buf;
+    if (r.values.contains("listed")) {
+      std::snprintf(buf, sizeof buf, "; listed %s: %.1f MB, largest reply %.0f KB",
+                    r.values["listed"].get<bool>() ? "whole" : "FAILED",
+                    r.values["list_bytes"].get<double>() / 1e6,
+                    r.values["largest_reply_bytes"].get<double>() / 1e3);
+      r.text += buf;
+    }
     rows.push_back(r);
   }
 

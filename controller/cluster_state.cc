@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/metrics/metrics.h"
+#include "common/status_macros.h"
 #include "controller/planner/job_planner.h"
 #include "dataplane/transport/socket_address.h"
 #include "google/protobuf/io/coded_stream.h"
@@ -1098,6 +1099,15 @@ void ClusterState::UpdateJobStateLocked(tributary::v1::Job& job,
 
 absl::Status ClusterState::CreateJob(const tributary::v1::CreateJobRequest& req,
                                      tributary::v1::Job* job) {
+  tributary::v1::Job whole;
+  RETURN_IF_ERROR(CreateWholeJob(req, &whole));
+  tributary::v1::CopyJobPage(whole, 0, options_.reply_page_bytes, /*continuable=*/!req.dry_run(),
+                             job);
+  return absl::OkStatus();
+}
+
+absl::Status ClusterState::CreateWholeJob(const tributary::v1::CreateJobRequest& req,
+                                          tributary::v1::Job* job) {
   if (!ValidId(req.job_id())) {
     return absl::InvalidArgumentError(
         absl::StrCat("job_id '", req.job_id(), "' must be 1-128 characters of [A-Za-z0-9._:-]"));
@@ -1191,16 +1201,70 @@ absl::Status ClusterState::CreateJob(const tributary::v1::CreateJobRequest& req,
 }
 
 absl::Status ClusterState::GetJob(const std::string& job_id, tributary::v1::Job* job) {
+  tributary::v1::GetJobRequest req;
+  req.set_job_id(job_id);
+  return GetJob(req, job);
+}
+
+absl::Status ClusterState::GetJob(const tributary::v1::GetJobRequest& req,
+                                  tributary::v1::Job* job) {
+  tributary::v1::PlanPageToken token;
+  if (!req.plan_page_token().empty()) {
+    absl::StatusOr<tributary::v1::PlanPageToken> decoded =
+        tributary::v1::DecodePlanPageToken(req.plan_page_token());
+    if (!decoded.ok()) return decoded.status();
+    token = *decoded;
+  }
   std::lock_guard lock(mu_);
-  auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job '", job_id, "' not found"));
-  *job = Redacted(it->second.job);
+  auto it = jobs_.find(req.job_id());
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("job '", req.job_id(), "' not found"));
+  }
+  tributary::v1::Job& stored = it->second.job;
+  if (!req.plan_page_token().empty()) {
+    if (token.version != stored.plan().version()) {
+      return absl::AbortedError(
+          absl::StrCat("job '", req.job_id(), "' was re-planned (version ", token.version, " -> ",
+                       stored.plan().version(),
+                       ") since the page token's page; read it again from the first "
+                       "page"));
+    }
+    if (token.first >= tributary::v1::PlanEntries(stored.plan())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("plan_page_token of job '", req.job_id(), "' points past its plan"));
+    }
+  }
+  tributary::v1::CopyJobPage(stored, token.first, options_.reply_page_bytes,
+                             /*continuable=*/true, job);
+  job->mutable_plan()->clear_job_secret();
   return absl::OkStatus();
 }
 
-void ClusterState::ListJobs(tributary::v1::ListJobsResponse* resp) {
+absl::Status ClusterState::ListJobs(const tributary::v1::ListJobsRequest& req,
+                                    tributary::v1::ListJobsResponse* resp) {
+  constexpr uint32_t kDefaultPage = 100, kMaxPage = 1000;
+  if (!req.page_token().empty() && !ValidId(req.page_token())) {
+    return absl::InvalidArgumentError(
+        "page_token is not one ListJobs returned; pass next_page_token as it was, or none");
+  }
+  const uint32_t page = req.page_size() == 0 ? kDefaultPage : std::min(req.page_size(), kMaxPage);
   std::lock_guard lock(mu_);
-  for (const auto& [id, entry] : jobs_) *resp->add_jobs() = Redacted(entry.job);
+  size_t bytes = 0;
+  auto it = req.page_token().empty() ? jobs_.begin() : jobs_.upper_bound(req.page_token());
+  for (; it != jobs_.end(); ++it) {
+    if (resp->jobs_size() >= static_cast<int>(page) || bytes >= options_.reply_page_bytes) {
+      resp->set_next_page_token(std::prev(it)->first);
+      break;
+    }
+    // A job's plan gets what is left of the page (its first entry at least); GetJob reads the
+    // rest of a cut one.
+    tributary::v1::Job* job = resp->add_jobs();
+    bytes += tributary::v1::CopyJobPage(it->second.job, 0, options_.reply_page_bytes - bytes,
+                                        /*continuable=*/true, job);
+    job->mutable_plan()->clear_job_secret();
+    bytes += job->ByteSizeLong() - job->plan().ByteSizeLong();
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ClusterState::DeleteJob(const std::string& job_id) {

@@ -27,6 +27,7 @@
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "tributary/v1/controller.pb.h"
+#include "tributary/v1/plan_pages.h"
 
 namespace tributary::controller {
 
@@ -76,6 +77,8 @@ class ClusterState {
     std::chrono::milliseconds job_stats_window{30000};
     // A node dead for this long has its watch streams ended (AssignmentsWatcher::End).
     std::chrono::milliseconds dead_watch_linger{60000};
+    // About the most bytes of plan lists in one reply (CreateJob, GetJob, ListJobs).
+    size_t reply_page_bytes = tributary::v1::kPlanPageBytes;
   };
 
   // One watch stream of a node's assignments (the service's reactor). Push and End run with the
@@ -117,9 +120,17 @@ class ClusterState {
   absl::Status ListNodes(const tributary::v1::ListNodesRequest& req,
                          tributary::v1::ListNodesResponse* resp);
 
+  // The reply is the job's first page (PlanPage).
   absl::Status CreateJob(const tributary::v1::CreateJobRequest& req, tributary::v1::Job* job);
+  // Replies carry at most about Options::reply_page_bytes of a plan's per-node lists
+  // (controller.proto, PlanPage). GetJob: NOT_FOUND for an unknown job, INVALID_ARGUMENT for a
+  // page token it did not write, ABORTED when the job was re-planned since the token's page.
+  absl::Status GetJob(const tributary::v1::GetJobRequest& req, tributary::v1::Job* job);
+  // The first page of the job.
   absl::Status GetJob(const std::string& job_id, tributary::v1::Job* job);
-  void ListJobs(tributary::v1::ListJobsResponse* resp);
+  // One page, in job id order. INVALID_ARGUMENT for a page token that is no job id.
+  absl::Status ListJobs(const tributary::v1::ListJobsRequest& req,
+                        tributary::v1::ListJobsResponse* resp);
   absl::Status DeleteJob(const std::string& job_id);
   // The job's observed communication over the window (agents' JobObservations aggregated over
   // its nodes), the plan's prediction beside it, and the split planner's what-if predictions
@@ -235,6 +246,8 @@ class ClusterState {
   // When the write fails the previous plan stays (a plan is never handed out before it is
   // durable) and the job is marked again. mu_ NOT held.
   void ReplanJob(std::string job_id);
+  // CreateJob with the whole plan in the reply.
+  absl::Status CreateWholeJob(const tributary::v1::CreateJobRequest& req, tributary::v1::Job* job);
   // Re-plans the marked jobs whose debounce is over. mu_ NOT held.
   void ReplanDue();
   void MarkLocked(const std::string& job_id);

@@ -351,7 +351,7 @@ grpc::ServerUnaryReactor* ControllerService::GetJob(grpc::CallbackServerContext*
   const auto start = std::chrono::steady_clock::now();
   if (absl::Status denied = authz_->Read(*ctx, "GetJob"); !denied.ok())
     return Finish(kGetJob, start, ctx, denied);
-  return Finish(kGetJob, start, ctx, state_->GetJob(req->job_id(), resp));
+  return Finish(kGetJob, start, ctx, state_->GetJob(*req, resp));
 }
 
 grpc::ServerUnaryReactor* ControllerService::GetJobStats(
@@ -364,13 +364,12 @@ grpc::ServerUnaryReactor* ControllerService::GetJobStats(
 }
 
 grpc::ServerUnaryReactor* ControllerService::ListJobs(grpc::CallbackServerContext* ctx,
-                                                      const tributary::v1::ListJobsRequest*,
+                                                      const tributary::v1::ListJobsRequest* req,
                                                       tributary::v1::ListJobsResponse* resp) {
   const auto start = std::chrono::steady_clock::now();
   if (absl::Status denied = authz_->Read(*ctx, "ListJobs"); !denied.ok())
     return Finish(kListJobs, start, ctx, denied);
-  state_->ListJobs(resp);
-  return Finish(kListJobs, start, ctx, absl::OkStatus());
+  return Finish(kListJobs, start, ctx, state_->ListJobs(*req, resp));
 }
 
 grpc::ServerUnaryReactor* ControllerService::DeleteJob(grpc::CallbackServerContext* ctx,

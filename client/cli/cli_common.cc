@@ -9,6 +9,7 @@
 #include "common/rpc/grpc_status.h"
 #include "common/rpc/tls_flags.h"
 #include "google/protobuf/util/json_util.h"
+#include "tributary/v1/plan_pages.h"
 
 namespace tributary::client::cli {
 
@@ -85,22 +86,59 @@ absl::StatusOr<v1::ListNodesResponse> ControllerClient::ListNodes() {
 
 absl::StatusOr<v1::ListJobsResponse> ControllerClient::ListJobs() {
   if (!channel_status_.ok()) return channel_status_;
-  v1::ListJobsResponse response;
-  auto context = NewContext();
-  grpc::Status status = stub_->ListJobs(context.get(), v1::ListJobsRequest(), &response);
-  if (!status.ok()) return Convert(status);
-  return response;
+  // Every page, merged, and every job whole: a job whose plan was cut is read on with GetJob.
+  v1::ListJobsResponse all;
+  v1::ListJobsRequest request;
+  do {
+    v1::ListJobsResponse page;
+    auto context = NewContext();
+    grpc::Status status = stub_->ListJobs(context.get(), request, &page);
+    if (!status.ok()) return Convert(status);
+    for (v1::Job& job : *page.mutable_jobs()) {
+      absl::StatusOr<v1::Job> whole = WholeJob(std::move(job));
+      if (whole.status().code() == absl::StatusCode::kNotFound) continue;  // deleted meanwhile
+      if (!whole.ok()) return whole.status();
+      *all.add_jobs() = *std::move(whole);
+    }
+    request.set_page_token(page.next_page_token());
+  } while (!request.page_token().empty());
+  return all;
 }
 
-absl::StatusOr<v1::Job> ControllerClient::GetJob(const std::string& job_id) {
-  if (!channel_status_.ok()) return channel_status_;
+absl::StatusOr<v1::Job> ControllerClient::GetJobPage(const std::string& job_id,
+                                                     const std::string& token) {
   v1::GetJobRequest request;
   request.set_job_id(job_id);
+  request.set_plan_page_token(token);
   v1::Job response;
   auto context = NewContext();
   grpc::Status status = stub_->GetJob(context.get(), request, &response);
   if (!status.ok()) return Convert(status);
   return response;
+}
+
+absl::StatusOr<v1::Job> ControllerClient::WholeJob(v1::Job first) {
+  const std::string job_id = first.job_id();
+  auto get = [&](const std::string& token) { return GetJobPage(job_id, token); };
+  // A re-plan between two pages (ABORTED) starts the read again; a job re-planned on every
+  // read for this long is an error.
+  constexpr int kAttempts = 5;
+  for (int attempt = 0;; ++attempt) {
+    absl::StatusOr<v1::Job> whole = v1::ReadRestOfPlan(std::move(first), get);
+    if (whole.status().code() != absl::StatusCode::kAborted || attempt + 1 == kAttempts) {
+      return whole;
+    }
+    absl::StatusOr<v1::Job> again = get("");
+    if (!again.ok()) return again.status();
+    first = *std::move(again);
+  }
+}
+
+absl::StatusOr<v1::Job> ControllerClient::GetJob(const std::string& job_id) {
+  if (!channel_status_.ok()) return channel_status_;
+  absl::StatusOr<v1::Job> first = GetJobPage(job_id, "");
+  if (!first.ok()) return first.status();
+  return WholeJob(*std::move(first));
 }
 
 absl::StatusOr<v1::JobStats> ControllerClient::GetJobStats(const v1::GetJobStatsRequest& request) {
@@ -118,7 +156,8 @@ absl::StatusOr<v1::Job> ControllerClient::CreateJob(const v1::CreateJobRequest& 
   auto context = NewContext();
   grpc::Status status = stub_->CreateJob(context.get(), request, &response);
   if (!status.ok()) return Convert(status);
-  return response;
+  // The rest of a large plan (a dry run's preview has none to read: it stays cut).
+  return WholeJob(std::move(response));
 }
 
 absl::Status ControllerClient::DeleteJob(const std::string& job_id) {

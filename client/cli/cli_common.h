@@ -45,8 +45,11 @@ class ControllerClient {
   explicit ControllerClient(const GlobalOptions& global);
 
   absl::StatusOr<v1::ListNodesResponse> ListNodes();
+  // Every page, each job whole.
   absl::StatusOr<v1::ListJobsResponse> ListJobs();
+  // Whole, however many pages its plan takes (PlanPage); a re-plan meanwhile restarts the read.
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
+  // Whole, as GetJob; a dry run's preview stays cut at its first page (it is not kept).
   absl::StatusOr<v1::Job> CreateJob(const v1::CreateJobRequest& request);
   absl::Status DeleteJob(const std::string& job_id);
   absl::StatusOr<v1::JobStats> GetJobStats(const v1::GetJobStatsRequest& request);
@@ -54,6 +57,10 @@ class ControllerClient {
  private:
   std::unique_ptr<grpc::ClientContext> NewContext() const;
   absl::Status Convert(const grpc::Status& status) const;
+  // One GetJob reply: the page of the job's plan that `token` names ("" = the first).
+  absl::StatusOr<v1::Job> GetJobPage(const std::string& job_id, const std::string& token);
+  // `first` (one reply) completed with the rest of its plan's pages.
+  absl::StatusOr<v1::Job> WholeJob(v1::Job first);
 
   const GlobalOptions& global_;
   absl::Status channel_status_;  // why no channel could be made (bad --tls-* files)

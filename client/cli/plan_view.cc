@@ -72,6 +72,12 @@ std::string RenderPlan(const v1::Job& job, uint64_t model_bytes) {
            ", delta scale " + absl::StrCat(plan.delta_scale()) + "\n";
   }
   if (!job.message().empty()) out += job.message() + "\n";
+  if (job.has_plan_page()) {
+    // A dry run's preview of a very large job: its reply holds the first page of the plan.
+    out += "preview cut at its first page: " + std::to_string(job.plan_page().count()) + " of " +
+           std::to_string(job.plan_page().total()) +
+           " workers, intra-node plans and servers shown (a created job is read whole)\n";
+  }
   out += "split of a " + FormatBytes(model_bytes) + " model over " +
          std::to_string(plan.servers_size()) + " summation servers:\n";
   Table table({"SERVER", "ROLE", "SHARE", "BYTES", "NIC GB/s", "SUM GB/s", "DATA PLANE"});
@@ -123,6 +129,9 @@ nlohmann::json PlanToJson(const v1::Job& job, uint64_t model_bytes) {
   out["model_bytes"] = model_bytes;
   out["procs_per_node"] = plan.procs_per_node();
   out["partition_bytes"] = plan.partition_bytes();
+  if (job.has_plan_page()) {
+    out["plan_cut"] = {{"shown", job.plan_page().count()}, {"total", job.plan_page().total()}};
+  }
   out["credit_bytes"] = plan.credit_bytes();
   out["workers"] = nlohmann::json::array();
   for (const auto& worker : plan.workers()) out["workers"].push_back(worker.node_id());
