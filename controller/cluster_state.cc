@@ -265,6 +265,7 @@ absl::Status ClusterState::RegisterNode(const tributary::v1::RegisterNodeRequest
     const bool returned = !is_new && !node.alive;
     if (!same_inventory) {
       node.inventory = std::make_shared<const tributary::v1::NodeInventory>(inv);
+      node.topology_key = std::make_shared<const std::string>(TopologyKey(inv.topology()));
     }
     node.incarnation = next_incarnation_++;
     if (!is_new && node.agent_instance != 0 && req.agent_instance() != 0 &&
@@ -287,7 +288,7 @@ absl::Status ClusterState::RegisterNode(const tributary::v1::RegisterNodeRequest
     node.packed_plans = req.expands_packed_plans();
     TouchLocked(req.node_id(), node);
     if (node.inventory->offers_summation()) {
-      summation_nodes_.insert(req.node_id());
+      summation_nodes_.try_emplace(req.node_id(), &node);
     } else {
       summation_nodes_.erase(req.node_id());
     }
@@ -298,6 +299,7 @@ absl::Status ClusterState::RegisterNode(const tributary::v1::RegisterNodeRequest
         for (const auto& w : entry.job.spec().worker_nodes()) named |= w == req.node_id();
         if (named) node.jobs.insert(id);
       }
+      RecommitLocked(req.node_id(), node);
     }
     Log()->debug("node {} registered: data plane {}, nic {:.0f} MB/s, {} cores", req.node_id(),
                  inv.data_plane_address(), inv.nic_bytes_per_s() / 1e6, inv.cpu_cores());
@@ -394,7 +396,7 @@ absl::Status ClusterState::Heartbeat(const tributary::v1::HeartbeatRequest& req,
     returned = !node.alive;
     TouchLocked(req.node_id(), node);
     if (returned) {
-      if (node.inventory->offers_summation()) summation_nodes_.insert(req.node_id());
+      if (node.inventory->offers_summation()) summation_nodes_.try_emplace(req.node_id(), &node);
       Log()->info("node {} is alive again", req.node_id());
       // Only the jobs that need it: those it works for, and those that lost it when it died.
       const std::set<std::string> jobs = node.jobs;
@@ -597,36 +599,62 @@ void ClusterState::SetPlanLocked(JobEntry& entry, PreparedPlan prepared) {
   entry.wire_head = WireHead(prepared.plan);
   *entry.job.mutable_plan() = std::move(prepared.plan);
   ReindexLocked(entry, touched);
+  for (const std::string& id : touched) {
+    if (auto it = nodes_.find(id); it != nodes_.end()) RecommitLocked(id, it->second);
+  }
   BumpLocked(touched);
+}
+
+void ClusterState::RecommitLocked(const std::string& node_id, NodeEntry& node) {
+  double sum = 0;
+  for (const std::string& job_id : node.jobs) {
+    auto job = jobs_.find(job_id);
+    if (job == jobs_.end()) continue;
+    const auto& members = job->second.members;
+    if (auto m = members.find(node_id); m != members.end()) sum += m->second.spare_nic_bytes_per_s;
+  }
+  node.committed_nic_bytes_per_s = sum;
 }
 
 std::vector<NodeSnapshot> ClusterState::SnapshotLocked(const std::string& job_id,
                                                        const tributary::v1::JobSpec& spec) const {
   std::vector<NodeSnapshot> snapshot;
-  auto add = [&](const std::string& id) {
-    auto it = nodes_.find(id);
-    if (it == nodes_.end()) return;
-    const NodeEntry& node = it->second;
-    NodeSnapshot s;
+  snapshot.reserve(spec.worker_nodes_size() + summation_nodes_.size());
+  auto job = jobs_.find(job_id);
+  const auto* own = job != jobs_.end() ? &job->second.members : nullptr;
+  auto add = [&](const std::string& id, const NodeEntry& node) {
+    NodeSnapshot& s = snapshot.emplace_back();
     s.node_id = id;
     s.inventory = node.inventory;
+    s.topology_key = node.topology_key;
     s.alive = node.alive;
     s.agent_instance = node.agent_instance;
     s.cpu_busy_fraction = node.load.cpu_busy_fraction();
     s.measured_nic_bytes_per_s = ForeignNicBytesPerSecond(node.load);
+    // What the other jobs use: the node's sum, unless this job uses some of it too (its own
+    // spares, a few hundred at most), then summed again without it, in the same order.
+    const Member* mine = nullptr;
+    if (own != nullptr) {
+      if (auto m = own->find(id); m != own->end()) mine = &m->second;
+    }
+    if (mine == nullptr || mine->spare_nic_bytes_per_s == 0) {
+      s.committed_nic_bytes_per_s = node.committed_nic_bytes_per_s;
+      return;
+    }
     for (const std::string& other : node.jobs) {
       if (other == job_id) continue;
       const auto& members = jobs_.at(other).members;
-      if (auto m = members.find(id); m != members.end()) {
-        s.committed_nic_bytes_per_s += m->second.spare_nic_bytes_per_s;
+      if (auto o = members.find(id); o != members.end()) {
+        s.committed_nic_bytes_per_s += o->second.spare_nic_bytes_per_s;
       }
     }
-    snapshot.push_back(std::move(s));
   };
   std::set<std::string> workers(spec.worker_nodes().begin(), spec.worker_nodes().end());
-  for (const std::string& w : workers) add(w);
-  for (const std::string& id : summation_nodes_) {
-    if (!workers.contains(id)) add(id);
+  for (const std::string& w : workers) {
+    if (auto it = nodes_.find(w); it != nodes_.end()) add(w, it->second);
+  }
+  for (const auto& [id, node] : summation_nodes_) {
+    if (!workers.contains(id)) add(id, *node);
   }
   return snapshot;
 }
@@ -634,13 +662,20 @@ std::vector<NodeSnapshot> ClusterState::SnapshotLocked(const std::string& job_id
 void ClusterState::Plan(PlanWork& work) const {
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<tributary::v1::JobPlan> plan =
-      PlanJob(work.job_id, work.spec, work.snapshot, work.base_version + 1);
+      PlanJob(work.job_id, work.spec, work.snapshot, work.base_version + 1, &intra_cache_);
   plan_duration_->Observe(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   (plan.ok() ? plans_ok_ : plans_error_)->Increment();
   work.status = plan.status();
-  if (plan.ok()) work.prepared = Prepare(*std::move(plan));
-  for (const NodeSnapshot& node : work.snapshot) work.planned[node.node_id] = &node;
+  if (!plan.ok()) return;
+  // The nodes the plan uses, for StillValidLocked (not the thousands of other candidates).
+  std::unordered_set<std::string_view> used;
+  for (const auto& w : plan->workers()) used.insert(w.node_id());
+  for (const auto& s : plan->servers()) used.insert(s.node_id());
+  for (const NodeSnapshot& node : work.snapshot) {
+    if (used.contains(node.node_id)) work.planned[node.node_id] = &node;
+  }
+  work.prepared = Prepare(*std::move(plan));
 }
 
 bool ClusterState::StillValidLocked(const PlanWork& work) const {
@@ -696,8 +731,10 @@ void ClusterState::Replan(std::vector<std::string> job_ids) {
 void ClusterState::ReplanJob(std::string job_id) {
   std::vector<std::string> job_ids = {std::move(job_id)};  // empty once committed or given up
   constexpr int kAttempts = 4;
+  using Ms = std::chrono::duration<double, std::milli>;
   for (int attempt = 0; attempt < kAttempts && !job_ids.empty(); ++attempt) {
     std::vector<PlanWork> work;
+    const auto t0 = std::chrono::steady_clock::now();
     {
       std::lock_guard lock(mu_);
       for (const std::string& id : job_ids) {
@@ -714,8 +751,10 @@ void ClusterState::ReplanJob(std::string job_id) {
         work.push_back(std::move(w));
       }
     }
+    const auto t1 = std::chrono::steady_clock::now();
     for (PlanWork& w : work) Plan(w);  // off the lock: the plan, its wire form and index
     job_ids.clear();
+    const auto t2 = std::chrono::steady_clock::now();
     std::lock_guard lock(mu_);
     std::vector<std::pair<JobEntry*, PreparedPlan*>> changed;
     uint64_t max_version = max_plan_version_;
@@ -782,8 +821,12 @@ void ClusterState::ReplanJob(std::string job_id) {
       entry->new_generation = false;
       SetPlanLocked(*entry, std::move(*prepared));
       UpdateJobStateLocked(entry->job, entry->awaiting);
-      Log()->info("job {} re-planned: v{} with {} summation servers", entry->job.job_id(),
-                  entry->job.plan().version(), entry->job.plan().servers_size());
+      Log()->info(
+          "job {} re-planned: v{} with {} summation servers (snapshot {:.1f} ms, plan {:.1f} ms, "
+          "commit {:.1f} ms)",
+          entry->job.job_id(), entry->job.plan().version(), entry->job.plan().servers_size(),
+          Ms(t1 - t0).count(), Ms(t2 - t1).count(),
+          Ms(std::chrono::steady_clock::now() - t2).count());
     }
   }
   if (!job_ids.empty()) {
@@ -1056,7 +1099,7 @@ absl::Status ClusterState::GetJobStats(const tributary::v1::GetJobStatsRequest& 
   if (what_if.empty()) {
     const auto& spec_workers = it->second.job.spec().worker_nodes();
     uint32_t available = 0;
-    for (const std::string& id : summation_nodes_) {
+    for (const auto& [id, node] : summation_nodes_) {
       available += std::find(spec_workers.begin(), spec_workers.end(), id) == spec_workers.end();
     }
     what_if = DefaultWhatIfGrid(stats->workers(), stats->spares(), available);
@@ -1293,6 +1336,9 @@ absl::Status ClusterState::DeleteJob(const std::string& job_id) {
     for (const auto& w : entry.job.spec().worker_nodes()) touched.insert(w);
     for (auto& [id, node] : nodes_) node.jobs.erase(job_id);  // rare: the whole index, to be sure
     entry.members.clear();
+    for (const std::string& id : touched) {
+      if (auto n = nodes_.find(id); n != nodes_.end()) RecommitLocked(id, n->second);
+    }
     BumpLocked(touched);
     // The capacity it used on spare nodes is free again.
     for (const auto& [id, other] : jobs_) MarkLocked(id);

@@ -161,6 +161,8 @@ class ClusterState {
  private:
   struct NodeEntry {
     std::shared_ptr<const tributary::v1::NodeInventory> inventory;
+    // TopologyKey of the inventory's topology, computed when the inventory changes.
+    std::shared_ptr<const std::string> topology_key;
     tributary::v1::NodeLoad load;
     uint64_t incarnation = 0;
     // RegisterNodeRequest.agent_instance of its last registration (0 = unknown).
@@ -178,6 +180,9 @@ class ClusterState {
     uint64_t assignments_version = 0;
     // Jobs whose worker list or plan names this node, or that lost it when it died.
     std::set<std::string> jobs;
+    // NIC the plans of `jobs` use on it as a spare server, summed in `jobs` order
+    // (RecommitLocked, whenever a plan naming it changes).
+    double committed_nic_bytes_per_s = 0;
     std::vector<AssignmentsWatcher*> watchers;
   };
   // A node's part in a job's current plan.
@@ -239,6 +244,8 @@ class ClusterState {
   // Whether every node the work's plan uses is still registered at the inventory it was planned
   // with and every spare server is alive. mu_ held.
   bool StillValidLocked(const PlanWork& work) const;
+  // Sums the NIC the plans of node.jobs use on the node. mu_ held.
+  void RecommitLocked(const std::string& node_id, NodeEntry& node);
   // Re-plans `job_ids` one at a time, smallest first (a small job's new plan does not wait for
   // a large one's planning). mu_ NOT held.
   void Replan(std::vector<std::string> job_ids);
@@ -311,7 +318,10 @@ class ClusterState {
   // Dead nodes whose watch streams are still open, longest dead first.
   std::list<std::pair<std::string, NodeEntry*>> dead_;
   // Alive nodes that offer summation: the spare candidates a snapshot takes.
-  std::set<std::string> summation_nodes_;
+  // The alive nodes that offer summation: the planner's spare candidates.
+  std::map<std::string, NodeEntry*> summation_nodes_;
+  // Intra-node plans of the nodes' topologies, across jobs and re-plans.
+  mutable IntraNodePlanCache intra_cache_;
   std::map<std::string, JobEntry> jobs_;
   // Jobs to re-plan, and since when they wait.
   std::map<std::string, common::Clock::TimePoint> marked_;

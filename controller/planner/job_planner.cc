@@ -4,6 +4,8 @@
 #include <cmath>
 #include <map>
 #include <set>
+#include <string_view>
+#include <unordered_map>
 
 #include "absl/strings/str_cat.h"
 #include "controller/planner/split_planner.h"
@@ -25,6 +27,39 @@ constexpr uint32_t kDefaultTimeoutMs = 30000;
 constexpr double kMinUsefulNicFraction = 0.05;
 
 }  // namespace
+
+std::string TopologyKey(const tributary::v1::Topology& topology) {
+  tributary::v1::Topology anonymous = topology;
+  anonymous.clear_hostname();
+  anonymous.clear_source();
+  std::string key;
+  {
+    google::protobuf::io::StringOutputStream out(&key);
+    google::protobuf::io::CodedOutputStream coded(&out);
+    coded.SetSerializationDeterministic(true);
+    anonymous.SerializeToCodedStream(&coded);
+  }
+  return key;
+}
+
+std::shared_ptr<const tributary::v1::IntraNodePlan> IntraNodePlanCache::Find(
+    const std::string& key) const {
+  std::lock_guard lock(mu_);
+  auto it = plans_.find(key);
+  return it == plans_.end() ? nullptr : it->second;
+}
+
+void IntraNodePlanCache::Insert(const std::string& key,
+                                std::shared_ptr<const tributary::v1::IntraNodePlan> plan) {
+  std::lock_guard lock(mu_);
+  if (plans_.size() >= kMaxEntries) plans_.clear();
+  plans_[key] = std::move(plan);
+}
+
+size_t IntraNodePlanCache::size() const {
+  std::lock_guard lock(mu_);
+  return plans_.size();
+}
 
 double ForeignNicBytesPerSecond(const tributary::v1::NodeLoad& load) {
   const double tx = load.nic_tx_bytes_per_s() - kWireOverhead * load.dataplane_tx_bytes_per_s();
@@ -103,9 +138,10 @@ absl::StatusOr<tributary::v1::JobSpec> NormalizeJobSpec(const tributary::v1::Job
 absl::StatusOr<tributary::v1::JobPlan> PlanJob(const std::string& job_id,
                                                const tributary::v1::JobSpec& requested,
                                                const std::vector<NodeSnapshot>& nodes,
-                                               uint64_t version) {
-  std::map<std::string, const NodeSnapshot*> by_id;
-  for (const NodeSnapshot& n : nodes) by_id[n.node_id] = &n;
+                                               uint64_t version, IntraNodePlanCache* cache) {
+  std::unordered_map<std::string_view, const NodeSnapshot*> by_id;
+  by_id.reserve(nodes.size());
+  for (const NodeSnapshot& n : nodes) by_id.try_emplace(n.node_id, &n);
   // An elastic job runs on the worker nodes that are alive, ranked in the spec's order.
   tributary::v1::JobSpec alive_workers;
   if (requested.elastic()) {
@@ -181,10 +217,10 @@ absl::StatusOr<tributary::v1::JobPlan> PlanJob(const std::string& job_id,
   for (int r = 0; r < spec.worker_nodes_size(); ++r) {
     auto* w = plan.add_workers();
     w->set_node_id(spec.worker_nodes(r));
-    w->set_data_plane_address(by_id[spec.worker_nodes(r)]->inventory->data_plane_address());
+    w->set_data_plane_address(by_id.at(spec.worker_nodes(r))->inventory->data_plane_address());
     w->set_rank(r);
-    w->set_down(!by_id[spec.worker_nodes(r)]->alive);
-    w->set_agent_instance(by_id[spec.worker_nodes(r)]->agent_instance);
+    w->set_down(!by_id.at(spec.worker_nodes(r))->alive);
+    w->set_agent_instance(by_id.at(spec.worker_nodes(r))->agent_instance);
   }
   std::map<std::string, MachineCapacity> caps;
   for (const auto& m : workers) caps[m.node_id] = m;
@@ -192,18 +228,20 @@ absl::StatusOr<tributary::v1::JobPlan> PlanJob(const std::string& job_id,
   for (const ServerShare& s : split->servers) {
     auto* out = plan.add_servers();
     out->set_node_id(s.node_id);
-    out->set_data_plane_address(by_id[s.node_id]->inventory->data_plane_address());
+    out->set_data_plane_address(by_id.at(s.node_id)->inventory->data_plane_address());
     out->set_is_worker(s.is_worker);
     out->set_share(s.fraction);
     out->set_weight(s.weight);
     out->set_nic_bytes_per_s(caps[s.node_id].nic_bytes_per_s);
     out->set_sum_bytes_per_s(caps[s.node_id].sum_bytes_per_s);
-    out->set_agent_instance(by_id[s.node_id]->agent_instance);
+    out->set_agent_instance(by_id.at(s.node_id)->agent_instance);
   }
-  // Intra-node aggregation per worker node; nodes with the same topology are planned once.
-  std::map<std::string, tributary::v1::IntraNodePlan> by_topology;
+  // Intra-node aggregation per worker node; nodes with the same topology are planned once (per
+  // controller, with a cache).
+  std::unordered_map<std::string, std::shared_ptr<const tributary::v1::IntraNodePlan>> by_topology;
   for (const std::string& id : spec.worker_nodes()) {
-    const tributary::v1::Topology& topo = by_id[id]->inventory->topology();
+    const NodeSnapshot& node = *by_id.at(id);
+    const tributary::v1::Topology& topo = node.inventory->topology();
     std::vector<int> gpus(spec.gpus().begin(), spec.gpus().end());
     if (gpus.empty()) {
       for (const auto& g : topo.gpus()) {
@@ -212,34 +250,34 @@ absl::StatusOr<tributary::v1::JobPlan> PlanJob(const std::string& job_id,
       std::sort(gpus.begin(), gpus.end());
     }
     // Keyed by content: nodes of one model differ only in hostname (and maybe the file read).
-    tributary::v1::Topology anonymous = topo;
-    anonymous.clear_hostname();
-    anonymous.clear_source();
-    std::string key;
-    {
-      google::protobuf::io::StringOutputStream out(&key);
-      google::protobuf::io::CodedOutputStream coded(&out);
-      coded.SetSerializationDeterministic(true);
-      anonymous.SerializeToCodedStream(&coded);
-    }
+    // GPUs the spec names make a failure the job's error; GPUs chosen here, the plan's.
+    std::string key = node.topology_key != nullptr ? *node.topology_key : TopologyKey(topo);
+    key += spec.gpus().empty() ? "|auto" : "|named";
     for (int g : gpus) key += "," + std::to_string(g);
     auto cached = by_topology.find(key);
     if (cached == by_topology.end()) {
-      tributary::v1::IntraNodePlan intra;
-      absl::StatusOr<topology::IntraNodeResult> result =
-          topology::PlanIntraNode(topo, gpus, topology::LinkMode::kAll);
-      if (result.ok()) {
-        intra = topology::ToProto(*result);
-      } else if (!spec.gpus().empty()) {
-        return absl::InvalidArgumentError(absl::StrCat("job '", job_id, "': worker node '", id,
-                                                       "': ", result.status().message()));
-      } else {
-        intra.set_error(std::string(result.status().message()));
+      std::shared_ptr<const tributary::v1::IntraNodePlan> found =
+          cache != nullptr ? cache->Find(key) : nullptr;
+      if (found == nullptr) {
+        auto intra = std::make_shared<tributary::v1::IntraNodePlan>();
+        absl::StatusOr<topology::IntraNodeResult> result =
+            topology::PlanIntraNode(topo, gpus, topology::LinkMode::kAll);
+        if (result.ok()) {
+          *intra = topology::ToProto(*result);
+        } else if (!spec.gpus().empty()) {
+          return absl::InvalidArgumentError(absl::StrCat("job '", job_id, "': worker node '", id,
+                                                         "': ", result.status().message()));
+        } else {
+          intra->set_error(std::string(result.status().message()));
+        }
+        intra->clear_node_id();
+        found = std::move(intra);
+        if (cache != nullptr) cache->Insert(key, found);
       }
-      cached = by_topology.emplace(key, std::move(intra)).first;
+      cached = by_topology.emplace(std::move(key), std::move(found)).first;
     }
     tributary::v1::IntraNodePlan* intra = plan.add_intra_node();
-    *intra = cached->second;
+    *intra = *cached->second;
     intra->set_node_id(id);
   }
   plan.set_algorithm(spec.algorithm());

@@ -2,7 +2,9 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -27,6 +29,29 @@ struct NodeSnapshot {
   // The node's agent process (RegisterNodeRequest.agent_instance; 0 = unknown): written into
   // the plan for each worker and server.
   uint64_t agent_instance = 0;
+  // TopologyKey(inventory->topology()) when the caller keeps it (the controller computes it once
+  // per registration); null: PlanJob computes it.
+  std::shared_ptr<const std::string> topology_key;
+};
+
+// What a node's intra-node plan depends on: its topology without hostname and source, serialized
+// deterministically. Nodes of one model have the same key.
+std::string TopologyKey(const tributary::v1::Topology& topology);
+
+// Intra-node plans by topology key and GPU set, shared by the PlanJob calls given it: nodes of
+// one model are planned once per controller, not once per job and re-plan (a DGX-1's max-flow
+// trees take milliseconds). Thread-safe. Holds at most kMaxEntries; full, it starts again empty.
+class IntraNodePlanCache {
+ public:
+  static constexpr size_t kMaxEntries = 256;
+  // Null when absent.
+  std::shared_ptr<const tributary::v1::IntraNodePlan> Find(const std::string& key) const;
+  void Insert(const std::string& key, std::shared_ptr<const tributary::v1::IntraNodePlan> plan);
+  size_t size() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::unordered_map<std::string, std::shared_ptr<const tributary::v1::IntraNodePlan>> plans_;
 };
 
 // Framing on the wire per data-plane byte that NIC counters see and the agent's message counts
@@ -59,11 +84,13 @@ absl::StatusOr<tributary::v1::JobSpec> NormalizeJobSpec(const tributary::v1::Job
 // every other alive node that offers summation is a candidate spare server, with capacity
 // B = declared NIC bandwidth minus what other jobs' plans use and minus the non-Tributary
 // traffic its heartbeats measure, and C = summation rate scaled by idle CPU.
-// The spec must be normalized. The plan's version is `version`.
+// The spec must be normalized. The plan's version is `version`. `cache` (may be null) keeps
+// intra-node plans across calls.
 absl::StatusOr<tributary::v1::JobPlan> PlanJob(const std::string& job_id,
                                                const tributary::v1::JobSpec& spec,
                                                const std::vector<NodeSnapshot>& nodes,
-                                               uint64_t version);
+                                               uint64_t version,
+                                               IntraNodePlanCache* cache = nullptr);
 
 // NIC bandwidth (bytes/s) `server`, a summation server of `plan`, uses when the job runs at its
 // predicted speed: n * share / seconds_per_byte. 0 for a worker.

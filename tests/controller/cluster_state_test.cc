@@ -98,6 +98,105 @@ TEST_F(ClusterStateTest, OtherJobsUseOfASpareNicIsSubtracted) {
   EXPECT_LT(second_nic, first_nic);  // what "first" uses is no longer spare
 }
 
+// The NIC other jobs' plans use on a spare is kept per node (summed when a plan naming it
+// changes): a re-plan of the job using it does not count its own use, a deleted job's use is
+// free again.
+TEST_F(ClusterStateTest, ASparesCommittedNicFollowsOtherJobsPlans) {
+  for (int i = 0; i < 3; ++i) Register("a" + std::to_string(i), 10, false);
+  for (int i = 0; i < 3; ++i) Register("b" + std::to_string(i), 10, false);
+  Register("c0", 10, false);
+  Register("spare");
+  auto spare_nic = [](const tributary::v1::Job& job) {
+    for (const auto& s : job.plan().servers()) {
+      if (s.node_id() == "spare") return s.nic_bytes_per_s();
+    }
+    return 0.0;
+  };
+  auto first = Create("first", {"a0", "a1", "a2"});
+  ASSERT_TRUE(first.ok());
+  auto second = Create("second", {"b0", "b1", "b2"});
+  ASSERT_TRUE(second.ok());
+  ASSERT_GT(spare_nic(*first), 0);
+  ASSERT_LT(spare_nic(*second), spare_nic(*first));
+  // A third job comes and goes: every job is re-planned (its capacity is free again), and neither
+  // plan changes: each counts only the other's use of the spare, never its own.
+  ASSERT_TRUE(Create("third", {"c0"}, 0u).ok());
+  ASSERT_TRUE(state_.DeleteJob("third").ok());
+  tributary::v1::Job now;
+  ASSERT_TRUE(state_.GetJob("first", &now).ok());
+  EXPECT_EQ(now.plan().version(), first->plan().version());
+  ASSERT_TRUE(state_.GetJob("second", &now).ok());
+  EXPECT_EQ(now.plan().version(), second->plan().version());
+  // "first" goes: "second" gets the whole spare.
+  ASSERT_TRUE(state_.DeleteJob("first").ok());
+  ASSERT_TRUE(state_.GetJob("second", &now).ok());
+  EXPECT_GT(now.plan().version(), second->plan().version());
+  EXPECT_DOUBLE_EQ(spare_nic(now), spare_nic(*first));
+}
+
+// Nodes of one model share one intra-node plan across jobs and re-plans (IntraNodePlanCache),
+// and a cached plan is the plan computed afresh.
+TEST(JobPlannerTest, IntraNodePlansAreCachedByTopologyContent) {
+  auto v100 = topology::LoadTopologyFile(topology::FixturePath("dgx1v_nccl_topo.xml"));
+  ASSERT_TRUE(v100.ok()) << v100.status();
+  auto pcie = topology::LoadTopologyFile(topology::FixturePath("byteps_pcie_server.yaml"));
+  ASSERT_TRUE(pcie.ok()) << pcie.status();
+  std::vector<NodeSnapshot> nodes;
+  auto add = [&](const std::string& id, const tributary::v1::Topology* topo, bool keyed) {
+    auto inv = std::make_shared<tributary::v1::NodeInventory>();
+    if (topo != nullptr) *inv->mutable_topology() = *topo;
+    inv->mutable_topology()->set_hostname(id);  // differs per node; not part of the key
+    inv->set_data_plane_address("127.0.0.1:" + std::to_string(2000 + nodes.size()));
+    inv->set_nic_bytes_per_s(10e9 / 8);
+    inv->set_sum_bytes_per_s(100e9);
+    inv->set_offers_summation(true);
+    NodeSnapshot n;
+    n.node_id = id;
+    n.inventory = inv;
+    n.alive = true;
+    if (keyed) n.topology_key = std::make_shared<const std::string>(TopologyKey(inv->topology()));
+    nodes.push_back(n);
+  };
+  add("dgx-a", &*v100, true);
+  add("dgx-b", &*v100, false);
+  add("pcie", &*pcie, true);
+  add("spare", nullptr, true);
+  EXPECT_EQ(TopologyKey(nodes[0].inventory->topology()),
+            TopologyKey(nodes[1].inventory->topology()));
+  auto spec_of = [](std::vector<std::string> workers) {
+    tributary::v1::JobSpec spec;
+    for (auto& w : workers) spec.add_worker_nodes(w);
+    spec.set_procs_per_node(8);
+    return *NormalizeJobSpec(spec);
+  };
+  IntraNodePlanCache cache;
+  auto cached = PlanJob("j", spec_of({"dgx-a", "pcie"}), nodes, 1, &cache);
+  ASSERT_TRUE(cached.ok()) << cached.status();
+  EXPECT_EQ(cache.size(), 2u);
+  auto fresh = PlanJob("j", spec_of({"dgx-a", "pcie"}), nodes, 1);
+  ASSERT_TRUE(fresh.ok());
+  EXPECT_EQ(cached->SerializeAsString(), fresh->SerializeAsString());
+  // Another DGX-1 (another hostname, its key computed here) is the cached plan under its name.
+  auto other = PlanJob("k", spec_of({"dgx-b"}), nodes, 1, &cache);
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(cache.size(), 2u);
+  ASSERT_EQ(other->intra_node_size(), 1);
+  EXPECT_EQ(other->intra_node(0).node_id(), "dgx-b");
+  tributary::v1::IntraNodePlan renamed = other->intra_node(0);
+  renamed.set_node_id("dgx-a");
+  EXPECT_EQ(renamed.SerializeAsString(), cached->intra_node(0).SerializeAsString());
+  // Named GPUs are another entry; ones the node does not have stay the job's error.
+  tributary::v1::JobSpec named = spec_of({"dgx-a"});
+  named.set_procs_per_node(4);
+  for (int g : {0, 1, 2, 5}) named.add_gpus(g);
+  ASSERT_TRUE(PlanJob("f", named, nodes, 1, &cache).ok());
+  EXPECT_EQ(cache.size(), 3u);
+  named.clear_gpus();
+  for (int g : {0, 1, 2, 42}) named.add_gpus(g);
+  EXPECT_EQ(PlanJob("f", named, nodes, 1, &cache).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(ClusterStateTest, SpareCapacityFollowsHeartbeatLoad) {
   for (int i = 0; i < 3; ++i) Register("w" + std::to_string(i), 10, false);
   Register("quiet");
