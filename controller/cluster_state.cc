@@ -362,6 +362,7 @@ absl::Status ClusterState::RegisterNode(const tributary::v1::RegisterNodeRequest
     for (const auto& [id, entry] : jobs_) {
       if (entry.stale && entry.awaiting.empty()) MarkLocked(id);
     }
+    UpdateSpareLocked(req.node_id(), node);
     resp->set_incarnation(node.incarnation);
     resp->set_takes_load_deltas(true);
     resp->set_heartbeat_interval_ms(static_cast<uint32_t>(HeartbeatIntervalLocked().count()));
@@ -408,6 +409,7 @@ absl::Status ClusterState::Heartbeat(const tributary::v1::HeartbeatRequest& req,
         MarkLocked(id);
       }
     }
+    UpdateSpareLocked(req.node_id(), node);
     resp->set_assignments_version(node.assignments_version);
     resp->set_heartbeat_interval_ms(static_cast<uint32_t>(HeartbeatIntervalLocked().count()));
   }
@@ -614,6 +616,17 @@ void ClusterState::RecommitLocked(const std::string& node_id, NodeEntry& node) {
     if (auto m = members.find(node_id); m != members.end()) sum += m->second.spare_nic_bytes_per_s;
   }
   node.committed_nic_bytes_per_s = sum;
+  UpdateSpareLocked(node_id, node);
+}
+
+void ClusterState::UpdateSpareLocked(const std::string& node_id, NodeEntry& node) {
+  const std::optional<double> usefulness =
+      SpareUsefulness(*node.inventory, node.alive, node.load.cpu_busy_fraction(),
+                      node.committed_nic_bytes_per_s, ForeignNicBytesPerSecond(node.load));
+  if (usefulness == node.spare_usefulness) return;
+  if (node.spare_usefulness) spare_index_.erase({-*node.spare_usefulness, node_id});
+  if (usefulness) spare_index_.emplace(std::make_pair(-*usefulness, node_id), &node);
+  node.spare_usefulness = usefulness;
 }
 
 std::vector<NodeSnapshot> ClusterState::SnapshotLocked(const std::string& job_id,
@@ -653,8 +666,31 @@ std::vector<NodeSnapshot> ClusterState::SnapshotLocked(const std::string& job_id
   for (const std::string& w : workers) {
     if (auto it = nodes_.find(w); it != nodes_.end()) add(w, it->second);
   }
-  for (const auto& [id, node] : summation_nodes_) {
-    if (!workers.contains(id)) add(id, *node);
+  if (!options_.spare_index || !spec.has_max_spare_nodes()) {
+    for (const auto& [id, node] : summation_nodes_) {
+      if (!workers.contains(id)) add(id, *node);
+    }
+    return snapshot;
+  }
+  // At most k spares: the job's own (more useful to it than the index says: their use by this
+  // job does not count) and the k most useful others. Any other candidate has k at least as
+  // useful ahead of it in the planner's order, so the plan is the one of the full snapshot.
+  std::unordered_set<std::string_view> taken(workers.begin(), workers.end());
+  if (own != nullptr) {
+    for (const auto& [id, member] : *own) {
+      if (!member.server || taken.contains(id)) continue;
+      if (auto it = nodes_.find(id); it != nodes_.end()) {
+        add(id, it->second);
+        taken.insert(it->first);
+      }
+    }
+  }
+  uint32_t more = spec.max_spare_nodes();
+  for (auto it = spare_index_.begin(); it != spare_index_.end() && more > 0; ++it) {
+    const std::string& id = it->first.second;
+    if (taken.contains(id)) continue;
+    add(id, *it->second);
+    --more;
   }
   return snapshot;
 }
@@ -1367,6 +1403,7 @@ void ClusterState::MarkDeadLocked(const std::string& node_id, NodeEntry& node) {
   node.dead = dead_.emplace(dead_.end(), node_id, &node);
   node.in_dead = true;
   summation_nodes_.erase(node_id);
+  UpdateSpareLocked(node_id, node);
   for (const std::string& id : node.jobs) {
     JobEntry& entry = jobs_.at(id);
     if (entry.members.contains(node_id)) entry.lost.insert(node_id);

@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -79,6 +80,9 @@ class ClusterState {
     std::chrono::milliseconds dead_watch_linger{60000};
     // About the most bytes of plan lists in one reply (CreateJob, GetJob, ListJobs).
     size_t reply_page_bytes = tributary::v1::kPlanPageBytes;
+    // Jobs with max_spare_nodes plan over the index of spares (O(k log n)); false: over every
+    // summation node, as jobs without it do (tests compare the two).
+    bool spare_index = true;
   };
 
   // One watch stream of a node's assignments (the service's reactor). Push and End run with the
@@ -183,6 +187,8 @@ class ClusterState {
     // NIC the plans of `jobs` use on it as a spare server, summed in `jobs` order
     // (RecommitLocked, whenever a plan naming it changes).
     double committed_nic_bytes_per_s = 0;
+    // Its usefulness as a spare (SpareUsefulness): its key in spare_index_, while it is there.
+    std::optional<double> spare_usefulness;
     std::vector<AssignmentsWatcher*> watchers;
   };
   // A node's part in a job's current plan.
@@ -246,6 +252,8 @@ class ClusterState {
   bool StillValidLocked(const PlanWork& work) const;
   // Sums the NIC the plans of node.jobs use on the node. mu_ held.
   void RecommitLocked(const std::string& node_id, NodeEntry& node);
+  // Puts the node at its place in spare_index_ (or out of it). mu_ held.
+  void UpdateSpareLocked(const std::string& node_id, NodeEntry& node);
   // Re-plans `job_ids` one at a time, smallest first (a small job's new plan does not wait for
   // a large one's planning). mu_ NOT held.
   void Replan(std::vector<std::string> job_ids);
@@ -320,6 +328,11 @@ class ClusterState {
   // Alive nodes that offer summation: the spare candidates a snapshot takes.
   // The alive nodes that offer summation: the planner's spare candidates.
   std::map<std::string, NodeEntry*> summation_nodes_;
+  // Every spare candidate by usefulness (its SpareUsefulness with every job's use of it
+  // counted), most useful first, ties by node id: the planner's order. A job with
+  // max_spare_nodes = k snapshots its workers, its own spares and the k first others here
+  // instead of every summation node (Options::spare_index).
+  std::map<std::pair<double, std::string>, NodeEntry*> spare_index_;
   // Intra-node plans of the nodes' topologies, across jobs and re-plans.
   mutable IntraNodePlanCache intra_cache_;
   std::map<std::string, JobEntry> jobs_;

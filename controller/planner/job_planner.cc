@@ -28,6 +28,33 @@ constexpr double kMinUsefulNicFraction = 0.05;
 
 }  // namespace
 
+namespace {
+
+// Summation rate scaled by idle CPU (at least a tenth of it).
+double SumRate(const tributary::v1::NodeInventory& inventory, double cpu_busy_fraction) {
+  const double c = inventory.sum_bytes_per_s();
+  return c <= 0 ? 0.0 : c * std::max(0.1, 1.0 - std::clamp(cpu_busy_fraction, 0.0, 1.0));
+}
+
+double FreeNic(const tributary::v1::NodeInventory& inventory, double committed, double measured) {
+  return inventory.nic_bytes_per_s() - committed - measured;
+}
+
+}  // namespace
+
+std::optional<double> SpareUsefulness(const tributary::v1::NodeInventory& inventory, bool alive,
+                                      double cpu_busy_fraction, double committed_nic_bytes_per_s,
+                                      double measured_nic_bytes_per_s) {
+  const double declared = inventory.nic_bytes_per_s();
+  const double free_nic = FreeNic(inventory, committed_nic_bytes_per_s, measured_nic_bytes_per_s);
+  if (!alive || !inventory.offers_summation() || declared <= 0 ||
+      free_nic < kMinUsefulNicFraction * declared) {
+    return std::nullopt;
+  }
+  const double sum = SumRate(inventory, cpu_busy_fraction);
+  return std::min(free_nic, sum > 0 ? sum : free_nic);
+}
+
 std::string TopologyKey(const tributary::v1::Topology& topology) {
   tributary::v1::Topology anonymous = topology;
   anonymous.clear_hostname();
@@ -160,10 +187,7 @@ absl::StatusOr<tributary::v1::JobPlan> PlanJob(const std::string& job_id,
   const tributary::v1::JobSpec& spec = requested.elastic() ? alive_workers : requested;
   const std::set<std::string> worker_set(spec.worker_nodes().begin(), spec.worker_nodes().end());
 
-  auto sum_rate = [](const NodeSnapshot& n) {
-    const double c = n.inventory->sum_bytes_per_s();
-    return c <= 0 ? 0.0 : c * std::max(0.1, 1.0 - std::clamp(n.cpu_busy_fraction, 0.0, 1.0));
-  };
+  auto sum_rate = [](const NodeSnapshot& n) { return SumRate(*n.inventory, n.cpu_busy_fraction); };
 
   std::vector<MachineCapacity> workers;
   for (const std::string& id : spec.worker_nodes()) {
@@ -186,13 +210,14 @@ absl::StatusOr<tributary::v1::JobPlan> PlanJob(const std::string& job_id,
   };
   std::vector<Candidate> candidates;
   for (const NodeSnapshot& n : nodes) {
-    if (worker_set.contains(n.node_id) || !n.alive || !n.inventory->offers_summation()) continue;
-    const double declared = n.inventory->nic_bytes_per_s();
-    const double free_nic = declared - n.committed_nic_bytes_per_s - n.measured_nic_bytes_per_s;
-    if (declared <= 0 || free_nic < kMinUsefulNicFraction * declared) continue;
-    MachineCapacity cap{n.node_id, free_nic, sum_rate(n)};
-    const double c = cap.sum_bytes_per_s > 0 ? cap.sum_bytes_per_s : free_nic;
-    candidates.push_back({cap, std::min(free_nic, c)});
+    if (worker_set.contains(n.node_id)) continue;
+    const std::optional<double> usefulness =
+        SpareUsefulness(*n.inventory, n.alive, n.cpu_busy_fraction, n.committed_nic_bytes_per_s,
+                        n.measured_nic_bytes_per_s);
+    if (!usefulness) continue;
+    const double free_nic =
+        FreeNic(*n.inventory, n.committed_nic_bytes_per_s, n.measured_nic_bytes_per_s);
+    candidates.push_back({{n.node_id, free_nic, sum_rate(n)}, *usefulness});
   }
   // The most useful spares first; node id breaks ties so the plan is deterministic.
   std::sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {

@@ -3,6 +3,7 @@
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -33,6 +34,16 @@ struct NodeSnapshot {
   // per registration); null: PlanJob computes it.
   std::shared_ptr<const std::string> topology_key;
 };
+
+// How useful a node is as a spare summation server; the planner takes the most useful first
+// (ties by node id): min(free NIC, summation rate scaled by idle CPU), where free NIC is the
+// declared bandwidth minus `committed` (other jobs' plans) and `measured` (foreign traffic).
+// nullopt when it is no candidate: dead, offering no summation, declaring no NIC, or with less
+// than 5 % of it free. One function for the planner and the controller's index of spares, so
+// both order nodes identically.
+std::optional<double> SpareUsefulness(const tributary::v1::NodeInventory& inventory, bool alive,
+                                      double cpu_busy_fraction, double committed_nic_bytes_per_s,
+                                      double measured_nic_bytes_per_s);
 
 // What a node's intra-node plan depends on: its topology without hostname and source, serialized
 // deterministically. Nodes of one model have the same key.

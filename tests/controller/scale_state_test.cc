@@ -3,6 +3,8 @@
 // watchers, and ListNodes pages.
 #include <chrono>
 #include <map>
+#include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -492,6 +494,113 @@ TEST_F(ScaleStateTest, HeartbeatIntervalGrowsWithTheCluster) {
     ASSERT_TRUE(big.RegisterNode(req, &resp).ok());
   }
   EXPECT_EQ(resp.heartbeat_interval_ms(), 1000u);  // the cap: a third of the 3 s timeout
+}
+
+// Jobs with max_spare_nodes plan over the index of spares (their workers, their own spares and
+// the k most useful others) instead of every summation node: the plans must be the full scan's.
+// Two states get the same random cluster -- NICs, loads, CPU, nodes offering summation or not,
+// jobs with and without a spare limit, deaths, returns and deletions -- and every plan is
+// compared byte for byte after each step.
+TEST(SpareIndexTest, PlansOverTheIndexAreThePlansOverEveryNode) {
+  common::FakeClock clock;
+  ClusterState::Options options{.heartbeat_interval = std::chrono::milliseconds(100),
+                                .heartbeat_timeout = kTimeout};
+  ClusterState indexed(&clock, options, 7);
+  options.spare_index = false;
+  ClusterState scanned(&clock, options, 7);
+  std::mt19937 rng(2026);
+  auto uniform = [&](double lo, double hi) {
+    return std::uniform_real_distribution<double>(lo, hi)(rng);
+  };
+  constexpr int kNodes = 80;
+  std::map<std::string, uint64_t> incarnations;
+  for (int i = 0; i < kNodes; ++i) {
+    tributary::v1::RegisterNodeRequest req;
+    req.set_node_id("n" + std::to_string(i));
+    req.set_agent_instance(1000 + i);
+    auto& inv = *req.mutable_inventory();
+    inv.set_data_plane_address("127.0.0.1:" + std::to_string(3000 + i));
+    inv.set_nic_bytes_per_s(i % 13 == 5 ? 1e6 : uniform(1e9, 12.5e9));  // a few very slow
+    inv.set_sum_bytes_per_s(i % 7 == 3 ? 1e6 : uniform(2e9, 40e9));
+    inv.set_offers_summation(i % 5 != 0);
+    tributary::v1::RegisterNodeResponse a, b;
+    ASSERT_TRUE(indexed.RegisterNode(req, &a).ok());
+    ASSERT_TRUE(scanned.RegisterNode(req, &b).ok());
+    ASSERT_EQ(a.incarnation(), b.incarnation());
+    incarnations[req.node_id()] = a.incarnation();
+  }
+  std::set<std::string> silent;
+  auto beat_all = [&] {
+    for (const auto& [id, incarnation] : incarnations) {
+      if (silent.contains(id)) continue;
+      tributary::v1::HeartbeatRequest req;
+      req.set_node_id(id);
+      req.set_incarnation(incarnation);
+      auto& load = *req.mutable_load();
+      load.set_cpu_busy_fraction(uniform(0, 1) < 0.3 ? uniform(0, 1) : 0);
+      load.set_nic_tx_bytes_per_s(uniform(0, 1) < 0.3 ? uniform(0, 8e9) : 0);
+      load.set_nic_rx_bytes_per_s(uniform(0, 1) < 0.2 ? uniform(0, 3e9) : 0);
+      tributary::v1::HeartbeatResponse a, b;
+      ASSERT_TRUE(indexed.Heartbeat(req, &a).ok());
+      ASSERT_TRUE(scanned.Heartbeat(req, &b).ok());
+    }
+  };
+  std::vector<std::string> jobs;
+  auto compare = [&](const std::string& step) {
+    for (const std::string& id : jobs) {
+      tributary::v1::Job a, b;
+      const absl::Status sa = indexed.GetJob(id, &a);
+      ASSERT_EQ(sa.code(), scanned.GetJob(id, &b).code()) << step << " " << id;
+      if (!sa.ok()) continue;
+      ASSERT_FALSE(a.has_plan_page());
+      EXPECT_EQ(a.plan().SerializeAsString(), b.plan().SerializeAsString()) << step << " " << id;
+    }
+  };
+  int spare_limited = 0;
+  for (int round = 0; round < 12; ++round) {
+    beat_all();
+    // A job of 2-6 workers; most limit their spares.
+    tributary::v1::CreateJobRequest req;
+    req.set_job_id("job" + std::to_string(round));
+    std::set<int> picked;
+    const int workers = 2 + static_cast<int>(rng() % 5);
+    while (static_cast<int>(picked.size()) < workers) {
+      const int w = static_cast<int>(rng() % kNodes);
+      if (w % 13 != 5 && !silent.contains("n" + std::to_string(w))) picked.insert(w);
+    }
+    for (int w : picked) req.mutable_spec()->add_worker_nodes("n" + std::to_string(w));
+    if (round % 4 != 3) {
+      req.mutable_spec()->set_max_spare_nodes(1 + static_cast<uint32_t>(rng() % 6));
+      ++spare_limited;
+    }
+    tributary::v1::Job a, b;
+    const absl::Status sa = indexed.CreateJob(req, &a);
+    ASSERT_EQ(sa.code(), scanned.CreateJob(req, &b).code()) << sa;
+    if (sa.ok()) jobs.push_back(req.job_id());
+    compare("create " + req.job_id());
+    // Now and then: two nodes die, the dead ones come back, a job goes.
+    if (round % 3 == 1) {
+      silent = {"n" + std::to_string(rng() % kNodes), "n" + std::to_string(rng() % kNodes)};
+      clock.Advance(kTimeout / 2);
+      beat_all();
+      clock.Advance(kTimeout / 2 + std::chrono::milliseconds(1));
+      indexed.CheckLiveness();
+      scanned.CheckLiveness();
+      compare("deaths");
+    } else if (round % 3 == 2) {
+      silent.clear();
+      beat_all();
+      compare("returns");
+    }
+    if (round % 5 == 4 && !jobs.empty()) {
+      ASSERT_TRUE(indexed.DeleteJob(jobs.front()).ok());
+      ASSERT_TRUE(scanned.DeleteJob(jobs.front()).ok());
+      jobs.erase(jobs.begin());
+      compare("delete");
+    }
+  }
+  EXPECT_GE(jobs.size(), 5u);
+  EXPECT_GE(spare_limited, 8);
 }
 
 }  // namespace
