@@ -3,8 +3,8 @@
 # real processes and UCX on loopback, formatting).
 #   scripts/test.sh [ctest args]                    build/, the normal build
 #   SANITIZE=asan scripts/test.sh [ctest args]      build-asan/ (preset asan: ASan + UBSan)
-#   SANITIZE=asan-ci scripts/test.sh [ctest args]   build-asan/, only the tests CI runs under
-#                                                   ASan + UBSan (preset asan-ci; tests/README.md)
+#   SANITIZE=asan-ci scripts/test.sh [ctest args]   build-asan/, a quicker subset: four test
+#                                                   binaries (preset asan-ci; tests/README.md)
 #   SANITIZE=tsan scripts/test.sh [ctest args]      build-tsan/ (preset tsan: the data plane,
 #                                                   agent and client tests under TSan)
 # Sanitizer builds have no Python extensions (tests/README.md, "Sanitizers").
