@@ -591,12 +591,37 @@ function checkDockerfile() {
 }
 
 // --- flags: the binaries with the rendered args ------------------------------------------------
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const s = net.createServer();
-    s.listen(0, "127.0.0.1", () => { const p = s.address().port; s.close(() => resolve(p)); });
-    s.on("error", reject);
-  });
+// A port the chart's fixed-port flags can take: free now, and below the kernel's ephemeral range,
+// so no bind to port 0 (the agent's data plane, other tests) can be handed it before the
+// binaries bind it. listen(0) would pick from that range: another process could get the same
+// port between its close here and the binary's bind (seen once in CI as the agent's data plane
+// taking the port chosen for its /metrics).
+function ephemeralLow() {
+  try {
+    const low = Number(fs.readFileSync("/proc/sys/net/ipv4/ip_local_port_range", "utf8").trim().split(/\s+/)[0]);
+    return Number.isInteger(low) && low > 2048 ? low : 32768;
+  } catch {
+    return 32768;
+  }
+}
+const pickedPorts = new Set();
+async function freePort() {
+  const low = Math.min(ephemeralLow(), 65536);
+  const from = Math.max(1024, low - 20000);
+  for (let attempt = 0; attempt < 200; ++attempt) {
+    const port = from + Math.floor(Math.random() * (low - from));
+    if (pickedPorts.has(port)) continue;
+    const ok = await new Promise((resolve) => {
+      const s = net.createServer();
+      s.once("error", () => resolve(false));
+      s.listen(port, "0.0.0.0", () => s.close(() => resolve(true)));
+    });
+    if (ok) {
+      pickedPorts.add(port);
+      return port;
+    }
+  }
+  throw new Error(`no free port in [${from}, ${low})`);
 }
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 

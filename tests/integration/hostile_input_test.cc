@@ -302,6 +302,23 @@ TEST_F(HostileInputTest, FortyHostileInputsGetTheirStatusAndNothingBreaks) {
          return common::FromGrpcStatus(controller.GetJob(Context().get(), req, &job));
        },
        C::kNotFound, "job 'no-such-job' not found", Row::kController},
+      {"plan page token that GetJob did not write",
+       [&] {
+         v1::GetJobRequest req;
+         req.set_job_id("victim");
+         req.set_plan_page_token("v1.2; DROP TABLE jobs");
+         v1::Job job;
+         return common::FromGrpcStatus(controller.GetJob(Context().get(), req, &job));
+       },
+       C::kInvalidArgument, "plan_page_token is not one GetJob", Row::kController},
+      {"list page token that is no job id",
+       [&] {
+         v1::ListJobsRequest req;
+         req.set_page_token(std::string(300, '/'));
+         v1::ListJobsResponse resp;
+         return common::FromGrpcStatus(controller.ListJobs(Context().get(), req, &resp));
+       },
+       C::kInvalidArgument, "page_token is not one ListJobs returned", Row::kController},
       // --- the agent's local gRPC socket
       {"join of a job the node does not work for",
        [&] {
