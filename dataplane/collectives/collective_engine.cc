@@ -90,6 +90,11 @@ struct CollectiveEngine::OpState {
   bool recv_step_moved = false;
   common::Clock::TimePoint started;
   bool finished = false;
+  // A failed operation whose sends the transport still holds: its completion waits for them
+  // (until kFailedSendGrace), because the caller may free the buffer they read once told.
+  Completion failure;
+  bool failure_pending = false;
+  common::Clock::TimePoint failed_at;
 
   std::string Name() const {
     return absl::StrCat(std::string(AlgorithmName(algorithm)), " ",
@@ -756,7 +761,22 @@ void CollectiveEngine::FailLocked(const std::shared_ptr<OpState>& op, absl::Stat
       out.push_back(std::move(o));
     }
   }
-  done.emplace_back(std::move(op->op.done), std::move(status));
+  if (op->sends_outstanding == 0) {
+    done.emplace_back(std::move(op->op.done), std::move(status));
+    return;
+  }
+  op->failure = {std::move(op->op.done), std::move(status)};
+  op->failure_pending = true;
+  op->failed_at = clock_->Now();
+  draining_.push_back(op);
+}
+
+void CollectiveEngine::CompleteFailureLocked(const std::shared_ptr<OpState>& op,
+                                             std::vector<Completion>& done) {
+  if (!op->failure_pending) return;
+  op->failure_pending = false;
+  done.push_back(std::move(op->failure));
+  std::erase(draining_, op);
 }
 
 void CollectiveEngine::OnSendDone(const std::shared_ptr<OpState>& op, int peer, uint32_t step,
@@ -766,7 +786,17 @@ void CollectiveEngine::OnSendDone(const std::shared_ptr<OpState>& op, int peer, 
   {
     std::lock_guard lock(mu_);
     op->sends_outstanding--;
-    if (status.ok()) {
+    if (!status.ok()) stats_.send_failures++;
+    if (op->finished) {
+      // Failed meanwhile: its completion may be waiting for this send.
+      if (op->sends_outstanding == 0) CompleteFailureLocked(op, done);
+    } else if (!status.ok()) {
+      FailLocked(op,
+                 absl::UnavailableError(absl::StrCat(op->Name(), ": send to rank ", peer, " (",
+                                                     op->view->worker_addresses[peer],
+                                                     ") failed: ", status.message())),
+                 true, out, done);
+    } else {
       op->sent[step][chunk] = true;
       op->send_left[step]--;
       const ScheduleStep& st = op->steps[step];
@@ -775,15 +805,6 @@ void CollectiveEngine::OnSendDone(const std::shared_ptr<OpState>& op, int peer, 
       if (count > 0 && !op->deferred.empty()) {
         op->woken.emplace_back(st.send_offset + begin, st.send_offset + begin + count);
       }
-    }
-    if (!status.ok()) {
-      stats_.send_failures++;
-      FailLocked(op,
-                 absl::UnavailableError(absl::StrCat(op->Name(), ": send to rank ", peer, " (",
-                                                     op->view->worker_addresses[peer],
-                                                     ") failed: ", status.message())),
-                 true, out, done);
-    } else {
       AdvanceLocked(op, out, done);
     }
   }
@@ -861,6 +882,17 @@ void CollectiveEngine::ExpireStale() {
       it = q.empty() ? early_.erase(it) : std::next(it);
     }
     std::erase_if(tombstones_, [now](const auto& kv) { return kv.second.expires <= now; });
+    // Failed operations whose sends the transport has held for kFailedSendGrace are completed
+    // anyway: every wait has a deadline (the transport is told nothing; it may still read).
+    std::vector<std::shared_ptr<OpState>> overdue;
+    for (const auto& op : draining_) {
+      if (now - op->failed_at >= kFailedSendGrace) overdue.push_back(op);
+    }
+    for (const auto& op : overdue) {
+      Log()->warn("{}: completing its failure with {} sends still held by the transport",
+                  op->Name(), op->sends_outstanding);
+      CompleteFailureLocked(op, done);
+    }
   }
   Flush(std::move(out), std::move(done));
 }

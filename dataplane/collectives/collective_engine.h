@@ -139,6 +139,9 @@ class CollectiveEngine : public CollectiveAlgorithm {
   static constexpr uint64_t kMaxEarlyBytes = uint64_t{256} << 20;
   // How long early messages, and the memory of failed and finished operations, are kept.
   static constexpr std::chrono::seconds kTombstoneTtl{60};
+  // A failed operation is completed once the transport has finished every send that reads its
+  // buffer (the caller may free it when told), or after this long (ExpireStale).
+  static constexpr std::chrono::seconds kFailedSendGrace{2};
 
   CollectiveEngine(Transport* transport, Reducer* reducer, const common::Clock* clock);
   ~CollectiveEngine() override;
@@ -209,6 +212,8 @@ class CollectiveEngine : public CollectiveAlgorithm {
   bool PostSendsLocked(const std::shared_ptr<OpState>& op, std::vector<Outgoing>& out);
   void FailLocked(const std::shared_ptr<OpState>& op, absl::Status status, bool tell_peers,
                   std::vector<Outgoing>& out, std::vector<Completion>& done);
+  // The failure of `op` held for its sends (FailLocked), now. mu_ held.
+  void CompleteFailureLocked(const std::shared_ptr<OpState>& op, std::vector<Completion>& done);
   void OnSendDone(const std::shared_ptr<OpState>& op, int peer, uint32_t step, uint32_t chunk,
                   absl::Status status);
   void Flush(std::vector<Outgoing> out, std::vector<Completion> done);
@@ -223,6 +228,8 @@ class CollectiveEngine : public CollectiveAlgorithm {
   std::map<CollectiveKey, std::deque<Early>> early_;
   uint64_t early_bytes_ = 0;
   std::map<CollectiveKey, Tombstone> tombstones_;
+  // Failed operations waiting for their sends (OpState::failure_pending).
+  std::vector<std::shared_ptr<OpState>> draining_;
   // Per job hash: its membership generation and the first plan version (epoch) seen in it (0
   // when the job was first seen in it: no older generation is known here).
   std::map<uint64_t, std::pair<uint64_t, uint64_t>> generations_;

@@ -469,6 +469,7 @@ class MonitoredCluster {
   }
 
   DataPlaneNode& node(int i) { return *nodes_[i]; }
+  common::FakeClock& clock() { return clock_; }
   std::future<absl::Status> Post(int rank, Operation op) {
     auto promise = std::make_shared<std::promise<absl::Status>>();
     auto future = promise->get_future();
@@ -563,9 +564,9 @@ TEST(PipeliningTest, NonPipelinedStepsWaitForTheWholePreviousStep) { CheckOverla
 // Failures of the pipelined schedule
 
 TEST(PipelinedFailureTest, MissingRankTurnsIntoDeadlineExceededOnEveryRank) {
-  const int n = 5;  // with a fold
+  const int n = 5;                                   // with a fold
+  Buffers bufs(n, std::vector<std::byte>(100 * 4));  // outlives the cluster
   testing::Cluster cluster(Options(n, 16));
-  Buffers bufs(n, std::vector<std::byte>(100 * 4));
   std::vector<std::future<absl::Status>> futures;
   for (int r = 0; r < n - 1; ++r) {  // rank 4 never starts
     futures.push_back(
@@ -579,6 +580,40 @@ TEST(PipelinedFailureTest, MissingRankTurnsIntoDeadlineExceededOnEveryRank) {
     EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << "rank " << r << s;
     EXPECT_THAT(s.message(), HasSubstr("timed out"));
     EXPECT_THAT(s.message(), HasSubstr("waiting for rank"));
+  }
+}
+
+// The caller may free an operation's buffer once told it failed, so a failure waits for the sends
+// the transport still holds (they read the buffer): here rank 0's sends never complete until
+// released, and its deadline passes with rank 1 absent. Until kFailedSendGrace: then it is
+// completed anyway (every wait has a deadline).
+TEST(PipelinedFailureTest, AFailureIsReportedOnlyOnceTheTransportIsDoneWithTheBuffer) {
+  for (const bool past_grace : {false, true}) {
+    std::vector<std::byte> buffer(64 * 4);  // outlives the cluster
+    Monitor monitor([](const std::string&, const WireHeader&) { return false; },
+                    [](const std::string& from, const WireHeader& h) {
+                      return from == "rank-0" && h.kind == static_cast<uint8_t>(MessageKind::kData);
+                    });
+    MonitoredCluster cluster(2, 16, /*pipelined=*/true, &monitor);
+    std::future<absl::Status> failed =
+        cluster.Post(0, MakeOp("g", 0, DataType::kInt32, 64, Reduction::kSum, buffer));
+    ASSERT_TRUE(monitor.WaitQuiescent());
+    cluster.clock().Advance(JobView{}.op_timeout + std::chrono::milliseconds(1));
+    cluster.node(0).engine().ExpireStale();
+    EXPECT_EQ(failed.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout)
+        << "completed while the transport still reads the buffer";
+    if (past_grace) {
+      cluster.clock().Advance(CollectiveEngine::kFailedSendGrace);
+      cluster.node(0).engine().ExpireStale();
+    } else {
+      monitor.ReleaseCompletions();
+    }
+    ASSERT_EQ(failed.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+    absl::Status s = failed.get();
+    EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+    EXPECT_THAT(s.message(), HasSubstr("waiting for rank 1")) << s;
+    monitor.ReleaseCompletions();  // what is still held (past the grace)
+    EXPECT_TRUE(monitor.WaitQuiescent());
   }
 }
 
