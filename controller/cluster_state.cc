@@ -632,7 +632,6 @@ void ClusterState::UpdateSpareLocked(const std::string& node_id, NodeEntry& node
 std::vector<NodeSnapshot> ClusterState::SnapshotLocked(const std::string& job_id,
                                                        const tributary::v1::JobSpec& spec) const {
   std::vector<NodeSnapshot> snapshot;
-  snapshot.reserve(spec.worker_nodes_size() + summation_nodes_.size());
   auto job = jobs_.find(job_id);
   const auto* own = job != jobs_.end() ? &job->second.members : nullptr;
   auto add = [&](const std::string& id, const NodeEntry& node) {
@@ -667,6 +666,7 @@ std::vector<NodeSnapshot> ClusterState::SnapshotLocked(const std::string& job_id
     if (auto it = nodes_.find(w); it != nodes_.end()) add(w, it->second);
   }
   if (!options_.spare_index || !spec.has_max_spare_nodes()) {
+    snapshot.reserve(snapshot.size() + summation_nodes_.size());
     for (const auto& [id, node] : summation_nodes_) {
       if (!workers.contains(id)) add(id, *node);
     }

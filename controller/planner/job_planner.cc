@@ -26,10 +26,6 @@ constexpr uint32_t kDefaultTimeoutMs = 30000;
 // A spare machine left with less than this fraction of its NIC is not worth a connection.
 constexpr double kMinUsefulNicFraction = 0.05;
 
-}  // namespace
-
-namespace {
-
 // Summation rate scaled by idle CPU (at least a tenth of it).
 double SumRate(const tributary::v1::NodeInventory& inventory, double cpu_busy_fraction) {
   const double c = inventory.sum_bytes_per_s();
