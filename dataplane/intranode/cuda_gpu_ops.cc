@@ -17,26 +17,39 @@ absl::StatusOr<std::unique_ptr<CudaGpuOps>> CudaGpuOps::Create(std::vector<int> 
       if (!r.ok()) return r.status();
       reducers[device] = std::move(*r);
     }
-    ScopedCudaDevice on_device(device);
-    if (!on_device.status().ok()) return on_device.status();
-    cudaStream_t stream = nullptr;
-    if (absl::Status s = CudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
-                                    "cudaStreamCreateWithFlags");
-        !s.ok()) {
-      return s;
+    ops->gpus_.push_back({device, reducers[device]});
+  }
+  for (int g = 0; g < ops->gpu_count(); ++g) {
+    absl::StatusOr<int> q = ops->AddQueue(g);
+    if (!q.ok()) return q.status();
+  }
+  // Direct copies between distinct devices where the hardware allows (NVLink or PCIe P2P);
+  // cudaMemcpyAsync stages the others through the host.
+  for (auto& [a, ra] : reducers) {
+    for (auto& [b, rb] : reducers) {
+      int can = 0;
+      if (a == b || cudaDeviceCanAccessPeer(&can, a, b) != cudaSuccess || !can) continue;
+      ScopedCudaDevice on_device(a);
+      cudaError_t e = cudaDeviceEnablePeerAccess(b, 0);
+      if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) {
+        return CudaStatus(e, "cudaDeviceEnablePeerAccess");
+      }
+      cudaGetLastError();  // Clears cudaErrorPeerAccessAlreadyEnabled.
     }
-    ops->gpus_.push_back({device, stream, reducers[device]});
   }
   return ops;
 }
 
 CudaGpuOps::~CudaGpuOps() {
-  for (Gpu& g : gpus_) {
-    ScopedCudaDevice on_device(g.device);
-    cudaStreamSynchronize(g.stream);
-    cudaStreamDestroy(g.stream);
+  for (Queue& q : queues_) {
+    ScopedCudaDevice on_device(gpus_[q.gpu].device);
+    cudaStreamSynchronize(q.stream);
+    cudaStreamDestroy(q.stream);
   }
-  for (auto& [id, event] : fences_) cudaEventDestroy(event);
+  for (auto& [id, fence] : fences_) cudaEventDestroy(fence.event);
+  for (auto& [device, pool] : free_events_) {
+    for (cudaEvent_t event : pool) cudaEventDestroy(event);
+  }
   for (auto& [device, p] : device_memory_) {
     ScopedCudaDevice on_device(device);
     cudaFree(p);
@@ -49,6 +62,32 @@ absl::Status CudaGpuOps::CheckGpu(int gpu) const {
     return absl::InvalidArgumentError(absl::StrCat("no GPU ", gpu, " (", gpu_count(), " GPUs)"));
   }
   return absl::OkStatus();
+}
+
+absl::Status CudaGpuOps::CheckQueue(int queue) const {
+  if (queue < 0 || queue >= static_cast<int>(queues_.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("no queue ", queue, " (", queues_.size(), " queues)"));
+  }
+  return absl::OkStatus();
+}
+
+int CudaGpuOps::QueueGpu(int queue) const {
+  return CheckQueue(queue).ok() ? queues_[queue].gpu : -1;
+}
+
+absl::StatusOr<int> CudaGpuOps::AddQueue(int gpu) {
+  if (absl::Status s = CheckGpu(gpu); !s.ok()) return s;
+  ScopedCudaDevice on_device(gpus_[gpu].device);
+  if (!on_device.status().ok()) return on_device.status();
+  cudaStream_t stream = nullptr;
+  if (absl::Status s = CudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+                                  "cudaStreamCreateWithFlags");
+      !s.ok()) {
+    return s;
+  }
+  queues_.push_back({gpu, stream});
+  return static_cast<int>(queues_.size()) - 1;
 }
 
 absl::StatusOr<void*> CudaGpuOps::AllocateDevice(int gpu, size_t bytes) {
@@ -70,51 +109,85 @@ absl::StatusOr<void*> CudaGpuOps::AllocateHost(size_t bytes) {
   return p;
 }
 
-absl::Status CudaGpuOps::CopyAsync(int gpu, void* dst, const void* src, size_t bytes) {
-  if (absl::Status s = CheckGpu(gpu); !s.ok()) return s;
-  ScopedCudaDevice on_device(gpus_[gpu].device);
-  return CudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, gpus_[gpu].stream),
+absl::Status CudaGpuOps::CopyAsync(int queue, void* dst, const void* src, size_t bytes) {
+  if (absl::Status s = CheckQueue(queue); !s.ok()) return s;
+  const Queue& q = queues_[queue];
+  ScopedCudaDevice on_device(gpus_[q.gpu].device);
+  return CudaStatus(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, q.stream),
                     "cudaMemcpyAsync");
 }
 
-absl::Status CudaGpuOps::ReduceAsync(int gpu, common::DataType dtype, void* dst,
+absl::Status CudaGpuOps::ReduceAsync(int queue, common::DataType dtype, void* dst,
                                      std::span<const void* const> srcs, size_t count) {
-  if (absl::Status s = CheckGpu(gpu); !s.ok()) return s;
-  return gpus_[gpu].reducer->ReduceAsync(dtype, dst, srcs, count, false, gpus_[gpu].stream);
+  if (absl::Status s = CheckQueue(queue); !s.ok()) return s;
+  const Queue& q = queues_[queue];
+  return gpus_[q.gpu].reducer->ReduceAsync(dtype, dst, srcs, count, false, q.stream);
 }
 
-absl::StatusOr<uint64_t> CudaGpuOps::Fence(int gpu) {
-  if (absl::Status s = CheckGpu(gpu); !s.ok()) return s;
-  ScopedCudaDevice on_device(gpus_[gpu].device);
+absl::Status CudaGpuOps::DivideAsync(int queue, common::DataType dtype, void* dst, size_t count,
+                                     uint64_t divisor) {
+  if (absl::Status s = CheckQueue(queue); !s.ok()) return s;
+  const Queue& q = queues_[queue];
+  return gpus_[q.gpu].reducer->DivideAsync(dtype, dst, count, divisor, q.stream);
+}
+
+absl::StatusOr<uint64_t> CudaGpuOps::Fence(int queue) {
+  if (absl::Status s = CheckQueue(queue); !s.ok()) return s;
+  const Queue& q = queues_[queue];
+  ScopedCudaDevice on_device(gpus_[q.gpu].device);
   cudaEvent_t event = nullptr;
-  if (absl::Status s = CudaStatus(cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
-                                  "cudaEventCreateWithFlags");
-      !s.ok()) {
+  // Events are reused: a stream that waits for one captured its last record when the wait was
+  // enqueued, so recording it again later does not change what that stream waits for.
+  std::vector<cudaEvent_t>& pool = free_events_[gpus_[q.gpu].device];
+  if (!pool.empty()) {
+    event = pool.back();
+    pool.pop_back();
+  } else if (absl::Status s = CudaStatus(cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
+                                         "cudaEventCreateWithFlags");
+             !s.ok()) {
     return s;
   }
-  if (absl::Status s = CudaStatus(cudaEventRecord(event, gpus_[gpu].stream), "cudaEventRecord");
-      !s.ok()) {
+  if (absl::Status s = CudaStatus(cudaEventRecord(event, q.stream), "cudaEventRecord"); !s.ok()) {
     cudaEventDestroy(event);
     return s;
   }
-  fences_[next_fence_] = event;
+  fences_[next_fence_] = {gpus_[q.gpu].device, event};
   return next_fence_++;
 }
 
-absl::Status CudaGpuOps::WaitFence(int gpu, uint64_t fence) {
-  if (absl::Status s = CheckGpu(gpu); !s.ok()) return s;
+absl::Status CudaGpuOps::WaitFence(int queue, uint64_t fence) {
+  if (absl::Status s = CheckQueue(queue); !s.ok()) return s;
   auto it = fences_.find(fence);
   if (it == fences_.end()) return absl::InvalidArgumentError("unknown or already waited fence");
-  absl::Status s = CudaStatus(cudaEventSynchronize(it->second), "cudaEventSynchronize");
-  cudaEventDestroy(it->second);
+  absl::Status s = CudaStatus(cudaEventSynchronize(it->second.event), "cudaEventSynchronize");
+  free_events_[it->second.device].push_back(it->second.event);
   fences_.erase(it);
   return s;
 }
 
-absl::Status CudaGpuOps::Synchronize(int gpu) {
-  if (absl::Status s = CheckGpu(gpu); !s.ok()) return s;
-  ScopedCudaDevice on_device(gpus_[gpu].device);
-  return CudaStatus(cudaStreamSynchronize(gpus_[gpu].stream), "cudaStreamSynchronize");
+absl::Status CudaGpuOps::QueueWaitFence(int queue, uint64_t fence) {
+  if (absl::Status s = CheckQueue(queue); !s.ok()) return s;
+  auto it = fences_.find(fence);
+  if (it == fences_.end()) return absl::InvalidArgumentError("unknown or released fence");
+  const Queue& q = queues_[queue];
+  ScopedCudaDevice on_device(gpus_[q.gpu].device);
+  return CudaStatus(cudaStreamWaitEvent(q.stream, it->second.event, 0), "cudaStreamWaitEvent");
+}
+
+absl::Status CudaGpuOps::ReleaseFence(uint64_t fence) {
+  auto it = fences_.find(fence);
+  if (it == fences_.end()) return absl::InvalidArgumentError("unknown or released fence");
+  // Streams already waiting for the event keep waiting for the work of its last record.
+  free_events_[it->second.device].push_back(it->second.event);
+  fences_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::Status CudaGpuOps::Synchronize(int queue) {
+  if (absl::Status s = CheckQueue(queue); !s.ok()) return s;
+  const Queue& q = queues_[queue];
+  ScopedCudaDevice on_device(gpus_[q.gpu].device);
+  return CudaStatus(cudaStreamSynchronize(q.stream), "cudaStreamSynchronize");
 }
 
 }  // namespace tributary::dataplane

@@ -13,9 +13,11 @@
 namespace tributary::dataplane {
 
 // GPU g is CUDA device devices[g] (a device may appear more than once: several "GPUs" on one
-// device, to run multi-GPU logic on a one-GPU machine), with a non-blocking stream of its own;
-// sums by CudaReducer, copies by cudaMemcpyAsync (unified addressing: peer, D2H, H2D), fences by
-// CUDA events, device scratch by cudaMalloc, host memory by cudaHostAlloc (portable). Frees
+// device, to run multi-GPU logic on a one-GPU machine); each queue is a non-blocking stream of
+// its GPU's device; sums by CudaReducer, copies by cudaMemcpyAsync (unified addressing: peer,
+// D2H, H2D), fences by CUDA events (queue waits by cudaStreamWaitEvent), device scratch by
+// cudaMalloc, host memory by cudaHostAlloc (portable). Peer access is enabled between every two
+// devices that support it (copies between the others go through the host, as CUDA does). Frees
 // everything in its destructor, after synchronizing every stream.
 class CudaGpuOps final : public GpuOps {
  public:
@@ -24,28 +26,44 @@ class CudaGpuOps final : public GpuOps {
   ~CudaGpuOps() override;
 
   int gpu_count() const override { return static_cast<int>(gpus_.size()); }
+  absl::StatusOr<int> AddQueue(int gpu) override;
+  int QueueGpu(int queue) const override;
   absl::StatusOr<void*> AllocateDevice(int gpu, size_t bytes) override;
   absl::StatusOr<void*> AllocateHost(size_t bytes) override;
-  absl::Status CopyAsync(int gpu, void* dst, const void* src, size_t bytes) override;
-  absl::Status ReduceAsync(int gpu, common::DataType dtype, void* dst,
+  absl::Status CopyAsync(int queue, void* dst, const void* src, size_t bytes) override;
+  absl::Status ReduceAsync(int queue, common::DataType dtype, void* dst,
                            std::span<const void* const> srcs, size_t count) override;
-  absl::StatusOr<uint64_t> Fence(int gpu) override;
-  absl::Status WaitFence(int gpu, uint64_t fence) override;
-  absl::Status Synchronize(int gpu) override;
+  absl::Status DivideAsync(int queue, common::DataType dtype, void* dst, size_t count,
+                           uint64_t divisor) override;
+  absl::StatusOr<uint64_t> Fence(int queue) override;
+  absl::Status WaitFence(int queue, uint64_t fence) override;
+  absl::Status QueueWaitFence(int queue, uint64_t fence) override;
+  absl::Status ReleaseFence(uint64_t fence) override;
+  absl::Status Synchronize(int queue) override;
 
  private:
   struct Gpu {
     int device;
-    cudaStream_t stream;
     std::shared_ptr<CudaReducer> reducer;  // Shared by GPUs on one device.
+  };
+  struct Queue {
+    int gpu;
+    cudaStream_t stream;
   };
   CudaGpuOps() = default;
   absl::Status CheckGpu(int gpu) const;
+  absl::Status CheckQueue(int queue) const;
 
   std::vector<Gpu> gpus_;
+  std::vector<Queue> queues_;
   std::vector<std::pair<int, void*>> device_memory_;  // (device, pointer).
   std::vector<void*> host_memory_;
-  std::map<uint64_t, cudaEvent_t> fences_;
+  struct FenceEvent {
+    int device;
+    cudaEvent_t event;
+  };
+  std::map<uint64_t, FenceEvent> fences_;
+  std::map<int, std::vector<cudaEvent_t>> free_events_;  // Per device, for reuse.
   uint64_t next_fence_ = 0;
 };
 

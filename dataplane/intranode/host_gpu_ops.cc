@@ -6,11 +6,36 @@
 
 namespace tributary::dataplane {
 
+HostGpuOps::HostGpuOps(int gpus, Reducer& reducer, Options options)
+    : gpus_(gpus), reducer_(reducer), options_(options), random_(options.seed) {
+  for (int g = 0; g < gpus; ++g) queue_gpu_.push_back(g);
+  queues_.resize(gpus);
+}
+
 absl::Status HostGpuOps::CheckGpu(int gpu) const {
   if (gpu < 0 || gpu >= gpus_) {
     return absl::InvalidArgumentError(absl::StrCat("no GPU ", gpu, " (", gpus_, " GPUs)"));
   }
   return absl::OkStatus();
+}
+
+absl::Status HostGpuOps::CheckQueue(int queue) const {
+  if (queue < 0 || queue >= static_cast<int>(queues_.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("no queue ", queue, " (", queues_.size(), " queues)"));
+  }
+  return absl::OkStatus();
+}
+
+int HostGpuOps::QueueGpu(int queue) const {
+  return CheckQueue(queue).ok() ? queue_gpu_[queue] : -1;
+}
+
+absl::StatusOr<int> HostGpuOps::AddQueue(int gpu) {
+  if (absl::Status s = CheckGpu(gpu); !s.ok()) return s;
+  queue_gpu_.push_back(gpu);
+  queues_.emplace_back();
+  return static_cast<int>(queues_.size()) - 1;
 }
 
 void HostGpuOps::RegisterBuffer(int gpu, const void* data, size_t bytes) {
@@ -39,8 +64,47 @@ absl::StatusOr<int> HostGpuOps::Owner(const void* p, size_t bytes) const {
   return absl::InvalidArgumentError("memory outside every registered buffer");
 }
 
-absl::Status HostGpuOps::CopyAsync(int gpu, void* dst, const void* src, size_t bytes) {
-  if (absl::Status s = CheckGpu(gpu); !s.ok()) return s;
+bool HostGpuOps::Runnable(const Item& item) const {
+  return item.kind != Item::kWait || reached_.count(item.fence) > 0;
+}
+
+void HostGpuOps::RunHead(int queue) {
+  Item item = std::move(queues_[queue].front());
+  queues_[queue].pop_front();
+  --pending_;
+  if (item.kind == Item::kFence) reached_.insert(item.fence);
+  if (item.run) item.run();
+  if (!item.log.empty()) log_.push_back(std::move(item.log));
+}
+
+void HostGpuOps::Enqueue(int queue, Item item) {
+  queues_[queue].push_back(std::move(item));
+  max_pending_ = std::max(max_pending_, ++pending_);
+  if (!options_.deferred) {
+    // Everything enqueued before ran already (every fence is reached when enqueued), so the
+    // item can run now.
+    RunHead(queue);
+  }
+}
+
+absl::Status HostGpuOps::RunUntil(const std::function<bool()>& done) {
+  std::vector<int> ready;
+  while (!done()) {
+    ready.clear();
+    for (int q = 0; q < static_cast<int>(queues_.size()); ++q) {
+      if (!queues_[q].empty() && Runnable(queues_[q].front())) ready.push_back(q);
+    }
+    if (ready.empty()) {
+      return absl::InternalError("no queue can run, yet the wait is not over");
+    }
+    RunHead(ready[std::uniform_int_distribution<size_t>(0, ready.size() - 1)(random_)]);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HostGpuOps::CopyAsync(int queue, void* dst, const void* src, size_t bytes) {
+  if (absl::Status s = CheckQueue(queue); !s.ok()) return s;
+  const int gpu = queue_gpu_[queue];
   absl::StatusOr<int> from = Owner(src, bytes);
   if (!from.ok()) return from.status();
   absl::StatusOr<int> to = Owner(dst, bytes);
@@ -61,14 +125,15 @@ absl::Status HostGpuOps::CopyAsync(int gpu, void* dst, const void* src, size_t b
   if (*from != gpu && *to != gpu && !(*from < 0 && *to < 0)) {
     return absl::InvalidArgumentError(absl::StrCat(what, " enqueued on GPU ", gpu));
   }
-  log_.push_back(absl::StrCat(what, " on ", gpu));
-  std::memmove(dst, src, bytes);
+  Enqueue(queue, {.run = [dst, src, bytes] { std::memmove(dst, src, bytes); },
+                  .log = absl::StrCat(what, " on ", gpu)});
   return absl::OkStatus();
 }
 
-absl::Status HostGpuOps::ReduceAsync(int gpu, common::DataType dtype, void* dst,
+absl::Status HostGpuOps::ReduceAsync(int queue, common::DataType dtype, void* dst,
                                      std::span<const void* const> srcs, size_t count) {
-  if (absl::Status s = CheckGpu(gpu); !s.ok()) return s;
+  if (absl::Status s = CheckQueue(queue); !s.ok()) return s;
+  const int gpu = queue_gpu_[queue];
   if (srcs.empty()) return absl::InvalidArgumentError("a reduction needs a source");
   const size_t bytes = count * common::DataTypeSize(dtype);
   for (const void* p : srcs) {
@@ -80,29 +145,75 @@ absl::Status HostGpuOps::ReduceAsync(int gpu, common::DataType dtype, void* dst,
                                                      *owner < 0 ? "" : absl::StrCat(*owner)));
     }
   }
-  log_.push_back(absl::StrCat("reduce ", srcs.size(), " on ", gpu));
-  if (srcs.size() == 1) {
-    std::memmove(dst, srcs[0], bytes);
-    return absl::OkStatus();
-  }
-  reducer_.Sum2(dtype, dst, srcs[0], srcs[1], count);
-  for (size_t i = 2; i < srcs.size(); ++i) reducer_.Sum(dtype, dst, srcs[i], count);
+  std::vector<const void*> sources(srcs.begin(), srcs.end());
+  Enqueue(queue, {.run =
+                      [this, dtype, dst, sources, bytes, count] {
+                        if (sources.size() == 1) {
+                          std::memmove(dst, sources[0], bytes);
+                          return;
+                        }
+                        reducer_.Sum2(dtype, dst, sources[0], sources[1], count);
+                        for (size_t i = 2; i < sources.size(); ++i) {
+                          reducer_.Sum(dtype, dst, sources[i], count);
+                        }
+                      },
+                  .log = absl::StrCat("reduce ", srcs.size(), " on ", gpu)});
   return absl::OkStatus();
 }
 
-absl::StatusOr<uint64_t> HostGpuOps::Fence(int gpu) {
-  if (absl::Status s = CheckGpu(gpu); !s.ok()) return s;
-  log_.push_back(absl::StrCat("fence ", gpu));
-  return next_fence_++;
+absl::Status HostGpuOps::DivideAsync(int queue, common::DataType dtype, void* dst, size_t count,
+                                     uint64_t divisor) {
+  if (absl::Status s = CheckQueue(queue); !s.ok()) return s;
+  const int gpu = queue_gpu_[queue];
+  if (divisor == 0) return absl::InvalidArgumentError("divisor must be >= 1");
+  absl::StatusOr<int> owner = Owner(dst, count * common::DataTypeSize(dtype));
+  if (!owner.ok()) return owner.status();
+  if (*owner != gpu) return absl::InvalidArgumentError("a queue divides its own GPU's memory");
+  Enqueue(queue, {.run = [this, dtype, dst, count,
+                          divisor] { reducer_.Divide(dtype, dst, count, divisor); },
+                  .log = absl::StrCat("divide on ", gpu)});
+  return absl::OkStatus();
 }
 
-absl::Status HostGpuOps::WaitFence(int gpu, uint64_t fence) {
-  if (absl::Status s = CheckGpu(gpu); !s.ok()) return s;
-  if (fence >= next_fence_) return absl::InvalidArgumentError("a fence never enqueued");
-  log_.push_back(absl::StrCat("wait ", gpu));
-  return absl::OkStatus();  // Work ran when it was enqueued.
+absl::StatusOr<uint64_t> HostGpuOps::Fence(int queue) {
+  if (absl::Status s = CheckQueue(queue); !s.ok()) return s;
+  const uint64_t fence = next_fence_++;
+  fences_[fence] = queue;
+  Enqueue(queue, {.run = nullptr,
+                  .log = absl::StrCat("fence ", queue_gpu_[queue]),
+                  .fence = fence,
+                  .kind = Item::kFence});
+  return fence;
 }
 
-absl::Status HostGpuOps::Synchronize(int gpu) { return CheckGpu(gpu); }
+absl::Status HostGpuOps::WaitFence(int queue, uint64_t fence) {
+  if (absl::Status s = CheckQueue(queue); !s.ok()) return s;
+  auto it = fences_.find(fence);
+  if (it == fences_.end()) return absl::InvalidArgumentError("unknown or already waited fence");
+  fences_.erase(it);
+  if (absl::Status s = RunUntil([&] { return reached_.count(fence) > 0; }); !s.ok()) return s;
+  log_.push_back(absl::StrCat("wait ", queue_gpu_[queue]));
+  return absl::OkStatus();
+}
+
+absl::Status HostGpuOps::QueueWaitFence(int queue, uint64_t fence) {
+  if (absl::Status s = CheckQueue(queue); !s.ok()) return s;
+  if (!fences_.count(fence)) return absl::InvalidArgumentError("unknown or released fence");
+  Enqueue(queue, {.run = nullptr,
+                  .log = absl::StrCat("qwait ", queue_gpu_[queue]),
+                  .fence = fence,
+                  .kind = Item::kWait});
+  return absl::OkStatus();
+}
+
+absl::Status HostGpuOps::ReleaseFence(uint64_t fence) {
+  if (!fences_.erase(fence)) return absl::InvalidArgumentError("unknown or released fence");
+  return absl::OkStatus();
+}
+
+absl::Status HostGpuOps::Synchronize(int queue) {
+  if (absl::Status s = CheckQueue(queue); !s.ok()) return s;
+  return RunUntil([&] { return queues_[queue].empty(); });
+}
 
 }  // namespace tributary::dataplane
