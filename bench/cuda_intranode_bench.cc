@@ -11,9 +11,11 @@
 //  * nvlink-rooted: TreeAllReduce over the ring 0..n-1 cut at GPU 0 (two chains);
 //  * two-trees: two opposite chains, half the tensor each (a packing of two trees);
 //  * star: GPU 0 the parent of all;
-//  the tree rows at fixed chunk sizes 256 KiB .. 16 MiB and "miad" (the online tuner from
-//  1 MiB, --reps * 3 calls: its trajectory and the best of the last --reps), and nvlink-rooted
-//  with an inter-node step that does nothing (the host round trip per chunk).
+//  the tree rows at fixed chunk sizes 256 KiB .. 16 MiB, each "enqueued" (a host call per copy,
+//  sum and fence) and "graph" (recorded once, replayed as one CUDA graph launch), and "miad"
+//  (the online tuner from 1 MiB, --reps * 3 calls: its trajectory and the best of the last
+//  --reps), and nvlink-rooted with an inter-node step that does nothing (the host round trip per
+//  chunk; never recorded).
 // algbw = tensor bytes / time (nccl-tests' algorithm bandwidth). "memory" = the bytes the row's
 // copies and sums read and write in device memory per second, over the ceiling's (2 x bytes /
 // copy time): on one device, the fraction of its memory bandwidth the executor keeps busy; on
@@ -121,7 +123,7 @@ double TreeTraffic(const std::vector<GpuTree>& trees) {
 
 void Row(const std::string& name, const std::string& chunk, double seconds, double bytes,
          double traffic, double ceiling_traffic_per_s, bool exact) {
-  std::printf("| %-28s | %-9s | %9.3f | %8.1f | %7.2f | %s\n", name.c_str(), chunk.c_str(),
+  std::printf("| %-38s | %-9s | %9.3f | %8.1f | %7.2f | %s\n", name.c_str(), chunk.c_str(),
               seconds * 1e3, bytes / seconds / 1e9,
               traffic * bytes / seconds / ceiling_traffic_per_s, exact ? "exact" : "WRONG");
 }
@@ -173,10 +175,11 @@ int Main(int argc, char** argv) {
     return cuda::CudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   });
   const double ceiling = 2.0 * bytes / copy;
-  std::printf("\n| %-28s | %-9s | %9s | %8s | %7s |\n", "executor", "chunk", "ms", "algbw GB/s",
+  std::printf("\n| %-38s | %-9s | %9s | %8s | %7s |\n", "executor", "chunk", "ms", "algbw GB/s",
               "memory");
-  std::printf("|------------------------------|-----------|-----------|----------|---------|\n");
-  std::printf("| %-28s | %-9s | %9.3f | %8.1f | %7.2f |\n", "ceiling: D2D copy", "-", copy * 1e3,
+  std::printf(
+      "|----------------------------------------|-----------|-----------|----------|---------|\n");
+  std::printf("| %-38s | %-9s | %9.3f | %8.1f | %7.2f |\n", "ceiling: D2D copy", "-", copy * 1e3,
               bytes / copy / 1e9, 1.0);
   cudaFree(scratch);
 
@@ -203,16 +206,19 @@ int Main(int argc, char** argv) {
   for (const Layout& layout : layouts) {
     const double traffic = TreeTraffic(layout.trees);
     for (size_t chunk : {size_t{256} << 10, size_t{1} << 20, size_t{4} << 20, size_t{16} << 20}) {
-      auto ar = TreeAllReduce::Create(*node.ops, host_reducer, layout.trees,
-                                      {.chunk_bytes = chunk, .tune = false});
-      Check(ar.status());
-      node.Fill();
-      Check((*ar)->AllReduce(DataType::kFloat32, node.buffers, node.count, false));
-      const bool exact = node.Exact(1);
-      const double s = BestSeconds(flags.reps, [&] {
-        return (*ar)->AllReduce(DataType::kFloat32, node.buffers, node.count, false);
-      });
-      Row(layout.name, Mib(chunk), s, bytes, traffic, ceiling, exact);
+      for (bool record : {false, true}) {
+        auto ar = TreeAllReduce::Create(*node.ops, host_reducer, layout.trees,
+                                        {.chunk_bytes = chunk, .tune = false, .record = record});
+        Check(ar.status());
+        node.Fill();
+        Check((*ar)->AllReduce(DataType::kFloat32, node.buffers, node.count, false));
+        const bool exact = node.Exact(1);
+        const double s = BestSeconds(flags.reps, [&] {
+          return (*ar)->AllReduce(DataType::kFloat32, node.buffers, node.count, false);
+        });
+        Row(layout.name + (record ? ", graph" : ", enqueued"), Mib(chunk), s, bytes, traffic,
+            ceiling, exact);
+      }
     }
     // The tuner from 1 MiB.
     auto ar = TreeAllReduce::Create(*node.ops, host_reducer, layout.trees,
@@ -229,7 +235,7 @@ int Main(int argc, char** argv) {
     });
     std::vector<std::string> path;
     for (size_t b : (*ar)->chunk_trajectory()) path.push_back(Mib(b));
-    Row(layout.name, "miad", s, bytes, traffic, ceiling, exact);
+    Row(layout.name + ", graph", "miad", s, bytes, traffic, ceiling, exact);
     std::printf("|   miad trajectory: %s\n", absl::StrJoin(path, " -> ").c_str());
   }
   // NVLink-rooted with a host step that does nothing: D2H + H2D at the root per chunk.

@@ -41,11 +41,23 @@ absl::StatusOr<std::unique_ptr<CudaGpuOps>> CudaGpuOps::Create(std::vector<int> 
 }
 
 CudaGpuOps::~CudaGpuOps() {
+  if (recording_) {
+    ScopedCudaDevice on_device(gpus_[0].device);
+    cudaGraph_t graph = nullptr;
+    cudaStreamEndCapture(capture_, &graph);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+  }
   for (Queue& q : queues_) {
     ScopedCudaDevice on_device(gpus_[q.gpu].device);
     cudaStreamSynchronize(q.stream);
     cudaStreamDestroy(q.stream);
   }
+  if (capture_ != nullptr) {
+    ScopedCudaDevice on_device(gpus_[0].device);
+    cudaStreamSynchronize(capture_);
+    cudaStreamDestroy(capture_);
+  }
+  for (auto& [id, exec] : recordings_) cudaGraphExecDestroy(exec);
   for (auto& [id, fence] : fences_) cudaEventDestroy(fence.event);
   for (auto& [device, pool] : free_events_) {
     for (cudaEvent_t event : pool) cudaEventDestroy(event);
@@ -135,18 +147,9 @@ absl::StatusOr<uint64_t> CudaGpuOps::Fence(int queue) {
   if (absl::Status s = CheckQueue(queue); !s.ok()) return s;
   const Queue& q = queues_[queue];
   ScopedCudaDevice on_device(gpus_[q.gpu].device);
-  cudaEvent_t event = nullptr;
-  // Events are reused: a stream that waits for one captured its last record when the wait was
-  // enqueued, so recording it again later does not change what that stream waits for.
-  std::vector<cudaEvent_t>& pool = free_events_[gpus_[q.gpu].device];
-  if (!pool.empty()) {
-    event = pool.back();
-    pool.pop_back();
-  } else if (absl::Status s = CudaStatus(cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
-                                         "cudaEventCreateWithFlags");
-             !s.ok()) {
-    return s;
-  }
+  absl::StatusOr<cudaEvent_t> taken = TakeEvent(gpus_[q.gpu].device);
+  if (!taken.ok()) return taken.status();
+  cudaEvent_t event = *taken;
   if (absl::Status s = CudaStatus(cudaEventRecord(event, q.stream), "cudaEventRecord"); !s.ok()) {
     cudaEventDestroy(event);
     return s;
@@ -155,8 +158,28 @@ absl::StatusOr<uint64_t> CudaGpuOps::Fence(int queue) {
   return next_fence_++;
 }
 
+// Events are reused: a stream that waits for one captured its last record when the wait was
+// enqueued, so recording it again later does not change what that stream waits for.
+absl::StatusOr<cudaEvent_t> CudaGpuOps::TakeEvent(int device) {
+  std::vector<cudaEvent_t>& pool = free_events_[device];
+  cudaEvent_t event = nullptr;
+  if (!pool.empty()) {
+    event = pool.back();
+    pool.pop_back();
+    return event;
+  }
+  ScopedCudaDevice on_device(device);
+  if (absl::Status s = CudaStatus(cudaEventCreateWithFlags(&event, cudaEventDisableTiming),
+                                  "cudaEventCreateWithFlags");
+      !s.ok()) {
+    return s;
+  }
+  return event;
+}
+
 absl::Status CudaGpuOps::WaitFence(int queue, uint64_t fence) {
   if (absl::Status s = CheckQueue(queue); !s.ok()) return s;
+  if (recording_) return absl::FailedPreconditionError("a host wait while recording");
   auto it = fences_.find(fence);
   if (it == fences_.end()) return absl::InvalidArgumentError("unknown or already waited fence");
   absl::Status s = CudaStatus(cudaEventSynchronize(it->second.event), "cudaEventSynchronize");
@@ -185,9 +208,97 @@ absl::Status CudaGpuOps::ReleaseFence(uint64_t fence) {
 
 absl::Status CudaGpuOps::Synchronize(int queue) {
   if (absl::Status s = CheckQueue(queue); !s.ok()) return s;
+  if (recording_) return absl::FailedPreconditionError("a host wait while recording");
   const Queue& q = queues_[queue];
   ScopedCudaDevice on_device(gpus_[q.gpu].device);
   return CudaStatus(cudaStreamSynchronize(q.stream), "cudaStreamSynchronize");
+}
+
+absl::Status CudaGpuOps::BeginRecording() {
+  if (recording_) return absl::FailedPreconditionError("already recording");
+  if (gpus_.empty()) return absl::FailedPreconditionError("no GPU");
+  const int device = gpus_[0].device;
+  ScopedCudaDevice on_device(device);
+  if (capture_ == nullptr) {
+    if (absl::Status s = CudaStatus(cudaStreamCreateWithFlags(&capture_, cudaStreamNonBlocking),
+                                    "cudaStreamCreateWithFlags");
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (absl::Status s = CudaStatus(cudaStreamBeginCapture(capture_, cudaStreamCaptureModeRelaxed),
+                                  "cudaStreamBeginCapture");
+      !s.ok()) {
+    return s;
+  }
+  recording_ = true;
+  // Fork: every queue joins the capture by waiting for an event recorded in it.
+  absl::StatusOr<cudaEvent_t> fork = TakeEvent(device);
+  absl::Status s = fork.status();
+  if (s.ok()) s = CudaStatus(cudaEventRecord(*fork, capture_), "cudaEventRecord");
+  for (size_t q = 0; s.ok() && q < queues_.size(); ++q) {
+    ScopedCudaDevice on_queue(gpus_[queues_[q].gpu].device);
+    s = CudaStatus(cudaStreamWaitEvent(queues_[q].stream, *fork, 0), "cudaStreamWaitEvent");
+  }
+  if (fork.ok()) free_events_[device].push_back(*fork);
+  if (!s.ok()) {
+    cudaGraph_t graph = nullptr;
+    cudaStreamEndCapture(capture_, &graph);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    cudaGetLastError();
+    recording_ = false;
+  }
+  return s;
+}
+
+absl::StatusOr<uint64_t> CudaGpuOps::EndRecording() {
+  if (!recording_) return absl::FailedPreconditionError("not recording");
+  const int device = gpus_[0].device;
+  // Join: the origin waits for every queue, which leaves the capture with it.
+  absl::Status s;
+  for (size_t q = 0; s.ok() && q < queues_.size(); ++q) {
+    const int queue_device = gpus_[queues_[q].gpu].device;
+    absl::StatusOr<cudaEvent_t> join = TakeEvent(queue_device);
+    if (!join.ok()) {
+      s = join.status();
+      break;
+    }
+    {
+      ScopedCudaDevice on_queue(queue_device);
+      s = CudaStatus(cudaEventRecord(*join, queues_[q].stream), "cudaEventRecord");
+    }
+    if (s.ok()) s = CudaStatus(cudaStreamWaitEvent(capture_, *join, 0), "cudaStreamWaitEvent");
+    free_events_[queue_device].push_back(*join);
+  }
+  ScopedCudaDevice on_device(device);
+  cudaGraph_t graph = nullptr;
+  absl::Status ended = CudaStatus(cudaStreamEndCapture(capture_, &graph), "cudaStreamEndCapture");
+  recording_ = false;
+  if (s.ok()) s = ended;
+  cudaGraphExec_t exec = nullptr;
+  if (s.ok()) s = CudaStatus(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  if (!s.ok()) return s;
+  recordings_[next_recording_] = exec;
+  return next_recording_++;
+}
+
+absl::Status CudaGpuOps::Replay(uint64_t recording, int queue) {
+  if (absl::Status s = CheckQueue(queue); !s.ok()) return s;
+  if (recording_) return absl::FailedPreconditionError("a replay while recording");
+  auto it = recordings_.find(recording);
+  if (it == recordings_.end()) return absl::InvalidArgumentError("unknown recording");
+  const Queue& q = queues_[queue];
+  ScopedCudaDevice on_device(gpus_[q.gpu].device);
+  return CudaStatus(cudaGraphLaunch(it->second, q.stream), "cudaGraphLaunch");
+}
+
+absl::Status CudaGpuOps::DropRecording(uint64_t recording) {
+  auto it = recordings_.find(recording);
+  if (it == recordings_.end()) return absl::InvalidArgumentError("unknown recording");
+  cudaGraphExecDestroy(it->second);
+  recordings_.erase(it);
+  return absl::OkStatus();
 }
 
 }  // namespace tributary::dataplane

@@ -40,6 +40,12 @@ class CudaGpuOps final : public GpuOps {
   absl::Status QueueWaitFence(int queue, uint64_t fence) override;
   absl::Status ReleaseFence(uint64_t fence) override;
   absl::Status Synchronize(int queue) override;
+  // Stream capture (relaxed mode) from a stream of its own that every queue joins at the start
+  // and that waits for every queue at the end; a recording is an instantiated CUDA graph.
+  absl::Status BeginRecording() override;
+  absl::StatusOr<uint64_t> EndRecording() override;
+  absl::Status Replay(uint64_t recording, int queue) override;
+  absl::Status DropRecording(uint64_t recording) override;
 
  private:
   struct Gpu {
@@ -64,6 +70,12 @@ class CudaGpuOps final : public GpuOps {
   };
   std::map<uint64_t, FenceEvent> fences_;
   std::map<int, std::vector<cudaEvent_t>> free_events_;  // Per device, for reuse.
+  absl::StatusOr<cudaEvent_t> TakeEvent(int device);
+  // Recording: the capture's origin stream (on GPU 0's device), created at the first one.
+  cudaStream_t capture_ = nullptr;
+  bool recording_ = false;
+  std::map<uint64_t, cudaGraphExec_t> recordings_;
+  uint64_t next_recording_ = 0;
   uint64_t next_fence_ = 0;
 };
 

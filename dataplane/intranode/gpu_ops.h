@@ -60,6 +60,18 @@ class GpuOps {
 
   // Blocks until everything enqueued on `queue` so far has finished.
   virtual absl::Status Synchronize(int queue) = 0;
+
+  // Recordings (CUDA graphs): between BeginRecording and EndRecording, the work enqueued on any
+  // queue is recorded, not run (WaitFence and Synchronize are FAILED_PRECONDITION meanwhile, as
+  // there is nothing to wait for). Replay enqueues all of a recording's work again, on the same
+  // queues with the same dependencies, in one step (one graph launch instead of a call per
+  // copy, sum and fence): it starts after the work enqueued on `queue` before the Replay, and
+  // the work enqueued on `queue` after the Replay starts after all of it. A recording keeps the
+  // pointers it was made with: replay it only while that memory lives.
+  virtual absl::Status BeginRecording() = 0;
+  virtual absl::StatusOr<uint64_t> EndRecording() = 0;
+  virtual absl::Status Replay(uint64_t recording, int queue) = 0;
+  virtual absl::Status DropRecording(uint64_t recording) = 0;
 };
 
 }  // namespace tributary::dataplane

@@ -78,6 +78,11 @@ void HostGpuOps::RunHead(int queue) {
 }
 
 void HostGpuOps::Enqueue(int queue, Item item) {
+  if (recording_) {
+    if (item.kind == Item::kFence) recorded_fences_.insert(item.fence);
+    recorded_.emplace_back(queue, std::move(item));
+    return;
+  }
   queues_[queue].push_back(std::move(item));
   max_pending_ = std::max(max_pending_, ++pending_);
   if (!options_.deferred) {
@@ -188,6 +193,7 @@ absl::StatusOr<uint64_t> HostGpuOps::Fence(int queue) {
 
 absl::Status HostGpuOps::WaitFence(int queue, uint64_t fence) {
   if (absl::Status s = CheckQueue(queue); !s.ok()) return s;
+  if (recording_) return absl::FailedPreconditionError("a host wait while recording");
   auto it = fences_.find(fence);
   if (it == fences_.end()) return absl::InvalidArgumentError("unknown or already waited fence");
   fences_.erase(it);
@@ -213,7 +219,66 @@ absl::Status HostGpuOps::ReleaseFence(uint64_t fence) {
 
 absl::Status HostGpuOps::Synchronize(int queue) {
   if (absl::Status s = CheckQueue(queue); !s.ok()) return s;
+  if (recording_) return absl::FailedPreconditionError("a host wait while recording");
   return RunUntil([&] { return queues_[queue].empty(); });
+}
+
+absl::Status HostGpuOps::BeginRecording() {
+  if (recording_) return absl::FailedPreconditionError("already recording");
+  recording_ = true;
+  recorded_.clear();
+  recorded_fences_.clear();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> HostGpuOps::EndRecording() {
+  if (!recording_) return absl::FailedPreconditionError("not recording");
+  recording_ = false;
+  recordings_[next_recording_] = {std::move(recorded_), std::move(recorded_fences_)};
+  recorded_.clear();
+  recorded_fences_.clear();
+  log_.push_back("record");
+  return next_recording_++;
+}
+
+absl::Status HostGpuOps::Replay(uint64_t recording, int queue) {
+  if (absl::Status s = CheckQueue(queue); !s.ok()) return s;
+  if (recording_) return absl::FailedPreconditionError("a replay while recording");
+  auto it = recordings_.find(recording);
+  if (it == recordings_.end()) return absl::InvalidArgumentError("unknown recording");
+  ++replays_;
+  log_.push_back("replay");
+  // Fork: every queue of the recording starts after `queue`'s work so far.
+  const uint64_t fork = next_fence_++;
+  Enqueue(queue, {.run = nullptr, .log = "", .fence = fork, .kind = Item::kFence});
+  std::set<int> used;
+  for (const auto& [q, item] : it->second.items) used.insert(q);
+  for (int q : used) {
+    if (q != queue) Enqueue(q, {.run = nullptr, .log = "", .fence = fork, .kind = Item::kWait});
+  }
+  // The recorded work with fresh fences (a fence of an earlier replay is reached already).
+  std::map<uint64_t, uint64_t> renamed;
+  for (uint64_t f : it->second.fences) renamed[f] = next_fence_++;
+  for (const auto& [q, item] : it->second.items) {
+    Item copy = item;
+    if (auto r = renamed.find(copy.fence); copy.kind != Item::kWork && r != renamed.end()) {
+      copy.fence = r->second;
+    }
+    Enqueue(q, std::move(copy));
+  }
+  // Join: `queue`'s later work waits for every queue of the recording.
+  for (int q : used) {
+    if (q == queue) continue;
+    const uint64_t join = next_fence_++;
+    Enqueue(q, {.run = nullptr, .log = "", .fence = join, .kind = Item::kFence});
+    Enqueue(queue, {.run = nullptr, .log = "", .fence = join, .kind = Item::kWait});
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HostGpuOps::DropRecording(uint64_t recording) {
+  if (!recordings_.erase(recording)) return absl::InvalidArgumentError("unknown recording");
+  return absl::OkStatus();
 }
 
 }  // namespace tributary::dataplane

@@ -55,6 +55,11 @@ class HostGpuOps final : public GpuOps {
   absl::Status QueueWaitFence(int queue, uint64_t fence) override;
   absl::Status ReleaseFence(uint64_t fence) override;
   absl::Status Synchronize(int queue) override;
+  absl::Status BeginRecording() override;
+  absl::StatusOr<uint64_t> EndRecording() override;
+  absl::Status Replay(uint64_t recording, int queue) override;
+  absl::Status DropRecording(uint64_t recording) override;
+  int replays() const { return replays_; }
 
   // Tags [data, data + bytes) as memory of GPU `gpu` (-1: host).
   void RegisterBuffer(int gpu, const void* data, size_t bytes);
@@ -103,6 +108,17 @@ class HostGpuOps final : public GpuOps {
   uint64_t next_fence_ = 0;
   size_t pending_ = 0;
   size_t max_pending_ = 0;
+  // Recordings: items in the order they were enqueued (a legal order), with their queues.
+  bool recording_ = false;
+  std::vector<std::pair<int, Item>> recorded_;
+  std::set<uint64_t> recorded_fences_;  // Fences made while recording (renamed at each replay).
+  struct Recording {
+    std::vector<std::pair<int, Item>> items;
+    std::set<uint64_t> fences;
+  };
+  std::map<uint64_t, Recording> recordings_;
+  uint64_t next_recording_ = 0;
+  int replays_ = 0;
 };
 
 }  // namespace tributary::dataplane

@@ -145,40 +145,41 @@ absl::Status TreeAllReduce::EnsureScratch(size_t chunk_bytes, bool host) {
   return absl::OkStatus();
 }
 
+TreeAllReduce::~TreeAllReduce() {
+  for (const Recorded& r : recorded_) ops_.DropRecording(r.recording).IgnoreError();
+}
+
 absl::Status TreeAllReduce::AllReduce(common::DataType dtype, std::span<void* const> buffers,
                                       size_t count, bool average) {
-  const size_t size = common::DataTypeSize(dtype);
-  if (size == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown data type ", static_cast<int>(dtype)));
-  }
-  if (buffers.size() != static_cast<size_t>(ops_.gpu_count())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(buffers.size(), " buffers for ", ops_.gpu_count(), " GPUs: one per GPU"));
-  }
-  for (size_t g = 0; g < buffers.size(); ++g) {
-    if (buffers[g] == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("buffer of GPU ", g, " is null"));
-    }
-  }
-  if (count == 0) return absl::OkStatus();
-  const size_t chunk = std::max<size_t>(1, chunk_bytes() / size);
-  const absl::Time start = options_.now();
-  absl::Status status =
-      Run(dtype, buffers, count, average, static_cast<uint64_t>(ops_.gpu_count()), nullptr, chunk);
-  if (status.ok() && options_.tune &&
-      (count + chunk - 1) / chunk >= static_cast<size_t>(options_.tune_min_chunks)) {
-    const double seconds = absl::ToDoubleSeconds(options_.now() - start);
-    if (seconds > 0) {
-      tuner_->Report(static_cast<double>(count * size) / seconds);
-      if (chunk_bytes() != trajectory_.back()) trajectory_.push_back(chunk_bytes());
-    }
-  }
-  return status;
+  return Call(dtype, buffers, count, average, static_cast<uint64_t>(ops_.gpu_count()), nullptr);
 }
 
 absl::Status TreeAllReduce::AllReduce(common::DataType dtype, std::span<void* const> buffers,
                                       size_t count, bool average, uint64_t divisor,
                                       InterNode inter_node) {
+  return Call(dtype, buffers, count, average, divisor, &inter_node);
+}
+
+absl::Status TreeAllReduce::SynchronizeAll() {
+  absl::Status status;
+  for (const Tree& tree : trees_) {
+    for (int g = 0; g < ops_.gpu_count(); ++g) {
+      for (int q : {tree.up[g], tree.down[g]}) {
+        absl::Status s = ops_.Synchronize(q);
+        if (status.ok()) status = s;
+      }
+    }
+  }
+  if (origin_ >= 0) {
+    absl::Status s = ops_.Synchronize(origin_);
+    if (status.ok()) status = s;
+  }
+  return status;
+}
+
+absl::Status TreeAllReduce::Call(common::DataType dtype, std::span<void* const> buffers,
+                                 size_t count, bool average, uint64_t divisor,
+                                 const InterNode* inter_node) {
   const size_t size = common::DataTypeSize(dtype);
   if (size == 0) {
     return absl::InvalidArgumentError(absl::StrCat("unknown data type ", static_cast<int>(dtype)));
@@ -196,16 +197,68 @@ absl::Status TreeAllReduce::AllReduce(common::DataType dtype, std::span<void* co
   if (count == 0) return absl::OkStatus();
   const size_t chunk = std::max<size_t>(1, chunk_bytes() / size);
   const absl::Time start = options_.now();
-  absl::Status status = Run(dtype, buffers, count, average, divisor, &inter_node, chunk);
-  if (status.ok() && options_.tune &&
-      (count + chunk - 1) / chunk >= static_cast<size_t>(options_.tune_min_chunks)) {
+  absl::Status status;
+  bool recorded_now = false;  // A first call records: its time is no measure of the chunk size.
+  if (inter_node == nullptr && options_.record) {
+    status = Replayed(dtype, buffers, count, average, divisor, chunk);
+    recorded_now = status.ok() && recorded_.back().fresh;
+  } else {
+    status = Enqueue(dtype, buffers, count, average, divisor, inter_node, chunk);
+    // Nothing may still run on a buffer or a slot when the call returns, error or not.
+    absl::Status s = SynchronizeAll();
+    if (status.ok()) status = s;
+  }
+  if (status.ok() && options_.tune) {
     const double seconds = absl::ToDoubleSeconds(options_.now() - start);
-    if (seconds > 0) {
+    if (!recorded_now && seconds > 0 &&
+        (count + chunk - 1) / chunk >= static_cast<size_t>(options_.tune_min_chunks)) {
       tuner_->Report(static_cast<double>(count * size) / seconds);
       if (chunk_bytes() != trajectory_.back()) trajectory_.push_back(chunk_bytes());
     }
   }
   return status;
+}
+
+absl::Status TreeAllReduce::Replayed(common::DataType dtype, std::span<void* const> buffers,
+                                     size_t count, bool average, uint64_t divisor, size_t chunk) {
+  if (origin_ < 0) {
+    absl::StatusOr<int> origin = ops_.AddQueue(0);
+    if (!origin.ok()) return origin.status();
+    origin_ = *origin;
+  }
+  auto same = [&](const Recorded& r) {
+    return r.dtype == dtype && r.count == count && r.chunk == chunk && r.average == average &&
+           (!average || r.divisor == divisor) &&
+           std::equal(r.buffers.begin(), r.buffers.end(), buffers.begin(), buffers.end());
+  };
+  auto it = std::find_if(recorded_.begin(), recorded_.end(), same);
+  if (it != recorded_.end()) {
+    std::rotate(it, it + 1, recorded_.end());  // Most recently used last.
+    recorded_.back().fresh = false;
+  } else {
+    // Scratch first: allocation is no recordable work.
+    if (absl::Status s = EnsureScratch(chunk * common::DataTypeSize(dtype), false); !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = ops_.BeginRecording(); !s.ok()) return s;
+    absl::Status enqueued = Enqueue(dtype, buffers, count, average, divisor, nullptr, chunk);
+    absl::StatusOr<uint64_t> recording = ops_.EndRecording();
+    if (!enqueued.ok()) {
+      if (recording.ok()) ops_.DropRecording(*recording).IgnoreError();
+      return enqueued;
+    }
+    if (!recording.ok()) return recording.status();
+    if (static_cast<int>(recorded_.size()) >= std::max(1, options_.recordings)) {
+      ops_.DropRecording(recorded_.front().recording).IgnoreError();
+      recorded_.erase(recorded_.begin());
+    }
+    recorded_.push_back({dtype, std::vector<void*>(buffers.begin(), buffers.end()), count, chunk,
+                         average, divisor, *recording, true});
+  }
+  ++replays_;
+  absl::Status status = ops_.Replay(recorded_.back().recording, origin_);
+  absl::Status s = ops_.Synchronize(origin_);
+  return status.ok() ? s : status;
 }
 
 namespace {
@@ -240,9 +293,9 @@ class Fences {
 
 }  // namespace
 
-absl::Status TreeAllReduce::Run(common::DataType dtype, std::span<void* const> buffers,
-                                size_t count, bool average, uint64_t divisor,
-                                const InterNode* inter_node, size_t chunk) {
+absl::Status TreeAllReduce::Enqueue(common::DataType dtype, std::span<void* const> buffers,
+                                    size_t count, bool average, uint64_t divisor,
+                                    const InterNode* inter_node, size_t chunk) {
   const size_t size = common::DataTypeSize(dtype);
   const size_t stride = chunk * size;  // Bytes per scratch or host slot.
   if (absl::Status s = EnsureScratch(stride, inter_node != nullptr); !s.ok()) return s;
@@ -458,17 +511,7 @@ absl::Status TreeAllReduce::Run(common::DataType dtype, std::span<void* const> b
     }
     return absl::OkStatus();
   };
-  absl::Status status = run();
-  // Nothing may still run on a buffer or a slot when the call returns, error or not.
-  for (const Tree& tree : trees_) {
-    for (int g = 0; g < n; ++g) {
-      for (int q : {tree.up[g], tree.down[g]}) {
-        absl::Status s = ops_.Synchronize(q);
-        if (status.ok()) status = s;
-      }
-    }
-  }
-  return status;
+  return run();
 }
 
 }  // namespace tributary::dataplane

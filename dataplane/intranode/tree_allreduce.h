@@ -50,9 +50,15 @@ absl::StatusOr<GpuTree> RingRootedTree(std::span<const int> ring, int root);
 // the end. A parent's scratch has `slots` chunks per child: a child pushes chunk c once the parent
 // has summed chunk c - slots.
 //
+// Without an inter-node step the whole all-reduce is device work, so it is recorded once per
+// (dtype, buffers, count, chunk size, average) -- a CUDA graph on CudaGpuOps -- and replayed by
+// later calls with the same arguments in one launch, instead of a host call per copy, sum and
+// fence of every chunk (`record`; the last `recordings` argument sets are kept).
+//
 // The chunk size is tuned online (DESIGN.md §1.3): each AllReduce of at least `tune_min_chunks`
 // chunks reports its throughput (bytes / wall time by `now`) to a MiadTuner, whose size the next
-// AllReduce uses; with `tune` off, `chunk_bytes` stays.
+// AllReduce uses (a call that made a recording reports nothing: recording is no measure of the
+// chunk size); with `tune` off, `chunk_bytes` stays.
 //
 // Not thread-safe: one AllReduce at a time. Buffers must be ready (their producers finished)
 // when AllReduce is called; nothing of it runs on them when it returns (every queue is
@@ -72,6 +78,8 @@ class TreeAllReduce {
     int tune_min_chunks = 4;
     int slots = 2;   // >= 1
     int window = 4;  // >= 1; chunks per tree between the root's copy to host and the host
+    bool record = true;
+    int recordings = 4;  // >= 1
     // The clock of the tuner's measurements.
     std::function<absl::Time()> now = [] { return absl::Now(); };
   };
@@ -94,6 +102,11 @@ class TreeAllReduce {
   absl::Status AllReduce(common::DataType dtype, std::span<void* const> buffers, size_t count,
                          bool average);
 
+  ~TreeAllReduce();
+
+  // Replays of a recording so far (calls that did not enqueue their work piece by piece).
+  int replays() const { return replays_; }
+
   // The chunk size the next AllReduce uses, and each size the tuner has moved to (the first
   // included): the tuner's trajectory.
   size_t chunk_bytes() const;
@@ -112,12 +125,30 @@ class TreeAllReduce {
     std::vector<void*> scratch;
     std::vector<void*> host;  // window chunks of pinned host memory (with an inter-node step).
   };
+  struct Recorded {
+    common::DataType dtype;
+    std::vector<void*> buffers;
+    size_t count;
+    size_t chunk;
+    bool average;
+    uint64_t divisor;
+    uint64_t recording;
+    bool fresh;  // Made by the latest call.
+  };
   TreeAllReduce(GpuOps& ops, Reducer& host_reducer, Options options)
       : ops_(ops), host_reducer_(host_reducer), options_(std::move(options)) {}
   absl::Status EnsureScratch(size_t chunk_bytes, bool host);
-  absl::Status Run(common::DataType dtype, std::span<void* const> buffers, size_t count,
-                   bool average, uint64_t divisor, const InterNode* inter_node,
-                   size_t chunk_elements);
+  // Validates, runs (Enqueue + synchronize, or a replay) and reports to the tuner.
+  absl::Status Call(common::DataType dtype, std::span<void* const> buffers, size_t count,
+                    bool average, uint64_t divisor, const InterNode* inter_node);
+  // Enqueues the all-reduce (running the host steps, if any, as their chunks arrive).
+  absl::Status Enqueue(common::DataType dtype, std::span<void* const> buffers, size_t count,
+                       bool average, uint64_t divisor, const InterNode* inter_node,
+                       size_t chunk_elements);
+  // Replays the recording of these arguments, recording it first if there is none.
+  absl::Status Replayed(common::DataType dtype, std::span<void* const> buffers, size_t count,
+                        bool average, uint64_t divisor, size_t chunk_elements);
+  absl::Status SynchronizeAll();
 
   GpuOps& ops_;
   Reducer& host_reducer_;
@@ -127,6 +158,9 @@ class TreeAllReduce {
   std::vector<size_t> trajectory_;
   size_t scratch_bytes_ = 0;
   size_t host_bytes_ = 0;
+  int replays_ = 0;
+  int origin_ = -1;                 // The queue recordings are replayed on.
+  std::vector<Recorded> recorded_;  // Most recently used last.
 };
 
 }  // namespace tributary::dataplane

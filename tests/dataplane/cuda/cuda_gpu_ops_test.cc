@@ -119,13 +119,16 @@ TEST(CudaGpuOps, TreeAllReduceIsExactOnDevices) {
   for (size_t l = 0; l < layouts.size(); ++l) {
     auto ops = CudaGpuOps::Create(ordinals);
     ASSERT_TRUE(ops.ok()) << ops.status();
-    for (bool inter_node : {false, true}) {
-      auto ar = TreeAllReduce::Create(**ops, host, layouts[l],
-                                      {.chunk_bytes = 256 << 10, .tune = false, .window = 3});
+    // Enqueued piece by piece, recorded as a CUDA graph and replayed, with an inter-node step.
+    for (int mode : {0, 1, 2}) {
+      const bool inter_node = mode == 2;
+      auto ar = TreeAllReduce::Create(
+          **ops, host, layouts[l],
+          {.chunk_bytes = 256 << 10, .tune = false, .window = 3, .record = mode == 1});
       ASSERT_TRUE(ar.ok()) << ar.status();
       for (DataType dtype : common::kAllDataTypes) {
-        SCOPED_TRACE(::testing::Message() << "layout " << l << (inter_node ? ", inter-node" : "")
-                                          << ", " << common::DataTypeName(dtype));
+        SCOPED_TRACE(::testing::Message()
+                     << "layout " << l << ", mode " << mode << ", " << common::DataTypeName(dtype));
         constexpr size_t kCount = (1 << 20) + 3;
         const size_t bytes = kCount * common::DataTypeSize(dtype);
         const int contributors = inter_node ? 2 * kGpus : kGpus;
@@ -186,10 +189,25 @@ TEST(CudaGpuOps, TreeAllReduceIsExactOnDevices) {
     ASSERT_EQ(cudaMemcpy(device[g], zeros.data(), kCount * 4, cudaMemcpyHostToDevice), cudaSuccess);
   }
   for (int i = 0; i < 12; ++i) {
-    ASSERT_EQ(cudaMemset(device[i % kGpus], 0, 4), cudaSuccess);  // Keeps the values finite.
     ASSERT_TRUE((*ar)->AllReduce(DataType::kFloat32, device, kCount, false).ok());
   }
   EXPECT_GE((*ar)->chunk_trajectory().size(), 2u) << "the tuner never moved";
+  EXPECT_EQ((*ar)->replays(), 12);
+  // Graph replays on fresh inputs: GPU g holds g + round at every element.
+  for (int round = 0; round < 3; ++round) {
+    for (int g = 0; g < kGpus; ++g) {
+      std::vector<float> values(kCount, static_cast<float>(g + round));
+      ASSERT_EQ(cudaMemcpy(device[g], values.data(), kCount * 4, cudaMemcpyHostToDevice),
+                cudaSuccess);
+    }
+    ASSERT_TRUE((*ar)->AllReduce(DataType::kFloat32, device, kCount, false).ok());
+    std::vector<float> out(kCount);
+    for (int g = 0; g < kGpus; ++g) {
+      ASSERT_EQ(cudaMemcpy(out.data(), device[g], kCount * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      const float want = static_cast<float>(kGpus * (kGpus - 1) / 2 + kGpus * round);
+      for (size_t i = 0; i < kCount; ++i) ASSERT_EQ(out[i], want) << "GPU " << g << " at " << i;
+    }
+  }
 }
 
 }  // namespace

@@ -198,15 +198,19 @@ TEST(TreeAllReduce, EveryBufferHoldsTheExactSumInEveryLegalOrder) {
       for (auto [count, chunk_bytes] :
            {std::pair<size_t, size_t>{1, 16}, {3, 16}, {1000, 16}, {4097, 1000}, {3, 1 << 20}}) {
         for (uint64_t seed : {0, 1, 2, 3}) {  // 0: work runs when enqueued.
+          // Odd seeds: enqueued piece by piece; even: recorded, then replayed.
+          const bool record = seed % 2 == 0;
           SCOPED_TRACE(::testing::Message()
                        << layout.name << ", " << common::DataTypeName(dtype) << ", count " << count
                        << ", chunk " << chunk_bytes << ", seed " << seed);
           Node node(layout.gpus, dtype, count, 1, {.deferred = seed != 0, .seed = seed});
-          auto ar = TreeAllReduce::Create(node.ops(), node.reducer(), layout.trees,
-                                          {.chunk_bytes = chunk_bytes, .tune = false});
+          auto ar =
+              TreeAllReduce::Create(node.ops(), node.reducer(), layout.trees,
+                                    {.chunk_bytes = chunk_bytes, .tune = false, .record = record});
           ASSERT_TRUE(ar.ok()) << ar.status();
           absl::Status s = (*ar)->AllReduce(dtype, node.pointers(), count, false);
           ASSERT_TRUE(s.ok()) << s;
+          EXPECT_EQ((*ar)->replays(), record ? 1 : 0);
           for (int g = 0; g < layout.gpus; ++g) {
             for (size_t i = 0; i < count; ++i) {
               double want = 0;
@@ -237,13 +241,97 @@ TEST(TreeAllReduce, ChunksArePipelinedAcrossQueues) {
   const Layout chain = Layouts()[1];
   Node node(4, DataType::kFloat32, 64 * 4, 1, {.deferred = true, .seed = 5});
   auto ar = TreeAllReduce::Create(node.ops(), node.reducer(), chain.trees,
-                                  {.chunk_bytes = 16, .tune = false});
+                                  {.chunk_bytes = 16, .tune = false, .record = false});
   ASSERT_TRUE(ar.ok());
   ASSERT_TRUE((*ar)->AllReduce(DataType::kFloat32, node.pointers(), 64 * 4, false).ok());
   // Per chunk at least 3 pushes, 3 sums, 3 broadcast copies.
   EXPECT_GT(node.ops().max_pending(), 64u * 9);
-  // Two queues per GPU and tree besides the default ones.
+  // Two queues per GPU and tree besides the default ones (no replay queue without recording).
   EXPECT_EQ(node.ops().queue_count(), 4 + 2 * 4);
+}
+
+// Repeated calls with the same arguments replay one recording (no work enqueued piece by
+// piece), exact every time on fresh inputs and with the same data path; other arguments make
+// other recordings, of which the last `recordings` are kept.
+TEST(TreeAllReduce, RepeatedCallsReplayOneRecording) {
+  const Layout layout = Layouts()[3];  // Two weighted trees over 5 GPUs.
+  for (uint64_t seed : {0, 11}) {
+    Node node(layout.gpus, DataType::kFloat64, 700, 1, {.deferred = seed != 0, .seed = seed});
+    auto ar = TreeAllReduce::Create(node.ops(), node.reducer(), layout.trees,
+                                    {.chunk_bytes = 400, .tune = false, .recordings = 2});
+    ASSERT_TRUE(ar.ok());
+    std::vector<std::string> first_log;
+    for (int call = 0; call < 4; ++call) {
+      // Fresh inputs: GPU g holds Input(g, i, call + 1).
+      for (int g = 0; g < layout.gpus; ++g) {
+        for (size_t i = 0; i < 700; ++i) {
+          PutValue(DataType::kFloat64, node.pointers()[g], i, Input(g, i, call + 1));
+        }
+      }
+      node.ops().ClearLog();
+      ASSERT_TRUE((*ar)->AllReduce(DataType::kFloat64, node.pointers(), 700, false).ok());
+      for (int g = 0; g < layout.gpus; ++g) {
+        for (size_t i = 0; i < 700; ++i) {
+          double want = 0;
+          for (int h = 0; h < layout.gpus; ++h) want += Input(h, i, call + 1);
+          ASSERT_EQ(GetValue(DataType::kFloat64, node.buffer(g), i), want)
+              << "call " << call << " GPU " << g << " element " << i;
+        }
+      }
+      std::vector<std::string> log = node.ops().log();
+      EXPECT_EQ(std::count(log.begin(), log.end(), "record"), call == 0 ? 1 : 0);
+      EXPECT_EQ(std::count(log.begin(), log.end(), "replay"), 1);
+      log.erase(std::remove(log.begin(), log.end(), "record"), log.end());
+      std::sort(log.begin(), log.end());
+      if (call == 0) {
+        first_log = log;
+      } else {
+        EXPECT_EQ(log, first_log) << "a replay does other work than the recorded call";
+      }
+    }
+    EXPECT_EQ((*ar)->replays(), 4);
+    EXPECT_EQ(node.ops().replays(), 4);
+    // Other counts: new recordings; the oldest beyond two is dropped and recorded again.
+    for (size_t count : {699, 698, 700}) {
+      node.ops().ClearLog();
+      ASSERT_TRUE((*ar)->AllReduce(DataType::kFloat64, node.pointers(), count, false).ok());
+      const std::vector<std::string>& log = node.ops().log();
+      EXPECT_EQ(std::count(log.begin(), log.end(), "record"), 1) << count;
+    }
+    node.ops().ClearLog();
+    ASSERT_TRUE((*ar)->AllReduce(DataType::kFloat64, node.pointers(), 698, false).ok());
+    EXPECT_EQ(std::count(node.ops().log().begin(), node.ops().log().end(), "record"), 0);
+  }
+}
+
+TEST(HostGpuOps, RecordingsReplayWithFreshFencesAndNoHostWaitWhileRecording) {
+  ScalarReducer reducer;
+  HostGpuOps ops(2, reducer, {.deferred = true, .seed = 9});
+  int64_t a[1] = {1}, b[1] = {0};
+  ops.RegisterBuffer(0, a, sizeof(a));
+  ops.RegisterBuffer(1, b, sizeof(b));
+  ASSERT_TRUE(ops.BeginRecording().ok());
+  EXPECT_EQ(ops.BeginRecording().code(), absl::StatusCode::kFailedPrecondition);
+  // a = a + a on GPU 0, then b = a on GPU 1 after it.
+  std::vector<const void*> srcs{a, a};
+  ASSERT_TRUE(ops.ReduceAsync(0, DataType::kInt64, a, srcs, 1).ok());
+  absl::StatusOr<uint64_t> f = ops.Fence(0);
+  ASSERT_TRUE(f.ok());
+  ASSERT_TRUE(ops.QueueWaitFence(1, *f).ok());
+  ASSERT_TRUE(ops.ReleaseFence(*f).ok());
+  ASSERT_TRUE(ops.CopyAsync(1, b, a, sizeof(a)).ok());
+  EXPECT_EQ(ops.Synchronize(1).code(), absl::StatusCode::kFailedPrecondition);
+  absl::StatusOr<uint64_t> recording = ops.EndRecording();
+  ASSERT_TRUE(recording.ok());
+  EXPECT_EQ(a[0], 1) << "recorded work ran";
+  for (int i = 1; i <= 5; ++i) {
+    ASSERT_TRUE(ops.Replay(*recording, 1).ok());
+    ASSERT_TRUE(ops.Synchronize(1).ok());
+    EXPECT_EQ(b[0], int64_t{1} << i);
+  }
+  EXPECT_TRUE(ops.DropRecording(*recording).ok());
+  EXPECT_EQ(ops.Replay(*recording, 1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ops.EndRecording().status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 // Two "nodes": the hook doubles the node's sum (the other node holds the same inputs), sees every
@@ -321,47 +409,52 @@ TEST(TreeAllReduce, AFailedStepFailsTheCallAndTheNextOneIsExact) {
 
 // The tuner with an injected clock: each all-reduce takes bytes / rate(chunk), where the rate
 // rises to a peak at 4 MiB chunks and falls after. The chunk size climbs from 1 MiB and settles
-// near the peak; every all-reduce stays exact.
+// near the peak; every all-reduce stays exact. With recordings, a call that records reports
+// nothing (it takes longer than its chunk size explains), so the same path takes more calls.
 TEST(TreeAllReduce, TheChunkSizeIsTunedOnlineTowardTheBestThroughput) {
   const Layout layout = Layouts()[0];
-  constexpr size_t kCount = 64 << 18;  // 64 MiB of floats...
-  // ...only counted: the buffers are small views, the clock charges for the full size.
-  ScalarReducer reducer;
-  HostGpuOps ops(4, reducer);
-  std::vector<std::vector<float>> data(4, std::vector<float>(kCount, 1.0f));
-  std::vector<void*> pointers;
-  for (int g = 0; g < 4; ++g) {
-    ops.RegisterBuffer(g, data[g].data(), kCount * sizeof(float));
-    pointers.push_back(data[g].data());
+  constexpr size_t kCount = 8 << 20;  // 32 MiB of floats: 4 chunks at 8 MiB.
+  for (bool record : {false, true}) {
+    SCOPED_TRACE(record ? "recorded" : "enqueued");
+    ScalarReducer reducer;
+    HostGpuOps ops(4, reducer);
+    std::vector<std::vector<float>> data(4, std::vector<float>(kCount, 1.0f));
+    std::vector<void*> pointers;
+    for (int g = 0; g < 4; ++g) {
+      ops.RegisterBuffer(g, data[g].data(), kCount * sizeof(float));
+      pointers.push_back(data[g].data());
+    }
+    TreeAllReduce* executor = nullptr;
+    double now = 0;
+    int calls = 0;
+    auto rate = [](double chunk) {  // bytes/s: peak 10 GB/s at 4 MiB.
+      const double x = std::log2(chunk / (4 << 20));
+      return 10e9 / (1 + 0.3 * x * x);
+    };
+    auto ar =
+        TreeAllReduce::Create(ops, reducer, layout.trees,
+                              {.chunk_bytes = 1 << 20, .tune = true, .record = record, .now = [&] {
+                                 if (calls++ % 2 == 1) {  // The end of a call: charge its time.
+                                   now += static_cast<double>(kCount * sizeof(float)) /
+                                          rate(static_cast<double>(executor->chunk_bytes()));
+                                 }
+                                 return absl::UnixEpoch() + absl::Seconds(now);
+                               }});
+    ASSERT_TRUE(ar.ok());
+    executor = ar->get();
+    const int rounds = record ? 40 : 24;
+    for (int i = 0; i < rounds; ++i) {
+      ASSERT_TRUE((*ar)->AllReduce(DataType::kFloat32, pointers, kCount, false).ok());
+      ASSERT_EQ(data[2][kCount - 1], std::pow(4.0f, static_cast<float>(i + 1)));
+    }
+    const std::vector<size_t>& path = (*ar)->chunk_trajectory();
+    ASSERT_GE(path.size(), 3u);
+    EXPECT_EQ(path[0], size_t{1} << 20);
+    EXPECT_EQ(path[1], size_t{2} << 20);
+    EXPECT_EQ(path[2], size_t{4} << 20);
+    EXPECT_GE((*ar)->chunk_bytes(), size_t{3} << 20);
+    EXPECT_LE((*ar)->chunk_bytes(), size_t{6} << 20);
   }
-  TreeAllReduce* executor = nullptr;
-  double now = 0;
-  int calls = 0;
-  auto rate = [](double chunk) {  // bytes/s: peak 10 GB/s at 4 MiB.
-    const double x = std::log2(chunk / (4 << 20));
-    return 10e9 / (1 + 0.3 * x * x);
-  };
-  auto ar = TreeAllReduce::Create(ops, reducer, layout.trees,
-                                  {.chunk_bytes = 1 << 20, .tune = true, .now = [&] {
-                                     if (calls++ % 2 == 1) {
-                                       now += static_cast<double>(kCount * sizeof(float)) /
-                                              rate(static_cast<double>(executor->chunk_bytes()));
-                                     }
-                                     return absl::UnixEpoch() + absl::Seconds(now);
-                                   }});
-  ASSERT_TRUE(ar.ok());
-  executor = ar->get();
-  for (int i = 0; i < 30; ++i) {
-    ASSERT_TRUE((*ar)->AllReduce(DataType::kFloat32, pointers, kCount, false).ok());
-    ASSERT_EQ(data[2][kCount - 1], std::pow(4.0f, static_cast<float>(i + 1)));
-  }
-  const std::vector<size_t>& path = (*ar)->chunk_trajectory();
-  ASSERT_GE(path.size(), 3u);
-  EXPECT_EQ(path[0], size_t{1} << 20);
-  EXPECT_EQ(path[1], size_t{2} << 20);
-  EXPECT_EQ(path[2], size_t{4} << 20);
-  EXPECT_GE((*ar)->chunk_bytes(), size_t{3} << 20);
-  EXPECT_LE((*ar)->chunk_bytes(), size_t{6} << 20);
 }
 
 TEST(TreeAllReduce, BadInputIsAClearError) {
