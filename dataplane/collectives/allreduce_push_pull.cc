@@ -492,7 +492,8 @@ struct PushPullWorker::OpState {
   size_t element_size = 0;
   ChunkMap map;
   // 0 queued; 1 being sent (holds credit); 3 sent, waiting for the sum; 4 summed before its
-  // send completed (holds credit until then: the transport may still read the staging); 2 done.
+  // send completed (holds credit until then: the transport may still read the staging); 2 done;
+  // 5 the operation failed while the chunk's send was in flight (see sends_at_failure).
   std::vector<uint8_t> chunk_state;
   uint32_t chunks_done = 0;
   // Per server index: chunks pushed to it whose sum has not come back (see kPushPullAhead).
@@ -504,6 +505,11 @@ struct PushPullWorker::OpState {
   // caller, who may restore the inputs and retry, never races a late write of a sum.
   uint32_t writers = 0;
   std::optional<Completion> failed;
+  // Sends the transport still held when the operation failed (chunks in state 5): they may read
+  // the caller's buffer (a single local buffer is pushed without a copy), so the failure waits
+  // for them too -- at most kFailedSendGrace from `failed_at`.
+  uint32_t sends_at_failure = 0;
+  common::Clock::TimePoint failed_at;
   // Partition tuning (see kTuneMinPartition): whether this op takes part, the partition it was
   // cut by, when it started on the injected clock, the report its chunk 0 carries (KiB/s) and
   // the decision its chunk-0 result carried (KiB).
@@ -942,7 +948,15 @@ void PushPullWorker::SendChunk(std::shared_ptr<OpState> op, uint32_t chunk) {
                        if (!op->send_done_at.empty()) {
                          op->send_done_at[chunk] = std::chrono::steady_clock::now();
                        }
-                       if (state == 4) {
+                       if (state == 5) {
+                         // The operation failed meanwhile; the transport is done with the buffer.
+                         state = 2;
+                         if (--op->sends_at_failure == 0 && op->writers == 0 && op->failed) {
+                           done.push_back(*std::move(op->failed));
+                           op->failed.reset();
+                           std::erase(draining_, op);
+                         }
+                       } else if (state == 4) {
                          // The sum overtook this completion: now the chunk is done.
                          ReleaseCreditLocked(*op, chunk);
                          ChunkDoneLocked(op, chunk, done);
@@ -1073,9 +1087,10 @@ void PushPullWorker::HandleResult(const WireHeader& h, std::span<const std::byte
   std::vector<Completion> done;
   {
     std::lock_guard lock(mu_);
-    if (--op->writers == 0 && op->failed) {
+    if (--op->writers == 0 && op->sends_at_failure == 0 && op->failed) {
       done.push_back(*std::move(op->failed));  // failed while this sum was being written
       op->failed.reset();
+      std::erase(draining_, op);
     }
     op->writing[h.chunk] = 0;
     // Unless the operation failed meanwhile:
@@ -1218,8 +1233,11 @@ void PushPullWorker::FailLocked(const CollectiveKey& key, absl::Status status,
   AnswerQueriesLocked(*op, false, done);
   ReleaseHeldLocked(key, done);
   for (uint32_t c = 0; c < op->num_chunks; ++c) {
-    if (op->chunk_state[c] == 1 || op->chunk_state[c] == 4) ReleaseCreditLocked(*op, c);
-    if (op->chunk_state[c] == 4) op->chunk_state[c] = 2;
+    if (op->chunk_state[c] == 1 || op->chunk_state[c] == 4) {
+      ReleaseCreditLocked(*op, c);
+      op->chunk_state[c] = 5;  // Its send completes later (SendChunk's callback).
+      op->sends_at_failure++;
+    }
   }
   stats_->ops_failed++;
   // A server's verdict names the tensor by its hash (all a server knows): say which tensor it
@@ -1243,8 +1261,14 @@ void PushPullWorker::FailLocked(const CollectiveKey& key, absl::Status status,
   if (status.code() == absl::StatusCode::kUnavailable) {
     status = WithEpoch(std::move(status), op->job->plan_version);
   }
-  if (op->writers > 0) {
-    op->failed.emplace(std::move(op->op.done), std::move(status));  // HandleResult completes it
+  if (op->writers > 0 || op->sends_at_failure > 0) {
+    // HandleResult's last writer or SendChunk's last send completes it (ExpireStale at the
+    // latest, for sends).
+    op->failed.emplace(std::move(op->op.done), std::move(status));
+    if (op->sends_at_failure > 0) {
+      op->failed_at = clock_->Now();
+      draining_.push_back(op);
+    }
     return;
   }
   done.emplace_back(std::move(op->op.done), std::move(status));
@@ -1325,6 +1349,21 @@ void PushPullWorker::ExpireStale() {
           done);
     }
     if (!expired.empty() || !expired_held.empty() || !unrecovered.empty()) PumpLocked(sends);
+    // Failed operations whose sends the transport has held for kFailedSendGrace are completed
+    // anyway: every wait has a deadline (the transport is told nothing; it may still read).
+    std::vector<std::shared_ptr<OpState>> overdue;
+    for (const auto& op : draining_) {
+      if (now - op->failed_at >= kFailedSendGrace && op->writers == 0) overdue.push_back(op);
+    }
+    for (const auto& op : overdue) {
+      Log()->warn(
+          "tensor '{}' iteration {}: completing its failure with {} sends still held by "
+          "the transport",
+          op->op.tensor_name, op->op.iteration, op->sends_at_failure);
+      if (op->failed) done.push_back(*std::move(op->failed));
+      op->failed.reset();
+      std::erase(draining_, op);
+    }
   }
   Flush(std::move(sends), std::move(done));
 }

@@ -275,6 +275,11 @@ class PushPullWorker {
                  PushPullStats* stats);
   ~PushPullWorker();
 
+  // A failed operation is completed once the transport is done with its pushes (a single local
+  // buffer is pushed without a copy, and the caller may reuse it once told), or after this long
+  // (ExpireStale), whichever comes first.
+  static constexpr std::chrono::seconds kFailedSendGrace{2};
+
   // Adds or replaces a job's view. Operations already running keep the view they started with.
   void SetJob(const JobView& view);
   // Forgets the job; its running operations fail with CANCELLED.
@@ -397,6 +402,8 @@ class PushPullWorker {
   std::mutex mu_;
   std::map<uint64_t, std::shared_ptr<const JobView>> jobs_;
   std::map<CollectiveKey, std::shared_ptr<OpState>> ops_;
+  // Failed operations waiting for sends the transport still holds (OpState::sends_at_failure).
+  std::vector<std::shared_ptr<OpState>> draining_;
   std::set<QueuedChunk> queue_;
   std::map<uint64_t, uint64_t> in_flight_bytes_;  // per job
   uint64_t next_seq_ = 0;

@@ -545,6 +545,56 @@ TEST(PushPull, LowerPriorityNumbersGoFirst) {
   server_ep->Shutdown();
 }
 
+// The caller may reuse an operation's buffer once told it failed, and a single local buffer is
+// pushed without a copy: a failure waits for the pushes the transport still holds (here every
+// send completion is held and the server never answers), until kFailedSendGrace at the latest.
+TEST(PushPull, AFailureIsReportedOnlyOnceTheTransportIsDoneWithTheBuffer) {
+  for (const bool past_grace : {false, true}) {
+    SCOPED_TRACE(past_grace ? "past the grace" : "sends complete");
+    InProcessNetwork network;
+    auto worker_ep = network.CreateEndpoint("w");
+    auto server_ep = network.CreateEndpoint("s");
+    RecordingTransport recorder(worker_ep.get());
+    CpuReducer reducer(1, 1 << 20);
+    common::FakeClock clock;
+    DataPlaneNode worker(&recorder, &reducer, &clock);
+    JobView v;
+    v.job_id = "j";
+    v.worker_addresses = {"w"};
+    v.server_addresses = {"s"};
+    v.server_weights = {ChunkMap::kWeightTotal};
+    v.partition_bytes = 400;
+    v.my_worker_rank = 0;
+    worker.SetJob(v, Algorithm::kPushPull);
+    network.SetFrozen("s", true);  // Sends stay in flight, and no sum comes back.
+    std::vector<std::vector<std::byte>> buffer(1, std::vector<std::byte>(4000));
+    std::promise<absl::Status> done;
+    auto op = MakeOp("t", 0, DataType::kFloat32, 1000, Reduction::kSum, buffer);
+    op.done = [&](absl::Status s) { done.set_value(s); };
+    ASSERT_TRUE(worker.push_pull().worker().Start("j", std::move(op)).ok());
+    auto f = done.get_future();
+    clock.Advance(v.op_timeout + WorkerGrace(v.op_timeout) + std::chrono::milliseconds(1));
+    worker.push_pull().worker().ExpireStale();
+    EXPECT_EQ(worker.push_pull().stats().ops_failed.load(), 1u);
+    EXPECT_EQ(f.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout)
+        << "completed while the transport still reads the buffer";
+    if (past_grace) {
+      clock.Advance(PushPullWorker::kFailedSendGrace);
+      worker.push_pull().worker().ExpireStale();
+    } else {
+      recorder.Release();
+      network.SetFrozen("s", false);  // The sends complete (nobody serves "s": no sum).
+    }
+    ASSERT_EQ(f.wait_for(kGuard), std::future_status::ready);
+    const absl::Status s = f.get();
+    EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+    recorder.Release();  // What is still held (past the grace) completes into nothing.
+    network.SetFrozen("s", false);
+    worker_ep->Shutdown();
+    server_ep->Shutdown();
+  }
+}
+
 TEST(PushPull, PushesAheadOfTheServersPlanAreParkedAndReplayed) {
   InProcessNetwork network;
   auto worker_ep = network.CreateEndpoint("w");
