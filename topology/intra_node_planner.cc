@@ -64,6 +64,9 @@ tributary::v1::IntraNodePlan ToProto(const IntraNodeResult& r) {
     AddTrees(r.graph, (*r.allreduce)->reduced, p.mutable_allreduce_trees());
   }
   p.set_ring_exists(r.ring.exists);
+  if (r.ring.exists) {
+    for (int i : r.ring.order) p.add_ring(r.graph.gpus[i]);
+  }
   p.set_ring_nvlink(r.ring.nvlink);
   p.set_ring_bytes_per_s(r.ring.allreduce_rate);
   return p;

@@ -8,15 +8,20 @@
 
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
+#include <string>
 #include <vector>
 
 #include "common/dtype.h"
 #include "dataplane/cuda/cuda_status.h"
 #include "dataplane/intranode/cpu_assisted_allreduce.h"
+#include "dataplane/intranode/intra_node_execution.h"
 #include "dataplane/intranode/tree_allreduce.h"
 #include "dataplane/reduce/cpu/scalar_reducer.h"
 #include "gtest/gtest.h"
 #include "tests/util/typed_values.h"
+#include "topology/intra_node_planner.h"
+#include "topology/topology_file.h"
 
 namespace tributary::dataplane {
 namespace {
@@ -206,6 +211,71 @@ TEST(CudaGpuOps, TreeAllReduceIsExactOnDevices) {
       ASSERT_EQ(cudaMemcpy(out.data(), device[g], kCount * 4, cudaMemcpyDeviceToHost), cudaSuccess);
       const float want = static_cast<float>(kGpus * (kGpus - 1) / 2 + kGpus * round);
       for (size_t i = 0; i < kCount; ++i) ASSERT_EQ(out[i], want) << "GPU " << g << " at " << i;
+    }
+  }
+}
+
+// The planner's plans for a DGX-1V (all eight GPUs: the NVLink ring cut at the root; GPUs
+// 0, 1, 2, 5: packed trees) and a BytePS PCIe server (CPU-assisted groups) run on "GPUs" over
+// the real devices, as graphs and enqueued, exact.
+TEST(CudaGpuOps, ThePlannersPlansRunExactlyOnDevices) {
+  absl::StatusOr<int> devices = cuda::CudaDeviceCount();
+  if (!devices.ok()) GTEST_SKIP() << devices.status().message();
+  // The fixtures where this build put them, or under the working directory (a packed build run
+  // from the repository's root on another machine).
+  std::string fixtures = TRIBUTARY_TOPOLOGY_FIXTURES;
+  if (!std::filesystem::exists(fixtures)) fixtures = "tests/topology/fixtures";
+  struct Case {
+    std::string file;
+    std::vector<int> gpus;
+  };
+  for (const Case& c : std::vector<Case>{{"dgx1v_nccl_topo.xml", {}},
+                                         {"dgx1v_nccl_topo.xml", {0, 1, 2, 5}},
+                                         {"byteps_pcie_server.yaml", {}}}) {
+    absl::StatusOr<tributary::v1::Topology> t = topology::LoadTopologyFile(fixtures + "/" + c.file);
+    ASSERT_TRUE(t.ok()) << t.status();
+    auto r = topology::PlanIntraNode(*t, c.gpus, topology::LinkMode::kAll);
+    ASSERT_TRUE(r.ok()) << r.status();
+    const tributary::v1::IntraNodePlan plan = topology::ToProto(*r);
+    absl::StatusOr<IntraNodeExecution> e = ExecutionFromPlan(plan);
+    ASSERT_TRUE(e.ok()) << e.status();
+    SCOPED_TRACE(e->description);
+    const int n = plan.gpus_size();
+    std::vector<int> ordinals;
+    for (int g = 0; g < n; ++g) ordinals.push_back(g % *devices);
+    auto ops = CudaGpuOps::Create(ordinals);
+    ASSERT_TRUE(ops.ok()) << ops.status();
+    ScalarReducer host;
+    constexpr size_t kCount = (4 << 20) + 5;
+    std::vector<void*> device(n);
+    for (bool record : {false, true}) {
+      for (int g = 0; g < n; ++g) {
+        std::vector<int32_t> values(kCount, g + 1);
+        if (device[g] == nullptr) device[g] = *(*ops)->AllocateDevice(g, kCount * 4);
+        ASSERT_EQ(cudaMemcpy(device[g], values.data(), kCount * 4, cudaMemcpyHostToDevice),
+                  cudaSuccess);
+      }
+      absl::Status s;
+      if (e->kind == IntraNodeExecution::kTrees) {
+        auto ar = TreeAllReduce::Create(**ops, host, e->trees,
+                                        {.chunk_bytes = 1 << 20, .tune = false, .record = record});
+        ASSERT_TRUE(ar.ok()) << ar.status();
+        s = (*ar)->AllReduce(DataType::kInt32, device, kCount, false);
+      } else {
+        ASSERT_EQ(e->kind, IntraNodeExecution::kCpuAssisted);
+        auto ar = CpuAssistedAllReduce::Create(**ops, host, e->groups, {.chunk_bytes = 1 << 20});
+        ASSERT_TRUE(ar.ok()) << ar.status();
+        s = (*ar)->AllReduce(DataType::kInt32, device, kCount, false);
+      }
+      ASSERT_TRUE(s.ok()) << s;
+      std::vector<int32_t> out(kCount);
+      for (int g = 0; g < n; ++g) {
+        ASSERT_EQ(cudaMemcpy(out.data(), device[g], kCount * 4, cudaMemcpyDeviceToHost),
+                  cudaSuccess);
+        for (size_t i = 0; i < kCount; ++i) {
+          ASSERT_EQ(out[i], n * (n + 1) / 2) << "GPU " << plan.gpus(g) << " element " << i;
+        }
+      }
     }
   }
 }
