@@ -347,6 +347,11 @@ void Agent::ApplyPlans(const std::vector<tributary::v1::JobPlan>& plans) {
         if (w.down())
           local.down_workers.push_back(absl::StrCat(w.node_id(), " (rank ", w.rank(), ")"));
       }
+      for (const auto& intra : plan.intra_node()) {
+        if (intra.node_id() == node_id_ || intra.node_id().empty()) {
+          local.intra_node = std::make_shared<const tributary::v1::IntraNodePlan>(intra);
+        }
+      }
       local_jobs.push_back(std::move(local));
     }
   }

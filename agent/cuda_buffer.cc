@@ -11,6 +11,7 @@
 #include "common/status_macros.h"
 #include "dataplane/cuda/cuda_ipc.h"
 #include "dataplane/cuda/cuda_status.h"
+#include "dataplane/intranode/cuda_gpu_ops.h"
 
 namespace tributary::agent {
 namespace {
@@ -48,6 +49,15 @@ class CudaMirror final : public MirroredMemory {
     return WaitForStream(timeout,
                          "the process's GPU work before its submit (the ready event) "
                          "and the copy to the agent");
+  }
+
+  void* device_data() const override { return import_->data(); }
+  int device() const override { return device_; }
+  absl::Status WaitReady(std::chrono::milliseconds timeout) override {
+    cuda::ScopedCudaDevice on_device(device_);
+    RETURN_IF_ERROR(on_device.status());
+    RETURN_IF_ERROR(import_->WaitReady(stream_));
+    return WaitForStream(timeout, "the process's GPU work before its submit (the ready event)");
   }
 
   absl::Status CopyOut(uint64_t offset, uint64_t bytes,
@@ -93,6 +103,13 @@ class CudaMirror final : public MirroredMemory {
 }  // namespace
 
 bool AgentHasCuda() { return true; }
+
+absl::StatusOr<std::unique_ptr<dataplane::GpuOps>> MakeDeviceGpuOps(
+    const std::vector<int>& devices) {
+  ASSIGN_OR_RETURN(std::unique_ptr<dataplane::CudaGpuOps> ops,
+                   dataplane::CudaGpuOps::Create(devices));
+  return std::unique_ptr<dataplane::GpuOps>(std::move(ops));
+}
 
 absl::StatusOr<std::shared_ptr<SharedMemoryMapping>> ImportCudaBuffer(const std::string& record,
                                                                       const std::string& what) {

@@ -4,14 +4,21 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "agent/shm_mapping.h"
+#include "dataplane/intranode/gpu_ops.h"
 
 namespace tributary::agent {
 
 // True when this agent was built with CUDA (CMake's TRIBUTARY_HAVE_CUDA).
 bool AgentHasCuda();
+
+// The intra-node executors' GPUs: GPU g = CUDA device devices[g] (CudaGpuOps). Without CUDA,
+// FAILED_PRECONDITION "this agent was built without CUDA". Blocking CUDA calls: no lock held.
+absl::StatusOr<std::unique_ptr<dataplane::GpuOps>> MakeDeviceGpuOps(
+    const std::vector<int>& devices);
 
 // Opens the buffer that `record` (dataplane/cuda/cuda_ipc.h SerializeCudaIpcBuffer) names on
 // the exporter's device and allocates its pinned host mirror (cudaHostAlloc); its CopyIn waits

@@ -5,6 +5,10 @@ namespace tributary::agent {
 
 bool AgentHasCuda() { return false; }
 
+absl::StatusOr<std::unique_ptr<dataplane::GpuOps>> MakeDeviceGpuOps(const std::vector<int>&) {
+  return absl::FailedPreconditionError("this agent was built without CUDA");
+}
+
 absl::StatusOr<std::shared_ptr<SharedMemoryMapping>> ImportCudaBuffer(const std::string&,
                                                                       const std::string& what) {
   return absl::FailedPreconditionError(

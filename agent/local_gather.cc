@@ -5,6 +5,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "agent/cuda_buffer.h"
 #include "common/logging.h"
 #include "dataplane/collectives/operation.h"
 
@@ -68,7 +69,26 @@ LocalGather::LocalGather(CollectiveRunner* runner, const common::Clock* clock,
                          std::shared_ptr<MirrorStager> stager)
     : runner_(runner),
       clock_(clock),
-      stager_(stager != nullptr ? std::move(stager) : std::make_shared<MirrorStager>()) {}
+      stager_(stager != nullptr ? std::move(stager) : std::make_shared<MirrorStager>()),
+      gpu_ops_factory_(MakeDeviceGpuOps) {}
+
+std::shared_ptr<GpuAggregationSlot> LocalGather::GpuSlot(const GatherKey& key,
+                                                         const Gather& gather) {
+  if (gather.job.intra_node == nullptr || gather.slots.size() < 2) return nullptr;
+  std::vector<int> devices;
+  for (const auto& slot : gather.slots) {
+    const MirroredMemory* mirror = slot->mapping->mirror();
+    if (mirror == nullptr || mirror->device_data() == nullptr) return nullptr;
+    devices.push_back(mirror->device());
+  }
+  auto& [version, gpu] = gpu_slots_[key.job_id];
+  if (gpu == nullptr || version != gather.job.plan_version || gpu->devices() != devices) {
+    version = gather.job.plan_version;
+    gpu = std::make_shared<GpuAggregationSlot>(key.job_id, gather.job.intra_node,
+                                               std::move(devices), gpu_ops_factory_);
+  }
+  return gpu;
+}
 
 void LocalGather::Add(const LocalJob& job, const GatherKey& key, Submission sub, Deferred& after) {
   auto& gather = gathers_[key];
@@ -155,6 +175,7 @@ void LocalGather::Start(const GatherKey& key, std::unique_ptr<Gather> gather, De
     }
   }
   op.keepalive = mappings;
+  std::shared_ptr<GpuAggregationSlot> gpu = GpuSlot(key, *gather);
   op.done = [handles, key, session_ids, on_retriable = on_retriable_](absl::Status s) {
     // Recorded before the handles complete, so that the process's resubmission (which may
     // follow at once) finds it.
@@ -166,7 +187,8 @@ void LocalGather::Start(const GatherKey& key, std::unique_ptr<Gather> gather, De
     for (const auto& h : handles) h->Complete(s);
   };
   after.Add([runner = runner_, stager = stager_, job_id = key.job_id, op = std::move(op), handles,
-             mirrored = std::move(mirrored), timeout = gather->job.op_timeout]() mutable {
+             mirrored = std::move(mirrored), timeout = gather->job.op_timeout,
+             gpu = std::move(gpu)]() mutable {
     const std::string tensor = op.tensor_name;
     const uint64_t iteration = op.iteration;
     auto fail = [runner, job_id, tensor, iteration, handles](const absl::Status& status) {
@@ -180,7 +202,7 @@ void LocalGather::Start(const GatherKey& key, std::unique_ptr<Gather> gather, De
           absl::Status started = runner->Start(job_id, std::move(op));
           if (!started.ok()) fail(started);
         },
-        fail);
+        fail, std::move(gpu));
   });
 }
 

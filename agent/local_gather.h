@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "agent/collective_runner.h"
 #include "agent/deferred.h"
+#include "agent/gpu_aggregation.h"
 #include "agent/mirror_stager.h"
 #include "agent/op_handle.h"
 #include "agent/session_registry.h"
@@ -90,6 +91,9 @@ class LocalGather {
   void SetRetriableFailureCallback(RetriableFailure callback) {
     on_retriable_ = std::move(callback);
   }
+  // The GPUs a job's intra-node plan runs on when every local process's buffer of a sum or
+  // average is GPU memory (agent/gpu_aggregation.h); MakeDeviceGpuOps unless replaced (tests).
+  void SetGpuOpsFactory(GpuOpsFactory factory) { gpu_ops_factory_ = std::move(factory); }
 
   // Adds `sub` to the gather of `key` (created on the first submission, timed from then).
   // When all job.procs_per_node local ranks are in and agree, one node-level operation (every
@@ -148,6 +152,12 @@ class LocalGather {
   // gather's `created` is reset to when it started waiting.
   std::map<GatherKey, std::unique_ptr<Gather>> waiting_;
   RetriableFailure on_retriable_;
+  GpuOpsFactory gpu_ops_factory_;
+  // Per job: the GPU aggregation of its plan version and its processes' devices (made on first
+  // use, on the staging thread).
+  std::map<std::string, std::pair<uint64_t, std::shared_ptr<GpuAggregationSlot>>> gpu_slots_;
+  // The slot for `gather` when its plan has an intra-node part and every buffer is GPU memory.
+  std::shared_ptr<GpuAggregationSlot> GpuSlot(const GatherKey& key, const Gather& gather);
   // Local ranks whose session ended, per job, with why: a gather missing one of them can never
   // complete. A new session for the rank clears it.
   std::map<std::string, std::map<uint32_t, std::string>> departed_;

@@ -61,6 +61,11 @@ void LocalService::SetCudaImporterForTest(CudaImporter importer) {
   cuda_importer_ = std::move(importer);
 }
 
+void LocalService::SetGpuOpsFactoryForTest(GpuOpsFactory factory) {
+  std::lock_guard lock(mu_);
+  gather_.SetGpuOpsFactory(std::move(factory));
+}
+
 absl::StatusOr<uint64_t> LocalService::RegisterCudaBuffer(
     const tributary::v1::RegisterCudaBufferRequest& req) {
   {

@@ -109,6 +109,8 @@ class LocalService {
   using CudaImporter = std::function<absl::StatusOr<std::shared_ptr<SharedMemoryMapping>>(
       const std::string& record, const std::string& what)>;
   void SetCudaImporterForTest(CudaImporter importer);
+  // The GPUs that jobs' intra-node plans run on (LocalGather::SetGpuOpsFactory).
+  void SetGpuOpsFactoryForTest(GpuOpsFactory factory);
   // The session's registered buffer `buffer_id` (NOT_FOUND naming what is missing).
   absl::StatusOr<std::shared_ptr<SharedMemoryMapping>> FindBuffer(const std::string& session_id,
                                                                   uint64_t buffer_id);

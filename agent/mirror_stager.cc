@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "agent/gpu_aggregation.h"
 #include "common/logging.h"
 
 namespace tributary::agent {
@@ -69,34 +70,74 @@ void MirrorStager::Run() {
   }
 }
 
+namespace {
+
+// The GPU path's aggregation for `op`, or null for the copies' path.
+GpuAggregation* Aggregation(GpuAggregationSlot* gpu, const std::vector<MirroredRegion>& regions,
+                            const dataplane::Operation& op, const std::string& job_id) {
+  if (gpu == nullptr || regions.size() < 2 || regions.size() != op.buffers.size() ||
+      (op.reduction != dataplane::Reduction::kSum &&
+       op.reduction != dataplane::Reduction::kAverage)) {
+    return nullptr;
+  }
+  for (const MirroredRegion& r : regions) {
+    if (r.mapping->mirror()->device_data() == nullptr) return nullptr;
+  }
+  absl::StatusOr<GpuAggregation*> a = gpu->Get(job_id);
+  return a.ok() ? *a : nullptr;
+}
+
+}  // namespace
+
 void StartMirrored(const std::shared_ptr<MirrorStager>& stager, std::vector<MirroredRegion> regions,
                    dataplane::Operation op, std::chrono::milliseconds timeout,
                    std::function<void(dataplane::Operation)> start,
-                   std::function<void(const absl::Status&)> failed) {
+                   std::function<void(const absl::Status&)> failed,
+                   std::shared_ptr<GpuAggregationSlot> gpu) {
   if (regions.empty()) {
     start(std::move(op));
     return;
   }
-  // The results go back before the handles complete: the process's next work must see them.
-  op.done = [stager, regions, timeout, done = std::move(op.done)](absl::Status status) {
-    stager->Post([regions, timeout, done, status]() mutable {
-      if (status.ok()) {
-        for (const MirroredRegion& r : regions) {
-          absl::Status copied = r.mapping->mirror()->CopyOut(r.offset, r.bytes, timeout);
-          if (!copied.ok()) {
-            status = absl::Status(copied.code(),
-                                  absl::StrCat("copying the result back to ", r.mapping->name(),
-                                               " failed: ", copied.message()));
+  stager->Post([stager, regions = std::move(regions), op = std::move(op), timeout,
+                start = std::move(start), failed = std::move(failed),
+                gpu = std::move(gpu)]() mutable {
+    GpuAggregation* aggregation = Aggregation(gpu.get(), regions, op, gpu ? gpu->job_id() : "");
+    const common::DataType dtype = op.dtype;
+    const uint64_t count = op.count;
+    // The results go back before the handles complete: the process's next work must see them.
+    op.done = [stager, regions, timeout, gpu, aggregation, dtype, count,
+               done = std::move(op.done)](absl::Status status) {
+      stager->Post([regions, timeout, gpu, aggregation, dtype, count, done, status]() mutable {
+        if (status.ok() && aggregation != nullptr) {
+          absl::Status back = aggregation->After(regions, dtype, count, timeout);
+          if (!back.ok()) {
+            status = back;
             Log()->warn("{}", status.message());
-            break;
+          }
+        } else if (status.ok()) {
+          for (const MirroredRegion& r : regions) {
+            absl::Status copied = r.mapping->mirror()->CopyOut(r.offset, r.bytes, timeout);
+            if (!copied.ok()) {
+              status = absl::Status(copied.code(),
+                                    absl::StrCat("copying the result back to ", r.mapping->name(),
+                                                 " failed: ", copied.message()));
+              Log()->warn("{}", status.message());
+              break;
+            }
           }
         }
+        done(status);
+      });
+    };
+    if (aggregation != nullptr) {
+      if (absl::Status s = aggregation->Before(regions, dtype, count, timeout); !s.ok()) {
+        Log()->warn("summing the node's GPU tensors failed: {}", s.message());
+        failed(s);
+        return;
       }
-      done(status);
-    });
-  };
-  stager->Post([regions = std::move(regions), op = std::move(op), timeout, start = std::move(start),
-                failed = std::move(failed)]() mutable {
+      start(std::move(op));
+      return;
+    }
     for (const MirroredRegion& r : regions) {
       absl::Status copied = r.mapping->mirror()->CopyIn(r.offset, r.bytes, timeout);
       if (!copied.ok()) {

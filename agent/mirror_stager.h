@@ -62,9 +62,17 @@ struct MirroredRegion {
 // `start` is not called and `failed` gets the error. Each copy waits at most `timeout` (the
 // job's op deadline): a process whose GPU work never finishes fails its operation, and holds the
 // staging thread for no longer than that.
+//
+// With `gpu` (a job's GpuAggregationSlot, agent/gpu_aggregation.h) and every buffer of a sum or
+// average in GPU memory (`regions` then holds one region per local rank, in rank order), the
+// node's sum is formed on the GPUs as the job's intra-node plan says: GpuAggregation::Before
+// instead of the copies in, ::After instead of the copies back. When the plan has nothing to
+// run on GPUs, the copies as above.
+class GpuAggregationSlot;
 void StartMirrored(const std::shared_ptr<MirrorStager>& stager, std::vector<MirroredRegion> regions,
                    dataplane::Operation op, std::chrono::milliseconds timeout,
                    std::function<void(dataplane::Operation)> start,
-                   std::function<void(const absl::Status&)> failed);
+                   std::function<void(const absl::Status&)> failed,
+                   std::shared_ptr<GpuAggregationSlot> gpu = nullptr);
 
 }  // namespace tributary::agent

@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "agent/op_handle.h"
 #include "agent/shm_mapping.h"
+#include "tributary/v1/topology.pb.h"
 
 namespace tributary::agent {
 
@@ -31,6 +32,9 @@ struct LocalJob {
   // The plan's membership generation (JobPlan.generation): sessions bound to an older one must
   // Resync before their next collective.
   uint64_t generation = 0;
+  // This node's intra-node plan for the job (JobPlan.intra_node), when the controller made one:
+  // how the local processes' GPU tensors are summed (agent/gpu_aggregation.h).
+  std::shared_ptr<const tributary::v1::IntraNodePlan> intra_node;
 
   // Rank among all processes of the job of local rank `local_rank` here, and their number.
   uint32_t GlobalRank(uint32_t local_rank) const { return node_rank * procs_per_node + local_rank; }

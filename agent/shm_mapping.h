@@ -37,6 +37,16 @@ class MirroredMemory {
   // source's owner would see them, or DEADLINE_EXCEEDED after `timeout`.
   virtual absl::Status CopyOut(uint64_t offset, uint64_t bytes,
                                std::chrono::milliseconds timeout) = 0;
+
+  // GPU memory the mirror stands for, opened in this process (null: not GPU memory), and its
+  // CUDA device: what the intra-node executors work on (agent/gpu_aggregation.h).
+  virtual void* device_data() const { return nullptr; }
+  virtual int device() const { return -1; }
+  // Returns once the owner's work before its ready mark has finished (as CopyIn waits for it),
+  // or DEADLINE_EXCEEDED after `timeout`.
+  virtual absl::Status WaitReady(std::chrono::milliseconds /*timeout*/) {
+    return absl::UnimplementedError("this memory has no ready mark");
+  }
 };
 
 // One mapping, read-write and shared with its creator. Unmapped when the last owner (the

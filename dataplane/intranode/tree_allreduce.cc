@@ -124,7 +124,7 @@ absl::Status TreeAllReduce::EnsureScratch(size_t chunk_bytes, bool host) {
       for (int g = 0; g < ops_.gpu_count(); ++g) {
         if (tree.children[g].empty()) continue;
         absl::StatusOr<void*> p = ops_.AllocateDevice(
-            g, static_cast<size_t>(options_.slots) * tree.children[g].size() * chunk_bytes);
+            g, static_cast<size_t>(options_.slots) * (tree.children[g].size() + 1) * chunk_bytes);
         if (!p.ok()) return p.status();
         tree.scratch[g] = *p;
       }
@@ -179,7 +179,7 @@ absl::Status TreeAllReduce::SynchronizeAll() {
 
 absl::Status TreeAllReduce::Call(common::DataType dtype, std::span<void* const> buffers,
                                  size_t count, bool average, uint64_t divisor,
-                                 const InterNode* inter_node) {
+                                 const InterNode* inter_node, Phase phase) {
   const size_t size = common::DataTypeSize(dtype);
   if (size == 0) {
     return absl::InvalidArgumentError(absl::StrCat("unknown data type ", static_cast<int>(dtype)));
@@ -200,15 +200,15 @@ absl::Status TreeAllReduce::Call(common::DataType dtype, std::span<void* const> 
   absl::Status status;
   bool recorded_now = false;  // A first call records: its time is no measure of the chunk size.
   if (inter_node == nullptr && options_.record) {
-    status = Replayed(dtype, buffers, count, average, divisor, chunk);
+    status = Replayed(dtype, buffers, count, average, divisor, chunk, phase);
     recorded_now = status.ok() && recorded_.back().fresh;
   } else {
-    status = Enqueue(dtype, buffers, count, average, divisor, inter_node, chunk);
+    status = Enqueue(dtype, buffers, count, average, divisor, inter_node, chunk, phase);
     // Nothing may still run on a buffer or a slot when the call returns, error or not.
     absl::Status s = SynchronizeAll();
     if (status.ok()) status = s;
   }
-  if (status.ok() && options_.tune) {
+  if (status.ok() && options_.tune && phase == Phase::kAll) {
     const double seconds = absl::ToDoubleSeconds(options_.now() - start);
     if (!recorded_now && seconds > 0 &&
         (count + chunk - 1) / chunk >= static_cast<size_t>(options_.tune_min_chunks)) {
@@ -220,15 +220,16 @@ absl::Status TreeAllReduce::Call(common::DataType dtype, std::span<void* const> 
 }
 
 absl::Status TreeAllReduce::Replayed(common::DataType dtype, std::span<void* const> buffers,
-                                     size_t count, bool average, uint64_t divisor, size_t chunk) {
+                                     size_t count, bool average, uint64_t divisor, size_t chunk,
+                                     Phase phase) {
   if (origin_ < 0) {
     absl::StatusOr<int> origin = ops_.AddQueue(0);
     if (!origin.ok()) return origin.status();
     origin_ = *origin;
   }
   auto same = [&](const Recorded& r) {
-    return r.dtype == dtype && r.count == count && r.chunk == chunk && r.average == average &&
-           (!average || r.divisor == divisor) &&
+    return r.phase == phase && r.dtype == dtype && r.count == count && r.chunk == chunk &&
+           r.average == average && r.host_out == host_out_ && (!average || r.divisor == divisor) &&
            std::equal(r.buffers.begin(), r.buffers.end(), buffers.begin(), buffers.end());
   };
   auto it = std::find_if(recorded_.begin(), recorded_.end(), same);
@@ -241,7 +242,7 @@ absl::Status TreeAllReduce::Replayed(common::DataType dtype, std::span<void* con
       return s;
     }
     if (absl::Status s = ops_.BeginRecording(); !s.ok()) return s;
-    absl::Status enqueued = Enqueue(dtype, buffers, count, average, divisor, nullptr, chunk);
+    absl::Status enqueued = Enqueue(dtype, buffers, count, average, divisor, nullptr, chunk, phase);
     absl::StatusOr<uint64_t> recording = ops_.EndRecording();
     if (!enqueued.ok()) {
       if (recording.ok()) ops_.DropRecording(*recording).IgnoreError();
@@ -252,8 +253,8 @@ absl::Status TreeAllReduce::Replayed(common::DataType dtype, std::span<void* con
       ops_.DropRecording(recorded_.front().recording).IgnoreError();
       recorded_.erase(recorded_.begin());
     }
-    recorded_.push_back({dtype, std::vector<void*>(buffers.begin(), buffers.end()), count, chunk,
-                         average, divisor, *recording, true});
+    recorded_.push_back({phase, dtype, std::vector<void*>(buffers.begin(), buffers.end()), count,
+                         chunk, average, divisor, *recording, true, host_out_});
   }
   ++replays_;
   absl::Status status = ops_.Replay(recorded_.back().recording, origin_);
@@ -293,21 +294,13 @@ class Fences {
 
 }  // namespace
 
-absl::Status TreeAllReduce::Enqueue(common::DataType dtype, std::span<void* const> buffers,
-                                    size_t count, bool average, uint64_t divisor,
-                                    const InterNode* inter_node, size_t chunk) {
-  const size_t size = common::DataTypeSize(dtype);
-  const size_t stride = chunk * size;  // Bytes per scratch or host slot.
-  if (absl::Status s = EnsureScratch(stride, inter_node != nullptr); !s.ok()) return s;
-  const int n = ops_.gpu_count();
-  const size_t slots = static_cast<size_t>(options_.slots);
-  const size_t window = static_cast<size_t>(options_.window);
-
-  // Each tree's share of the elements, by weight (largest remainder).
+void TreeAllReduce::Split(size_t count, std::vector<size_t>& first,
+                          std::vector<size_t>& share) const {
   const size_t trees = trees_.size();
   double total = 0;
   for (const Tree& t : trees_) total += t.weight;
-  std::vector<size_t> share(trees);
+  share.assign(trees, 0);
+  first.assign(trees, 0);
   std::vector<std::pair<double, size_t>> remainder;
   size_t given = 0;
   for (size_t t = 0; t < trees; ++t) {
@@ -319,12 +312,61 @@ absl::Status TreeAllReduce::Enqueue(common::DataType dtype, std::span<void* cons
   std::sort(remainder.begin(), remainder.end(),
             [](const auto& a, const auto& b) { return a.first > b.first; });
   for (size_t i = 0; given < count; ++i, ++given) ++share[remainder[i % trees].second];
-  std::vector<size_t> first(trees, 0), chunks(trees, 0);
   for (size_t t = 0, at = 0; t < trees; ++t) {
     first[t] = at;
     at += share[t];
-    chunks[t] = (share[t] + chunk - 1) / chunk;
   }
+}
+
+std::vector<TreeAllReduce::Share> TreeAllReduce::Shares(size_t count) const {
+  std::vector<size_t> first, share;
+  Split(count, first, share);
+  std::vector<Share> out;
+  for (size_t t = 0; t < trees_.size(); ++t) {
+    if (share[t] > 0) out.push_back({trees_[t].root, first[t], share[t]});
+  }
+  return out;
+}
+
+absl::Status TreeAllReduce::ReduceToRoots(common::DataType dtype, std::span<void* const> buffers,
+                                          size_t count, std::span<void* const> host_out) {
+  if (host_out.size() != static_cast<size_t>(ops_.gpu_count())) {
+    return absl::InvalidArgumentError(absl::StrCat(host_out.size(), " host destinations for ",
+                                                   ops_.gpu_count(), " GPUs: one per GPU"));
+  }
+  for (const Tree& tree : trees_) {
+    if (host_out[tree.root] == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("no host destination for GPU ", tree.root, ", a root"));
+    }
+  }
+  host_out_.assign(host_out.begin(), host_out.end());
+  absl::Status s = Call(dtype, buffers, count, false, 1, nullptr, Phase::kReduce);
+  host_out_.clear();
+  return s;
+}
+
+absl::Status TreeAllReduce::BroadcastFromRoots(common::DataType dtype,
+                                               std::span<void* const> buffers, size_t count) {
+  return Call(dtype, buffers, count, false, 1, nullptr, Phase::kBroadcast);
+}
+
+absl::Status TreeAllReduce::Enqueue(common::DataType dtype, std::span<void* const> buffers,
+                                    size_t count, bool average, uint64_t divisor,
+                                    const InterNode* inter_node, size_t chunk, Phase phase) {
+  const size_t size = common::DataTypeSize(dtype);
+  const size_t stride = chunk * size;  // Bytes per scratch or host slot.
+  if (absl::Status s = EnsureScratch(stride, inter_node != nullptr); !s.ok()) return s;
+  const int n = ops_.gpu_count();
+  const size_t slots = static_cast<size_t>(options_.slots);
+  const size_t window = static_cast<size_t>(options_.window);
+
+  // Each tree's share of the elements, by weight (largest remainder).
+  const size_t trees = trees_.size();
+  std::vector<size_t> first, share;
+  Split(count, first, share);
+  std::vector<size_t> chunks(trees, 0);
+  for (size_t t = 0; t < trees; ++t) chunks[t] = (share[t] + chunk - 1) / chunk;
 
   Fences fences(ops_);
   // Per tree and chunk: the fences later work waits for.
@@ -360,14 +402,21 @@ absl::Status TreeAllReduce::Enqueue(common::DataType dtype, std::span<void* cons
     for (int g : tree.post_order) {
       const int q = tree.up[g];
       const std::vector<int>& kids = tree.children[g];
+      // Where g's partial sum goes: the callers' buffers stay as they were until the result
+      // comes down (a failed all-reduce leaves its inputs), except the root's in a whole
+      // all-reduce, which the result overwrites anyway.
+      char* sum_at = element(g, begin);
       if (!kids.empty()) {
+        const size_t per_slot = kids.size() + 1;  // The children's chunks, then g's partial.
+        if (g != tree.root || phase == Phase::kReduce) {
+          sum_at = static_cast<char*>(tree.scratch[g]) + (slot * per_slot + kids.size()) * stride;
+        }
         std::vector<const void*> srcs{element(g, begin)};
         for (size_t k = 0; k < kids.size(); ++k) {
           if (absl::Status s = ops_.QueueWaitFence(q, f.pushed[kids[k]]); !s.ok()) return s;
-          srcs.push_back(static_cast<char*>(tree.scratch[g]) + (slot * kids.size() + k) * stride);
+          srcs.push_back(static_cast<char*>(tree.scratch[g]) + (slot * per_slot + k) * stride);
         }
-        if (absl::Status s = ops_.ReduceAsync(q, dtype, element(g, begin), srcs, count_j);
-            !s.ok()) {
+        if (absl::Status s = ops_.ReduceAsync(q, dtype, sum_at, srcs, count_j); !s.ok()) {
           return s;
         }
         if (j + slots < chunks[t]) {
@@ -382,8 +431,8 @@ absl::Status TreeAllReduce::Enqueue(common::DataType dtype, std::span<void* cons
           if (absl::Status s = ops_.QueueWaitFence(q, at(t, j - slots).freed[p]); !s.ok()) return s;
         }
         char* dst = static_cast<char*>(tree.scratch[p]) +
-                    (slot * tree.children[p].size() + tree.child_index[g]) * stride;
-        if (absl::Status s = ops_.CopyAsync(q, dst, element(g, begin), bytes); !s.ok()) return s;
+                    (slot * (tree.children[p].size() + 1) + tree.child_index[g]) * stride;
+        if (absl::Status s = ops_.CopyAsync(q, dst, sum_at, bytes); !s.ok()) return s;
         absl::StatusOr<uint64_t> pushed = fences.Make(q);
         if (!pushed.ok()) return pushed.status();
         f.pushed[g] = *pushed;
@@ -400,7 +449,14 @@ absl::Status TreeAllReduce::Enqueue(common::DataType dtype, std::span<void* cons
         absl::StatusOr<uint64_t> to_host = fences.Make(q);
         if (!to_host.ok()) return to_host.status();
         f.to_host = *to_host;
-      } else {
+      } else if (phase == Phase::kReduce) {
+        // The node's sum of this share goes to the caller's host memory.
+        if (absl::Status s =
+                ops_.CopyAsync(q, static_cast<char*>(host_out_[g]) + begin * size, sum_at, bytes);
+            !s.ok()) {
+          return s;
+        }
+      } else if (phase == Phase::kAll) {
         if (average) {
           if (absl::Status s = ops_.DivideAsync(q, dtype, element(g, begin), count_j, divisor);
               !s.ok()) {
@@ -450,9 +506,9 @@ absl::Status TreeAllReduce::Enqueue(common::DataType dtype, std::span<void* cons
         if (!back.ok()) return back.status();
         f.from_host = *back;
       }
-    } else if (absl::Status s = ops_.QueueWaitFence(tree.down[r], f.final[r]); !s.ok()) {
-      return s;
-    }
+    } else if (phase == Phase::kAll) {
+      if (absl::Status s = ops_.QueueWaitFence(tree.down[r], f.final[r]); !s.ok()) return s;
+    }  // kBroadcast: the root's share is in place since the call began.
     for (auto g = tree.post_order.rbegin(); g != tree.post_order.rend(); ++g) {
       const int q = tree.down[*g];
       const std::vector<int>& kids = tree.children[*g];
@@ -487,8 +543,12 @@ absl::Status TreeAllReduce::Enqueue(common::DataType dtype, std::span<void* cons
       for (size_t j = 0; j < most; ++j) {
         for (size_t t = 0; t < trees; ++t) {
           if (j >= chunks[t]) continue;
-          if (absl::Status s = up(t, j); !s.ok()) return s;
-          if (absl::Status s = down(t, j); !s.ok()) return s;
+          if (phase != Phase::kBroadcast) {
+            if (absl::Status s = up(t, j); !s.ok()) return s;
+          }
+          if (phase != Phase::kReduce) {
+            if (absl::Status s = down(t, j); !s.ok()) return s;
+          }
         }
       }
       return absl::OkStatus();

@@ -102,6 +102,23 @@ class TreeAllReduce {
   absl::Status AllReduce(common::DataType dtype, std::span<void* const> buffers, size_t count,
                          bool average);
 
+  // The two halves of an all-reduce, for a caller that runs the inter-node step on its own
+  // (the agent: the data plane's whole-tensor operation between them). ReduceToRoots writes the
+  // sum over all GPUs of each tree's share of the elements (Shares) to host_out[root] (host
+  // memory the GPUs can reach, e.g. pinned, laid out like the tensor: element i at i x element
+  // size), and leaves every buffer as it was. BroadcastFromRoots copies each root's share of its
+  // buffer down its tree to every GPU. Recorded and replayed like AllReduce; never tuned.
+  struct Share {
+    int root;      // GPU
+    size_t first;  // element
+    size_t count;  // elements
+  };
+  std::vector<Share> Shares(size_t count) const;
+  absl::Status ReduceToRoots(common::DataType dtype, std::span<void* const> buffers, size_t count,
+                             std::span<void* const> host_out);
+  absl::Status BroadcastFromRoots(common::DataType dtype, std::span<void* const> buffers,
+                                  size_t count);
+
   ~TreeAllReduce();
 
   // Replays of a recording so far (calls that did not enqueue their work piece by piece).
@@ -121,11 +138,14 @@ class TreeAllReduce {
     std::vector<int> post_order;   // Children before parents.
     std::vector<int> up, down;     // GPU -> queue.
     double weight = 1;
-    // GPU -> slots x children scratch chunks (slot s, child k at (s * children + k) chunks).
+    // GPU -> slots x (children + 1) scratch chunks: slot s, child k at (s * (children + 1) + k)
+    // chunks, and the GPU's own partial sum after its children's.
     std::vector<void*> scratch;
     std::vector<void*> host;  // window chunks of pinned host memory (with an inter-node step).
   };
+  enum class Phase { kAll, kReduce, kBroadcast };
   struct Recorded {
+    Phase phase;
     common::DataType dtype;
     std::vector<void*> buffers;
     size_t count;
@@ -134,20 +154,24 @@ class TreeAllReduce {
     uint64_t divisor;
     uint64_t recording;
     bool fresh;  // Made by the latest call.
+    std::vector<void*> host_out;
   };
   TreeAllReduce(GpuOps& ops, Reducer& host_reducer, Options options)
       : ops_(ops), host_reducer_(host_reducer), options_(std::move(options)) {}
   absl::Status EnsureScratch(size_t chunk_bytes, bool host);
   // Validates, runs (Enqueue + synchronize, or a replay) and reports to the tuner.
   absl::Status Call(common::DataType dtype, std::span<void* const> buffers, size_t count,
-                    bool average, uint64_t divisor, const InterNode* inter_node);
+                    bool average, uint64_t divisor, const InterNode* inter_node,
+                    Phase phase = Phase::kAll);
   // Enqueues the all-reduce (running the host steps, if any, as their chunks arrive).
   absl::Status Enqueue(common::DataType dtype, std::span<void* const> buffers, size_t count,
                        bool average, uint64_t divisor, const InterNode* inter_node,
-                       size_t chunk_elements);
+                       size_t chunk_elements, Phase phase);
   // Replays the recording of these arguments, recording it first if there is none.
   absl::Status Replayed(common::DataType dtype, std::span<void* const> buffers, size_t count,
-                        bool average, uint64_t divisor, size_t chunk_elements);
+                        bool average, uint64_t divisor, size_t chunk_elements, Phase phase);
+  // Each tree's first element and share of `count` (by weight, largest remainder).
+  void Split(size_t count, std::vector<size_t>& first, std::vector<size_t>& share) const;
   absl::Status SynchronizeAll();
 
   GpuOps& ops_;
@@ -159,6 +183,7 @@ class TreeAllReduce {
   size_t scratch_bytes_ = 0;
   size_t host_bytes_ = 0;
   int replays_ = 0;
+  std::vector<void*> host_out_;     // ReduceToRoots' destinations, during the call.
   int origin_ = -1;                 // The queue recordings are replayed on.
   std::vector<Recorded> recorded_;  // Most recently used last.
 };

@@ -13,9 +13,12 @@
 #include <vector>
 
 #include "agent/fake_collective_runner.h"
+#include "agent/gpu_aggregation.h"
 #include "agent/local_service.h"
 #include "agent/mirror_stager.h"
 #include "common/status_macros.h"
+#include "dataplane/intranode/host_gpu_ops.h"
+#include "dataplane/reduce/cpu/scalar_reducer.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/agent/shm_test_util.h"
@@ -49,11 +52,27 @@ class FakeMirror final : public MirroredMemory {
   struct Shared {
     std::mutex mu;
     std::vector<float> device;
-    std::vector<std::string> copies;  // "in 0 64", "out 0 64"
+    std::vector<std::string> copies;  // "in 0 64", "out 0 64", "ready"
     absl::Status fail_in, fail_out;
+    // Offer `device` as GPU memory on `ordinal` (device_data, WaitReady), for the intra-node
+    // executors; `host` is the mirror's memory once made.
+    bool gpu = false;
+    int ordinal = 0;
+    std::byte* host = nullptr;
   };
   FakeMirror(std::shared_ptr<Shared> shared)
-      : shared_(std::move(shared)), host_(shared_->device.size()) {}
+      : shared_(std::move(shared)), host_(shared_->device.size()) {
+    shared_->host = host();
+  }
+  void* device_data() const override {
+    return shared_->gpu ? static_cast<void*>(shared_->device.data()) : nullptr;
+  }
+  int device() const override { return shared_->gpu ? shared_->ordinal : -1; }
+  absl::Status WaitReady(std::chrono::milliseconds) override {
+    std::lock_guard lock(shared_->mu);
+    shared_->copies.push_back("ready");
+    return absl::OkStatus();
+  }
   std::byte* host() const override { return reinterpret_cast<std::byte*>(host_.data()); }
   uint64_t size() const override { return host_.size() * sizeof(float); }
   absl::Status CopyIn(uint64_t offset, uint64_t bytes, std::chrono::milliseconds) override {
@@ -314,6 +333,149 @@ TEST_F(CudaBufferTest, FailedCopiesAndFailedOperationsReachEveryProcess) {
   EXPECT_EQ(r->code(), absl::StatusCode::kInternal);
   EXPECT_THAT(std::string(r->message()),
               StartsWith("copying the result back to CUDA buffer of session"));
+}
+
+// With the job's intra-node plan (the NVLink ring of GPUs 0 and 1 cut at GPU 1) and both
+// processes' buffers in GPU memory, the node's sum is formed on the GPUs (HostGpuOps standing in
+// for CudaGpuOps): only the root's mirror is filled -- by the executor, with the node's sum --
+// and the other zeroed, so the data plane's sum of the mirrors counts it once; only the root's
+// result is copied back, and the GPUs broadcast it. The inputs stay as they were until then, and
+// after a failed operation. A plan the agent cannot run on GPUs takes the copies' path.
+TEST_F(CudaBufferTest, TheIntraNodePlanSumsTheNodesGpuTensorsOnTheGpus) {
+  auto plan = std::make_shared<tributary::v1::IntraNodePlan>();
+  plan->set_strategy("nvlink-rooted-outside-nic-switch");
+  plan->add_gpus(0);
+  plan->add_gpus(1);
+  plan->set_root_gpu(1);
+  plan->add_ring(0);
+  plan->add_ring(1);
+  LocalJob job = OneNodeTwoProcs();
+  job.intra_node = plan;
+  service_.SetJobs({job});
+  std::vector<std::shared_ptr<FakeMirror::Shared>> devices;
+  for (int r = 0; r < 2; ++r) {
+    devices.push_back(std::make_shared<FakeMirror::Shared>());
+    devices[r]->device.resize(32);
+    for (int i = 0; i < 32; ++i) devices[r]->device[i] = static_cast<float>((r + 1) * 100 + i);
+    devices[r]->gpu = true;
+    devices[r]->ordinal = r;
+  }
+  service_.SetCudaImporterForTest(
+      [devices](const std::string& record,
+                const std::string& what) -> absl::StatusOr<std::shared_ptr<SharedMemoryMapping>> {
+        return std::make_shared<SharedMemoryMapping>(
+            what, std::make_unique<FakeMirror>(devices[record == "r0" ? 0 : 1]));
+      });
+  dataplane::ScalarReducer reducer;
+  std::vector<int> factory_devices;
+  service_.SetGpuOpsFactoryForTest(
+      [&](const std::vector<int>& ordinals) -> absl::StatusOr<std::unique_ptr<dataplane::GpuOps>> {
+        factory_devices = ordinals;
+        auto ops = std::make_unique<dataplane::HostGpuOps>(
+            2, reducer, dataplane::HostGpuOps::Options{.deferred = true, .seed = 4});
+        for (int g = 0; g < 2; ++g) {
+          ops->RegisterBuffer(g, devices[g]->device.data(), 32 * sizeof(float));
+          ops->RegisterBuffer(-1, devices[g]->host, 32 * sizeof(float));
+        }
+        return std::unique_ptr<dataplane::GpuOps>(std::move(ops));
+      });
+  auto c0 = RegisterCuda(sessions_[0], "r0");
+  auto c1 = RegisterCuda(sessions_[1], "r1");
+  ASSERT_TRUE(c0.ok() && c1.ok());
+  auto wait_starts = [&](size_t n) {
+    const auto deadline = std::chrono::steady_clock::now() + 5s;
+    while (runner_.num_starts() < n && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(1ms);
+    }
+    return runner_.num_starts() == n;
+  };
+  for (int round = 0; round < 2; ++round) {  // The second reuses the aggregation.
+    // Elements [4, 20) of each buffer.
+    auto h0 = Submit(sessions_[0], *c0, 16, 16);
+    auto h1 = Submit(sessions_[1], *c1, 16, 16);
+    ASSERT_TRUE(h0.ok() && h1.ok());
+    ASSERT_TRUE(wait_starts(round + 1));
+    EXPECT_EQ(factory_devices, (std::vector<int>{0, 1}));
+    const auto& op = runner_.start(round).op;
+    const auto* root = reinterpret_cast<const float*>(op.buffers[1]);
+    const auto* other = reinterpret_cast<const float*>(op.buffers[0]);
+    for (int i = 0; i < 16; ++i) {
+      EXPECT_EQ(root[i], 300.0f + 2 * (4 + i)) << i;  // The node's sum, at the root.
+      EXPECT_EQ(other[i], 0.0f) << i;
+      // The inputs are untouched.
+      EXPECT_EQ(devices[0]->device[4 + i], 100.0f + 4 + i);
+      EXPECT_EQ(devices[1]->device[4 + i], 200.0f + 4 + i);
+    }
+    {
+      std::lock_guard lock0(devices[0]->mu);
+      EXPECT_THAT(devices[0]->copies, ElementsAre("ready"));  // Nothing copied one by one.
+    }
+    // The data plane: another node adds 1000 to every element, in every mirror.
+    for (std::byte* b : op.buffers) {
+      for (int i = 0; i < 16; ++i) {
+        reinterpret_cast<float*>(b)[i] = 1000.0f + 300.0f + 2 * (4 + i);
+      }
+    }
+    runner_.Complete(round, absl::OkStatus());
+    for (auto [session, h] : {std::pair{sessions_[0], *h0}, std::pair{sessions_[1], *h1}}) {
+      auto r = Result(session, h);
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_TRUE(r->ok()) << *r;
+    }
+    for (int g = 0; g < 2; ++g) {
+      std::lock_guard lock(devices[g]->mu);
+      for (int i = 0; i < 32; ++i) {
+        const float want = (i >= 4 && i < 20) ? 1300.0f + 2 * i : (g + 1) * 100.0f + i;
+        EXPECT_EQ(devices[g]->device[i], want) << "rank " << g << " element " << i;
+      }
+      // Only the root's result came back from host memory; rank 0 got it over the "NVLink".
+      if (g == 1) {
+        EXPECT_THAT(devices[g]->copies, ElementsAre("ready", "out 16 64"));
+      } else {
+        EXPECT_THAT(devices[g]->copies, ElementsAre("ready"));
+      }
+      devices[g]->copies.clear();
+      for (int i = 0; i < 32; ++i) devices[g]->device[i] = static_cast<float>((g + 1) * 100 + i);
+    }
+  }
+  // A failed operation leaves the inputs as they were.
+  auto h0 = Submit(sessions_[0], *c0, 16, 16);
+  auto h1 = Submit(sessions_[1], *c1, 16, 16);
+  ASSERT_TRUE(h0.ok() && h1.ok());
+  ASSERT_TRUE(wait_starts(3));
+  runner_.Complete(2, absl::UnavailableError("a summation server left"));
+  auto r = Result(sessions_[0], *h0);
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->ok());
+  ASSERT_TRUE(Result(sessions_[1], *h1).ok());
+  for (int g = 0; g < 2; ++g) {
+    std::lock_guard lock(devices[g]->mu);
+    for (int i = 0; i < 32; ++i) {
+      EXPECT_EQ(devices[g]->device[i], (g + 1) * 100.0f + i) << "rank " << g << " element " << i;
+    }
+    devices[g]->copies.clear();
+  }
+  // A CPU-assisted plan: its groups meet on the host, which the copies' path does already.
+  plan = std::make_shared<tributary::v1::IntraNodePlan>();
+  plan->set_strategy("cpu-assisted-per-switch");
+  plan->add_gpus(0);
+  plan->add_gpus(1);
+  plan->add_groups()->add_gpus(0);
+  plan->mutable_groups(0)->add_gpus(1);
+  job.plan_version = 2;
+  job.intra_node = plan;
+  service_.SetJobs({job});
+  h0 = Submit(sessions_[0], *c0, 16, 16);
+  h1 = Submit(sessions_[1], *c1, 16, 16);
+  ASSERT_TRUE(h0.ok() && h1.ok());
+  ASSERT_TRUE(wait_starts(4));
+  {
+    std::lock_guard lock(devices[0]->mu);
+    EXPECT_THAT(devices[0]->copies, ElementsAre("in 16 64"));
+  }
+  runner_.Complete(3, absl::OkStatus());
+  ASSERT_TRUE(Result(sessions_[0], *h0).ok());
+  ASSERT_TRUE(Result(sessions_[1], *h1).ok());
 }
 
 TEST(MirrorStagerTest, RunsTasksInOrderOnItsThreadAndInlineAfterStop) {

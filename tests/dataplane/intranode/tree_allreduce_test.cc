@@ -334,6 +334,78 @@ TEST(HostGpuOps, RecordingsReplayWithFreshFencesAndNoHostWaitWhileRecording) {
   EXPECT_EQ(ops.EndRecording().status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// The two halves for a caller that runs the inter-node step itself: ReduceToRoots writes each
+// share's node sum to the host destination of its root and leaves every buffer as it was (a
+// failed operation keeps its inputs); the caller doubles the sum (the other node) and puts it in
+// the root's buffer; after BroadcastFromRoots every GPU holds the doubled sum. Enqueued and
+// recorded, in random orders, twice (the second replays).
+TEST(TreeAllReduce, ReduceToRootsThenBroadcastFromRoots) {
+  for (const Layout& layout : Layouts()) {
+    for (uint64_t seed : {0, 1, 2}) {
+      SCOPED_TRACE(::testing::Message() << layout.name << ", seed " << seed);
+      constexpr size_t kCount = 777;
+      Node node(layout.gpus, DataType::kInt64, kCount, 1, {.deferred = seed != 0, .seed = seed});
+      std::vector<std::vector<int64_t>> host(layout.gpus, std::vector<int64_t>(kCount, -1));
+      std::vector<void*> host_out;
+      for (int g = 0; g < layout.gpus; ++g) {
+        node.ops().RegisterBuffer(-1, host[g].data(), kCount * 8);
+        host_out.push_back(host[g].data());
+      }
+      auto ar = TreeAllReduce::Create(node.ops(), node.reducer(), layout.trees,
+                                      {.chunk_bytes = 256, .tune = false, .record = seed != 1});
+      ASSERT_TRUE(ar.ok());
+      for (int round = 0; round < 2; ++round) {
+        for (int g = 0; g < layout.gpus; ++g) {
+          for (size_t i = 0; i < kCount; ++i) {
+            PutValue(DataType::kInt64, node.pointers()[g], i, Input(g, i, round + 1));
+          }
+        }
+        ASSERT_TRUE((*ar)->ReduceToRoots(DataType::kInt64, node.pointers(), kCount, host_out).ok());
+        for (int g = 0; g < layout.gpus; ++g) {
+          for (size_t i = 0; i < kCount; ++i) {
+            ASSERT_EQ(GetValue(DataType::kInt64, node.buffer(g), i), Input(g, i, round + 1))
+                << "the input of GPU " << g << " changed at " << i;
+          }
+        }
+        size_t covered = 0;
+        for (const TreeAllReduce::Share& share : (*ar)->Shares(kCount)) {
+          ASSERT_EQ(share.first, covered);
+          covered += share.count;
+          for (size_t i = share.first; i < share.first + share.count; ++i) {
+            double want = 0;
+            for (int h = 0; h < layout.gpus; ++h) want += Input(h, i, round + 1);
+            ASSERT_EQ(host[share.root][i], want) << "root " << share.root << " element " << i;
+            PutValue(DataType::kInt64, node.pointers()[share.root], i, 2 * want);
+          }
+        }
+        ASSERT_EQ(covered, kCount);
+        ASSERT_TRUE((*ar)->BroadcastFromRoots(DataType::kInt64, node.pointers(), kCount).ok());
+        for (int g = 0; g < layout.gpus; ++g) {
+          for (size_t i = 0; i < kCount; ++i) {
+            double want = 0;
+            for (int h = 0; h < layout.gpus; ++h) want += Input(h, i, round + 1);
+            ASSERT_EQ(GetValue(DataType::kInt64, node.buffer(g), i), 2 * want)
+                << "GPU " << g << " element " << i;
+          }
+        }
+        EXPECT_EQ(node.ops().fence_count(), 0u);
+        // The only copies to the host: the roots' sums.
+        for (const std::string& e : node.ops().log()) {
+          int gpu = -1, queue = -1;
+          if (std::sscanf(e.c_str(), "d2h %d on %d", &gpu, &queue) == 2) {
+            ASSERT_TRUE(IsRoot(layout, gpu)) << e;
+          }
+          ASSERT_EQ(e.rfind("h2d", 0), std::string::npos) << e;
+        }
+      }
+      EXPECT_EQ((*ar)->replays(), seed != 1 ? 4 : 0);
+      std::vector<void*> short_out(host_out.begin(), host_out.end() - 1);
+      EXPECT_EQ((*ar)->ReduceToRoots(DataType::kInt64, node.pointers(), kCount, short_out).code(),
+                absl::StatusCode::kInvalidArgument);
+    }
+  }
+}
+
 // Two "nodes": the hook doubles the node's sum (the other node holds the same inputs), sees every
 // element once, only the roots cross to the host, and the average divides by all contributors.
 TEST(TreeAllReduce, InterNodeStepAtTheRootsAndAverage) {
