@@ -22,40 +22,45 @@ absl::StatusOr<std::unique_ptr<GpuAggregation>> GpuAggregation::Create(
     return absl::FailedPreconditionError(
         absl::StrCat("the plan's strategy (", plan.strategy(), ") aggregates nothing on GPUs"));
   }
-  if (e.kind != dataplane::IntraNodeExecution::kTrees) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the plan's strategy (", plan.strategy(),
-                     ") sums its GPU groups on the host, which the mirrors' path does already"));
-  }
   if (static_cast<size_t>(plan.gpus_size()) != devices.size()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the plan names ", plan.gpus_size(), " GPUs for ", devices.size(), " local ranks"));
   }
   if (!factory) return absl::FailedPreconditionError("no GPUs to run on");
   std::unique_ptr<GpuAggregation> a(new GpuAggregation());
-  ASSIGN_OR_RETURN(a->ops_, factory(devices));
-  ASSIGN_OR_RETURN(a->trees_, dataplane::TreeAllReduce::Create(*a->ops_, a->host_reducer_,
-                                                               std::move(e.trees), {}));
+  // The parts: every GPU in one, over the plan's trees; or one per CPU-assisted group, a star
+  // onto its leader (the host then sums the leaders' partials: the data plane's sum of the
+  // mirrors).
+  std::vector<std::pair<std::vector<int>, std::vector<dataplane::GpuTree>>> parts;
+  if (e.kind == dataplane::IntraNodeExecution::kTrees) {
+    std::vector<int> all(devices.size());
+    for (size_t r = 0; r < all.size(); ++r) all[r] = static_cast<int>(r);
+    parts.emplace_back(std::move(all), std::move(e.trees));
+  } else {
+    for (const std::vector<int>& group : e.groups) {
+      dataplane::GpuTree star{std::vector<int>(group.size(), 0), 1};
+      star.parent[0] = -1;
+      parts.emplace_back(group, std::vector<dataplane::GpuTree>{star});
+    }
+  }
+  for (auto& [ranks, trees] : parts) {
+    Part part;
+    part.ranks = ranks;
+    std::vector<int> part_devices;
+    for (int r : ranks) part_devices.push_back(devices[r]);
+    ASSIGN_OR_RETURN(part.ops, factory(part_devices));
+    ASSIGN_OR_RETURN(part.trees, dataplane::TreeAllReduce::Create(*part.ops, a->host_reducer_,
+                                                                  std::move(trees), {}));
+    a->parts_.push_back(std::move(part));
+  }
   a->description_ = e.description;
   return a;
-}
-
-std::vector<void*> GpuAggregation::DeviceBuffers(const std::vector<MirroredRegion>& regions) const {
-  std::vector<void*> buffers;
-  for (const MirroredRegion& r : regions) {
-    buffers.push_back(static_cast<std::byte*>(r.mapping->mirror()->device_data()) + r.offset);
-  }
-  return buffers;
 }
 
 absl::Status GpuAggregation::Before(const std::vector<MirroredRegion>& regions,
                                     common::DataType dtype, uint64_t count,
                                     std::chrono::milliseconds timeout) {
   const size_t size = common::DataTypeSize(dtype);
-  if (regions.size() != static_cast<size_t>(ops_->gpu_count())) {
-    return absl::InternalError(
-        absl::StrCat(regions.size(), " regions for ", ops_->gpu_count(), " GPUs"));
-  }
   for (const MirroredRegion& r : regions) {
     if (r.mapping->mirror()->device_data() == nullptr || r.bytes != count * size) {
       return absl::InternalError(
@@ -66,17 +71,28 @@ absl::Status GpuAggregation::Before(const std::vector<MirroredRegion>& regions,
                           absl::StrCat("waiting for ", r.mapping->name(), ": ", s.message()));
     }
   }
-  // Each root's share of the sum lands in its mirror (pinned host memory the GPUs reach); the
-  // same range of the other mirrors is zeroed, so that the data plane, which sums the mirrors,
-  // counts the node's sum once. The GPU buffers stay as they were (a failure keeps the inputs).
-  std::vector<void*> host_out;
-  for (const MirroredRegion& r : regions)
-    host_out.push_back(r.mapping->mirror()->host() + r.offset);
-  RETURN_IF_ERROR(trees_->ReduceToRoots(dtype, DeviceBuffers(regions), count, host_out));
-  for (const dataplane::TreeAllReduce::Share& share : trees_->Shares(count)) {
-    for (size_t r = 0; r < regions.size(); ++r) {
-      if (static_cast<int>(r) == share.root) continue;
-      std::memset(static_cast<std::byte*>(host_out[r]) + share.first * size, 0, share.count * size);
+  // Each root's share of its part's sum lands in its mirror (pinned host memory the GPUs
+  // reach); the same range of the part's other mirrors is zeroed, so that the data plane, which
+  // sums the mirrors, counts each part's sum once. The GPU buffers stay as they were (a failure
+  // keeps the inputs).
+  for (const Part& part : parts_) {
+    std::vector<void*> buffers, host_out;
+    for (int r : part.ranks) {
+      if (r < 0 || static_cast<size_t>(r) >= regions.size()) {
+        return absl::InternalError(absl::StrCat("no region for local rank ", r));
+      }
+      const MirroredRegion& region = regions[r];
+      buffers.push_back(static_cast<std::byte*>(region.mapping->mirror()->device_data()) +
+                        region.offset);
+      host_out.push_back(region.mapping->mirror()->host() + region.offset);
+    }
+    RETURN_IF_ERROR(part.trees->ReduceToRoots(dtype, buffers, count, host_out));
+    for (const dataplane::TreeAllReduce::Share& share : part.trees->Shares(count)) {
+      for (size_t i = 0; i < part.ranks.size(); ++i) {
+        if (static_cast<int>(i) == share.root) continue;
+        std::memset(static_cast<std::byte*>(host_out[i]) + share.first * size, 0,
+                    share.count * size);
+      }
     }
   }
   ++runs_;
@@ -87,16 +103,24 @@ absl::Status GpuAggregation::After(const std::vector<MirroredRegion>& regions,
                                    common::DataType dtype, uint64_t count,
                                    std::chrono::milliseconds timeout) {
   const size_t size = common::DataTypeSize(dtype);
-  for (const dataplane::TreeAllReduce::Share& share : trees_->Shares(count)) {
-    const MirroredRegion& root = regions[share.root];
-    if (absl::Status s = root.mapping->mirror()->CopyOut(root.offset + share.first * size,
-                                                         share.count * size, timeout);
-        !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("copying the result back to ",
-                                                 root.mapping->name(), ": ", s.message()));
+  for (const Part& part : parts_) {
+    std::vector<void*> buffers;
+    for (int r : part.ranks) {
+      buffers.push_back(static_cast<std::byte*>(regions[r].mapping->mirror()->device_data()) +
+                        regions[r].offset);
     }
+    for (const dataplane::TreeAllReduce::Share& share : part.trees->Shares(count)) {
+      const MirroredRegion& root = regions[part.ranks[share.root]];
+      if (absl::Status s = root.mapping->mirror()->CopyOut(root.offset + share.first * size,
+                                                           share.count * size, timeout);
+          !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("copying the result back to ",
+                                                   root.mapping->name(), ": ", s.message()));
+      }
+    }
+    RETURN_IF_ERROR(part.trees->BroadcastFromRoots(dtype, buffers, count));
   }
-  return trees_->BroadcastFromRoots(dtype, DeviceBuffers(regions), count);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<GpuAggregation*> GpuAggregationSlot::Get(const std::string& job_id) {

@@ -25,41 +25,46 @@ using GpuOpsFactory = std::function<absl::StatusOr<std::unique_ptr<dataplane::Gp
     const std::vector<int>& devices)>;
 
 // Local rank r is the executor's GPU r -- the plan's GPU plan.gpus(r) (the job's r-th GPU on the
-// node) -- on the device its buffer lives on. Not thread-safe: the agent's one staging thread
-// (mirror_stager.h) runs it.
+// node) -- on the device its buffer lives on. NVLink-rooted and packed-tree plans run as one
+// TreeAllReduce over all ranks; a CPU-assisted plan (PCIe switches, host staging) as one star
+// per group onto its leader, whose partial sums the host then adds (the data plane sums the
+// mirrors). Not thread-safe: the agent's one staging thread (mirror_stager.h) runs it.
 class GpuAggregation {
  public:
   // FAILED_PRECONDITION when the plan has nothing to run on GPUs ("direct", "cpu-only", one
-  // GPU), is CPU-assisted (its groups meet on the host: the mirrors' path does that already), or
-  // names another number of GPUs than there are local ranks; the errors of ExecutionFromPlan
-  // (a malformed plan) and of `factory`.
+  // GPU) or names another number of GPUs than there are local ranks; the errors of
+  // ExecutionFromPlan (a malformed plan) and of `factory` (called once per part).
   static absl::StatusOr<std::unique_ptr<GpuAggregation>> Create(
       const tributary::v1::IntraNodePlan& plan, const std::vector<int>& devices,
       const GpuOpsFactory& factory);
 
   // Before the data plane starts the node's operation on the mirrors (`regions`, by local rank,
   // each `count` elements of `dtype` of a GPU buffer): waits for each process's ready mark, sums
-  // on the GPUs to the roots, which copy their share of the sum into their mirror, and zeroes
-  // that range of the other mirrors (the data plane sums the mirrors: the node's sum counts
-  // once). The GPU buffers are not written: a failed operation leaves the processes' inputs.
+  // on the GPUs to the roots (the trees' roots, or each group's leader), which copy their share
+  // of the sum into their mirror, and zeroes that range of their part's other mirrors (the data
+  // plane sums the mirrors: each part's sum counts once). The GPU buffers are not written: a
+  // failed operation leaves the processes' inputs.
   absl::Status Before(const std::vector<MirroredRegion>& regions, common::DataType dtype,
                       uint64_t count, std::chrono::milliseconds timeout);
   // After it succeeded (every mirror holds the result): copies each root's share back to its GPU
-  // buffer and broadcasts it down the trees to every rank's buffer.
+  // buffer and broadcasts it down the trees (or from each leader to its group).
   absl::Status After(const std::vector<MirroredRegion>& regions, common::DataType dtype,
                      uint64_t count, std::chrono::milliseconds timeout);
 
-  // "nvlink-rooted: ring 0 3 2 1 cut at GPU 0" (ExecutionFromPlan's).
+  // "nvlink-rooted-outside-nic-switch: ring 0 3 2 1 cut at GPU 0" (ExecutionFromPlan's).
   const std::string& description() const { return description_; }
   uint64_t runs() const { return runs_; }
 
  private:
+  struct Part {
+    std::vector<int> ranks;  // The part's GPU i is local rank ranks[i].
+    std::unique_ptr<dataplane::GpuOps> ops;
+    std::unique_ptr<dataplane::TreeAllReduce> trees;
+  };
   GpuAggregation() = default;
-  std::vector<void*> DeviceBuffers(const std::vector<MirroredRegion>& regions) const;
 
-  std::unique_ptr<dataplane::GpuOps> ops_;
   dataplane::ScalarReducer host_reducer_;  // Unused by the tree phases; the executor wants one.
-  std::unique_ptr<dataplane::TreeAllReduce> trees_;
+  std::vector<Part> parts_;
   std::string description_;
   uint64_t runs_ = 0;
 };

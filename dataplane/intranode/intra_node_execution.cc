@@ -85,7 +85,7 @@ absl::StatusOr<IntraNodeExecution> ExecutionFromPlan(const tributary::v1::IntraN
     if (!tree.ok()) return tree.status();
     e.kind = IntraNodeExecution::kTrees;
     e.trees.push_back(std::move(*tree));
-    e.description = absl::StrCat("nvlink-rooted: ring ", absl::StrJoin(plan.ring(), " "),
+    e.description = absl::StrCat(strategy, ": ring ", absl::StrJoin(plan.ring(), " "),
                                  " cut at GPU ", plan.root_gpu());
     return e;
   }

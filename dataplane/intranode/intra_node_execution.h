@@ -25,7 +25,7 @@ struct IntraNodeExecution {
   // kTrees: nvlink-rooted -- the plan's ring cut at its root (RingRootedTree); packed-trees --
   // the plan's all-reduce trees, weighted by their rates.
   std::vector<GpuTree> trees;
-  // "nvlink-rooted: ring 0 3 2 1 5 6 7 4 cut at GPU 6", for logs.
+  // "nvlink-rooted-outside-nic-switch: ring 0 3 2 1 5 6 7 4 cut at GPU 6", for logs.
   std::string description;
 };
 

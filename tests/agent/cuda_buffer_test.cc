@@ -340,7 +340,7 @@ TEST_F(CudaBufferTest, FailedCopiesAndFailedOperationsReachEveryProcess) {
 // for CudaGpuOps): only the root's mirror is filled -- by the executor, with the node's sum --
 // and the other zeroed, so the data plane's sum of the mirrors counts it once; only the root's
 // result is copied back, and the GPUs broadcast it. The inputs stay as they were until then, and
-// after a failed operation. A plan the agent cannot run on GPUs takes the copies' path.
+// after a failed operation. CPU-assisted plans sum each group on its leader's GPU.
 TEST_F(CudaBufferTest, TheIntraNodePlanSumsTheNodesGpuTensorsOnTheGpus) {
   auto plan = std::make_shared<tributary::v1::IntraNodePlan>();
   plan->set_strategy("nvlink-rooted-outside-nic-switch");
@@ -371,12 +371,13 @@ TEST_F(CudaBufferTest, TheIntraNodePlanSumsTheNodesGpuTensorsOnTheGpus) {
   service_.SetGpuOpsFactoryForTest(
       [&](const std::vector<int>& ordinals) -> absl::StatusOr<std::unique_ptr<dataplane::GpuOps>> {
         factory_devices = ordinals;
+        const int n = static_cast<int>(ordinals.size());
         auto ops = std::make_unique<dataplane::HostGpuOps>(
-            2, reducer, dataplane::HostGpuOps::Options{.deferred = true, .seed = 4});
-        for (int g = 0; g < 2; ++g) {
-          ops->RegisterBuffer(g, devices[g]->device.data(), 32 * sizeof(float));
-          ops->RegisterBuffer(-1, devices[g]->host, 32 * sizeof(float));
+            n, reducer, dataplane::HostGpuOps::Options{.deferred = true, .seed = 4});
+        for (int g = 0; g < n; ++g) {  // Rank r's buffer is on fake device r.
+          ops->RegisterBuffer(g, devices[ordinals[g]]->device.data(), 32 * sizeof(float));
         }
+        for (int r = 0; r < 2; ++r) ops->RegisterBuffer(-1, devices[r]->host, 32 * sizeof(float));
         return std::unique_ptr<dataplane::GpuOps>(std::move(ops));
       });
   auto c0 = RegisterCuda(sessions_[0], "r0");
@@ -455,27 +456,62 @@ TEST_F(CudaBufferTest, TheIntraNodePlanSumsTheNodesGpuTensorsOnTheGpus) {
     }
     devices[g]->copies.clear();
   }
-  // A CPU-assisted plan: its groups meet on the host, which the copies' path does already.
-  plan = std::make_shared<tributary::v1::IntraNodePlan>();
-  plan->set_strategy("cpu-assisted-per-switch");
-  plan->add_gpus(0);
-  plan->add_gpus(1);
-  plan->add_groups()->add_gpus(0);
-  plan->mutable_groups(0)->add_gpus(1);
-  job.plan_version = 2;
-  job.intra_node = plan;
-  service_.SetJobs({job});
-  h0 = Submit(sessions_[0], *c0, 16, 16);
-  h1 = Submit(sessions_[1], *c1, 16, 16);
-  ASSERT_TRUE(h0.ok() && h1.ok());
-  ASSERT_TRUE(wait_starts(4));
-  {
-    std::lock_guard lock(devices[0]->mu);
-    EXPECT_THAT(devices[0]->copies, ElementsAre("in 16 64"));
+  // CPU-assisted plans: one PCIe switch holding both GPUs (GPU 1, the root, leads: the sum is
+  // formed there), and host staging (each GPU its own group: each mirror holds its input).
+  int start = 3;
+  for (const bool one_switch : {true, false}) {
+    SCOPED_TRACE(one_switch ? "one switch" : "host staging");
+    plan = std::make_shared<tributary::v1::IntraNodePlan>();
+    plan->set_strategy(one_switch ? "cpu-assisted-per-switch" : "host-staging");
+    plan->add_gpus(0);
+    plan->add_gpus(1);
+    plan->set_root_gpu(1);
+    if (one_switch) {
+      plan->add_groups()->add_gpus(0);
+      plan->mutable_groups(0)->add_gpus(1);
+    } else {
+      plan->add_groups()->add_gpus(0);
+      plan->add_groups()->add_gpus(1);
+    }
+    job.plan_version++;
+    job.intra_node = plan;
+    service_.SetJobs({job});
+    h0 = Submit(sessions_[0], *c0, 16, 16);
+    h1 = Submit(sessions_[1], *c1, 16, 16);
+    ASSERT_TRUE(h0.ok() && h1.ok());
+    ASSERT_TRUE(wait_starts(start + 1));
+    EXPECT_EQ(factory_devices, one_switch ? (std::vector<int>{1, 0}) : (std::vector<int>{1}));
+    const auto& op = runner_.start(start).op;
+    for (int i = 0; i < 16; ++i) {
+      const auto* m0 = reinterpret_cast<const float*>(op.buffers[0]);
+      const auto* m1 = reinterpret_cast<const float*>(op.buffers[1]);
+      if (one_switch) {
+        EXPECT_EQ(m1[i], 300.0f + 2 * (4 + i)) << i;
+        EXPECT_EQ(m0[i], 0.0f) << i;
+      } else {
+        EXPECT_EQ(m0[i], 100.0f + 4 + i) << i;
+        EXPECT_EQ(m1[i], 200.0f + 4 + i) << i;
+      }
+    }
+    for (std::byte* b : op.buffers) {
+      for (int i = 0; i < 16; ++i) reinterpret_cast<float*>(b)[i] = 7.0f;
+    }
+    runner_.Complete(start, absl::OkStatus());
+    ASSERT_TRUE(Result(sessions_[0], *h0).ok());
+    ASSERT_TRUE(Result(sessions_[1], *h1).ok());
+    for (int g = 0; g < 2; ++g) {
+      std::lock_guard lock(devices[g]->mu);
+      for (int i = 4; i < 20; ++i) EXPECT_EQ(devices[g]->device[i], 7.0f) << g << " " << i;
+      if (one_switch && g == 0) {
+        EXPECT_THAT(devices[g]->copies, ElementsAre("ready"));  // Its result came over the GPU.
+      } else {
+        EXPECT_THAT(devices[g]->copies, ElementsAre("ready", "out 16 64"));
+      }
+      devices[g]->copies.clear();
+      for (int i = 0; i < 32; ++i) devices[g]->device[i] = static_cast<float>((g + 1) * 100 + i);
+    }
+    ++start;
   }
-  runner_.Complete(3, absl::OkStatus());
-  ASSERT_TRUE(Result(sessions_[0], *h0).ok());
-  ASSERT_TRUE(Result(sessions_[1], *h1).ok());
 }
 
 TEST(MirrorStagerTest, RunsTasksInOrderOnItsThreadAndInlineAfterStop) {

@@ -6,7 +6,9 @@
 // same with the worker agents reporting a DGX-1V's topology, so that the controller plans the
 // NVLink-rooted strategy for the job's two GPUs on each node: agent A sums its two CUDA tensors
 // on the GPU (the executor's two "GPUs" on the one device there may be) and only the root's
-// share crosses to host memory; agent B, with a shared-memory rank, takes the copies' path.
+// share crosses to host memory; agent B, with a shared-memory rank, takes the copies' path. And
+// with a BytePS PCIe server's topology: the two GPUs under one switch (CPU-assisted: summed on
+// the leader's GPU) and under two (host staging: each through its own mirror, by the executor).
 //
 // The binaries it starts come from $TRIBUTARY_BIN_DIR when set (a copied folder of binaries on
 // a GPU machine), else from this build's bin/.
@@ -219,68 +221,78 @@ TEST(CudaIntraNodePlanTest, TheAgentSumsItsGpuTensorsOnTheGpusAsPlanned) {
   // from the repository's root on another machine).
   std::string fixtures = TRIBUTARY_TOPOLOGY_FIXTURES;
   if (!std::filesystem::exists(fixtures)) fixtures = "tests/topology/fixtures";
-  const std::string run_dir = ::testing::TempDir() + "tributary_cuda_intranode";
-  std::filesystem::remove_all(run_dir);
-  std::filesystem::create_directories(run_dir);
-  client::LocalClusterOptions o;
-  o.bin_dir = BinDir();
-  o.run_dir = run_dir;
-  o.workers = 2;
-  o.nic_gbps = {10};
-  o.sum_gbps = 4;
-  o.heartbeat_timeout = 30s;
-  o.log_level = "info";
-  o.worker_topology_file = fixtures + "/dgx1v_nccl_topo.xml";
-  auto c = client::LocalCluster::Start(o);
-  ASSERT_TRUE(c.ok()) << c.status();
-  std::unique_ptr<client::LocalCluster> cluster = *std::move(c);
-  tributary::v1::CreateJobRequest req;
-  req.set_job_id("cuda");
-  for (const std::string& node : cluster->worker_node_ids()) {
-    req.mutable_spec()->add_worker_nodes(node);
-  }
-  req.mutable_spec()->set_procs_per_node(kProcsPerNode);
-  req.mutable_spec()->add_gpus(0);
-  req.mutable_spec()->add_gpus(1);
-  req.mutable_spec()->set_partition_bytes(64 << 10);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + 5s);
-  tributary::v1::Job job;
-  grpc::Status s = cluster->controller().CreateJob(&ctx, req, &job);
-  ASSERT_TRUE(s.ok()) << s.error_message();
-  ASSERT_GE(job.plan().intra_node_size(), 1);
-  EXPECT_EQ(job.plan().intra_node(0).strategy(), "nvlink-rooted-outside-nic-switch");
-
-  std::mutex mu;
-  std::vector<std::string> errors;
-  std::vector<std::thread> ranks;
-  for (int node = 0; node < 2; ++node) {
-    for (uint32_t local = 0; local < kProcsPerNode; ++local) {
-      const bool shared_memory = node == 1 && local == 1;
-      ranks.emplace_back([&, node, local, shared_memory] {
-        std::string e = RunRank(*cluster, node, local, shared_memory);
-        if (!e.empty()) {
-          std::lock_guard lock(mu);
-          errors.push_back(e);
-        }
-      });
-    }
-  }
-  for (auto& t : ranks) t.join();
-  for (const std::string& e : errors) ADD_FAILURE() << e;
-  auto log_of = [&](int node) {
-    std::ifstream in(run_dir + "/" + cluster->node_id(node) + ".log");
-    std::stringstream text;
-    text << in.rdbuf();
-    return text.str();
+  struct Case {
+    std::string topology;
+    std::vector<int> gpus;
+    std::string strategy;
   };
-  const std::string a = log_of(0), b = log_of(1);
-  EXPECT_NE(a.find("the node's GPU tensors are summed on the GPUs (nvlink-rooted"),
-            std::string::npos)
-      << a;
-  EXPECT_EQ(b.find("summed on the GPUs"), std::string::npos) << b;
-  cluster->Stop();
-  std::filesystem::remove_all(run_dir);
+  for (const Case& c :
+       std::vector<Case>{{"dgx1v_nccl_topo.xml", {0, 1}, "nvlink-rooted-outside-nic-switch"},
+                         {"byteps_pcie_server.yaml", {0, 1}, "cpu-assisted-per-switch"},
+                         {"byteps_pcie_server.yaml", {0, 4}, "host-staging"}}) {
+    SCOPED_TRACE(c.strategy);
+    const std::string run_dir = ::testing::TempDir() + "tributary_cuda_intranode";
+    std::filesystem::remove_all(run_dir);
+    std::filesystem::create_directories(run_dir);
+    client::LocalClusterOptions o;
+    o.bin_dir = BinDir();
+    o.run_dir = run_dir;
+    o.workers = 2;
+    o.nic_gbps = {10};
+    o.sum_gbps = 4;
+    o.heartbeat_timeout = 30s;
+    o.log_level = "info";
+    o.worker_topology_file = fixtures + "/" + c.topology;
+    auto started = client::LocalCluster::Start(o);
+    ASSERT_TRUE(started.ok()) << started.status();
+    std::unique_ptr<client::LocalCluster> cluster = *std::move(started);
+    tributary::v1::CreateJobRequest req;
+    req.set_job_id("cuda");
+    for (const std::string& node : cluster->worker_node_ids()) {
+      req.mutable_spec()->add_worker_nodes(node);
+    }
+    req.mutable_spec()->set_procs_per_node(kProcsPerNode);
+    for (int g : c.gpus) req.mutable_spec()->add_gpus(g);
+    req.mutable_spec()->set_partition_bytes(64 << 10);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 5s);
+    tributary::v1::Job job;
+    grpc::Status s = cluster->controller().CreateJob(&ctx, req, &job);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    ASSERT_GE(job.plan().intra_node_size(), 1);
+    EXPECT_EQ(job.plan().intra_node(0).strategy(), c.strategy);
+
+    std::mutex mu;
+    std::vector<std::string> errors;
+    std::vector<std::thread> ranks;
+    for (int node = 0; node < 2; ++node) {
+      for (uint32_t local = 0; local < kProcsPerNode; ++local) {
+        const bool shared_memory = node == 1 && local == 1;
+        ranks.emplace_back([&, node, local, shared_memory] {
+          std::string e = RunRank(*cluster, node, local, shared_memory);
+          if (!e.empty()) {
+            std::lock_guard lock(mu);
+            errors.push_back(e);
+          }
+        });
+      }
+    }
+    for (auto& t : ranks) t.join();
+    for (const std::string& e : errors) ADD_FAILURE() << e;
+    auto log_of = [&](int node) {
+      std::ifstream in(run_dir + "/" + cluster->node_id(node) + ".log");
+      std::stringstream text;
+      text << in.rdbuf();
+      return text.str();
+    };
+    const std::string a = log_of(0), b = log_of(1);
+    EXPECT_NE(a.find("the node's GPU tensors are summed on the GPUs (" + c.strategy),
+              std::string::npos)
+        << a;
+    EXPECT_EQ(b.find("summed on the GPUs"), std::string::npos) << b;
+    cluster->Stop();
+    std::filesystem::remove_all(run_dir);
+  }
 }
 
 // The agent's copy of a CUDA buffer waits for the process's GPU work before the submit with the
