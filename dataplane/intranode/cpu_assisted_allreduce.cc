@@ -108,21 +108,10 @@ absl::Status CpuAssistedAllReduce::AllReduce(common::DataType dtype, std::span<v
 absl::Status CpuAssistedAllReduce::AllReduce(common::DataType dtype, std::span<void* const> buffers,
                                              size_t count, bool average, uint64_t divisor,
                                              InterNode inter_node) {
-  const size_t size = common::DataTypeSize(dtype);
-  if (size == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown data type ", static_cast<int>(dtype)));
+  if (absl::Status s = CheckExecutorArguments(ops_, dtype, buffers, average, divisor); !s.ok()) {
+    return s;
   }
-  if (buffers.size() != static_cast<size_t>(ops_.gpu_count())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(buffers.size(), " buffers for ", ops_.gpu_count(), " GPUs: one per GPU"));
-  }
-  if (average && divisor == 0) return absl::InvalidArgumentError("divisor must be >= 1");
   if (count == 0) return absl::OkStatus();
-  for (size_t g = 0; g < buffers.size(); ++g) {
-    if (buffers[g] == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("buffer of GPU ", g, " is null"));
-    }
-  }
   absl::Status status = Run(dtype, buffers, count, average, divisor, inter_node);
   // Nothing may still run on a buffer or a set when the call returns, error or not.
   for (const std::vector<int>& group : groups_) {

@@ -74,4 +74,9 @@ class GpuOps {
   virtual absl::Status DropRecording(uint64_t recording) = 0;
 };
 
+// The executors' shared argument checks: INVALID_ARGUMENT for an unknown dtype, not one buffer
+// per GPU of `ops`, a null buffer, or an average by 0.
+absl::Status CheckExecutorArguments(const GpuOps& ops, common::DataType dtype,
+                                    std::span<void* const> buffers, bool average, uint64_t divisor);
+
 }  // namespace tributary::dataplane

@@ -180,21 +180,11 @@ absl::Status TreeAllReduce::SynchronizeAll() {
 absl::Status TreeAllReduce::Call(common::DataType dtype, std::span<void* const> buffers,
                                  size_t count, bool average, uint64_t divisor,
                                  const InterNode* inter_node, Phase phase) {
-  const size_t size = common::DataTypeSize(dtype);
-  if (size == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown data type ", static_cast<int>(dtype)));
-  }
-  if (buffers.size() != static_cast<size_t>(ops_.gpu_count())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(buffers.size(), " buffers for ", ops_.gpu_count(), " GPUs: one per GPU"));
-  }
-  if (average && divisor == 0) return absl::InvalidArgumentError("divisor must be >= 1");
-  for (size_t g = 0; g < buffers.size(); ++g) {
-    if (buffers[g] == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("buffer of GPU ", g, " is null"));
-    }
+  if (absl::Status s = CheckExecutorArguments(ops_, dtype, buffers, average, divisor); !s.ok()) {
+    return s;
   }
   if (count == 0) return absl::OkStatus();
+  const size_t size = common::DataTypeSize(dtype);
   const size_t chunk = std::max<size_t>(1, chunk_bytes() / size);
   const absl::Time start = options_.now();
   absl::Status status;

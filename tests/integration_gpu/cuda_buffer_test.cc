@@ -193,16 +193,17 @@ std::string RunRank(const client::LocalCluster& cluster, int node, uint32_t loca
   return error;
 }
 
-TEST_F(CudaBufferClusterTest, AllReduceOfCudaTensorsIsExactOnEveryRank) {
+// Every rank of both nodes at once (RunRank); node B's local rank 1 uses shared memory: CUDA and
+// shared-memory buffers in one gather. Returns what went wrong.
+std::vector<std::string> RunAllRanks(const client::LocalCluster& cluster) {
   std::mutex mu;
   std::vector<std::string> errors;
   std::vector<std::thread> ranks;
   for (int node = 0; node < 2; ++node) {
     for (uint32_t local = 0; local < kProcsPerNode; ++local) {
-      // Node B's local rank 1 uses shared memory: CUDA and shared-memory buffers in one gather.
       const bool shared_memory = node == 1 && local == 1;
       ranks.emplace_back([&, node, local, shared_memory] {
-        std::string e = RunRank(*cluster_, node, local, shared_memory);
+        std::string e = RunRank(cluster, node, local, shared_memory);
         if (!e.empty()) {
           std::lock_guard lock(mu);
           errors.push_back(e);
@@ -211,7 +212,11 @@ TEST_F(CudaBufferClusterTest, AllReduceOfCudaTensorsIsExactOnEveryRank) {
     }
   }
   for (auto& t : ranks) t.join();
-  for (const std::string& e : errors) ADD_FAILURE() << e;
+  return errors;
+}
+
+TEST_F(CudaBufferClusterTest, AllReduceOfCudaTensorsIsExactOnEveryRank) {
+  for (const std::string& e : RunAllRanks(*cluster_)) ADD_FAILURE() << e;
 }
 
 TEST(CudaIntraNodePlanTest, TheAgentSumsItsGpuTensorsOnTheGpusAsPlanned) {
@@ -262,23 +267,7 @@ TEST(CudaIntraNodePlanTest, TheAgentSumsItsGpuTensorsOnTheGpusAsPlanned) {
     ASSERT_GE(job.plan().intra_node_size(), 1);
     EXPECT_EQ(job.plan().intra_node(0).strategy(), c.strategy);
 
-    std::mutex mu;
-    std::vector<std::string> errors;
-    std::vector<std::thread> ranks;
-    for (int node = 0; node < 2; ++node) {
-      for (uint32_t local = 0; local < kProcsPerNode; ++local) {
-        const bool shared_memory = node == 1 && local == 1;
-        ranks.emplace_back([&, node, local, shared_memory] {
-          std::string e = RunRank(*cluster, node, local, shared_memory);
-          if (!e.empty()) {
-            std::lock_guard lock(mu);
-            errors.push_back(e);
-          }
-        });
-      }
-    }
-    for (auto& t : ranks) t.join();
-    for (const std::string& e : errors) ADD_FAILURE() << e;
+    for (const std::string& e : RunAllRanks(*cluster)) ADD_FAILURE() << e;
     auto log_of = [&](int node) {
       std::ifstream in(run_dir + "/" + cluster->node_id(node) + ".log");
       std::stringstream text;

@@ -14,6 +14,7 @@
 #include "dataplane/intranode/host_gpu_ops.h"
 #include "dataplane/reduce/cpu/scalar_reducer.h"
 #include "gtest/gtest.h"
+#include "tests/dataplane/intranode/host_node.h"
 #include "tests/util/typed_values.h"
 
 namespace tributary::dataplane {
@@ -21,12 +22,9 @@ namespace {
 
 using common::DataType;
 using testing::GetValue;
+using testing::Input;
+using testing::Node;
 using testing::PutValue;
-
-// GPU g's input at element i: small integers, exact in every dtype and in every sum order.
-double Input(int g, size_t i, int scale) {
-  return scale * (static_cast<double>((i * 7 + g * 3) % 11) - 5);
-}
 
 struct Layout {
   int gpus;
@@ -48,30 +46,6 @@ int GroupOf(const Layout& l, int gpu) {
   return -1;
 }
 
-class Node {
- public:
-  Node(const Layout& layout, DataType dtype, size_t count, int scale)
-      : ops_(layout.gpus, reducer_), buffers_(layout.gpus) {
-    const size_t size = common::DataTypeSize(dtype);
-    for (int g = 0; g < layout.gpus; ++g) {
-      buffers_[g].resize(count * size);
-      for (size_t i = 0; i < count; ++i) PutValue(dtype, buffers_[g].data(), i, Input(g, i, scale));
-      ops_.RegisterBuffer(g, buffers_[g].data(), buffers_[g].size());
-      pointers_.push_back(buffers_[g].data());
-    }
-  }
-  HostGpuOps& ops() { return ops_; }
-  ScalarReducer& reducer() { return reducer_; }
-  std::vector<void*>& pointers() { return pointers_; }
-  const uint8_t* buffer(int g) const { return buffers_[g].data(); }
-
- private:
-  ScalarReducer reducer_;
-  HostGpuOps ops_;
-  std::vector<std::vector<uint8_t>> buffers_;
-  std::vector<void*> pointers_;
-};
-
 TEST(CpuAssistedAllReduce, EveryBufferHoldsTheExactSumAndTheDataPathFollowsTheGroups) {
   for (const Layout& layout : kLayouts) {
     for (DataType dtype : common::kAllDataTypes) {
@@ -86,7 +60,7 @@ TEST(CpuAssistedAllReduce, EveryBufferHoldsTheExactSumAndTheDataPathFollowsTheGr
           SCOPED_TRACE(::testing::Message() << layout.gpus << " GPUs, " << layout.groups.size()
                                             << " groups, " << common::DataTypeName(dtype)
                                             << ", count " << count << ", chunk " << chunk_bytes);
-          Node node(layout, dtype, count, 1);
+          Node node(layout.gpus, dtype, count, 1);
           auto ar = CpuAssistedAllReduce::Create(node.ops(), node.reducer(), layout.groups,
                                                  {.chunk_bytes = chunk_bytes});
           ASSERT_TRUE(ar.ok()) << ar.status();
@@ -141,7 +115,7 @@ TEST(CpuAssistedAllReduce, InterNodeHookAndAverage) {
   for (DataType dtype : common::kAllDataTypes) {
     SCOPED_TRACE(common::DataTypeName(dtype));
     constexpr size_t kCount = 1001;
-    Node node(layout, dtype, kCount, contributors);  // Inputs multiples of the divisor.
+    Node node(layout.gpus, dtype, kCount, contributors);  // Inputs multiples of the divisor.
     auto ar = CpuAssistedAllReduce::Create(node.ops(), node.reducer(), layout.groups,
                                            {.chunk_bytes = 256});
     ASSERT_TRUE(ar.ok());
@@ -166,7 +140,7 @@ TEST(CpuAssistedAllReduce, InterNodeHookAndAverage) {
     }
   }
   // A failing hook fails the all-reduce with its status.
-  Node node(layout, DataType::kFloat32, 100, 1);
+  Node node(layout.gpus, DataType::kFloat32, 100, 1);
   auto ar = CpuAssistedAllReduce::Create(node.ops(), node.reducer(), layout.groups, {});
   ASSERT_TRUE(ar.ok());
   absl::Status s = (*ar)->AllReduce(

@@ -22,6 +22,7 @@
 #include "dataplane/intranode/host_gpu_ops.h"
 #include "dataplane/reduce/cpu/scalar_reducer.h"
 #include "gtest/gtest.h"
+#include "tests/dataplane/intranode/host_node.h"
 #include "tests/util/typed_values.h"
 
 namespace tributary::dataplane {
@@ -29,6 +30,8 @@ namespace {
 
 using common::DataType;
 using testing::GetValue;
+using testing::Input;
+using testing::Node;
 using testing::PutValue;
 
 // Two queues of two GPUs: B copies what A wrote. Without a queue wait, some order of the
@@ -94,35 +97,6 @@ TEST(HostGpuOps, CrossWaitsRunAndBadIdsAreErrors) {
   EXPECT_EQ(ops.Fence(7).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ops.Synchronize(-1).code(), absl::StatusCode::kInvalidArgument);
 }
-
-// GPU g's input at element i: small integers, exact in every dtype and in every sum order.
-double Input(int g, size_t i, int scale) {
-  return scale * (static_cast<double>((i * 7 + g * 3) % 11) - 5);
-}
-
-class Node {
- public:
-  Node(int gpus, DataType dtype, size_t count, int scale, HostGpuOps::Options options = {})
-      : ops_(gpus, reducer_, options), buffers_(gpus) {
-    const size_t size = common::DataTypeSize(dtype);
-    for (int g = 0; g < gpus; ++g) {
-      buffers_[g].resize(count * size);
-      for (size_t i = 0; i < count; ++i) PutValue(dtype, buffers_[g].data(), i, Input(g, i, scale));
-      ops_.RegisterBuffer(g, buffers_[g].data(), buffers_[g].size());
-      pointers_.push_back(buffers_[g].data());
-    }
-  }
-  HostGpuOps& ops() { return ops_; }
-  ScalarReducer& reducer() { return reducer_; }
-  std::vector<void*>& pointers() { return pointers_; }
-  const uint8_t* buffer(int g) const { return buffers_[g].data(); }
-
- private:
-  ScalarReducer reducer_;
-  HostGpuOps ops_;
-  std::vector<std::vector<uint8_t>> buffers_;
-  std::vector<void*> pointers_;
-};
 
 struct Layout {
   const char* name;
