@@ -126,9 +126,13 @@ void ControlRing::DrainLocked() {
 std::optional<absl::Status> ControlRing::Wait(RingSlot& slot, SteadyClock::time_point deadline) {
   std::unique_lock lock(mu_);
   while (true) {
-    if (!reader_) DrainLocked();
+    // Once this side closed the ring (Leave), what the agent writes after is not read: an
+    // operation still pending then fails with the close's error, however late its waiter comes
+    // (the agent answers a session that left with "not found").
     if (slot.done) return slot.status;
     if (!closed_.ok()) return closed_;
+    if (!reader_) DrainLocked();
+    if (slot.done) return slot.status;
     if (std::atomic_ref(view_.header->agent_closed).load(std::memory_order_acquire) != 0) {
       if (!reader_) DrainLocked();  // what it wrote before closing
       if (slot.done) return slot.status;

@@ -2,6 +2,9 @@
 // LocalGrpcService on a unix socket) with the fake data plane: collectives through the control
 // ring with exact sums, many waiting threads, agent errors, the gRPC fallback (full ring, long
 // names, an agent without the RPC) and waiters woken with an error when the session ends.
+#include "client/control_ring.h"
+
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -15,6 +18,7 @@
 #include "agent/fake_collective_runner.h"
 #include "agent/local_grpc_service.h"
 #include "client/client.h"
+#include "common/shm_ring.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -318,6 +322,41 @@ TEST_F(ControlRingTest, LeaveFailsWaitersWithTheLeftError) {
   waiter.join();
   EXPECT_EQ(result.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(result.message(), HasSubstr("has left job 'pair'"));
+}
+
+// Once the client closed its ring (Leave), what the agent writes after is not read: here the
+// agent's ring thread, slower than the process's Leave, answers the submission with "session not
+// found" after the close, and the waiter -- however late it comes -- still gets the close's
+// error. (An ASan run of LeaveFailsWaitersWithTheLeftError caught the old order: drain first.)
+TEST(ControlRingCloseTest, CompletionsWrittenAfterTheCloseAreNotRead) {
+  absl::StatusOr<std::unique_ptr<internal::ControlRing>> ring = internal::ControlRing::Create(8);
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  // The agent's side: the same memory, mapped.
+  void* memory =
+      mmap(nullptr, (*ring)->size_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, (*ring)->memfd(), 0);
+  ASSERT_NE(memory, MAP_FAILED);
+  absl::StatusOr<common::shm_ring::RingConfig> config =
+      common::shm_ring::ReadHeader(memory, (*ring)->size_bytes());
+  ASSERT_TRUE(config.ok()) << config.status();
+  const common::shm_ring::RingView view = common::shm_ring::ViewOf(memory, *config);
+  common::shm_ring::RingProducer<common::shm_ring::CompletionEntry> agent(&view.header->cq, view.cq,
+                                                                          config->cq_capacity);
+
+  internal::RingSubmission submission;
+  submission.tensor_name = "x";
+  submission.count = 4;
+  std::shared_ptr<internal::RingSlot> slot = (*ring)->TrySubmit(submission);
+  ASSERT_NE(slot, nullptr);
+  (*ring)->Close(absl::FailedPreconditionError("the client has left job 'pair'"));
+  ASSERT_EQ(agent.Push(common::shm_ring::MakeCompletion(
+                slot->ticket, absl::NotFoundError("session 's' not found"))),
+            common::shm_ring::RingResult::kOk);
+  std::optional<absl::Status> result =
+      (*ring)->Wait(*slot, std::chrono::steady_clock::now() + std::chrono::seconds(1));
+  ASSERT_TRUE(result.has_value());
+  EXPECT_EQ(result->code(), absl::StatusCode::kFailedPrecondition) << *result;
+  EXPECT_THAT(result->message(), HasSubstr("has left job 'pair'"));
+  munmap(memory, (*ring)->size_bytes());
 }
 
 TEST(ControlRingFallbackTest, AnAgentWithoutTheRpcIsServedThroughSubmit) {
