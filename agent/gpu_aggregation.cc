@@ -54,13 +54,27 @@ absl::StatusOr<std::unique_ptr<GpuAggregation>> GpuAggregation::Create(
     a->parts_.push_back(std::move(part));
   }
   a->description_ = e.description;
+  a->devices_ = devices.size();
   return a;
+}
+
+void GpuAggregation::PartMemory(const Part& part, const std::vector<MirroredRegion>& regions,
+                                std::vector<void*>& buffers, std::vector<void*>& host) {
+  for (int r : part.ranks) {
+    MirroredMemory* mirror = regions[r].mapping->mirror();
+    buffers.push_back(static_cast<std::byte*>(mirror->device_data()) + regions[r].offset);
+    host.push_back(mirror->host() + regions[r].offset);
+  }
 }
 
 absl::Status GpuAggregation::Before(const std::vector<MirroredRegion>& regions,
                                     common::DataType dtype, uint64_t count,
                                     std::chrono::milliseconds timeout) {
   const size_t size = common::DataTypeSize(dtype);
+  if (regions.size() != devices_) {
+    return absl::InternalError(
+        absl::StrCat(regions.size(), " regions for ", devices_, " local ranks"));
+  }
   for (const MirroredRegion& r : regions) {
     if (r.mapping->mirror()->device_data() == nullptr || r.bytes != count * size) {
       return absl::InternalError(
@@ -77,15 +91,7 @@ absl::Status GpuAggregation::Before(const std::vector<MirroredRegion>& regions,
   // keeps the inputs).
   for (const Part& part : parts_) {
     std::vector<void*> buffers, host_out;
-    for (int r : part.ranks) {
-      if (r < 0 || static_cast<size_t>(r) >= regions.size()) {
-        return absl::InternalError(absl::StrCat("no region for local rank ", r));
-      }
-      const MirroredRegion& region = regions[r];
-      buffers.push_back(static_cast<std::byte*>(region.mapping->mirror()->device_data()) +
-                        region.offset);
-      host_out.push_back(region.mapping->mirror()->host() + region.offset);
-    }
+    PartMemory(part, regions, buffers, host_out);
     RETURN_IF_ERROR(part.trees->ReduceToRoots(dtype, buffers, count, host_out));
     for (const dataplane::TreeAllReduce::Share& share : part.trees->Shares(count)) {
       for (size_t i = 0; i < part.ranks.size(); ++i) {
@@ -95,7 +101,6 @@ absl::Status GpuAggregation::Before(const std::vector<MirroredRegion>& regions,
       }
     }
   }
-  ++runs_;
   return absl::OkStatus();
 }
 
@@ -104,11 +109,8 @@ absl::Status GpuAggregation::After(const std::vector<MirroredRegion>& regions,
                                    std::chrono::milliseconds timeout) {
   const size_t size = common::DataTypeSize(dtype);
   for (const Part& part : parts_) {
-    std::vector<void*> buffers;
-    for (int r : part.ranks) {
-      buffers.push_back(static_cast<std::byte*>(regions[r].mapping->mirror()->device_data()) +
-                        regions[r].offset);
-    }
+    std::vector<void*> buffers, host;
+    PartMemory(part, regions, buffers, host);
     for (const dataplane::TreeAllReduce::Share& share : part.trees->Shares(count)) {
       const MirroredRegion& root = regions[part.ranks[share.root]];
       if (absl::Status s = root.mapping->mirror()->CopyOut(root.offset + share.first * size,
@@ -123,7 +125,7 @@ absl::Status GpuAggregation::After(const std::vector<MirroredRegion>& regions,
   return absl::OkStatus();
 }
 
-absl::StatusOr<GpuAggregation*> GpuAggregationSlot::Get(const std::string& job_id) {
+absl::StatusOr<GpuAggregation*> GpuAggregationSlot::Get() {
   std::lock_guard lock(mu_);
   if (!tried_) {
     tried_ = true;
@@ -131,11 +133,11 @@ absl::StatusOr<GpuAggregation*> GpuAggregationSlot::Get(const std::string& job_i
         GpuAggregation::Create(*plan_, devices_, factory_);
     if (made.ok()) {
       aggregation_ = std::move(*made);
-      Log()->info("job {}: the node's GPU tensors are summed on the GPUs ({})", job_id,
+      Log()->info("job {}: the node's GPU tensors are summed on the GPUs ({})", job_id_,
                   aggregation_->description());
     } else {
       failed_ = made.status();
-      Log()->info("job {}: GPU tensors go through host memory one by one: {}", job_id,
+      Log()->info("job {}: GPU tensors go through host memory one by one: {}", job_id_,
                   failed_.message());
     }
   }

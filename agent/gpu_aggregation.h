@@ -43,7 +43,8 @@ class GpuAggregation {
   // on the GPUs to the roots (the trees' roots, or each group's leader), which copy their share
   // of the sum into their mirror, and zeroes that range of their part's other mirrors (the data
   // plane sums the mirrors: each part's sum counts once). The GPU buffers are not written: a
-  // failed operation leaves the processes' inputs.
+  // failed operation leaves the processes' inputs. INTERNAL when `regions` is not one GPU
+  // region of `count` elements per local rank.
   absl::Status Before(const std::vector<MirroredRegion>& regions, common::DataType dtype,
                       uint64_t count, std::chrono::milliseconds timeout);
   // After it succeeded (every mirror holds the result): copies each root's share back to its GPU
@@ -53,7 +54,6 @@ class GpuAggregation {
 
   // "nvlink-rooted-outside-nic-switch: ring 0 3 2 1 cut at GPU 0" (ExecutionFromPlan's).
   const std::string& description() const { return description_; }
-  uint64_t runs() const { return runs_; }
 
  private:
   struct Part {
@@ -62,11 +62,15 @@ class GpuAggregation {
     std::unique_ptr<dataplane::TreeAllReduce> trees;
   };
   GpuAggregation() = default;
+  // The part's GPU buffers (each rank's region in its GPU memory) and host mirrors, in the
+  // part's order.
+  static void PartMemory(const Part& part, const std::vector<MirroredRegion>& regions,
+                         std::vector<void*>& buffers, std::vector<void*>& host);
 
   dataplane::ScalarReducer host_reducer_;  // Unused by the tree phases; the executor wants one.
   std::vector<Part> parts_;
+  size_t devices_ = 0;  // Local ranks.
   std::string description_;
-  uint64_t runs_ = 0;
 };
 
 // One job's aggregation for one plan version and set of devices, made on first use (on the
@@ -80,11 +84,9 @@ class GpuAggregationSlot {
         plan_(std::move(plan)),
         devices_(std::move(devices)),
         factory_(std::move(factory)) {}
-  const std::string& job_id() const { return job_id_; }
   const std::vector<int>& devices() const { return devices_; }
-  const tributary::v1::IntraNodePlan* plan() const { return plan_.get(); }
   // The aggregation, or why there is none.
-  absl::StatusOr<GpuAggregation*> Get(const std::string& job_id);
+  absl::StatusOr<GpuAggregation*> Get();
 
  private:
   const std::string job_id_;

@@ -74,7 +74,13 @@ LocalGather::LocalGather(CollectiveRunner* runner, const common::Clock* clock,
 
 std::shared_ptr<GpuAggregationSlot> LocalGather::GpuSlot(const GatherKey& key,
                                                          const Gather& gather) {
-  if (gather.job.intra_node == nullptr || gather.slots.size() < 2) return nullptr;
+  // Sums and averages whose every buffer is GPU memory (a GPU buffer's region is `count`
+  // elements, like every agreeing submission's).
+  const dataplane::Reduction reduction = gather.slots[0]->reduction;
+  if (gather.job.intra_node == nullptr || gather.slots.size() < 2 ||
+      (reduction != dataplane::Reduction::kSum && reduction != dataplane::Reduction::kAverage)) {
+    return nullptr;
+  }
   std::vector<int> devices;
   for (const auto& slot : gather.slots) {
     const MirroredMemory* mirror = slot->mapping->mirror();

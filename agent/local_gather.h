@@ -156,7 +156,8 @@ class LocalGather {
   // Per job: the GPU aggregation of its plan version and its processes' devices (made on first
   // use, on the staging thread).
   std::map<std::string, std::pair<uint64_t, std::shared_ptr<GpuAggregationSlot>>> gpu_slots_;
-  // The slot for `gather` when its plan has an intra-node part and every buffer is GPU memory.
+  // The slot for `gather` when it is a sum or average, its plan has an intra-node part and every
+  // buffer is GPU memory; null otherwise.
   std::shared_ptr<GpuAggregationSlot> GpuSlot(const GatherKey& key, const Gather& gather);
   // Local ranks whose session ended, per job, with why: a gather missing one of them can never
   // complete. A new session for the rank clears it.

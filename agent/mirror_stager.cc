@@ -70,25 +70,6 @@ void MirrorStager::Run() {
   }
 }
 
-namespace {
-
-// The GPU path's aggregation for `op`, or null for the copies' path.
-GpuAggregation* Aggregation(GpuAggregationSlot* gpu, const std::vector<MirroredRegion>& regions,
-                            const dataplane::Operation& op, const std::string& job_id) {
-  if (gpu == nullptr || regions.size() < 2 || regions.size() != op.buffers.size() ||
-      (op.reduction != dataplane::Reduction::kSum &&
-       op.reduction != dataplane::Reduction::kAverage)) {
-    return nullptr;
-  }
-  for (const MirroredRegion& r : regions) {
-    if (r.mapping->mirror()->device_data() == nullptr) return nullptr;
-  }
-  absl::StatusOr<GpuAggregation*> a = gpu->Get(job_id);
-  return a.ok() ? *a : nullptr;
-}
-
-}  // namespace
-
 void StartMirrored(const std::shared_ptr<MirrorStager>& stager, std::vector<MirroredRegion> regions,
                    dataplane::Operation op, std::chrono::milliseconds timeout,
                    std::function<void(dataplane::Operation)> start,
@@ -101,7 +82,12 @@ void StartMirrored(const std::shared_ptr<MirrorStager>& stager, std::vector<Mirr
   stager->Post([stager, regions = std::move(regions), op = std::move(op), timeout,
                 start = std::move(start), failed = std::move(failed),
                 gpu = std::move(gpu)]() mutable {
-    GpuAggregation* aggregation = Aggregation(gpu.get(), regions, op, gpu ? gpu->job_id() : "");
+    // The GPU path when the job's plan can run on GPUs, else the copies.
+    GpuAggregation* aggregation = nullptr;
+    if (gpu != nullptr) {
+      absl::StatusOr<GpuAggregation*> a = gpu->Get();
+      if (a.ok()) aggregation = *a;
+    }
     const common::DataType dtype = op.dtype;
     const uint64_t count = op.count;
     // The results go back before the handles complete: the process's next work must see them.

@@ -63,11 +63,11 @@ struct MirroredRegion {
 // job's op deadline): a process whose GPU work never finishes fails its operation, and holds the
 // staging thread for no longer than that.
 //
-// With `gpu` (a job's GpuAggregationSlot, agent/gpu_aggregation.h) and every buffer of a sum or
-// average in GPU memory (`regions` then holds one region per local rank, in rank order), the
-// node's sum is formed on the GPUs as the job's intra-node plan says: GpuAggregation::Before
-// instead of the copies in, ::After instead of the copies back. When the plan has nothing to
-// run on GPUs, the copies as above.
+// With `gpu` (a job's GpuAggregationSlot, agent/gpu_aggregation.h: given only for a sum or
+// average whose every buffer is GPU memory, so that `regions` holds one region per local rank,
+// in rank order), the node's sum is formed on the GPUs as the job's intra-node plan says:
+// GpuAggregation::Before instead of the copies in, ::After instead of the copies back. When the
+// plan has nothing to run on GPUs, the copies as above.
 class GpuAggregationSlot;
 void StartMirrored(const std::shared_ptr<MirrorStager>& stager, std::vector<MirroredRegion> regions,
                    dataplane::Operation op, std::chrono::milliseconds timeout,

@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -203,6 +204,14 @@ int Main(int argc, char** argv) {
                                     {"two-trees (opposite chains)", {forward, backward}},
                                     {"star at 0", {star}}};
   CpuReducer host_reducer;
+  // One row: fresh inputs, one call checked exact, then the best of --reps calls.
+  auto measure = [&](const std::string& name, const std::string& chunk, double traffic,
+                     const std::function<absl::Status()>& run) {
+    node.Fill();
+    Check(run());
+    const bool exact = node.Exact(1);
+    Row(name, chunk, BestSeconds(flags.reps, run), bytes, traffic, ceiling, exact);
+  };
   for (const Layout& layout : layouts) {
     const double traffic = TreeTraffic(layout.trees);
     for (size_t chunk : {size_t{256} << 10, size_t{1} << 20, size_t{4} << 20, size_t{16} << 20}) {
@@ -210,14 +219,9 @@ int Main(int argc, char** argv) {
         auto ar = TreeAllReduce::Create(*node.ops, host_reducer, layout.trees,
                                         {.chunk_bytes = chunk, .tune = false, .record = record});
         Check(ar.status());
-        node.Fill();
-        Check((*ar)->AllReduce(DataType::kFloat32, node.buffers, node.count, false));
-        const bool exact = node.Exact(1);
-        const double s = BestSeconds(flags.reps, [&] {
+        measure(layout.name + (record ? ", graph" : ", enqueued"), Mib(chunk), traffic, [&] {
           return (*ar)->AllReduce(DataType::kFloat32, node.buffers, node.count, false);
         });
-        Row(layout.name + (record ? ", graph" : ", enqueued"), Mib(chunk), s, bytes, traffic,
-            ceiling, exact);
       }
     }
     // The tuner from 1 MiB.
@@ -244,14 +248,9 @@ int Main(int argc, char** argv) {
                                     {.chunk_bytes = chunk, .tune = false});
     Check(ar.status());
     auto noop = [](DataType, void*, size_t, size_t) { return absl::OkStatus(); };
-    node.Fill();
-    Check((*ar)->AllReduce(DataType::kFloat32, node.buffers, node.count, false, 1, noop));
-    const bool exact = node.Exact(1);
-    const double s = BestSeconds(flags.reps, [&] {
+    measure("nvlink-rooted + host step", Mib(chunk), TreeTraffic({*rooted}) + 2, [&] {
       return (*ar)->AllReduce(DataType::kFloat32, node.buffers, node.count, false, 1, noop);
     });
-    Row("nvlink-rooted + host step", Mib(chunk), s, bytes, TreeTraffic({*rooted}) + 2, ceiling,
-        exact);
   }
   // CPU-assisted: two groups, the CPU sums their partials.
   std::vector<std::vector<int>> groups(2);
@@ -260,17 +259,12 @@ int Main(int argc, char** argv) {
   for (size_t chunk : {size_t{1} << 20, size_t{4} << 20}) {
     auto ar = CpuAssistedAllReduce::Create(*node.ops, host_reducer, groups, {.chunk_bytes = chunk});
     Check(ar.status());
-    node.Fill();
-    Check((*ar)->AllReduce(DataType::kFloat32, node.buffers, node.count, false));
-    const bool exact = node.Exact(1);
-    const double s = BestSeconds(flags.reps, [&] {
-      return (*ar)->AllReduce(DataType::kFloat32, node.buffers, node.count, false);
-    });
     // Per group of m: m - 1 copies to the leader and m - 1 back (read + write each), a sum
     // (reads m, writes 1), a D2H (reads 1) and an H2D (writes 1): 5m - 1.
     double traffic = 0;
     for (const std::vector<int>& g : groups) traffic += 5.0 * static_cast<double>(g.size()) - 1;
-    Row("cpu-assisted (2 groups)", Mib(chunk), s, bytes, traffic, ceiling, exact);
+    measure("cpu-assisted (2 groups)", Mib(chunk), traffic,
+            [&] { return (*ar)->AllReduce(DataType::kFloat32, node.buffers, node.count, false); });
   }
   std::printf(
       "\nmemory: bytes read and written in device memory per second / the copy's; the "

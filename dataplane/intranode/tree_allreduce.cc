@@ -6,6 +6,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/weighted_split.h"
 
 namespace tributary::dataplane {
 
@@ -286,26 +287,11 @@ class Fences {
 
 void TreeAllReduce::Split(size_t count, std::vector<size_t>& first,
                           std::vector<size_t>& share) const {
-  const size_t trees = trees_.size();
-  double total = 0;
-  for (const Tree& t : trees_) total += t.weight;
-  share.assign(trees, 0);
-  first.assign(trees, 0);
-  std::vector<std::pair<double, size_t>> remainder;
-  size_t given = 0;
-  for (size_t t = 0; t < trees; ++t) {
-    const double exact = static_cast<double>(count) * trees_[t].weight / total;
-    share[t] = std::min(count - given, static_cast<size_t>(std::floor(exact)));
-    given += share[t];
-    remainder.push_back({exact - std::floor(exact), t});
-  }
-  std::sort(remainder.begin(), remainder.end(),
-            [](const auto& a, const auto& b) { return a.first > b.first; });
-  for (size_t i = 0; given < count; ++i, ++given) ++share[remainder[i % trees].second];
-  for (size_t t = 0, at = 0; t < trees; ++t) {
-    first[t] = at;
-    at += share[t];
-  }
+  std::vector<double> weights;
+  for (const Tree& t : trees_) weights.push_back(t.weight);
+  share = common::SplitByWeight(count, weights);
+  first.assign(share.size(), 0);
+  for (size_t t = 1; t < share.size(); ++t) first[t] = first[t - 1] + share[t - 1];
 }
 
 std::vector<TreeAllReduce::Share> TreeAllReduce::Shares(size_t count) const {

@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
+#include "common/weighted_split.h"
 
 namespace tributary::topology {
 
@@ -56,22 +57,9 @@ absl::StatusOr<Schedule> CompileAllReduceSchedule(const Packing& packing, int nu
 
   // Largest-remainder split of the elements by weight.
   const size_t k = packing.trees.size();
-  std::vector<size_t> share(k);
-  std::vector<std::pair<double, size_t>> remainders;
-  size_t assigned = 0;
-  for (size_t t = 0; t < k; ++t) {
-    const double exact =
-        static_cast<double>(num_elements) * std::max(packing.trees[t].weight, 0.0) / total_weight;
-    share[t] = std::min(static_cast<size_t>(std::floor(exact)), num_elements - assigned);
-    assigned += share[t];
-    remainders.push_back({exact - std::floor(exact), t});
-  }
-  std::stable_sort(remainders.begin(), remainders.end(),
-                   [](const auto& a, const auto& b) { return a.first > b.first; });
-  for (size_t i = 0; assigned < num_elements; i = (i + 1) % k) {
-    ++share[remainders[i].second];
-    ++assigned;
-  }
+  std::vector<double> weights;
+  for (const Tree& tree : packing.trees) weights.push_back(tree.weight);
+  const std::vector<size_t> share = common::SplitByWeight(num_elements, weights);
   size_t offset = 0;
   size_t max_chunks = 0;
   for (size_t t = 0; t < k; ++t) {

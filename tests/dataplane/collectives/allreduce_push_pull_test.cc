@@ -442,6 +442,18 @@ TEST(PushPull, AWorkerRunsAtMostAFewChunksAheadOfEachServersSums) {
       CountWrong(DataType::kFloat32, b, count, [](uint64_t i) { return 1.0 + 2.0 * (i % 3); }), 0);
 }
 
+// Job "j" of worker "w" and summation server "s", seen from the worker.
+JobView OneWorkerOneServer(uint64_t partition_bytes) {
+  JobView v;
+  v.job_id = "j";
+  v.worker_addresses = {"w"};
+  v.server_addresses = {"s"};
+  v.server_weights = {ChunkMap::kWeightTotal};
+  v.partition_bytes = partition_bytes;
+  v.my_worker_rank = 0;
+  return v;
+}
+
 // Records the (tensor, chunk) of every push a node sends, and holds the send completions back
 // until Release: what is queued when the first completion returns credit is then up to the test.
 class RecordingTransport final : public Transport {
@@ -500,14 +512,8 @@ TEST(PushPull, LowerPriorityNumbersGoFirst) {
   common::FakeClock clock;
   DataPlaneNode worker(&recorder, &reducer, &clock);
   DataPlaneNode server(server_ep.get(), &reducer, &clock);
-  JobView v;
-  v.job_id = "j";
-  v.worker_addresses = {"w"};
-  v.server_addresses = {"s"};
-  v.server_weights = {ChunkMap::kWeightTotal};
-  v.partition_bytes = 400;  // 100 floats per chunk
-  v.credit_bytes = 400;     // one chunk in flight
-  v.my_worker_rank = 0;
+  JobView v = OneWorkerOneServer(400);  // 100 floats per chunk
+  v.credit_bytes = 400;                 // one chunk in flight
   worker.SetJob(v, Algorithm::kPushPull);
   v.my_worker_rank = -1;
   v.my_server_index = 0;
@@ -558,13 +564,7 @@ TEST(PushPull, AFailureIsReportedOnlyOnceTheTransportIsDoneWithTheBuffer) {
     CpuReducer reducer(1, 1 << 20);
     common::FakeClock clock;
     DataPlaneNode worker(&recorder, &reducer, &clock);
-    JobView v;
-    v.job_id = "j";
-    v.worker_addresses = {"w"};
-    v.server_addresses = {"s"};
-    v.server_weights = {ChunkMap::kWeightTotal};
-    v.partition_bytes = 400;
-    v.my_worker_rank = 0;
+    const JobView v = OneWorkerOneServer(400);
     worker.SetJob(v, Algorithm::kPushPull);
     network.SetFrozen("s", true);  // Sends stay in flight, and no sum comes back.
     std::vector<std::vector<std::byte>> buffer(1, std::vector<std::byte>(4000));
@@ -605,14 +605,8 @@ TEST(PushPull, PushesAheadOfTheServersPlanAreParkedAndReplayed) {
   DataPlaneNode server(server_ep.get(), &reducer, &clock);
   std::atomic<int> missing{0};
   server.push_pull().server().SetPlanMissingCallback([&] { missing++; });
-  JobView v;
-  v.job_id = "j";
+  JobView v = OneWorkerOneServer(64);
   v.plan_version = 3;
-  v.worker_addresses = {"w"};
-  v.server_addresses = {"s"};
-  v.server_weights = {ChunkMap::kWeightTotal};
-  v.partition_bytes = 64;
-  v.my_worker_rank = 0;
   worker.SetJob(v, Algorithm::kPushPull);
   std::vector<std::vector<std::byte>> bufs(1, std::vector<std::byte>(400));
   for (int i = 0; i < 100; ++i) PutValue(DataType::kFloat32, bufs[0].data(), i, i);
