@@ -63,6 +63,8 @@ absl::StatusOr<dataplane::Algorithm> ToAlgorithm(tributary::v1::Algorithm algori
       return dataplane::Algorithm::kRing;
     case tributary::v1::ALGORITHM_HALVING_DOUBLING:
       return dataplane::Algorithm::kHalvingDoubling;
+    case tributary::v1::ALGORITHM_RECURSIVE_DOUBLING:
+      return dataplane::Algorithm::kRecursiveDoubling;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("unknown algorithm ", static_cast<int>(algorithm)));

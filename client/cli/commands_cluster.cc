@@ -113,7 +113,7 @@ absl::Status RunLocalCluster(const ClusterFlags& f, double run_for_s) {
 struct BenchFlags {
   ClusterFlags cluster;
   std::string ks = "0,2";
-  // Also run these algorithms among the workers alone (no summation servers): ring, hd.
+  // Also run these algorithms among the workers alone (no summation servers): ring, hd, rd.
   std::string peers;
   int procs_per_node = 1;
   std::string sizes = "1M:16M";
@@ -255,9 +255,11 @@ absl::Status RunBench(const BenchFlags& f, const GlobalOptions& global) {
       configs.push_back({"ring", 0, v1::ALGORITHM_RING});
     } else if (a == "hd") {
       configs.push_back({"halving-doubling", 0, v1::ALGORITHM_HALVING_DOUBLING});
+    } else if (a == "rd") {
+      configs.push_back({"recursive-doubling", 0, v1::ALGORITHM_RECURSIVE_DOUBLING});
     } else {
       return absl::InvalidArgumentError(
-          absl::StrCat("--algorithms: '", std::string(a), "' is neither ring nor hd"));
+          absl::StrCat("--algorithms: '", std::string(a), "' is none of ring, hd, rd"));
     }
   }
   for (absl::string_view k : absl::StrSplit(f.ks, ',', absl::SkipEmpty())) {
@@ -363,7 +365,7 @@ void AddBenchCommand(CLI::App& app, GlobalOptions& global) {
   cmd->add_option("--k", f->ks, "comma-separated numbers of spare summation nodes to try")
       ->capture_default_str();
   cmd->add_option("--algorithms", f->peers,
-                  "also run these among the workers alone: ring, hd (comma-separated)");
+                  "also run these among the workers alone: ring, hd, rd (comma-separated)");
   cmd->add_option("--procs-per-node", f->procs_per_node, "training processes per worker node")
       ->capture_default_str();
   cmd->add_option("--sizes", f->sizes, "sizes, MIN:MAX (powers of 2) or a comma list")

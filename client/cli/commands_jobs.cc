@@ -35,6 +35,7 @@ const std::map<std::string, v1::Algorithm>& AlgorithmNames() {
       {"push-pull", v1::ALGORITHM_PUSH_PULL},
       {"ring", v1::ALGORITHM_RING},
       {"halving-doubling", v1::ALGORITHM_HALVING_DOUBLING},
+      {"recursive-doubling", v1::ALGORITHM_RECURSIVE_DOUBLING},
   };
   return *names;
 }
@@ -73,8 +74,9 @@ struct SpecFlags {
         ->check(CLI::NonNegativeNumber);
     command
         ->add_option("--algorithm", algorithm,
-                     "auto (by size from a cost model; the default), push-pull, ring or "
-                     "halving-doubling")
+                     "auto (by size from a cost model; the default), push-pull, ring, "
+                     "halving-doubling or recursive-doubling (all-reduce only: other "
+                     "collectives of the job run ring)")
         ->transform(CLI::CheckedTransformer(AlgorithmNames()).description(""))
         ->type_name("NAME");
     AddSizeOption(command, "--partition-bytes", partition_bytes,

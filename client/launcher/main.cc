@@ -54,8 +54,10 @@ int main(int argc, char** argv) {
       {"auto", v1::ALGORITHM_AUTO},
       {"push-pull", v1::ALGORITHM_PUSH_PULL},
       {"ring", v1::ALGORITHM_RING},
-      {"halving-doubling", v1::ALGORITHM_HALVING_DOUBLING}};
-  app.add_option("--algorithm", o.algorithm, "auto, push-pull, ring or halving-doubling")
+      {"halving-doubling", v1::ALGORITHM_HALVING_DOUBLING},
+      {"recursive-doubling", v1::ALGORITHM_RECURSIVE_DOUBLING}};
+  app.add_option("--algorithm", o.algorithm,
+                 "auto, push-pull, ring, halving-doubling or recursive-doubling")
       ->transform(CLI::CheckedTransformer(algorithms).description(""))
       ->type_name("NAME");
   app.add_option("--timeout-ms", o.timeout_ms,

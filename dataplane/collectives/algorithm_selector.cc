@@ -41,6 +41,16 @@ Linear Model(Algorithm algorithm, int n, int k, const CostModel& m) {
       }
       return c;
     }
+    case Algorithm::kRecursiveDoubling: {
+      const int l = FloorLog2(n);
+      const double step = m.beta_seconds_per_byte + m.gamma_seconds_per_byte;
+      Linear c{l * m.alpha_seconds, l * step};
+      if ((1 << l) != n) {
+        c.a += 2 * m.alpha_seconds;
+        c.b += 2 * m.beta_seconds_per_byte + m.gamma_seconds_per_byte;
+      }
+      return c;
+    }
     case Algorithm::kPushPull: {
       const double kd = std::max(k, 0);
       const double d = nd * nd + kd * nd - 2 * kd;
@@ -76,11 +86,13 @@ std::string_view AlgorithmName(Algorithm a) {
       return "auto";
     case Algorithm::kParameterServer:
       return "parameter_server";
+    case Algorithm::kRecursiveDoubling:
+      return "recursive_doubling";
   }
   return "unknown";
 }
 
-bool IsValidAlgorithm(uint32_t raw) { return raw >= 1 && raw <= 4; }
+bool IsValidAlgorithm(uint32_t raw) { return raw >= 1 && raw <= 5; }
 
 double PredictSeconds(Algorithm algorithm, uint64_t bytes, int n, int extra_servers,
                       const CostModel& model) {
@@ -93,6 +105,8 @@ SelectorThresholds ModelThresholds(int n, int extra_servers, const CostModel& mo
   const Linear ring = Model(Algorithm::kRing, n, extra_servers, model);
   const Linear hd = Model(Algorithm::kHalvingDoubling, n, extra_servers, model);
   t.halving_doubling_below = n <= 1 ? 0 : Crossover(hd, ring);
+  const Linear rd = Model(Algorithm::kRecursiveDoubling, n, extra_servers, model);
+  t.recursive_doubling_below = n <= 1 ? 0 : std::min(Crossover(rd, hd), Crossover(rd, ring));
   t.push_pull_from = UINT64_MAX;
   if (n > 1 && extra_servers > 0) {
     t.push_pull_from = Crossover(ring, Model(Algorithm::kPushPull, n, extra_servers, model));
@@ -120,6 +134,14 @@ absl::StatusOr<MeasuredThresholds> ParseSelectorCalibration(std::string_view jso
     if (!v.ok()) return v.status();
     out.ring_beats_halving_doubling_from = *v;
   }
+  if (auto it = doc.find("recursive_doubling_below"); it != doc.end()) {
+    // null (recursive doubling never won): 0, never chosen.
+    if (!it->is_null()) {
+      absl::StatusOr<uint64_t> v = size(*it, "recursive_doubling_below");
+      if (!v.ok()) return v.status();
+      out.recursive_doubling_below = *v;
+    }
+  }
   if (auto it = doc.find("push_pull_beats_ring_from"); it != doc.end()) {
     if (!it->is_object()) {
       return absl::InvalidArgumentError(
@@ -143,6 +165,7 @@ SelectorThresholds MeasuredSelectorThresholds(const MeasuredThresholds& measured
                                               int extra_servers) {
   SelectorThresholds t;
   t.halving_doubling_below = n <= 2 ? 0 : measured.ring_beats_halving_doubling_from;
+  t.recursive_doubling_below = n <= 1 ? 0 : measured.recursive_doubling_below;
   t.push_pull_from = UINT64_MAX;
   for (const auto& [k, from] : measured.push_pull_beats_ring_from) {
     if (k <= extra_servers) t.push_pull_from = from;  // the map is sorted: the largest k wins
@@ -153,6 +176,7 @@ SelectorThresholds MeasuredSelectorThresholds(const MeasuredThresholds& measured
 Algorithm Select(uint64_t size_bytes, int n, const SelectorThresholds& thresholds) {
   if (n <= 1) return Algorithm::kRing;
   if (size_bytes >= thresholds.push_pull_from) return Algorithm::kPushPull;
+  if (size_bytes < thresholds.recursive_doubling_below) return Algorithm::kRecursiveDoubling;
   if (size_bytes < thresholds.halving_doubling_below) return Algorithm::kHalvingDoubling;
   return Algorithm::kRing;
 }

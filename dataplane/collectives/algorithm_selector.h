@@ -23,9 +23,14 @@ enum class Algorithm : uint8_t {
   // parameter_server.h: asynchronous parameter-server operations (kPs* reductions) only;
   // never a job's choice nor a pick of the selector.
   kParameterServer = 4,
+  // allreduce_recursive_doubling.h: the whole tensor in log2 n exchanges (small tensors);
+  // all-reduce only.
+  kRecursiveDoubling = 5,
 };
+// One more than the largest Algorithm value (arrays indexed by it).
+inline constexpr int kAlgorithmValues = 6;
 
-// "auto", "push_pull", "ring", "halving_doubling", "parameter_server".
+// "auto", "push_pull", "ring", "halving_doubling", "parameter_server", "recursive_doubling".
 std::string_view AlgorithmName(Algorithm a);
 // Whether `raw` names an algorithm that runs (kAuto excluded).
 bool IsValidAlgorithm(uint32_t raw);
@@ -45,16 +50,20 @@ struct CostModel {
 //   halving-doubling, p = 2^floor(log2 n):
 //          2·log2(p)·α + 2(p-1)/p·M·β + (p-1)/p·M·γ   (steps are not pipelined: summation
 //          is exposed)  + for n != p the fold: 2α + 2M·β + M·γ
+//   recursive doubling: log2(p)·(α + M·β + M·γ)   (whole tensor each step, summation exposed)
+//          + for n != p the fold: 2α + 2M·β + M·γ
 //   push/pull: 2(n+k-1)·α + 2n(n-1)/D·M·β with D = n² + kn - 2k (a message to and from every
 //          server; summation pipelined on the servers)
 // n == 1 costs 0 for every algorithm, and kAuto (not an algorithm that runs) costs 0.
 double PredictSeconds(Algorithm algorithm, uint64_t bytes, int n, int extra_servers,
                       const CostModel& model);
 
-// Size ranges: [0, halving_doubling_below) -> halving-doubling, [.., push_pull_from) -> ring,
-// [push_pull_from, inf) -> push/pull. Configuration: ModelThresholds gives model-based defaults,
-// to be replaced by benchmark-calibrated values.
+// Size ranges: [0, recursive_doubling_below) -> recursive doubling, [.., halving_doubling_below)
+// -> halving-doubling, [.., push_pull_from) -> ring, [push_pull_from, inf) -> push/pull.
+// Configuration: ModelThresholds gives model-based defaults, to be replaced by
+// benchmark-calibrated values.
 struct SelectorThresholds {
+  uint64_t recursive_doubling_below = 0;
   uint64_t halving_doubling_below = 256 << 10;
   uint64_t push_pull_from = UINT64_MAX;  // never, unless summation servers are available
 };
@@ -65,8 +74,10 @@ SelectorThresholds ModelThresholds(int n, int extra_servers, const CostModel& mo
 
 // Crossovers measured by the benchmark suite on one cluster (bench/suite/run.py writes them to
 // selector_calibration.json): from which size ring beat halving-doubling, and from which size
-// push/pull with k spare hosts beat ring, at every measured size from there on.
+// push/pull with k spare hosts beat ring, at every measured size from there on; and below which
+// size recursive doubling beat both ring and halving-doubling.
 struct MeasuredThresholds {
+  uint64_t recursive_doubling_below = 0;              // 0: never (also when not measured)
   uint64_t ring_beats_halving_doubling_from = 0;      // 0: ring at every size
   std::map<int, uint64_t> push_pull_beats_ring_from;  // by k; UINT64_MAX: never
 };

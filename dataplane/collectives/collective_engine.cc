@@ -11,6 +11,7 @@
 #include "dataplane/collectives/allgather_reduce_scatter_halving_doubling.h"
 #include "dataplane/collectives/allgather_reduce_scatter_ring.h"
 #include "dataplane/collectives/allreduce_halving_doubling.h"
+#include "dataplane/collectives/allreduce_recursive_doubling.h"
 #include "dataplane/collectives/allreduce_ring.h"
 
 namespace tributary::dataplane {
@@ -125,7 +126,8 @@ struct CollectiveEngine::OpState {
     }
     return true;
   }
-  // Every send of steps before `s` that read an element of [a, b) has completed.
+  // Every send of steps before `s` that read an element of [a, b) has completed (s = this step
+  // + 1: this step's sends too).
   bool EarlierSendsCompleted(size_t s, uint64_t a, uint64_t b) const {
     for (size_t t = 0; t < s; ++t) {
       const ScheduleStep& step = steps[t];
@@ -144,6 +146,9 @@ struct CollectiveEngine::OpState {
       case ScheduleStep::ApplyAfter::kEarlierStepsCoveringRange:
         return EarlierReceivesApplied(h.step, h.chunk_offset, h.chunk_offset + h.chunk_count) &&
                EarlierSendsCompleted(h.step, h.chunk_offset, h.chunk_offset + h.chunk_count);
+      case ScheduleStep::ApplyAfter::kThisAndEarlierStepsCoveringRange:
+        return EarlierReceivesApplied(h.step, h.chunk_offset, h.chunk_offset + h.chunk_count) &&
+               EarlierSendsCompleted(h.step + 1, h.chunk_offset, h.chunk_offset + h.chunk_count);
     }
     return false;
   }
@@ -213,6 +218,13 @@ absl::Status CollectiveEngine::CanServe(Algorithm algorithm, const Operation& op
     case Algorithm::kHalvingDoubling:
       if (op.reduction == Reduction::kBroadcast) {
         return absl::UnimplementedError("halving-doubling does not implement broadcast");
+      }
+      return absl::OkStatus();
+    case Algorithm::kRecursiveDoubling:
+      if (op.reduction == Reduction::kBroadcast || IsBlockwise(op.reduction)) {
+        return absl::UnimplementedError(
+            absl::StrCat("recursive doubling implements all-reduce only, not ",
+                         std::string(ReductionName(op.reduction))));
       }
       return absl::OkStatus();
     case Algorithm::kPushPull:
@@ -365,6 +377,8 @@ absl::Status CollectiveEngine::Post(const std::string& job_id, Algorithm algorit
                         : RingReduceScatterSchedule(super_block, n, rank);
     } else if (algorithm == Algorithm::kHalvingDoubling) {
       state->steps = HalvingDoublingSchedule(op.count, n, rank, hd_pipelined_);
+    } else if (algorithm == Algorithm::kRecursiveDoubling) {
+      state->steps = RecursiveDoublingSchedule(op.count, n, rank);
     } else {
       state->steps = RingAllReduceSchedule(op.count, n, rank);
     }

@@ -69,6 +69,9 @@ struct ScheduleStep {
     // earlier send that read an element of the range has completed (the transport no longer
     // borrows it). Other elements' steps may still be running.
     kEarlierStepsCoveringRange,
+    // As kEarlierStepsCoveringRange, and this step's own sends of the range have completed too
+    // (a step that sends the range it receives into: recursive doubling).
+    kThisAndEarlierStepsCoveringRange,
   };
   enum class Action : uint8_t { kReduce, kCopy };
 

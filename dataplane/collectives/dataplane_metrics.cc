@@ -11,7 +11,8 @@ using common::metrics::GaugeFamily;
 using common::metrics::HistogramFamily;
 
 constexpr Algorithm kAlgorithms[] = {Algorithm::kRing, Algorithm::kHalvingDoubling,
-                                     Algorithm::kPushPull, Algorithm::kParameterServer};
+                                     Algorithm::kRecursiveDoubling, Algorithm::kPushPull,
+                                     Algorithm::kParameterServer};
 constexpr const char* kReasons[] = {"DEADLINE_EXCEEDED", "UNAVAILABLE", "INVALID_ARGUMENT",
                                     "CANCELLED",         "NOT_FOUND",   "FAILED_PRECONDITION",
                                     "ALREADY_EXISTS",    "INTERNAL",    "UNKNOWN"};

@@ -68,8 +68,8 @@ class DataPlaneMetrics {
   prometheus::Family<prometheus::Gauge>& oldest_;
   // Pre-resolved per algorithm (index = Algorithm value).
   // Indexed by Algorithm (kAuto's slot stays empty).
-  prometheus::Counter* started_by_alg_[5] = {};
-  prometheus::Counter* completed_by_alg_[5] = {};
+  prometheus::Counter* started_by_alg_[kAlgorithmValues] = {};
+  prometheus::Counter* completed_by_alg_[kAlgorithmValues] = {};
 };
 
 // Scrape-time view of a node's push/pull and engine counters (flow control, malformed messages,

@@ -93,6 +93,7 @@ class Theory(unittest.TestCase):
 
     def test_suite_algorithms_have_cli_names(self):
         self.assertEqual(run.CLI_ALGORITHM["hd"], "halving-doubling")
+        self.assertEqual(run.CLI_ALGORITHM["rd"], "recursive-doubling")
         self.assertEqual(run.CLI_ALGORITHM["push-pull"], "push-pull")
         self.assertEqual(run.CLI_ALGORITHM["ring"], "ring")
 
@@ -100,6 +101,8 @@ class Theory(unittest.TestCase):
         self.assertEqual(run.message_steps("tributary ring", 4, 0), 6)
         self.assertEqual(run.message_steps("tributary halving-doubling", 4, 0), 4)
         self.assertEqual(run.message_steps("tributary halving-doubling", 6, 0), 6)
+        self.assertEqual(run.message_steps("tributary recursive doubling", 8, 0), 3)
+        self.assertEqual(run.message_steps("tributary recursive doubling", 6, 0), 4)
         self.assertEqual(run.message_steps("push/pull", 4, 4), 14)
 
 
@@ -130,6 +133,26 @@ class Reports(unittest.TestCase):
         want = ((1200e-6 - 1.5 * 4 * K / b) / 6 + (1800e-6 - 1.5 * 64 * K / b) / 6) / 2
         self.assertAlmostEqual(cal["alpha_seconds"]["tributary ring"], want, places=6)
         self.assertIn("ring beats halving-doubling from 1 MiB", lines[0])
+        self.assertNotIn("recursive_doubling_below", cal)  # it did not run
+
+    def test_recursive_doubling_threshold(self):
+        K = 1 << 10
+        def results(rd_times):
+            out = []
+            for s, rd in zip((4 * K, 8 * K, 16 * K), rd_times):
+                out += [row("tributary ring", s, 1000), row("tributary halving-doubling", s, 900),
+                        row("tributary recursive doubling", s, rd)]
+            return out
+        self.assertEqual(run.recursive_doubling_below(results((500, 800, 950))), 16 * K)
+        self.assertEqual(run.recursive_doubling_below(results((950, 800, 950))), 0)
+        self.assertEqual(run.recursive_doubling_below(results((500, 800, 850))), 16 * K + 1)
+        self.assertIsNone(run.recursive_doubling_below([row("tributary ring", 4 * K, 1)]))
+        with tempfile.TemporaryDirectory() as d:
+            lines = run.calibration(results((500, 800, 950)), 4, 500, d)
+            import json
+            with open(os.path.join(d, "selector_calibration.json")) as f:
+                self.assertEqual(json.load(f)["recursive_doubling_below"], 16 * K)
+        self.assertIn("recursive doubling fastest below 16 KiB", lines[0])
 
     def test_spare_report_compares_with_ring_and_theory(self):
         M = 1 << 20
@@ -147,10 +170,25 @@ class Reports(unittest.TestCase):
             r["vs_best_peer"] = 1700000 / r["time_us"]
             r["theory_us"] = run.theory_seconds(64 * M, 4, r["k"], 500) * 1e6
             r["best_peer"] = "Gloo ring"
+        results[1]["efficiency_vs_ceiling"] = 0.95
+        results[2]["efficiency_vs_ceiling"] = 0.85
         out = "\n".join(run.targets(results, {64 * M: results[0]}))
-        self.assertIn("k=4 >= 1.45x best peer at 64 MiB: MISSED (1.25x vs Gloo ring, 0.20x short)",
+        self.assertIn("k=4 >= 1.40x best peer at 64 MiB: MISSED (1.25x vs Gloo ring, 0.15x short)",
                       out)
+        self.assertIn("within 10% of the plain-TCP ceiling of its pattern from 16 MiB: MISSED in 1 "
+                      "of 2 rows", out)
+        self.assertIn("tributary push/pull k=0 64 MiB: 0.85 of the ceiling", out)
         self.assertIn("k=0 >= best peer from 16 MiB: MISSED (worst 0.94x at 64 MiB, 6% short)", out)
+
+    def test_latency_target_is_against_open_mpi_ring(self):
+        K = 1 << 10
+        results = [dict(row("Open MPI ring", 4 * K, 200), family="mpi"),
+                   dict(row("Open MPI default", 4 * K, 60), family="mpi"),
+                   row("tributary ring", 4 * K, 400), row("tributary recursive doubling", 4 * K, 250)]
+        out = "\n".join(run.targets(results, {4 * K: results[1]}))
+        self.assertIn("4 KiB latency <= 1.5x Open MPI ring's (200 us): MET by the fastest Tributary "
+                      "algorithm, tributary recursive doubling (250 us, 1.25x)", out)
+        self.assertIn("tributary ring: 400 us (2.00x)", out)
 
 
 class Repeats(unittest.TestCase):
@@ -228,6 +266,10 @@ class Ceiling(unittest.TestCase):
                          [(0, 1), (1, 0), (2, 3), (3, 2)])
         self.assertEqual(sorted((s, d) for s, d, _ in run.hd_flows(3)), [(0, 1), (1, 0)])
         self.assertAlmostEqual(run.bottleneck_unit(run.hd_flows(4)), 1.5)
+        self.assertAlmostEqual(run.bottleneck_unit(run.rd_flows(4)), 2)
+        self.assertAlmostEqual(run.bottleneck_unit(run.rd_flows(8)), 3)
+        self.assertAlmostEqual(run.bottleneck_unit(run.rd_flows(6)), 4)
+        self.assertEqual(run.pattern_for("tributary recursive doubling", 0), "recursive doubling")
 
     def test_push_pull_pattern_of_the_models_shares_moves_the_models_bytes(self):
         # DESIGN.md §1.1: worker servers own (n-k)/D, spares 2(n-1)/D; the busiest host moves

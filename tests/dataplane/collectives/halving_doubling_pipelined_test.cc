@@ -1,9 +1,10 @@
-// Pipelined halving-doubling: the engine's range-based step dependencies
-// (kEarlierStepsCoveringRange). Exact sums for every rank count, size, sub-chunking, dtype and
-// reduction; bit-identical results that do not depend on timing (checked against a
-// bulk-synchronous replay of the schedule on order-sensitive float32 inputs); and, with a
-// transport that holds chosen messages, proof that a step's sub-chunks leave while the previous
-// step is still being received (and that the non-pipelined schedule never does so).
+// Pipelined halving-doubling and recursive doubling: the engine's range-based step dependencies
+// (kEarlierStepsCoveringRange, kThisAndEarlierStepsCoveringRange). Exact sums for every rank
+// count, size, sub-chunking, dtype and reduction; bit-identical results that do not depend on
+// timing (checked against a bulk-synchronous replay of the schedule on order-sensitive float32
+// inputs); and, with a transport that holds chosen messages, proof that a step's sub-chunks leave
+// while the previous step is still being received (and that the non-pipelined schedule never does
+// so), and that no receive rewrites elements a send still borrowed by the transport reads.
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -18,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "dataplane/collectives/allreduce_halving_doubling.h"
+#include "dataplane/collectives/allreduce_recursive_doubling.h"
 #include "dataplane/collectives/collective_engine.h"
 #include "dataplane/collectives/data_plane_node.h"
 #include "dataplane/collectives/wire.h"
@@ -39,11 +41,12 @@ using testing::PutValue;
 
 using Buffers = std::vector<std::vector<std::byte>>;
 
-testing::ClusterOptions Options(int n, uint64_t partition_bytes) {
+testing::ClusterOptions Options(int n, uint64_t partition_bytes,
+                                Algorithm algorithm = Algorithm::kHalvingDoubling) {
   testing::ClusterOptions o;
   o.workers = n;
   o.job_id = "job-hd";
-  o.algorithm = Algorithm::kHalvingDoubling;
+  o.algorithm = algorithm;
   o.partition_bytes = partition_bytes;
   o.address_prefix = "rank-";
   return o;
@@ -61,13 +64,14 @@ Operation MakeOp(const std::string& name, uint64_t iteration, DataType t, uint64
   return op;
 }
 
-// Posts one halving-doubling all-reduce of bufs[r] on every rank r and waits for all of them.
+// Posts one all-reduce of bufs[r] on every rank r and waits for all of them.
 absl::Status RunAll(testing::Cluster& cluster, const std::string& name, uint64_t iteration,
-                    DataType t, uint64_t count, Reduction reduction, Buffers& bufs) {
+                    DataType t, uint64_t count, Reduction reduction, Buffers& bufs,
+                    Algorithm algorithm = Algorithm::kHalvingDoubling) {
   std::vector<std::future<absl::Status>> futures;
   for (int r = 0; r < cluster.workers(); ++r) {
-    futures.push_back(cluster.Post(r, Algorithm::kHalvingDoubling,
-                                   MakeOp(name, iteration, t, count, reduction, bufs[r])));
+    futures.push_back(
+        cluster.Post(r, algorithm, MakeOp(name, iteration, t, count, reduction, bufs[r])));
   }
   absl::Status result;
   for (int r = 0; r < cluster.workers(); ++r) {
@@ -194,11 +198,15 @@ INSTANTIATE_TEST_SUITE_P(RanksAndPartitions, ExactTest, ::testing::ValuesIn(Exac
 // The result of the schedule run step by step in lockstep (every rank's step s reads its peers'
 // buffers as they were after step s - 1), in float32 arithmetic: the order of additions the
 // engine must reproduce.
-std::vector<std::vector<float>> ReplaySchedule(const std::vector<std::vector<float>>& inputs) {
+std::vector<std::vector<float>> ReplaySchedule(const std::vector<std::vector<float>>& inputs,
+                                               bool recursive_doubling = false) {
   const int n = static_cast<int>(inputs.size());
   const uint64_t count = inputs[0].size();
   std::vector<std::vector<ScheduleStep>> schedules;
-  for (int r = 0; r < n; ++r) schedules.push_back(HalvingDoublingSchedule(count, n, r));
+  for (int r = 0; r < n; ++r) {
+    schedules.push_back(recursive_doubling ? RecursiveDoublingSchedule(count, n, r)
+                                           : HalvingDoublingSchedule(count, n, r));
+  }
   std::vector<std::vector<float>> bufs = inputs;
   for (size_t s = 0; s < schedules[0].size(); ++s) {
     const std::vector<std::vector<float>> before = bufs;
@@ -258,6 +266,37 @@ TEST(DeterminismTest, Float32BitsFollowTheScheduleOrderPipelinedOrNot) {
   }
 }
 
+// Recursive doubling: every addition has two operands and the partners add the same two values
+// (x + y here, y + x there), so every rank ends with the replay's bits whatever the sub-chunking.
+TEST(DeterminismTest, RecursiveDoublingGivesEveryRankTheSameBits) {
+  const uint64_t count = 2049;
+  for (int n : {2, 3, 4, 5, 6, 7, 8}) {
+    std::mt19937 rng(99 + n);
+    std::uniform_real_distribution<float> mantissa(-1, 1);
+    std::uniform_int_distribution<int> exponent(-24, 24);
+    std::vector<std::vector<float>> inputs(n, std::vector<float>(count));
+    for (auto& v : inputs) {
+      for (float& x : v) x = std::ldexp(mantissa(rng), exponent(rng));
+    }
+    const std::vector<std::vector<float>> want = ReplaySchedule(inputs, true);
+    for (int r = 1; r < n; ++r) {
+      ASSERT_EQ(std::memcmp(want[r].data(), want[0].data(), count * 4), 0) << "n " << n;
+    }
+    for (uint64_t partition_bytes : {uint64_t{16}, uint64_t{100}, uint64_t{64} << 20}) {
+      testing::Cluster cluster(Options(n, partition_bytes, Algorithm::kRecursiveDoubling));
+      Buffers bufs(n, std::vector<std::byte>(count * 4));
+      for (int r = 0; r < n; ++r) std::memcpy(bufs[r].data(), inputs[r].data(), count * 4);
+      ASSERT_TRUE(RunAll(cluster, "d", 0, DataType::kFloat32, count, Reduction::kSum, bufs,
+                         Algorithm::kRecursiveDoubling)
+                      .ok());
+      for (int r = 0; r < n; ++r) {
+        EXPECT_EQ(std::memcmp(bufs[r].data(), want[0].data(), count * 4), 0)
+            << "n " << n << " partition " << partition_bytes << " rank " << r;
+      }
+    }
+  }
+}
+
 TEST(DeterminismTest, RanksWithDifferentSettingsInteroperate) {
   // Same messages, same order of additions: a mixed job still agrees bit for bit.
   const int n = 6;
@@ -308,19 +347,37 @@ class Monitor {
     std::lock_guard lock(mu_);
     return h.ok() && hold_done_ && hold_done_(from, *h);
   }
-  void HoldDone(std::function<void()> complete) {
+  // `payload` is what the held send reads, `sent` a copy of it when it was sent: until the
+  // completion the engine must not rewrite it (counted by borrowed_rewritten at release).
+  void HoldDone(std::function<void()> complete, std::span<const std::byte> payload,
+                std::vector<std::byte> sent) {
     std::lock_guard lock(mu_);
-    held_done_.push_back(std::move(complete));
+    held_done_.push_back({std::move(complete), payload, std::move(sent)});
     cv_.notify_all();
   }
   void ReleaseCompletions() {
-    std::vector<std::function<void()>> held;
+    std::vector<HeldCompletion> held;
     {
       std::lock_guard lock(mu_);
       held.swap(held_done_);
       hold_done_ = nullptr;
     }
-    for (auto& complete : held) complete();
+    for (auto& h : held) {
+      if (!std::equal(h.payload.begin(), h.payload.end(), h.sent.begin(), h.sent.end())) {
+        std::lock_guard lock(mu_);
+        borrowed_rewritten_++;
+      }
+      h.complete();
+    }
+  }
+  // Held sends whose payload had changed by the time they were released.
+  uint64_t borrowed_rewritten() {
+    std::lock_guard lock(mu_);
+    return borrowed_rewritten_;
+  }
+  size_t held_completions() {
+    std::lock_guard lock(mu_);
+    return held_done_.size();
   }
   void OnHandled() { Bump(handled_); }
   // Keeps the message if `hold` says so: then `deliver` runs at Release; else returns false.
@@ -384,7 +441,13 @@ class Monitor {
   std::condition_variable cv_;
   HoldFn hold_;
   HoldFn hold_done_;
-  std::vector<std::function<void()>> held_done_;
+  struct HeldCompletion {
+    std::function<void()> complete;
+    std::span<const std::byte> payload;
+    std::vector<std::byte> sent;
+  };
+  std::vector<HeldCompletion> held_done_;
+  uint64_t borrowed_rewritten_ = 0;
   uint64_t sent_ = 0;
   uint64_t handled_ = 0;
   uint64_t completed_ = 0;
@@ -419,14 +482,17 @@ class MonitoredTransport final : public Transport {
             std::span<const std::byte> payload, SendCallback done) override {
     monitor_->OnSend(Address(), header, payload.size());
     const bool hold_done = monitor_->ShouldHoldDone(Address(), header, payload.size());
+    std::vector<std::byte> sent;
+    if (hold_done) sent.assign(payload.begin(), payload.end());
     inner_->Send(peer, header, payload,
-                 [this, hold_done, done = std::move(done)](absl::Status s) mutable {
+                 [this, hold_done, payload, sent = std::move(sent),
+                  done = std::move(done)](absl::Status s) mutable {
                    auto complete = [this, done = std::move(done), s = std::move(s)]() mutable {
                      done(std::move(s));
                      monitor_->OnSendDone();
                    };
                    if (hold_done) {
-                     monitor_->HoldDone(std::move(complete));
+                     monitor_->HoldDone(std::move(complete), payload, std::move(sent));
                    } else {
                      complete();
                    }
@@ -440,11 +506,12 @@ class MonitoredTransport final : public Transport {
   ReceiveHandler handler_;
 };
 
-// n halving-doubling ranks over monitored in-process endpoints.
+// n halving-doubling (or `algorithm`) ranks over monitored in-process endpoints.
 class MonitoredCluster {
  public:
-  MonitoredCluster(int n, uint64_t partition_bytes, bool pipelined, Monitor* monitor)
-      : reducer_(1) {
+  MonitoredCluster(int n, uint64_t partition_bytes, bool pipelined, Monitor* monitor,
+                   Algorithm algorithm = Algorithm::kHalvingDoubling)
+      : reducer_(1), algorithm_(algorithm) {
     JobView view;
     view.job_id = "job-m";
     view.plan_version = 1;
@@ -461,7 +528,7 @@ class MonitoredCluster {
       nodes_.back()->engine().SetHalvingDoublingPipelined(pipelined);
       view.my_worker_rank = i;
       view.my_server_index = i;
-      nodes_.back()->SetJob(view, Algorithm::kHalvingDoubling);
+      nodes_.back()->SetJob(view, algorithm);
     }
   }
   ~MonitoredCluster() {
@@ -474,8 +541,7 @@ class MonitoredCluster {
     auto promise = std::make_shared<std::promise<absl::Status>>();
     auto future = promise->get_future();
     op.done = [promise](absl::Status s) { promise->set_value(std::move(s)); };
-    absl::Status s =
-        nodes_[rank]->engine().Post("job-m", Algorithm::kHalvingDoubling, std::move(op));
+    absl::Status s = nodes_[rank]->engine().Post("job-m", algorithm_, std::move(op));
     if (!s.ok()) promise->set_value(s);
     return future;
   }
@@ -483,6 +549,7 @@ class MonitoredCluster {
  private:
   common::FakeClock clock_;
   CpuReducer reducer_;
+  Algorithm algorithm_;
   InProcessNetwork network_;
   std::vector<std::unique_ptr<MonitoredTransport>> transports_;
   std::vector<std::unique_ptr<DataPlaneNode>> nodes_;
@@ -559,6 +626,48 @@ void CheckOverlap(bool pipelined) {
 TEST(PipeliningTest, NextStepSubChunksLeaveBeforeTheStepIsFullyReceived) { CheckOverlap(true); }
 
 TEST(PipeliningTest, NonPipelinedStepsWaitForTheWholePreviousStep) { CheckOverlap(false); }
+
+// Recursive doubling sends the range it receives into in the same step: a received sub-chunk may
+// be added only once the transport is done with this rank's own send of those elements. Rank 0's
+// send completions are held: nothing may be added into its buffer meanwhile (every element is in
+// one of its held sends), every held payload is intact at release, and then the sums are exact.
+// (With ApplyAfter::kEarlierStepsCoveringRange, which ignores the step's own sends, rank 0 adds
+// its partner's sub-chunks at once and this test fails.)
+TEST(PipeliningTest, RecursiveDoublingAddsOnlyWhatItsOwnSendNoLongerReads) {
+  for (int n : {2, 3, 4, 8}) {
+    const uint64_t count = 64;  // int32, 4 per message
+    Monitor monitor([](const std::string&, const WireHeader&) { return false; },
+                    [](const std::string& from, const WireHeader& h) {
+                      return from == "rank-0" && h.kind == static_cast<uint8_t>(MessageKind::kData);
+                    });
+    MonitoredCluster cluster(n, 16, true, &monitor, Algorithm::kRecursiveDoubling);
+    Buffers bufs(n, std::vector<std::byte>(count * 4));
+    for (int r = 0; r < n; ++r) {
+      for (uint64_t i = 0; i < count; ++i) PutValue(DataType::kInt32, bufs[r].data(), i, r + i);
+    }
+    const Buffers inputs = bufs;
+    std::vector<std::future<absl::Status>> futures;
+    for (int r = 0; r < n; ++r) {
+      futures.push_back(
+          cluster.Post(r, MakeOp("rd", 0, DataType::kInt32, count, Reduction::kSum, bufs[r])));
+    }
+    ASSERT_TRUE(monitor.WaitQuiescent()) << "n " << n;
+    EXPECT_EQ(monitor.held_completions(), count / 4) << "n " << n;  // its first exchange, whole
+    EXPECT_EQ(std::memcmp(bufs[0].data(), inputs[0].data(), count * 4), 0)
+        << "n " << n << ": rank 0's buffer changed while its sends were borrowed";
+    ASSERT_EQ(futures[0].wait_for(std::chrono::seconds(0)), std::future_status::timeout);
+    monitor.ReleaseCompletions();  // and holds no more
+    EXPECT_EQ(monitor.borrowed_rewritten(), 0u) << "n " << n;
+    for (auto& f : futures) ASSERT_TRUE(Await(f).ok()) << "n " << n;
+    for (int r = 0; r < n; ++r) {
+      for (uint64_t i = 0; i < count; ++i) {
+        ASSERT_EQ(GetValue(DataType::kInt32, bufs[r].data(), i),
+                  n * (n - 1) / 2.0 + n * static_cast<double>(i))
+            << "n " << n << " rank " << r << " element " << i;
+      }
+    }
+  }
+}
 
 // ---------------------------------------------------------------------------------------------
 // Failures of the pipelined schedule

@@ -11,6 +11,7 @@
 #include "common/hash.h"
 #include "dataplane/collectives/algorithm_selector.h"
 #include "dataplane/collectives/allreduce_halving_doubling.h"
+#include "dataplane/collectives/allreduce_recursive_doubling.h"
 #include "dataplane/collectives/allreduce_ring.h"
 #include "dataplane/collectives/collective_engine.h"
 #include "dataplane/collectives/data_plane_node.h"
@@ -131,22 +132,38 @@ void CheckPairing(const std::vector<std::vector<ScheduleStep>>& s, int n) {
   }
 }
 
-TEST(ScheduleTest, RingAndHalvingDoublingPairUp) {
+TEST(ScheduleTest, RingHalvingDoublingAndRecursiveDoublingPairUp) {
   for (int n = 1; n <= 12; ++n) {
     for (uint64_t count : {1, 5, 64, 1000}) {
-      std::vector<std::vector<ScheduleStep>> ring, hd, bcast;
+      std::vector<std::vector<ScheduleStep>> ring, hd, rd, bcast;
       for (int r = 0; r < n; ++r) {
         ring.push_back(RingAllReduceSchedule(count, n, r));
         hd.push_back(HalvingDoublingSchedule(count, n, r));
+        rd.push_back(RecursiveDoublingSchedule(count, n, r));
         bcast.push_back(RingBroadcastSchedule(count, n, r, n / 2));
       }
       CheckPairing(ring, n);
       CheckPairing(hd, n);
+      CheckPairing(rd, n);
       CheckPairing(bcast, n);
       EXPECT_EQ(ring[0].size(), n == 1 ? 0u : 2u * (n - 1));
       int levels = 0;
       while ((2 << levels) <= n) ++levels;
       EXPECT_EQ(hd[0].size(), n == 1 ? 0u : 2u * levels + 2);
+      EXPECT_EQ(rd[0].size(), n == 1 ? 0u : levels + 2u);
+      // Recursive doubling moves the whole tensor in every message, and a rank that folds into
+      // its partner has nothing to do between the fold and the hand-back.
+      for (int r = 0; r < n; ++r) {
+        int active = 0;
+        for (const ScheduleStep& step : rd[r]) {
+          if (step.send_peer >= 0) EXPECT_EQ(step.send_count, count);
+          if (step.recv_peer >= 0) EXPECT_EQ(step.recv_count, count);
+          active += step.send_peer >= 0 || step.recv_peer >= 0;
+        }
+        const int extra = n - (1 << levels);
+        const int expected = n == 1 ? 0 : r < 2 * extra ? (r % 2 == 0 ? 2 : levels + 2) : levels;
+        EXPECT_EQ(active, expected) << "n " << n << " rank " << r;
+      }
     }
   }
 }
@@ -208,7 +225,8 @@ TEST_P(AllReduceTest, AverageEveryDtype) {
 
 INSTANTIATE_TEST_SUITE_P(Ranks, AllReduceTest,
                          ::testing::Combine(::testing::Values(Algorithm::kRing,
-                                                              Algorithm::kHalvingDoubling),
+                                                              Algorithm::kHalvingDoubling,
+                                                              Algorithm::kRecursiveDoubling),
                                             ::testing::Values(1, 2, 3, 4, 5, 7, 8)),
                          [](const auto& info) {
                            return absl::StrCat(std::string(AlgorithmName(std::get<0>(info.param))),
@@ -217,7 +235,8 @@ INSTANTIATE_TEST_SUITE_P(Ranks, AllReduceTest,
 
 TEST(AllReduceTest, LargePartitionsAndSingleMessageSteps) {
   Ring ring(4, /*partition_bytes=*/4 << 20);
-  for (Algorithm alg : {Algorithm::kRing, Algorithm::kHalvingDoubling}) {
+  for (Algorithm alg :
+       {Algorithm::kRing, Algorithm::kHalvingDoubling, Algorithm::kRecursiveDoubling}) {
     const uint64_t wrong = RunAndCount(
         ring, alg, "big", static_cast<uint64_t>(alg), DataType::kFloat32, 100000, Reduction::kSum,
         0, [](int r, uint64_t i) { return r + static_cast<double>(i % 100); },
@@ -278,6 +297,43 @@ TEST(BroadcastTest, HalvingDoublingDeclinesAndFallsBackToRing) {
     for (uint64_t i = 0; i < 50; ++i) EXPECT_EQ(GetValue(DataType::kInt32, bufs[r].data(), i), i);
     EXPECT_EQ(ring.node(r).stats().fallbacks, 1u);
   }
+}
+
+// A job that chose recursive doubling runs its other collectives as ring: the engine declines
+// them, the node falls back.
+TEST(BroadcastTest, RecursiveDoublingDeclinesAllButAllReduceAndFallsBackToRing) {
+  Ring ring(3, /*partition_bytes=*/16, Algorithm::kRecursiveDoubling);
+  for (Reduction kind :
+       {Reduction::kBroadcast, Reduction::kAllGather, Reduction::kReduceScatterSum}) {
+    Operation op;
+    op.reduction = kind;
+    const absl::Status s = ring.engine(0).CanServe(Algorithm::kRecursiveDoubling, op);
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << ReductionName(kind);
+    EXPECT_THAT(s.message(), HasSubstr("all-reduce only"));
+  }
+  Operation sum;
+  sum.reduction = Reduction::kAverage;
+  EXPECT_TRUE(ring.engine(0).CanServe(Algorithm::kRecursiveDoubling, sum).ok());
+  std::vector<std::vector<std::byte>> bufs(3, std::vector<std::byte>(4 * 50));
+  for (uint64_t i = 0; i < 50; ++i) PutValue(DataType::kInt32, bufs[1].data(), i, 7 * i);
+  std::vector<std::future<absl::Status>> futures;
+  for (int r = 0; r < 3; ++r) {
+    futures.push_back(
+        ring.Start(r, MakeOp("b", 0, DataType::kInt32, 50, Reduction::kBroadcast, bufs[r], 1)));
+  }
+  for (auto& f : futures) ASSERT_TRUE(Await(f).ok());
+  for (int r = 0; r < 3; ++r) {
+    for (uint64_t i = 0; i < 50; ++i) {
+      EXPECT_EQ(GetValue(DataType::kInt32, bufs[r].data(), i), 7 * i);
+    }
+    EXPECT_EQ(ring.node(r).stats().fallbacks, 1u);
+  }
+  // The job's all-reduce runs recursive doubling (no fallback).
+  EXPECT_EQ(RunAndCount(
+                ring, Algorithm::kRecursiveDoubling, "s", 1, DataType::kInt32, 50, Reduction::kSum,
+                0, [](int r, uint64_t i) { return r + static_cast<double>(i); },
+                [](uint64_t i) { return 3 + 3 * static_cast<double>(i); }),
+            0u);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -341,7 +397,8 @@ TEST_P(MismatchTest, SumAgainstAverageFailsEveryRank) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Algorithms, MismatchTest,
-                         ::testing::Values(Algorithm::kRing, Algorithm::kHalvingDoubling),
+                         ::testing::Values(Algorithm::kRing, Algorithm::kHalvingDoubling,
+                                           Algorithm::kRecursiveDoubling),
                          [](const auto& info) { return std::string(AlgorithmName(info.param)); });
 
 TEST(DeadlineTest, MissingRankTurnsIntoDeadlineExceededNamingStepAndPeer) {
@@ -410,7 +467,7 @@ TEST_P(AbortTest, AnAbortThatArrivesBeforeTheOperationFailsItWhenItStarts) {
   WireHeader h;
   h.kind = static_cast<uint8_t>(MessageKind::kAbort);
   // An auto job's tensor runs with a concrete algorithm: the one the header names.
-  h.algorithm = static_cast<uint8_t>(GetParam() == Algorithm::kAuto ? Algorithm::kHalvingDoubling
+  h.algorithm = static_cast<uint8_t>(GetParam() == Algorithm::kAuto ? Algorithm::kRecursiveDoubling
                                                                     : GetParam());
   h.job = common::StableHash64("job-r");
   h.tensor = common::StableHash64("g");
@@ -448,11 +505,11 @@ TEST_P(AbortTest, AnAbortThatArrivesBeforeTheOperationFailsItWhenItStarts) {
   EXPECT_EQ(ring.clock().Now(), t0);
 }
 
-// kAuto: the 256-byte tensors of these tests go to halving-doubling by size at n = 4 (and the
+// kAuto: the 256-byte tensors of these tests go to recursive doubling by size at n = 4 (and the
 // abort goes to the push/pull home server as well).
 INSTANTIATE_TEST_SUITE_P(Algorithms, AbortTest,
                          ::testing::Values(Algorithm::kRing, Algorithm::kHalvingDoubling,
-                                           Algorithm::kAuto),
+                                           Algorithm::kRecursiveDoubling, Algorithm::kAuto),
                          [](const auto& info) { return std::string(AlgorithmName(info.param)); });
 
 TEST(MalformedTest, BadMessagesAreDroppedAndCounted) {
@@ -494,7 +551,8 @@ TEST(MalformedTest, BadMessagesAreDroppedAndCounted) {
 // Ordering
 
 TEST(EarlyMessagesTest, ARankThatStartsFirstIsBufferedUntilThePeerStarts) {
-  for (Algorithm alg : {Algorithm::kRing, Algorithm::kHalvingDoubling}) {
+  for (Algorithm alg :
+       {Algorithm::kRing, Algorithm::kHalvingDoubling, Algorithm::kRecursiveDoubling}) {
     const int n = 4;
     Ring ring(n);
     const uint64_t count = 100;
@@ -505,8 +563,9 @@ TEST(EarlyMessagesTest, ARankThatStartsFirstIsBufferedUntilThePeerStarts) {
     std::vector<std::future<absl::Status>> futures;
     futures.push_back(
         ring.Post(0, alg, MakeOp("e", 5, DataType::kInt32, count, Reduction::kSum, bufs[0])));
-    // Rank 0's first step reaches rank 1 (ring) or rank 2 (halving-doubling) before it starts.
-    const int first_peer = alg == Algorithm::kRing ? 1 : 2;
+    // Rank 0's first step reaches rank 1 (ring, recursive doubling) or rank 2 (halving-doubling)
+    // before it starts.
+    const int first_peer = alg == Algorithm::kHalvingDoubling ? 2 : 1;
     const auto until = std::chrono::steady_clock::now() + kGuard;
     while (ring.engine(first_peer).stats().early_messages == 0 &&
            std::chrono::steady_clock::now() < until) {
@@ -540,7 +599,7 @@ TEST(BackToBackTest, FiftyIterationsOfThreeTensorsNeverMix) {
   const std::vector<Tensor> tensors = {
       {"conv1", Algorithm::kRing, Reduction::kSum, DataType::kFloat32, 37},
       {"fc", Algorithm::kHalvingDoubling, Reduction::kSum, DataType::kInt64, 101},
-      {"bn", Algorithm::kRing, Reduction::kAverage, DataType::kBFloat16, 11}};
+      {"bn", Algorithm::kRecursiveDoubling, Reduction::kAverage, DataType::kBFloat16, 11}};
   // bufs[rank][iteration * 3 + tensor]
   std::vector<std::vector<std::vector<std::byte>>> bufs(n);
   const auto value = [](int r, int it, int k, uint64_t i) {
@@ -621,21 +680,36 @@ TEST(StartTest, RejectsWhatItCannotStart) {
 TEST(SelectorTest, ModelThresholdsSplitSizesIntoRanges) {
   const CostModel model;
   const SelectorThresholds t8 = ModelThresholds(8, 0, model);
-  // Halving-doubling wins small tensors at n = 8, ring the rest; no push/pull without servers.
-  EXPECT_GT(t8.halving_doubling_below, 4u << 10);
+  // At n = 8 recursive doubling (3 messages) wins small tensors, halving-doubling (6) the middle
+  // ones, ring the rest; no push/pull without servers.
+  EXPECT_GT(t8.recursive_doubling_below, 4u << 10);
+  EXPECT_LT(t8.recursive_doubling_below, t8.halving_doubling_below);
   EXPECT_LT(t8.halving_doubling_below, 16u << 20);
   EXPECT_EQ(t8.push_pull_from, UINT64_MAX);
-  EXPECT_EQ(Select(4 << 10, 8, t8), Algorithm::kHalvingDoubling);
+  EXPECT_EQ(Select(4 << 10, 8, t8), Algorithm::kRecursiveDoubling);
+  EXPECT_EQ(Select(t8.recursive_doubling_below, 8, t8), Algorithm::kHalvingDoubling);
   EXPECT_EQ(Select(64 << 20, 8, t8), Algorithm::kRing);
+  const uint64_t r = t8.recursive_doubling_below;
+  EXPECT_LE(PredictSeconds(Algorithm::kRecursiveDoubling, r - 1, 8, 0, model),
+            PredictSeconds(Algorithm::kHalvingDoubling, r - 1, 8, 0, model));
+  EXPECT_GE(PredictSeconds(Algorithm::kRecursiveDoubling, r + 1, 8, 0, model),
+            PredictSeconds(Algorithm::kHalvingDoubling, r + 1, 8, 0, model));
+  // Not a power of two: the fold's two extra messages of the whole tensor count.
+  EXPECT_NEAR(PredictSeconds(Algorithm::kRecursiveDoubling, 1000, 6, 0, model),
+              4 * model.alpha_seconds +
+                  1000 * (4 * model.beta_seconds_per_byte + 3 * model.gamma_seconds_per_byte),
+              1e-12);
   // At the threshold the model's costs cross.
   const uint64_t m = t8.halving_doubling_below;
   EXPECT_LE(PredictSeconds(Algorithm::kHalvingDoubling, m - 1, 8, 0, model),
             PredictSeconds(Algorithm::kRing, m - 1, 8, 0, model));
   EXPECT_GE(PredictSeconds(Algorithm::kHalvingDoubling, m + 1, 8, 0, model),
             PredictSeconds(Algorithm::kRing, m + 1, 8, 0, model));
-  // n = 2: both take 2 steps, ring pipelines its summation: always ring.
+  // n = 2: halving-doubling and ring both take 2 steps, ring pipelines its summation: never
+  // halving-doubling; one exchange of the whole tensor (recursive doubling) wins small tensors.
   EXPECT_EQ(ModelThresholds(2, 0, model).halving_doubling_below, 0u);
-  EXPECT_EQ(Select(1, 2, ModelThresholds(2, 0, model)), Algorithm::kRing);
+  EXPECT_EQ(Select(1, 2, ModelThresholds(2, 0, model)), Algorithm::kRecursiveDoubling);
+  EXPECT_EQ(Select(1 << 20, 2, ModelThresholds(2, 0, model)), Algorithm::kRing);
   // With as many extra servers as workers, push/pull takes the large tensors.
   const SelectorThresholds pp = ModelThresholds(8, 8, model);
   EXPECT_LT(pp.push_pull_from, 64u << 20);
@@ -649,8 +723,11 @@ TEST(SelectorTest, ModelThresholdsSplitSizesIntoRanges) {
 
 TEST(SelectorTest, ConfiguredThresholdsAndFallback) {
   SelectorThresholds t;
+  t.recursive_doubling_below = 100;
   t.halving_doubling_below = 1000;
   t.push_pull_from = 5000;
+  EXPECT_EQ(Select(99, 4, t), Algorithm::kRecursiveDoubling);
+  EXPECT_EQ(Select(100, 4, t), Algorithm::kHalvingDoubling);
   EXPECT_EQ(Select(999, 4, t), Algorithm::kHalvingDoubling);
   EXPECT_EQ(Select(1000, 4, t), Algorithm::kRing);
   EXPECT_EQ(Select(4999, 4, t), Algorithm::kRing);
@@ -725,26 +802,37 @@ TEST(SelectorTest, NodesFollowTheirCostModel) {
 TEST(SelectorTest, MeasuredThresholdsFromTheSuitesCalibration) {
   absl::StatusOr<MeasuredThresholds> m = ParseSelectorCalibration(R"({
     "workers": 4, "rate_mbit": 500, "alpha_seconds": {"tributary ring": 0.00019},
-    "ring_beats_halving_doubling_from": 524288,
+    "ring_beats_halving_doubling_from": 524288, "recursive_doubling_below": 32768,
     "push_pull_beats_ring_from": {"k=0": null, "k=2": 16777216, "k=4": 8388608}})");
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->ring_beats_halving_doubling_from, 524288u);
+  EXPECT_EQ(m->recursive_doubling_below, 32768u);
   EXPECT_EQ(m->push_pull_beats_ring_from.at(0), UINT64_MAX);
   // No spares: never push/pull; 3 spares: the k = 2 measurement; 8: the k = 4 one.
   EXPECT_EQ(MeasuredSelectorThresholds(*m, 4, 0).push_pull_from, UINT64_MAX);
   EXPECT_EQ(MeasuredSelectorThresholds(*m, 4, 3).push_pull_from, 16777216u);
   const SelectorThresholds t = MeasuredSelectorThresholds(*m, 4, 8);
   EXPECT_EQ(t.push_pull_from, 8388608u);
-  EXPECT_EQ(Select(4 << 10, 4, t), Algorithm::kHalvingDoubling);
+  EXPECT_EQ(Select(4 << 10, 4, t), Algorithm::kRecursiveDoubling);
+  EXPECT_EQ(Select(32 << 10, 4, t), Algorithm::kHalvingDoubling);
   EXPECT_EQ(Select(1 << 20, 4, t), Algorithm::kRing);
   EXPECT_EQ(Select(8 << 20, 4, t), Algorithm::kPushPull);
   EXPECT_EQ(MeasuredSelectorThresholds(*m, 2, 0).halving_doubling_below, 0u);  // n = 2: ring
+  // A calibration from before recursive doubling, or in which it never won: never chosen.
+  for (const char* json :
+       {R"({"ring_beats_halving_doubling_from": 1})", R"({"recursive_doubling_below": null})"}) {
+    absl::StatusOr<MeasuredThresholds> old = ParseSelectorCalibration(json);
+    ASSERT_TRUE(old.ok()) << old.status();
+    EXPECT_EQ(MeasuredSelectorThresholds(*old, 4, 0).recursive_doubling_below, 0u) << json;
+  }
   // Errors name the field.
   EXPECT_THAT(ParseSelectorCalibration("[1]").status().message(),
               ::testing::HasSubstr("not a JSON object"));
   EXPECT_THAT(
       ParseSelectorCalibration(R"({"ring_beats_halving_doubling_from": -1})").status().message(),
       ::testing::HasSubstr("ring_beats_halving_doubling_from must be"));
+  EXPECT_THAT(ParseSelectorCalibration(R"({"recursive_doubling_below": "4K"})").status().message(),
+              ::testing::HasSubstr("recursive_doubling_below must be"));
   EXPECT_THAT(
       ParseSelectorCalibration(R"({"push_pull_beats_ring_from": {"two": 5}})").status().message(),
       ::testing::HasSubstr("'two' is not k=N"));
@@ -755,9 +843,11 @@ TEST(SelectorTest, NodesPreferMeasuredThresholds) {
   DataPlaneNode& collectives = node.collectives();
   MeasuredThresholds m;
   m.ring_beats_halving_doubling_from = 1 << 20;
+  m.recursive_doubling_below = 16 << 10;
   m.push_pull_beats_ring_from = {{0, UINT64_MAX}, {2, 16 << 20}};
   collectives.SetMeasuredThresholds(m);
   node.SetAutoJob("measured", 4, 2);
+  EXPECT_EQ(*collectives.AlgorithmFor("measured", 4 << 10), Algorithm::kRecursiveDoubling);
   EXPECT_EQ(*collectives.AlgorithmFor("measured", 64 << 10), Algorithm::kHalvingDoubling);
   EXPECT_EQ(*collectives.AlgorithmFor("measured", 4 << 20), Algorithm::kRing);
   EXPECT_EQ(*collectives.AlgorithmFor("measured", 16 << 20), Algorithm::kPushPull);

@@ -195,7 +195,7 @@ TEST(WireTest, ParameterServerMessages) {
       [](WireHeader& h) { h.algorithm = static_cast<uint8_t>(Algorithm::kPushPull); }, 20,
       "unknown reduction 8");
   add(
-      "algorithm 5", [](WireHeader& h) { h.algorithm = 5; }, 20, "unknown algorithm 5");
+      "algorithm 6", [](WireHeader& h) { h.algorithm = 6; }, 20, "unknown algorithm 6");
   for (const Row& row : rows) {
     absl::StatusOr<WireHeader> parsed = ParseHeader(AsBytes(row.h), row.payload);
     EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << row.what;
