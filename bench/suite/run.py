@@ -749,11 +749,17 @@ def bottleneck_unit(flows):
     return max(list(out.values()) + list(inn.values()), default=0)
 
 
+def uses_spares(config):
+    """Whether a configuration's job may use spare summation hosts (push/pull, auto)."""
+    return config.startswith(("tributary push/pull", "tributary auto"))
+
+
 def pattern_for(config, spares_used):
     """The ceiling pattern whose traffic a configuration moves: push/pull by the spares its plan
     used, ring (Tributary's, Gloo's, Open MPI's ring, and Open MPI's default, whose choice varies
     with the size: it moves at least a ring's bytes), halving-doubling, recursive doubling."""
-    if config.startswith("tributary push/pull"):
+    if config.startswith("tributary push/pull") or (config.startswith("tributary auto") and
+                                                     spares_used > 0):
         return f"push/pull {spares_used} spares"
     if "halving-doubling" in config:
         return "halving-doubling"
@@ -909,8 +915,8 @@ def main():
                          "write --bench-rank-arg=--flag for one that starts with -)")
     ap.add_argument("--configs", default="all",
                     help="comma list of: pp,pp-fixed (push/pull without online partition tuning),"
-                         "trib-ring,trib-hd,trib-rd (recursive doubling),gloo-ring,gloo-hd,"
-                         "mpi-default,mpi-ring")
+                         "trib-ring,trib-hd,trib-rd (recursive doubling),trib-auto (the agent's "
+                         "choice per tensor, k as --k),gloo-ring,gloo-hd,mpi-default,mpi-ring")
     ap.add_argument("--bin-dir", default=os.path.join(ROOT, "build", "bin"))
     ap.add_argument("--out", default=None, help="results folder (default bench/results)")
     ap.add_argument("--run-dir", default="/tmp/trib-emu-suite")
@@ -1065,6 +1071,9 @@ def build_configs(suite, wanted, peers):
     if "trib-rd" in wanted:
         configs.append(("tributary recursive doubling", "tributary", 0,
                         lambda p: suite.tributary("rd", 0, p)))
+    if "trib-auto" in wanted:  # what a job gets by default: the agent's selector, per tensor
+        configs += [(f"tributary auto k={k}", "tributary", k,
+                     lambda p, k=k: suite.tributary("auto", k, p)) for k in args.k]
     for name, fam, alg in (("gloo-ring", "gloo", "ring"), ("gloo-hd", "gloo", "hd"),
                            ("mpi-default", "mpi", "default"), ("mpi-ring", "mpi", "ring")):
         if name not in wanted:
@@ -1227,7 +1236,7 @@ def ceiling_patterns(suite, wanted):
         patterns["halving-doubling"] = hd_flows(n)
     if "trib-rd" in wanted:
         patterns["recursive doubling"] = rd_flows(n)
-    if "pp" in wanted:
+    if "pp" in wanted or "trib-auto" in wanted:
         for k in suite.args.k:
             try:
                 servers = suite.plan_servers(k)
@@ -1407,6 +1416,8 @@ def calibration(results, n, rate, out):
     trib = [r for r in results if r["family"] == "tributary"]
     alphas = {}
     for c in dict.fromkeys(r["config"] for r in trib):
+        if c.startswith("tributary auto"):  # several algorithms: no one message count
+            continue
         rs = [r for r in trib if r["config"] == c and r["size"] <= 64 << 10]
         fits = []
         for r in rs:
@@ -1487,14 +1498,14 @@ def workload_report(wresults, args, out, ceilings=None):
         peers = [r for r in ws if r["family"] in ("gloo", "mpi")]
         best = min(peers, key=lambda r: r["time_us"]) if peers else None
         for r in ws:
-            kk = r["spares_used"] if r["config"].startswith("tributary push/pull") else 0
+            kk = r["spares_used"] if uses_spares(r["config"]) else 0
             r["theory_us"] = theory_seconds(r["bytes"], n, kk, rate) * 1e6
             r["efficiency"] = r["theory_us"] / r["time_us"]
             add_ceiling(r, ceilings, r["bytes"], rate)
             r["vs_best_peer"] = best["time_us"] / r["time_us"] if best else float("nan")
             r["best_peer"] = best["config"] if best else ""
             cpu = " ".join(f"{v:.0f}" for v in r["cpu"].values())
-            name = r["config"] + (f" ({r['spares_used']} used)" if "push/pull" in r["config"]
+            name = r["config"] + (f" ({r['spares_used']} used)" if uses_spares(r["config"])
                                   else "")
             ceiling_ms = None if r["ceiling_us"] is None else r["ceiling_us"] / 1e3
             lines.append(f"| {wname} | {name} | {r['tensors']} | {fmt_size(r['bytes'])} | "
@@ -1554,7 +1565,7 @@ def annotate(results, n, rate, ceilings):
         if cand:
             best_peer[s] = min(cand, key=lambda r: r["time_us"])
     for r in results:
-        kk = r["spares_used"] if r["config"].startswith("tributary push/pull") else 0
+        kk = r["spares_used"] if uses_spares(r["config"]) else 0
         r["theory_us"] = theory_seconds(r["size"], n, kk, rate) * 1e6
         r["efficiency"] = r["theory_us"] / r["time_us"]
         add_ceiling(r, ceilings, r["size"], rate)
@@ -1613,7 +1624,7 @@ def report(results, args, out, argv, update_md, wresults=(), ceilings=None, tres
         for c in configs:
             for r in results:
                 if r["config"] == c and r["size"] == s:
-                    name = c + (f" ({r['spares_used']} used)" if "push/pull" in c else "")
+                    name = c + (f" ({r['spares_used']} used)" if uses_spares(c) else "")
                     lines.append(
                         f"| {name} | {fmt_size(s)} | {r['time_us']:.0f} | {fmt_spread(r)} | "
                         f"{r['algbw']:.4f} | {r['busbw']:.4f} | {r['theory_us']:.0f} | "
@@ -1652,17 +1663,18 @@ def targets(results, best_peer):
     if not best_peer:
         return out + ["* no peer ran: nothing to compare with"]
     sizes = sorted(best_peer)
-    # k = 0 at least as fast as the best peer from 16 MiB.
+    # k = 0 at least as fast as the best peer from 16 MiB: push/pull forced, and the agent's
+    # own choice (auto) when it ran.
     big = [s for s in sizes if s >= 16 * MIB]
-    if big:
+    for label in ("push/pull k=0", "auto k=0"):
         worst = None
         for s in big:
-            r = get(results, "tributary push/pull k=0", s)
+            r = get(results, f"tributary {label}", s)
             if r and (worst is None or r["vs_best_peer"] < worst[1]):
                 worst = (s, r["vs_best_peer"])
         if worst:
             ok = worst[1] >= 1.0
-            out.append(f"* push/pull k=0 >= best peer from 16 MiB: {'MET' if ok else 'MISSED'} "
+            out.append(f"* {label} >= best peer from 16 MiB: {'MET' if ok else 'MISSED'} "
                        f"(worst {worst[1]:.2f}x at {fmt_size(worst[0])}"
                        + ("" if ok else f", {100 * (1 - worst[1]):.0f}% short") + ")")
     r = get(results, "tributary push/pull k=4", 64 * MIB)

@@ -270,6 +270,9 @@ class Ceiling(unittest.TestCase):
         self.assertAlmostEqual(run.bottleneck_unit(run.rd_flows(8)), 3)
         self.assertAlmostEqual(run.bottleneck_unit(run.rd_flows(6)), 4)
         self.assertEqual(run.pattern_for("tributary recursive doubling", 0), "recursive doubling")
+        # The agent's own choice: push/pull's pattern when its plan has spares, else ring's.
+        self.assertEqual(run.pattern_for("tributary auto k=4", 4), "push/pull 4 spares")
+        self.assertEqual(run.pattern_for("tributary auto k=0", 0), "ring")
 
     def test_push_pull_pattern_of_the_models_shares_moves_the_models_bytes(self):
         # DESIGN.md §1.1: worker servers own (n-k)/D, spares 2(n-1)/D; the busiest host moves
