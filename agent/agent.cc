@@ -342,7 +342,8 @@ void Agent::ApplyPlans(const std::vector<tributary::v1::JobPlan>& plans) {
                      view->procs_per_node,
                      view->op_timeout,
                      {},
-                     plan.generation()};
+                     plan.generation(),
+                     nullptr};
       for (const auto& w : plan.workers()) {
         if (w.down())
           local.down_workers.push_back(absl::StrCat(w.node_id(), " (rank ", w.rank(), ")"));
