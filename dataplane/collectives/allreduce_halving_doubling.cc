@@ -5,12 +5,12 @@ namespace tributary::dataplane {
 std::vector<ScheduleStep> HalvingDoublingSchedule(uint64_t count, int n, int rank, bool pipelined) {
   std::vector<ScheduleStep> steps;
   if (n <= 1) return steps;
-  int levels = 0;
-  while ((2 << levels) <= n) ++levels;
-  const int p = 1 << levels;
-  const int extra = n - p;
-  const int new_rank = rank < 2 * extra ? (rank % 2 == 1 ? rank / 2 : -1) : rank - extra;
-  const auto real_rank = [extra](int nr) { return nr < extra ? 2 * nr + 1 : nr + extra; };
+  const FoldLayout fold(n, rank);
+  const int levels = fold.levels;
+  const int p = fold.p;
+  const int extra = fold.extra;
+  const int new_rank = fold.new_rank;
+  const auto real_rank = [&fold](int nr) { return fold.RealRank(nr); };
   // Element range of blocks [lo, hi) of p.
   const auto range = [count, p](int lo, int hi) {
     const BlockRange a = GetBlock(count, p, lo);

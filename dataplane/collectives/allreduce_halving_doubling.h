@@ -28,6 +28,25 @@
 
 namespace tributary::dataplane {
 
+// The fold both halving-doubling and recursive doubling use: p = 2^levels = 2^floor(log2 n),
+// extra = n - p; ranks 2i < 2·extra fold into 2i+1 ("new rank" i, new_rank -1 for 2i), ranks
+// r >= 2·extra are new rank r - extra.
+struct FoldLayout {
+  int levels = 0;
+  int p = 1;
+  int extra = 0;
+  int new_rank = -1;
+
+  FoldLayout(int n, int rank) {
+    while ((2 << levels) <= n) ++levels;
+    p = 1 << levels;
+    extra = n - p;
+    new_rank = rank < 2 * extra ? (rank % 2 == 1 ? rank / 2 : -1) : rank - extra;
+  }
+  // The rank of new rank `nr`.
+  int RealRank(int nr) const { return nr < extra ? 2 * nr + 1 : nr + extra; }
+};
+
 std::vector<ScheduleStep> HalvingDoublingSchedule(uint64_t count, int n, int rank,
                                                   bool pipelined = true);
 

@@ -5,12 +5,9 @@ namespace tributary::dataplane {
 std::vector<ScheduleStep> RecursiveDoublingSchedule(uint64_t count, int n, int rank) {
   std::vector<ScheduleStep> steps;
   if (n <= 1) return steps;
-  int levels = 0;
-  while ((2 << levels) <= n) ++levels;
-  const int p = 1 << levels;
-  const int extra = n - p;
-  const int new_rank = rank < 2 * extra ? (rank % 2 == 1 ? rank / 2 : -1) : rank - extra;
-  const auto real_rank = [extra](int nr) { return nr < extra ? 2 * nr + 1 : nr + extra; };
+  const FoldLayout fold(n, rank);
+  const int levels = fold.levels;
+  const int extra = fold.extra;
   steps.resize(levels + 2);
   for (auto& s : steps) {
     s.send_after = ScheduleStep::SendAfter::kEarlierStepsCoveringRange;
@@ -36,9 +33,9 @@ std::vector<ScheduleStep> RecursiveDoublingSchedule(uint64_t count, int n, int r
       whole_recv(steps[0], rank - 1, ScheduleStep::Action::kReduce);
     }
   }
-  if (new_rank >= 0) {
+  if (fold.new_rank >= 0) {
     for (int k = 0; k < levels; ++k) {
-      const int partner = real_rank(new_rank ^ (1 << k));
+      const int partner = fold.RealRank(fold.new_rank ^ (1 << k));
       whole_send(steps[1 + k], partner);
       whole_recv(steps[1 + k], partner, ScheduleStep::Action::kReduce);
     }

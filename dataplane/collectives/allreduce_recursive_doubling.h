@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "dataplane/collectives/allreduce_halving_doubling.h"
 #include "dataplane/collectives/collective_engine.h"
 
 namespace tributary::dataplane {

@@ -156,8 +156,12 @@ TEST(ScheduleTest, RingHalvingDoublingAndRecursiveDoublingPairUp) {
       for (int r = 0; r < n; ++r) {
         int active = 0;
         for (const ScheduleStep& step : rd[r]) {
-          if (step.send_peer >= 0) EXPECT_EQ(step.send_count, count);
-          if (step.recv_peer >= 0) EXPECT_EQ(step.recv_count, count);
+          if (step.send_peer >= 0) {
+            EXPECT_EQ(step.send_count, count);
+          }
+          if (step.recv_peer >= 0) {
+            EXPECT_EQ(step.recv_count, count);
+          }
           active += step.send_peer >= 0 || step.recv_peer >= 0;
         }
         const int extra = n - (1 << levels);
