@@ -10,7 +10,6 @@ std::vector<ScheduleStep> HalvingDoublingSchedule(uint64_t count, int n, int ran
   const int p = fold.p;
   const int extra = fold.extra;
   const int new_rank = fold.new_rank;
-  const auto real_rank = [&fold](int nr) { return fold.RealRank(nr); };
   // Element range of blocks [lo, hi) of p.
   const auto range = [count, p](int lo, int hi) {
     const BlockRange a = GetBlock(count, p, lo);
@@ -62,7 +61,7 @@ std::vector<ScheduleStep> HalvingDoublingSchedule(uint64_t count, int n, int ran
       }
       const BlockRange keep = range(lo, hi);
       ScheduleStep& s = steps[1 + k];
-      s.send_peer = s.recv_peer = real_rank(new_rank ^ mask);
+      s.send_peer = s.recv_peer = fold.RealRank(new_rank ^ mask);
       s.send_offset = send.offset;
       s.send_count = send.count;
       s.recv_offset = keep.offset;
@@ -78,7 +77,7 @@ std::vector<ScheduleStep> HalvingDoublingSchedule(uint64_t count, int n, int ran
       const BlockRange send = range(mine, mine + size);
       const BlockRange recv = range(theirs, theirs + size);
       ScheduleStep& s = steps[1 + levels + k];
-      s.send_peer = s.recv_peer = real_rank(partner);
+      s.send_peer = s.recv_peer = fold.RealRank(partner);
       s.send_offset = send.offset;
       s.send_count = send.count;
       s.recv_offset = recv.offset;
