@@ -55,6 +55,10 @@ class CollectiveRunner {
   // Starts a node-level operation of job `job_id`. On error `op.done` is never called; on OK
   // it is called exactly once, on a data-plane thread, with the operation's result.
   virtual absl::Status Start(const std::string& job_id, dataplane::Operation op) = 0;
+  // The StagedInput (op.staged) of (tensor, iteration) advanced (DataPlaneNode::
+  // StagedInputAdvanced).
+  virtual void StagedInputAdvanced(const std::string& job_id, const std::string& tensor,
+                                   uint64_t iteration) = 0;
   // This node cannot take part in (tensor, iteration): fail it for the other nodes now.
   virtual void Abort(const std::string& job_id, const std::string& tensor, uint64_t iteration,
                      const absl::Status& reason) = 0;

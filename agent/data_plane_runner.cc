@@ -165,6 +165,11 @@ absl::Status DataPlaneRunner::Start(const std::string& job_id, dataplane::Operat
   return node_->Start(job_id, std::move(op));
 }
 
+void DataPlaneRunner::StagedInputAdvanced(const std::string& job_id, const std::string& tensor,
+                                          uint64_t iteration) {
+  node_->StagedInputAdvanced(job_id, tensor, iteration);
+}
+
 void DataPlaneRunner::Abort(const std::string& job_id, const std::string& tensor,
                             uint64_t iteration, const absl::Status& reason) {
   node_->Abort(job_id, tensor, iteration, reason);

@@ -73,6 +73,8 @@ class DataPlaneRunner final : public CollectiveRunner {
   void SetJob(const dataplane::JobView& view, dataplane::Algorithm algorithm) override;
   void RemoveJob(const std::string& job_id) override;
   absl::Status Start(const std::string& job_id, dataplane::Operation op) override;
+  void StagedInputAdvanced(const std::string& job_id, const std::string& tensor,
+                           uint64_t iteration) override;
   void Abort(const std::string& job_id, const std::string& tensor, uint64_t iteration,
              const absl::Status& reason) override;
   void Tick() override;

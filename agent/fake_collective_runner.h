@@ -125,14 +125,53 @@ class FakeCollectiveRunner final : public CollectiveRunner {
         return absl::OkStatus();
       }
       ++completed_on_start_;
+      if (op.staged != nullptr && !op.staged->complete()) {
+        // Computed once its whole input is there (StagedInputAdvanced).
+        staged_.push_back(std::move(op));
+        return absl::OkStatus();
+      }
     }
     op.done(ComputeLocally(op));
     return absl::OkStatus();
   }
+  void StagedInputAdvanced(const std::string& job_id, const std::string& tensor,
+                           uint64_t iteration) override {
+    std::vector<dataplane::Operation> ready;
+    {
+      std::lock_guard lock(mu_);
+      staged_advances_++;
+      for (auto it = staged_.begin(); it != staged_.end();) {
+        if (it->tensor_name == tensor && it->iteration == iteration && it->staged->complete()) {
+          ready.push_back(std::move(*it));
+          it = staged_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (dataplane::Operation& op : ready) op.done(ComputeLocally(op));
+  }
+  // StagedInputAdvanced calls so far.
+  int staged_advances() const {
+    std::lock_guard lock(mu_);
+    return staged_advances_;
+  }
   void Abort(const std::string& job_id, const std::string& tensor, uint64_t iteration,
              const absl::Status& reason) override {
-    std::lock_guard lock(mu_);
-    aborts_.push_back({job_id, tensor, iteration, reason});
+    std::vector<dataplane::Operation> failed;
+    {
+      std::lock_guard lock(mu_);
+      aborts_.push_back({job_id, tensor, iteration, reason});
+      for (auto it = staged_.begin(); it != staged_.end();) {
+        if (it->tensor_name == tensor && it->iteration == iteration) {
+          failed.push_back(std::move(*it));
+          it = staged_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (dataplane::Operation& op : failed) op.done(reason);
   }
   void Tick() override {
     std::lock_guard lock(mu_);
@@ -209,6 +248,8 @@ class FakeCollectiveRunner final : public CollectiveRunner {
   mutable std::mutex mu_;
   bool complete_on_start_ = false;
   size_t completed_on_start_ = 0;
+  std::vector<dataplane::Operation> staged_;  // completing on start, waiting for their input
+  int staged_advances_ = 0;
   absl::Status start_error_;
   std::vector<SetJobCall> set_jobs_;
   std::vector<std::string> removed_jobs_;

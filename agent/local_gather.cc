@@ -201,14 +201,23 @@ void LocalGather::Start(const GatherKey& key, std::unique_ptr<Gather> gather, De
       for (const auto& h : handles) h->Complete(status);
       runner->Abort(job_id, tensor, iteration, status);
     };
-    // Mirrored buffers (a process's CUDA memory) are copied in first, on the staging thread.
+    // Mirrored buffers (a process's CUDA memory) are copied in on the staging thread: first,
+    // or chunk by chunk while the collective runs (streaming).
+    MirrorStreaming streaming{
+        [runner, job_id](dataplane::Operation op) { return runner->Start(job_id, std::move(op)); },
+        [runner, job_id, tensor, iteration] {
+          runner->StagedInputAdvanced(job_id, tensor, iteration);
+        },
+        [runner, job_id, tensor, iteration](const absl::Status& status) {
+          runner->Abort(job_id, tensor, iteration, status);
+        }};
     StartMirrored(
         stager, std::move(mirrored), std::move(op), timeout,
         [runner, job_id, fail](dataplane::Operation op) {
           absl::Status started = runner->Start(job_id, std::move(op));
           if (!started.ok()) fail(started);
         },
-        fail, std::move(gpu));
+        fail, std::move(gpu), std::move(streaming));
   });
 }
 

@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "agent/agent.h"
+#include "agent/mirror_stager.h"
 #include "common/logging.h"
 #include "common/metrics/metrics.h"
 #include "common/process_flags.h"
@@ -101,6 +102,12 @@ int main(int argc, char** argv) {
                  "receiving an earlier one travel together in one message (0 = off)")
       ->capture_default_str();
   app.add_option("--reducer-threads", options.reducer_threads, "Summation threads (0 = all)");
+  uint64_t staging_chunk_kib = tributary::agent::kDefaultMirrorStagingChunk >> 10;
+  app.add_option("--staging-chunk-kib", staging_chunk_kib,
+                 "GPU tensors larger than this are copied to and from host memory in chunks of "
+                 "this size while the collective runs (0 = whole, before and after it)")
+      ->capture_default_str()
+      ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 30));
   std::string socket_group, socket_mode = "0660";
   std::vector<uid_t> socket_uids;
   app.add_option("--socket-group", socket_group,
@@ -124,6 +131,7 @@ int main(int argc, char** argv) {
     tributary::common::Logger("agent")->critical("{}", s.message());
     return 2;
   }
+  tributary::agent::SetMirrorStagingChunkBytes(staging_chunk_kib << 10);
   options.nic_bytes_per_s = nic_gbps * 1e9 / 8;
   options.sum_bytes_per_s = sum_gbps * 1e9;
   options.offers_summation = !no_summation;

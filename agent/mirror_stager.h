@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -68,11 +69,35 @@ struct MirroredRegion {
 // in rank order), the node's sum is formed on the GPUs as the job's intra-node plan says:
 // GpuAggregation::Before instead of the copies in, ::After instead of the copies back. When the
 // plan has nothing to run on GPUs, the copies as above.
+//
+// With `streaming`, a sum or average whose regions are larger than one staging chunk
+// (MirrorStagingChunkBytes) is not copied whole: it starts at once with a StagedInput
+// (dataplane/collectives/operation.h), the regions are copied in a chunk at a time, in order, each
+// chunk's arrival told to the data plane (`advanced`), and every range the data plane reports
+// final is copied back at once -- so the copies overlap the network (push/pull sends a chunk as
+// soon as its input is there; other algorithms wait for the whole input, and their result is
+// copied back after they end, as above). When a chunk's copy in fails, `abort` fails the running
+// operation everywhere (its `done` then reports it); copies back stop after any failure. The
+// original `done` runs after every copy back, on the stager's thread.
 class GpuAggregationSlot;
+struct MirrorStreaming {
+  // Starts the operation instead of `start` (CollectiveRunner::Start); on its error `failed` runs
+  // and nothing is copied.
+  std::function<absl::Status(dataplane::Operation)> start;
+  std::function<void()> advanced;                  // CollectiveRunner::StagedInputAdvanced
+  std::function<void(const absl::Status&)> abort;  // CollectiveRunner::Abort
+};
 void StartMirrored(const std::shared_ptr<MirrorStager>& stager, std::vector<MirroredRegion> regions,
                    dataplane::Operation op, std::chrono::milliseconds timeout,
                    std::function<void(dataplane::Operation)> start,
                    std::function<void(const absl::Status&)> failed,
-                   std::shared_ptr<GpuAggregationSlot> gpu = nullptr);
+                   std::shared_ptr<GpuAggregationSlot> gpu = nullptr,
+                   std::optional<MirrorStreaming> streaming = std::nullopt);
+
+// The staging chunk of StartMirrored's streaming, bytes (default kDefaultMirrorStagingChunk;
+// 0: never stream, copy whole regions). Process-wide: the agent's --staging-chunk-kib.
+inline constexpr uint64_t kDefaultMirrorStagingChunk = 4 << 20;
+void SetMirrorStagingChunkBytes(uint64_t bytes);
+uint64_t MirrorStagingChunkBytes();
 
 }  // namespace tributary::agent

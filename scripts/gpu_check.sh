@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Everything CUDA, on a machine with a GPU, in one command: configures build-gpu/ with
 # TRIBUTARY_CUDA=ON for this machine's GPU architecture, builds the CUDA tests, the end-to-end
-# CUDA test, the staging and intra-node tests and the three CUDA benchmarks, runs them, and fails
+# CUDA test, the staging and intra-node tests and the four CUDA benchmarks, runs them, and fails
 # if any GPU test was skipped (on a GPU machine a skip means the device was not usable, not that
 # there is nothing to test). The benchmarks' tables go to stdout and to
-# bench/results/cuda_{reduce,staging,intranode}_<gpu>.txt.
+# bench/results/cuda_{reduce,staging,intranode,collective}_<gpu>.txt.
 #   scripts/gpu_check.sh            # exit 77 (skipped) where no GPU is visible
 #   BUILD_DIR=... MIB=... scripts/gpu_check.sh
 #   PREBUILT=build-gpu-pack scripts/gpu_check.sh
 #       a machine that cannot build (no Debian packages): runs the binaries and libraries that
-#       scripts/gpu_pack.sh packed elsewhere -- cuda_test, cuda_integration_test, the three
+#       scripts/gpu_pack.sh packed elsewhere -- cuda_test, cuda_integration_test, the four
 #       benchmarks and `tributary topo`; the CPU tests (staging, intranode, reduce) run where the
 #       pack was built.
 set -euo pipefail
@@ -36,7 +36,7 @@ else
   fi
   cmake --build "$build" -j"$(nproc)" --target cuda_test staging_test intranode_test reduce_test \
     cuda_integration_test tributary-controller tributary-agent cuda_reduce_bench \
-    cuda_staging_bench cuda_intranode_bench tributary
+    cuda_staging_bench cuda_intranode_bench cuda_collective_bench tributary
 fi
 
 log=$(mktemp)
@@ -72,9 +72,12 @@ mkdir -p bench/results
 # The intra-node executors (several "GPUs" on one device where there is one).
 "$bin/cuda_intranode_bench" --mib="${INTRANODE_MIB:-64}" |
   tee "bench/results/cuda_intranode_${slug}.txt" || status=1
+# CUDA tensors through agents end to end: whole copies vs streamed staging vs shared memory.
+TRIBUTARY_BIN_DIR="$bin" "$bin/cuda_collective_bench" |
+  tee "bench/results/cuda_collective_${slug}.txt" || status=1
 if [ "$status" -ne 0 ]; then
   echo "gpu_check: FAILED" >&2
 else
-  echo "gpu_check: every GPU test ran and passed; tables in bench/results/cuda_{reduce,staging,intranode}_${slug}.txt"
+  echo "gpu_check: every GPU test ran and passed; tables in bench/results/cuda_{reduce,staging,intranode,collective}_${slug}.txt"
 fi
 exit "$status"

@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 build="${1:-build}"
 pack="${2:-build-gpu-pack}"
 binaries=(cuda_test cuda_ipc_peer cuda_integration_test tributary-controller tributary-agent
-  cuda_reduce_bench cuda_staging_bench cuda_intranode_bench tributary)
+  cuda_reduce_bench cuda_staging_bench cuda_intranode_bench cuda_collective_bench tributary)
 for b in "${binaries[@]}"; do
   if [ ! -x "$build/bin/$b" ]; then
     echo "gpu_pack: $build/bin/$b is missing (a build with CUDA: scripts/build.sh where nvcc is)" >&2

@@ -563,6 +563,12 @@ struct PushPullWorker::OpState {
   uint64_t ChunkBytes(uint32_t chunk) const {
     return GetChunk(op.count, num_chunks, chunk).count * element_size;
   }
+  // Whether the chunk's input is in the buffers (StagedInput: copied in while the op runs).
+  bool ChunkStaged(uint32_t chunk) const {
+    if (op.staged == nullptr) return true;
+    const ChunkRange r = GetChunk(op.count, num_chunks, chunk);
+    return op.staged->ready() >= (r.offset + r.count) * element_size;
+  }
 };
 
 PushPullWorker::PushPullWorker(Transport* transport, Reducer* reducer, const common::Clock* clock,
@@ -701,6 +707,15 @@ absl::Status PushPullWorker::Start(const std::string& job_id, Operation op) {
   }
   Flush(std::move(sends), {});
   return absl::OkStatus();
+}
+
+void PushPullWorker::Pump() {
+  std::vector<std::function<void()>> sends;
+  {
+    std::lock_guard lock(mu_);
+    PumpLocked(sends);
+  }
+  Flush(std::move(sends), {});
 }
 
 bool PushPullWorker::IsHeldLocked(const CollectiveKey& key) const {
@@ -859,6 +874,11 @@ void PushPullWorker::PumpLocked(std::vector<std::function<void()>>& sends) {
       continue;
     }
     std::shared_ptr<OpState> op = op_it->second;
+    if (!op->ChunkStaged(it->chunk)) {
+      stats_->staging_waits++;
+      ++it;  // its input is still being copied in (StagedInput): later chunks, other ops may go
+      continue;
+    }
     const uint64_t bytes = op->ChunkBytes(it->chunk);
     const uint32_t server = op->map.ServerOf(op->tensor_hash, op->num_chunks, it->chunk);
     if (op->outstanding[server] >= kPushPullAhead) {
@@ -1049,6 +1069,13 @@ void PushPullWorker::HandleResult(const WireHeader& h, std::span<const std::byte
       return;
     }
     if (op->writing[h.chunk]) return;  // the same sum, from the server and from a peer
+    if (!op->ChunkStaged(h.chunk)) {
+      // A peer's copy of a chunk whose input is still being copied in (never pushed): the copy
+      // would overwrite it. Dropped; the operation ends by its deadline if nothing else comes.
+      Log()->debug("sum of {} from worker {} dropped: its input is still being staged", Describe(h),
+                   h.sender);
+      return;
+    }
     op->writing[h.chunk] = 1;
     op->writers++;
   }
@@ -1083,6 +1110,8 @@ void PushPullWorker::HandleResult(const WireHeader& h, std::span<const std::byte
       std::memcpy(buffers[b] + offset, buffers[0] + offset, payload.size());
     }
   }
+  // The chunk's result is in every buffer: it may be copied back while the rest still runs.
+  if (op->op.staged != nullptr) op->op.staged->Final(offset, payload.size());
   std::vector<std::function<void()>> sends;
   std::vector<Completion> done;
   {

@@ -58,6 +58,7 @@ struct PushPullStats {
   std::atomic<uint64_t> worker_queued_chunks{0};     // gauge: waiting for credit
   std::atomic<uint64_t> credit_waits{0};             // a ready chunk found no credit
   std::atomic<uint64_t> ahead_waits{0};    // a ready chunk waited for earlier sums from its server
+  std::atomic<uint64_t> staging_waits{0};  // a chunk waited for its input (StagedInput)
   std::atomic<uint64_t> send_failures{0};  // transport sends that failed
   std::atomic<uint64_t> ops_held{0};       // an op waited for iteration - 2 (partition tuning)
   // An op started with a partition other than the previous op of its tensor on this worker.
@@ -289,6 +290,8 @@ class PushPullWorker {
   // (NOT_FOUND), this node is not a worker (FAILED_PRECONDITION), bad sizes or buffers
   // (INVALID_ARGUMENT), the same tensor and iteration already running (ALREADY_EXISTS).
   absl::Status Start(const std::string& job_id, Operation op);
+  // Sends what may go now: after an operation's StagedInput advanced.
+  void Pump();
 
   // Tells the collective's home server (the owner of chunk 0, whatever the tensor's size) that
   // this node cannot take part in (tensor, iteration), so every worker fails at once.

@@ -129,6 +129,16 @@ absl::StatusOr<Algorithm> DataPlaneNode::AlgorithmForOperation(const std::string
 void DataPlaneNode::Abort(const std::string& job_id, const std::string& tensor_name,
                           uint64_t iteration, const absl::Status& in) {
   const absl::Status reason = in.ok() ? absl::AbortedError("aborted") : in;
+  std::optional<StagedWaiting> waiting;
+  {
+    std::lock_guard lock(staged_mu_);
+    auto it = staged_waiting_.find(std::make_tuple(job_id, tensor_name, iteration));
+    if (it != staged_waiting_.end()) {
+      waiting = std::move(it->second);
+      staged_waiting_.erase(it);
+    }
+  }
+  if (waiting && waiting->op.done) waiting->op.done(reason);
   Algorithm algorithm = Algorithm::kAuto;
   {
     std::lock_guard lock(mu_);
@@ -226,7 +236,45 @@ absl::Status DataPlaneNode::StartUninstrumented(const std::string& job_id, Opera
     Log()->debug("{} of tensor '{}' falls back to {}: {}", AlgorithmName(picked), op.tensor_name,
                  AlgorithmName(algorithm), declined.message());
   }
+  if (op.staged != nullptr && !op.staged->complete() &&
+      !(algorithm == Algorithm::kPushPull &&
+        (op.reduction == Reduction::kSum || op.reduction == Reduction::kAverage))) {
+    // Only push/pull's sums read and write the buffers chunk by chunk as the input arrives.
+    std::lock_guard lock(staged_mu_);
+    // Checked again under the lock that StagedInputAdvanced takes after the producer's Advance:
+    // either that call finds this entry, or the input is complete here.
+    if (!op.staged->complete()) {
+      auto key = std::make_tuple(job_id, op.tensor_name, op.iteration);
+      if (staged_waiting_.contains(key)) {
+        return absl::AlreadyExistsError(absl::StrCat("job '", job_id, "' tensor '", op.tensor_name,
+                                                     "' iteration ", op.iteration,
+                                                     " is already running"));
+      }
+      staged_waiting_.emplace(std::move(key), StagedWaiting{algorithm, std::move(op)});
+      return absl::OkStatus();
+    }
+  }
   return For(algorithm).Post(job_id, algorithm, std::move(op));
+}
+
+void DataPlaneNode::StagedInputAdvanced(const std::string& job_id, const std::string& tensor_name,
+                                        uint64_t iteration) {
+  std::optional<StagedWaiting> ready;
+  {
+    std::lock_guard lock(staged_mu_);
+    auto it = staged_waiting_.find(std::make_tuple(job_id, tensor_name, iteration));
+    if (it != staged_waiting_.end() && it->second.op.staged->complete()) {
+      ready = std::move(it->second);
+      staged_waiting_.erase(it);
+    }
+  }
+  if (ready) {
+    std::function<void(absl::Status)> done = ready->op.done;
+    absl::Status s = For(ready->algorithm).Post(job_id, ready->algorithm, std::move(ready->op));
+    // Start returned OK for it: its done reports the post's error.
+    if (!s.ok() && done) done(std::move(s));
+  }
+  push_pull_.worker().Pump();
 }
 
 void DataPlaneNode::UpdatePendingMetrics() {

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <tuple>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -58,7 +59,17 @@ class DataPlaneNode {
   // Starts `op` with the algorithm AlgorithmFor picks; when that one declines the input
   // (CanServe), with the first of ring, halving-doubling, push/pull that accepts it (counted in
   // stats().fallbacks). Errors as CollectiveAlgorithm::Post; NOT_FOUND for an unknown job.
+  //
+  // An operation whose input is still being copied in (op.staged, StagedInput) runs at once when
+  // push/pull sums or averages it (each chunk leaves as soon as its input is there); any other
+  // waits, started but not posted, until the input is complete (StagedInputAdvanced), and an
+  // error of that later post goes to its `done`.
   absl::Status Start(const std::string& job_id, Operation op);
+
+  // The StagedInput of (tensor, iteration) of the job advanced: posts it if it waited for its
+  // whole input, and lets push/pull send the chunks whose input is now there.
+  void StagedInputAdvanced(const std::string& job_id, const std::string& tensor_name,
+                           uint64_t iteration);
 
   // This node cannot take part in (tensor, iteration) of the job: fails it on every node now,
   // whatever the algorithm — push/pull through the tensor's home server, ring and
@@ -187,6 +198,14 @@ class DataPlaneNode {
   std::map<uint64_t, Pending> pending_;
   uint64_t next_pending_ = 0;
   std::map<std::string, Activity> activity_;
+  // Operations waiting for their whole StagedInput, by (job, tensor, iteration).
+  struct StagedWaiting {
+    Algorithm algorithm;
+    Operation op;
+  };
+  std::mutex staged_mu_;
+  std::map<std::tuple<std::string, std::string, uint64_t>, StagedWaiting>
+      staged_waiting_;  // Guarded by staged_mu_.
 };
 
 }  // namespace tributary::dataplane

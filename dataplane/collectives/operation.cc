@@ -1,5 +1,7 @@
 #include "dataplane/collectives/operation.h"
 
+#include <algorithm>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/hash.h"
@@ -61,6 +63,22 @@ std::optional<uint64_t> EpochOf(const absl::Status& status) {
   uint64_t epoch = 0;
   if (!payload || !absl::SimpleAtoi(std::string(*payload), &epoch)) return std::nullopt;
   return epoch;
+}
+
+void StagedInput::Advance(uint64_t ready) {
+  ready = std::min(ready, bytes_);
+  uint64_t before = ready_.load(std::memory_order_relaxed);
+  while (before < ready && !ready_.compare_exchange_weak(before, ready, std::memory_order_release,
+                                                         std::memory_order_relaxed)) {
+  }
+}
+
+void StagedInput::SetFinalSink(std::function<void(uint64_t, uint64_t)> sink) {
+  sink_ = std::move(sink);
+}
+
+void StagedInput::Final(uint64_t offset, uint64_t bytes) const {
+  if (sink_) sink_(offset, bytes);
 }
 
 uint64_t JobView::job_hash() const { return common::StableHash64(job_id); }

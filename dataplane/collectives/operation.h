@@ -1,6 +1,7 @@
 // One collective as a node submits it, from the agent down to the wire.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -59,6 +60,44 @@ absl::Status WithEpoch(absl::Status status, uint64_t epoch);
 // The epoch attached by WithEpoch / PlanChangedError; nullopt when there is none.
 std::optional<uint64_t> EpochOf(const absl::Status& status);
 
+// An operation's input that arrives while the collective runs, and its result handed back as it
+// becomes final: a training process's GPU tensor, copied to host memory a chunk at a time
+// (agent/mirror_stager.h) so that the copies overlap the network instead of preceding and
+// following it.
+//
+// The producer fills bytes [0, ready()) of every buffer (a prefix that only grows) and calls
+// Advance, then tells the data plane (DataPlaneNode::StagedInputAdvanced). An algorithm that
+// supports it (push/pull's sum and average) touches bytes [b, e) of the buffers -- reads them or
+// writes a result there -- only once ready() >= e, and calls Final(b, e) as soon as those bytes of
+// every buffer hold the result. Any other operation waits for the whole input before it starts
+// and reports nothing final: the producer copies back whatever was not reported after `done`.
+// Threading: thread-safe.
+class StagedInput {
+ public:
+  explicit StagedInput(uint64_t bytes) : bytes_(bytes) {}
+  StagedInput(const StagedInput&) = delete;
+  StagedInput& operator=(const StagedInput&) = delete;
+
+  // Bytes per buffer.
+  uint64_t bytes() const { return bytes_; }
+  // Bytes of every buffer, from the start, that hold the input.
+  uint64_t ready() const { return ready_.load(std::memory_order_acquire); }
+  bool complete() const { return ready() >= bytes_; }
+  // Producer: bytes [0, ready) of every buffer hold the input (ready <= bytes(); never less than
+  // before).
+  void Advance(uint64_t ready);
+  // Producer: where Final goes (set before the operation starts).
+  void SetFinalSink(std::function<void(uint64_t offset, uint64_t bytes)> sink);
+  // Algorithm: bytes [offset, offset + bytes) of every buffer hold the result (each byte at most
+  // once per operation). Called without data-plane locks held.
+  void Final(uint64_t offset, uint64_t bytes) const;
+
+ private:
+  const uint64_t bytes_;
+  std::atomic<uint64_t> ready_{0};
+  std::function<void(uint64_t, uint64_t)> sink_;  // set before sharing
+};
+
 // One collective as the local training processes submitted it: in place on their buffers.
 struct Operation {
   std::string tensor_name;
@@ -89,6 +128,9 @@ struct Operation {
   double ps_scale = 0;     // kPsDelta: the servers' scale for this delta; 0 = the job's
   // kPsInit / kPsPull: receives the parameters' version before `done` runs OK (may be null).
   std::shared_ptr<uint64_t> ps_version;
+
+  // Input still being copied in (null: every buffer holds its input at Start). See StagedInput.
+  std::shared_ptr<StagedInput> staged;
 };
 
 }  // namespace tributary::dataplane
