@@ -102,14 +102,21 @@ double PredictSeconds(Algorithm algorithm, uint64_t bytes, int n, int extra_serv
 
 SelectorThresholds ModelThresholds(int n, int extra_servers, const CostModel& model) {
   SelectorThresholds t;
+  // `bandwidth` scaled by (1 - kSelectorMargin): the latency-optimal algorithm is picked only
+  // where the model predicts it that much faster (see the header).
+  auto margin = [](Linear bandwidth) {
+    return Linear{bandwidth.a * (1 - kSelectorMargin), bandwidth.b * (1 - kSelectorMargin)};
+  };
   const Linear ring = Model(Algorithm::kRing, n, extra_servers, model);
   const Linear hd = Model(Algorithm::kHalvingDoubling, n, extra_servers, model);
-  t.halving_doubling_below = n <= 1 ? 0 : Crossover(hd, ring);
+  t.halving_doubling_below = n <= 1 ? 0 : Crossover(hd, margin(ring));
   const Linear rd = Model(Algorithm::kRecursiveDoubling, n, extra_servers, model);
-  t.recursive_doubling_below = n <= 1 ? 0 : std::min(Crossover(rd, hd), Crossover(rd, ring));
+  t.recursive_doubling_below =
+      n <= 1 ? 0 : std::min(Crossover(rd, margin(hd)), Crossover(rd, margin(ring)));
   t.push_pull_from = UINT64_MAX;
   if (n > 1 && extra_servers > 0) {
-    t.push_pull_from = Crossover(ring, Model(Algorithm::kPushPull, n, extra_servers, model));
+    t.push_pull_from =
+        Crossover(ring, margin(Model(Algorithm::kPushPull, n, extra_servers, model)));
   }
   return t;
 }

@@ -69,7 +69,15 @@ struct SelectorThresholds {
 };
 
 // The crossover sizes of PredictSeconds for this cluster shape (push/pull only when
-// extra_servers > 0: with k = 0 it has no bandwidth advantage over ring in the model).
+// extra_servers > 0: with k = 0 it has no bandwidth advantage over ring in the model), with a
+// margin: the algorithm that sends fewer messages but more bytes or exposed summation
+// (recursive doubling before halving-doubling before ring before push/pull with spares) is
+// picked only where the model predicts it at least kSelectorMargin faster than the one after it.
+// Its per-message term is the model's least certain -- measured on shaped TCP, halving-doubling
+// already loses to ring where the model has them equal (BENCHMARKS.md) -- and when many tensors
+// are in flight at once, as in training, messages overlap and bytes count, not a lone
+// operation's latency.
+inline constexpr double kSelectorMargin = 0.1;
 SelectorThresholds ModelThresholds(int n, int extra_servers, const CostModel& model = {});
 
 // Crossovers measured by the benchmark suite on one cluster (bench/suite/run.py writes them to

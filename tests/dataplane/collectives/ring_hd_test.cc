@@ -693,21 +693,26 @@ TEST(SelectorTest, ModelThresholdsSplitSizesIntoRanges) {
   EXPECT_EQ(Select(4 << 10, 8, t8), Algorithm::kRecursiveDoubling);
   EXPECT_EQ(Select(t8.recursive_doubling_below, 8, t8), Algorithm::kHalvingDoubling);
   EXPECT_EQ(Select(64 << 20, 8, t8), Algorithm::kRing);
+  // Each latency-optimal pick is predicted at least kSelectorMargin faster than the next one.
+  const double keep = 1 - kSelectorMargin;
   const uint64_t r = t8.recursive_doubling_below;
   EXPECT_LE(PredictSeconds(Algorithm::kRecursiveDoubling, r - 1, 8, 0, model),
-            PredictSeconds(Algorithm::kHalvingDoubling, r - 1, 8, 0, model));
+            keep * PredictSeconds(Algorithm::kHalvingDoubling, r - 1, 8, 0, model));
   EXPECT_GE(PredictSeconds(Algorithm::kRecursiveDoubling, r + 1, 8, 0, model),
-            PredictSeconds(Algorithm::kHalvingDoubling, r + 1, 8, 0, model));
+            keep * PredictSeconds(Algorithm::kHalvingDoubling, r + 1, 8, 0, model));
   // Not a power of two: the fold's two extra messages of the whole tensor count.
   EXPECT_NEAR(PredictSeconds(Algorithm::kRecursiveDoubling, 1000, 6, 0, model),
               4 * model.alpha_seconds +
                   1000 * (4 * model.beta_seconds_per_byte + 3 * model.gamma_seconds_per_byte),
               1e-12);
-  // At the threshold the model's costs cross.
+  // At the threshold the model's costs cross, with the margin.
   const uint64_t m = t8.halving_doubling_below;
   EXPECT_LE(PredictSeconds(Algorithm::kHalvingDoubling, m - 1, 8, 0, model),
-            PredictSeconds(Algorithm::kRing, m - 1, 8, 0, model));
+            keep * PredictSeconds(Algorithm::kRing, m - 1, 8, 0, model));
   EXPECT_GE(PredictSeconds(Algorithm::kHalvingDoubling, m + 1, 8, 0, model),
+            keep * PredictSeconds(Algorithm::kRing, m + 1, 8, 0, model));
+  // Without the margin halving-doubling would take sizes where it is predicted barely faster.
+  EXPECT_LT(PredictSeconds(Algorithm::kHalvingDoubling, m + 1, 8, 0, model),
             PredictSeconds(Algorithm::kRing, m + 1, 8, 0, model));
   // n = 2: halving-doubling and ring both take 2 steps, ring pipelines its summation: never
   // halving-doubling; one exchange of the whole tensor (recursive doubling) wins small tensors.
@@ -788,10 +793,11 @@ TEST(SelectorTest, NodesFollowTheirCostModel) {
   collectives.SetCostModel(model);
   node.SetAutoJob("auto", 4, 4);
   const SelectorThresholds t = ModelThresholds(4, 4, model);
-  // Push/pull's 14 messages cost 8 alpha more than ring's 6; at 500 Mbit/s it pays for them
-  // from about 8 alpha / (0.5 beta) = 200 KB.
-  EXPECT_GT(t.push_pull_from, 100u << 10);
-  EXPECT_LT(t.push_pull_from, 400u << 10);
+  // Push/pull's 14 messages cost 8 alpha more than ring's 6, its bytes 1.0 M beta against
+  // ring's 1.5 M beta; ring is kept only where it is predicted 10 % faster: below
+  // 6 + 1.5 M beta = 0.9 (14 + M beta) alpha-units, M = 11 alpha / beta = 137.5 KB.
+  EXPECT_GT(t.push_pull_from, 130u << 10);
+  EXPECT_LT(t.push_pull_from, 140u << 10);
   EXPECT_NE(*collectives.AlgorithmFor("auto", 4 << 10), Algorithm::kPushPull);
   EXPECT_EQ(*collectives.AlgorithmFor("auto", 64 << 20), Algorithm::kPushPull);
   EXPECT_EQ(*collectives.AlgorithmFor("auto", t.push_pull_from), Algorithm::kPushPull);
