@@ -84,8 +84,12 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& in) {
           absl::StrCat(options.selector_calibration_file, ": ", calibrated.message()));
     }
   }
+  // Every node of a job must pick the same algorithm for a tensor, so the model takes only
+  // declared rates: a summation rate measured at start-up differs from node to node (and run to
+  // run), and nodes on either side of a crossover would disagree ("ranks disagree"). Without
+  // --sum-gbps the model's 10 GB/s.
   runner->SetCostModel(options.selector_alpha_seconds, inv.nic_bytes_per_s(),
-                       inv.sum_bytes_per_s());
+                       options.sum_bytes_per_s);
   // This agent process's incarnation: in its registrations (a restarted agent is told from a
   // reconnecting one) and stamped into its data-plane messages (fenced once a plan names another).
   uint64_t agent_instance = 0;

@@ -84,7 +84,8 @@ class DataPlaneNode {
   void ExpireStale();
 
   // The cost model behind ALGORITHM_AUTO's size thresholds (ModelThresholds) for jobs set from
-  // now on. The agent builds it from its NIC, its summation rate and --selector-alpha-us.
+  // now on. The agent builds it from its NIC, its declared summation rate (--sum-gbps; never a
+  // measured one, which differs between nodes) and --selector-alpha-us.
   void SetCostModel(const CostModel& model);
   // Thresholds measured by the benchmark suite replace the cost model's for jobs set from now on
   // (the agent's --selector-calibration).
