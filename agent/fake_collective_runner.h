@@ -139,7 +139,6 @@ class FakeCollectiveRunner final : public CollectiveRunner {
     std::vector<dataplane::Operation> ready;
     {
       std::lock_guard lock(mu_);
-      staged_advances_++;
       for (auto it = staged_.begin(); it != staged_.end();) {
         if (it->tensor_name == tensor && it->iteration == iteration && it->staged->complete()) {
           ready.push_back(std::move(*it));
@@ -150,11 +149,6 @@ class FakeCollectiveRunner final : public CollectiveRunner {
       }
     }
     for (dataplane::Operation& op : ready) op.done(ComputeLocally(op));
-  }
-  // StagedInputAdvanced calls so far.
-  int staged_advances() const {
-    std::lock_guard lock(mu_);
-    return staged_advances_;
   }
   void Abort(const std::string& job_id, const std::string& tensor, uint64_t iteration,
              const absl::Status& reason) override {
@@ -249,7 +243,6 @@ class FakeCollectiveRunner final : public CollectiveRunner {
   bool complete_on_start_ = false;
   size_t completed_on_start_ = 0;
   std::vector<dataplane::Operation> staged_;  // completing on start, waiting for their input
-  int staged_advances_ = 0;
   absl::Status start_error_;
   std::vector<SetJobCall> set_jobs_;
   std::vector<std::string> removed_jobs_;

@@ -27,10 +27,28 @@ struct Streamed {
   bool ended = false;        // the operation's done ran: no more copies in
 };
 
-absl::Status CopyError(const absl::Status& copied, bool in, const MirroredRegion& r) {
-  return absl::Status(copied.code(),
-                      absl::StrCat(in ? "copying the input from " : "copying the result back to ",
-                                   r.mapping->name(), " failed: ", copied.message()));
+// Copies bytes [offset, offset + bytes) of region `r` into its mirror (`in`) or back to the
+// process's memory. The error names the buffer and is logged.
+absl::Status CopyRegion(const MirroredRegion& r, uint64_t offset, uint64_t bytes, bool in,
+                        std::chrono::milliseconds timeout) {
+  MirroredMemory& memory = *r.mapping->mirror();
+  const absl::Status copied = in ? memory.CopyIn(r.offset + offset, bytes, timeout)
+                                 : memory.CopyOut(r.offset + offset, bytes, timeout);
+  if (copied.ok()) return copied;
+  absl::Status error(copied.code(),
+                     absl::StrCat(in ? "copying the input from " : "copying the result back to ",
+                                  r.mapping->name(), " failed: ", copied.message()));
+  Log()->warn("{}", error.message());
+  return error;
+}
+
+// Every region whole, in or back, in order; the first failure.
+absl::Status CopyWhole(const std::vector<MirroredRegion>& regions, bool in,
+                       std::chrono::milliseconds timeout) {
+  for (const MirroredRegion& r : regions) {
+    if (absl::Status s = CopyRegion(r, 0, r.bytes, in, timeout); !s.ok()) return s;
+  }
+  return absl::OkStatus();
 }
 
 // Copies chunk `index` of every region in, tells the data plane, and posts the next chunk.
@@ -43,11 +61,10 @@ void StreamIn(std::shared_ptr<MirrorStager> stager, std::shared_ptr<Streamed> st
   const uint64_t begin = index * st->chunk;
   const uint64_t end = std::min(st->bytes, begin + st->chunk);
   for (const MirroredRegion& r : st->regions) {
-    absl::Status copied = r.mapping->mirror()->CopyIn(r.offset + begin, end - begin, st->timeout);
-    if (!copied.ok()) {
-      st->error = CopyError(copied, /*in=*/true, r);
-      Log()->warn("{}", st->error.message());
-      hooks.abort(st->error);  // the operation's done follows, with this error
+    if (absl::Status copied = CopyRegion(r, begin, end - begin, /*in=*/true, st->timeout);
+        !copied.ok()) {
+      st->error = copied;
+      hooks.abort(copied);  // the operation's done follows, with this error
       return;
     }
   }
@@ -76,10 +93,9 @@ void StartStreamed(const std::shared_ptr<MirrorStager>& stager, std::vector<Mirr
     stager->Post([st, offset, bytes] {
       if (!st->error.ok()) return;  // the operation fails: nothing more goes back
       for (const MirroredRegion& r : st->regions) {
-        absl::Status copied = r.mapping->mirror()->CopyOut(r.offset + offset, bytes, st->timeout);
-        if (!copied.ok()) {
-          st->error = CopyError(copied, /*in=*/false, r);
-          Log()->warn("{}", st->error.message());
+        if (absl::Status copied = CopyRegion(r, offset, bytes, /*in=*/false, st->timeout);
+            !copied.ok()) {
+          st->error = copied;
           return;
         }
       }
@@ -96,14 +112,7 @@ void StartStreamed(const std::shared_ptr<MirrorStager>& stager, std::vector<Mirr
       if (!st->error.ok()) status = st->error;
       if (status.ok() && st->copied_back != st->bytes) {
         // The algorithm reported nothing final (it waited for the whole input): all of it.
-        for (const MirroredRegion& r : st->regions) {
-          absl::Status copied = r.mapping->mirror()->CopyOut(r.offset, r.bytes, st->timeout);
-          if (!copied.ok()) {
-            status = CopyError(copied, /*in=*/false, r);
-            Log()->warn("{}", status.message());
-            break;
-          }
-        }
+        status = CopyWhole(st->regions, /*in=*/false, st->timeout);
       }
       done(status);
     });
@@ -222,16 +231,7 @@ void StartMirrored(const std::shared_ptr<MirrorStager>& stager, std::vector<Mirr
             Log()->warn("{}", status.message());
           }
         } else if (status.ok()) {
-          for (const MirroredRegion& r : regions) {
-            absl::Status copied = r.mapping->mirror()->CopyOut(r.offset, r.bytes, timeout);
-            if (!copied.ok()) {
-              status = absl::Status(copied.code(),
-                                    absl::StrCat("copying the result back to ", r.mapping->name(),
-                                                 " failed: ", copied.message()));
-              Log()->warn("{}", status.message());
-              break;
-            }
-          }
+          status = CopyWhole(regions, /*in=*/false, timeout);
         }
         done(status);
       });
@@ -245,16 +245,9 @@ void StartMirrored(const std::shared_ptr<MirrorStager>& stager, std::vector<Mirr
       start(std::move(op));
       return;
     }
-    for (const MirroredRegion& r : regions) {
-      absl::Status copied = r.mapping->mirror()->CopyIn(r.offset, r.bytes, timeout);
-      if (!copied.ok()) {
-        const absl::Status status(copied.code(),
-                                  absl::StrCat("copying the input from ", r.mapping->name(),
-                                               " failed: ", copied.message()));
-        Log()->warn("{}", status.message());
-        failed(status);
-        return;
-      }
+    if (absl::Status copied = CopyWhole(regions, /*in=*/true, timeout); !copied.ok()) {
+      failed(copied);
+      return;
     }
     start(std::move(op));
   });

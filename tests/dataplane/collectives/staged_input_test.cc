@@ -116,6 +116,28 @@ uint64_t CheckFinals(StagedNode& n) {
   return covered;
 }
 
+// One staged sum or average per worker node, started at once with `staged` bytes of input there.
+struct StagedOps {
+  std::vector<std::unique_ptr<StagedNode>> nodes;
+  std::vector<std::future<absl::Status>> done;
+};
+StagedOps StartAll(Cluster& cluster, Reduction reduction, uint64_t staged = 0) {
+  StagedOps ops;
+  for (int n = 0; n < cluster.workers(); ++n) {
+    ops.nodes.push_back(std::make_unique<StagedNode>(n, 2));
+    if (staged > 0) ops.nodes[n]->StageTo(staged);
+    ops.done.push_back(cluster.Start(n, ops.nodes[n]->Op(reduction)));
+  }
+  return ops;
+}
+// Every node stages its input up to `to` bytes and tells its data plane, the last node first.
+void StageAll(Cluster& cluster, StagedOps& ops, uint64_t to) {
+  for (int n = cluster.workers() - 1; n >= 0; --n) {
+    ops.nodes[n]->StageTo(to);
+    cluster.node(n).StagedInputAdvanced("job-s", "grad", 0);
+  }
+}
+
 TEST(StagedInput, AdvanceOnlyGrowsAndStopsAtTheSize) {
   StagedInput s(100);
   EXPECT_EQ(s.ready(), 0u);
@@ -132,51 +154,36 @@ TEST(StagedInput, AdvanceOnlyGrowsAndStopsAtTheSize) {
 TEST(StagedPushPull, ChunksLeaveAsTheirInputArrivesAndEveryResultIsReportedOnce) {
   constexpr int kN = 3;
   Cluster cluster(Options(kN, 2, Algorithm::kPushPull));
-  std::vector<std::unique_ptr<StagedNode>> nodes;
-  std::vector<std::future<absl::Status>> done;
-  for (int n = 0; n < kN; ++n) {
-    nodes.push_back(std::make_unique<StagedNode>(n, 2));
-    done.push_back(cluster.Start(n, nodes[n]->Op(Reduction::kSum)));
-  }
+  StagedOps ops = StartAll(cluster, Reduction::kSum);
   // Nothing staged: nothing can be pushed, nothing completes.
   EXPECT_EQ(cluster.node(0).push_pull().stats().chunks_pushed.load(), 0u);
   EXPECT_GT(cluster.node(0).push_pull().stats().staging_waits.load(), 0u);
-  // A third, then everything, in uneven steps and in a different order per node; chunks whose
-  // input is there go at once.
+  // A third, a half, then everything, in uneven steps; chunks whose input is there go at once.
   for (uint64_t to : {kBytes / 3 / 4 * 4, kBytes / 2 / 4 * 4, kBytes}) {
-    for (int n = kN - 1; n >= 0; --n) {
-      nodes[n]->StageTo(to);
-      cluster.node(n).StagedInputAdvanced("job-s", "grad", 0);
-    }
+    StageAll(cluster, ops, to);
     if (to < kBytes) {
       EXPECT_GT(cluster.node(0).push_pull().stats().chunks_pushed.load(), 0u);
-      EXPECT_EQ(done[0].wait_for(std::chrono::milliseconds(0)), std::future_status::timeout);
+      EXPECT_EQ(ops.done[0].wait_for(std::chrono::milliseconds(0)), std::future_status::timeout);
     }
   }
-  for (auto& f : done) ASSERT_TRUE(Await(f, kGuard).ok());
-  EXPECT_EQ(CountWrong(nodes, kN * 2), 0);
-  for (auto& n : nodes) EXPECT_EQ(CheckFinals(*n), kBytes);
+  for (auto& f : ops.done) ASSERT_TRUE(Await(f, kGuard).ok());
+  EXPECT_EQ(CountWrong(ops.nodes, kN * 2), 0);
+  for (auto& n : ops.nodes) EXPECT_EQ(CheckFinals(*n), kBytes);
 }
 
 TEST(StagedPushPull, AverageWithInputAlreadyCompleteRunsAtOnce) {
   constexpr int kN = 2;
   Cluster cluster(Options(kN, 1, Algorithm::kPushPull));
-  std::vector<std::unique_ptr<StagedNode>> nodes;
-  std::vector<std::future<absl::Status>> done;
-  for (int n = 0; n < kN; ++n) {
-    nodes.push_back(std::make_unique<StagedNode>(n, 2));
-    nodes[n]->StageTo(kBytes);
-    done.push_back(cluster.Start(n, nodes[n]->Op(Reduction::kAverage)));
-  }
-  for (auto& f : done) ASSERT_TRUE(Await(f, kGuard).ok());
-  for (const auto& n : nodes) {
+  StagedOps ops = StartAll(cluster, Reduction::kAverage, /*staged=*/kBytes);
+  for (auto& f : ops.done) ASSERT_TRUE(Await(f, kGuard).ok());
+  for (const auto& n : ops.nodes) {
     for (const auto& b : n->buffers) {
       for (uint64_t i = 0; i < kCount; ++i) {
         ASSERT_EQ(b[i], static_cast<float>((i % 11 + 1) * 5 / 2.0)) << i;  // (1+2+3+4)/4
       }
     }
   }
-  for (auto& n : nodes) EXPECT_EQ(CheckFinals(*n), kBytes);
+  for (auto& n : ops.nodes) EXPECT_EQ(CheckFinals(*n), kBytes);
 }
 
 // Ring reads and writes every chunk in every step: it starts only with the whole input, and
@@ -184,25 +191,14 @@ TEST(StagedPushPull, AverageWithInputAlreadyCompleteRunsAtOnce) {
 TEST(StagedRing, WaitsForTheWholeInput) {
   constexpr int kN = 3;
   Cluster cluster(Options(kN, 0, Algorithm::kRing));
-  std::vector<std::unique_ptr<StagedNode>> nodes;
-  std::vector<std::future<absl::Status>> done;
-  for (int n = 0; n < kN; ++n) {
-    nodes.push_back(std::make_unique<StagedNode>(n, 2));
-    done.push_back(cluster.Start(n, nodes[n]->Op(Reduction::kSum)));
-  }
-  for (int n = 0; n < kN; ++n) {
-    nodes[n]->StageTo(kBytes / 2);
-    cluster.node(n).StagedInputAdvanced("job-s", "grad", 0);
-  }
+  StagedOps ops = StartAll(cluster, Reduction::kSum);
+  StageAll(cluster, ops, kBytes / 2);
   EXPECT_EQ(cluster.node(0).engine().stats().messages_sent.load(), 0u);
-  EXPECT_EQ(done[0].wait_for(std::chrono::milliseconds(0)), std::future_status::timeout);
-  for (int n = 0; n < kN; ++n) {
-    nodes[n]->StageTo(kBytes);
-    cluster.node(n).StagedInputAdvanced("job-s", "grad", 0);
-  }
-  for (auto& f : done) ASSERT_TRUE(Await(f, kGuard).ok());
-  EXPECT_EQ(CountWrong(nodes, kN * 2), 0);
-  for (auto& n : nodes) EXPECT_EQ(CheckFinals(*n), 0u);
+  EXPECT_EQ(ops.done[0].wait_for(std::chrono::milliseconds(0)), std::future_status::timeout);
+  StageAll(cluster, ops, kBytes);
+  for (auto& f : ops.done) ASSERT_TRUE(Await(f, kGuard).ok());
+  EXPECT_EQ(CountWrong(ops.nodes, kN * 2), 0);
+  for (auto& n : ops.nodes) EXPECT_EQ(CheckFinals(*n), 0u);
 }
 
 TEST(StagedRing, AbortOfAWaitingOperationEndsItWithTheReason) {
