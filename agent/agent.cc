@@ -128,7 +128,9 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& in) {
   parts.tick = options.tick;
   // Serve local processes before the controller can hand out plans that name this node.
   std::unique_ptr<Agent> agent(new Agent(std::move(parts)));
-  RETURN_IF_ERROR(agent->ServeLocal(options.local_address, options.socket_access));
+  ControlRings::Options rings;
+  rings.spin = options.ring_spin;
+  RETURN_IF_ERROR(agent->ServeLocal(options.local_address, options.socket_access, rings));
   agent->StartLoops();
   Log()->info("agent {} up: data plane {}, local service {}, nic {:.0f} MB/s, sum {:.0f} MB/s",
               options.node_id, inv.data_plane_address(), options.local_address,
@@ -170,7 +172,8 @@ void Agent::StartLoops() {
 
 Agent::~Agent() { Stop(); }
 
-absl::Status Agent::ServeLocal(const std::string& address, const SocketAccess& access) {
+absl::Status Agent::ServeLocal(const std::string& address, const SocketAccess& access,
+                               ControlRings::Options rings) {
   common::EnableHealthAndReflection();
   const bool unix_socket = address.rfind("unix:", 0) == 0;
   const std::string path = unix_socket ? address.substr(5) : std::string();
@@ -178,7 +181,7 @@ absl::Status Agent::ServeLocal(const std::string& address, const SocketAccess& a
     RETURN_IF_ERROR(ClaimSocketPath(path));
     RETURN_IF_ERROR(ClaimSocketPath(common::buffer_socket::PathFor(path)));
   }
-  rings_ = std::make_unique<ControlRings>(local_.get());
+  rings_ = std::make_unique<ControlRings>(local_.get(), rings);
   grpc_service_ = std::make_unique<LocalGrpcService>(local_.get(), rings_.get());
   grpc::ServerBuilder builder;
   int port = -1;

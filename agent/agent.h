@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "agent/buffer_socket.h"
 #include "agent/collective_runner.h"
+#include "agent/control_ring_host.h"
 #include "agent/controller_client.h"
 #include "agent/data_plane_transport.h"
 #include "agent/local_grpc_service.h"
@@ -63,6 +64,9 @@ struct AgentOptions {
   // dataplane/transport/bundling); 0 = off.
   size_t bundle_record_bytes = 64 << 10;
   std::chrono::milliseconds tick{50};  // deadline sweep period
+  // The control rings' ring threads poll for up to this long before sleeping, when their recent
+  // idle spells were shorter (ControlRings::Options::spin); zero: never.
+  std::chrono::microseconds ring_spin = common::shm_ring::kDefaultSpin;
   // Where the agent's metrics go (dashboards/METRICS.md); null: a registry of its own.
   std::shared_ptr<prometheus::Registry> registry;
 };
@@ -102,7 +106,8 @@ class Agent {
   // For a unix: address: claims the path (a live socket of another agent is ALREADY_EXISTS, a
   // file that is not a socket is never deleted), applies `access` to it and serves the buffer
   // socket (agent/buffer_socket.h) at "<path>.buffers".
-  absl::Status ServeLocal(const std::string& address, const SocketAccess& access = {});
+  absl::Status ServeLocal(const std::string& address, const SocketAccess& access = {},
+                          ControlRings::Options rings = {});
   // One deadline sweep: the data plane's, then the local gathers' and waits'.
   void Tick();
   void Stop();

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <deque>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -31,6 +32,7 @@ class ControlRings::Host : public std::enable_shared_from_this<Host> {
         mapping_(std::move(mapping)),
         view_(ring::ViewOf(mapping_->data(), config)),
         options_(options),
+        spin_(options.spin),
         sq_(&view_.header->sq, view_.sq, config.sq_capacity),
         cq_(&view_.header->cq, view_.cq, config.cq_capacity) {}
 
@@ -71,6 +73,8 @@ class ControlRings::Host : public std::enable_shared_from_this<Host> {
   // The thread: take submissions, flush waiting results, sleep on the doorbell.
   void Run() {
     std::string corrupt;
+    // When the ring thread last found the queue empty (none: it is taking entries).
+    std::optional<std::chrono::steady_clock::time_point> idle_since;
     while (!stop_.load(std::memory_order_acquire)) {
       bool progressed = false;
       while (in_flight_.load(std::memory_order_acquire) < options_.max_in_flight &&
@@ -84,6 +88,10 @@ class ControlRings::Host : public std::enable_shared_from_this<Host> {
                                  " is not within capacity ", view_.config.sq_capacity,
                                  " of the agent's tail ", sq_.tail());
           break;
+        }
+        if (idle_since) {
+          spin_.Record(std::chrono::steady_clock::now() - *idle_since);
+          idle_since.reset();
         }
         HandleEntry(entry);
         progressed = true;
@@ -108,6 +116,15 @@ class ControlRings::Host : public std::enable_shared_from_this<Host> {
           ring::FutexWait(&view_.header->sq.doorbell, seq, options_.idle_wake);
         }
         continue;
+      }
+      if (!idle_since) {
+        // The start of an idle spell: poll first if the recent ones were short.
+        idle_since = std::chrono::steady_clock::now();
+        if (common::shm_ring::SpinUntil(spin_.NextSpin(), [&] {
+              return sq_.HasWork() || stop_.load(std::memory_order_relaxed);
+            })) {
+          continue;
+        }
       }
       sq_.Sleep(options_.idle_wake, [&] {
         if (stop_.load(std::memory_order_seq_cst)) return true;
@@ -199,6 +216,7 @@ class ControlRings::Host : public std::enable_shared_from_this<Host> {
   const std::shared_ptr<SharedMemoryMapping> mapping_;
   const ring::RingView view_;
   const Options options_;
+  ring::SpinPolicy spin_;                         // the ring thread only
   ring::RingConsumer<ring::SubmissionEntry> sq_;  // the ring thread only
   std::thread thread_;
   std::atomic<bool> stop_{false};

@@ -12,11 +12,13 @@
 
 #include "absl/status/status.h"
 #include "agent/local_service.h"
+#include "common/shm_ring.h"
 #include "tributary/v1/agent.pb.h"
 
 namespace tributary::agent {
 
-// Serves every attached control ring, one thread per ring. A ring's thread sleeps on the
+// Serves every attached control ring, one thread per ring. A ring's thread polls the ring for
+// a moment when its recent idle spells were short (Options::spin), else sleeps on the
 // submission doorbell (at most `idle_wake`, so that a stop is never missed), copies each entry
 // out of the shared memory before looking at it, checks it, and hands it to
 // LocalService::SubmitWithCallback — the validation and gather path of Submit. Results are
@@ -39,6 +41,10 @@ class ControlRings {
     // Ring submissions of one session accepted and not yet written to its completion queue;
     // past it the thread stops taking entries until results go out.
     size_t max_in_flight = 65536;
+    // Before sleeping on the submission doorbell, a ring thread whose recent idle spells were
+    // shorter than this polls the ring for up to this long (common/shm_ring.h SpinPolicy);
+    // zero: always sleep at once.
+    std::chrono::microseconds spin = common::shm_ring::kDefaultSpin;
   };
 
   // `service` must outlive this object.

@@ -108,6 +108,12 @@ int main(int argc, char** argv) {
                  "this size while the collective runs (0 = whole, before and after it)")
       ->capture_default_str()
       ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 30));
+  int64_t ring_spin_us = options.ring_spin.count();
+  app.add_option("--ring-spin-us", ring_spin_us,
+                 "A control ring's thread polls for up to this many microseconds before sleeping "
+                 "on its doorbell, when its recent idle spells were shorter (0 = never)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{0}, int64_t{10000}));
   std::string socket_group, socket_mode = "0660";
   std::vector<uid_t> socket_uids;
   app.add_option("--socket-group", socket_group,
@@ -132,6 +138,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   tributary::agent::SetMirrorStagingChunkBytes(staging_chunk_kib << 10);
+  options.ring_spin = std::chrono::microseconds(ring_spin_us);
   options.nic_bytes_per_s = nic_gbps * 1e9 / 8;
   options.sum_bytes_per_s = sum_gbps * 1e9;
   options.offers_summation = !no_summation;

@@ -53,11 +53,18 @@ double Percentile(std::vector<double> v, double p) {
   return v[i];
 }
 
-// Times `op` `ops` times after `warmup` untimed runs; stops at the first error.
-Row Time(const std::string& path, int warmup, int ops, const std::function<absl::Status()>& op) {
+// Times `op` `ops` times after `warmup` untimed runs; stops at the first error. With `gap`, the
+// thread computes (spins, untimed) that long before each operation, as a training step would.
+Row Time(const std::string& path, int warmup, int ops, const std::function<absl::Status()>& op,
+         std::chrono::microseconds gap = std::chrono::microseconds(0)) {
   Row row{path, {}};
   row.us.reserve(ops);
   for (int i = 0; i < warmup + ops; ++i) {
+    if (gap.count() > 0) {
+      const auto until = SteadyClock::now() + gap;
+      while (SteadyClock::now() < until) {
+      }
+    }
     const auto t0 = SteadyClock::now();
     const absl::Status s = op();
     const auto t1 = SteadyClock::now();
@@ -115,6 +122,60 @@ Row DoorbellPingPong(int warmup, int ops) {
   return row;
 }
 
+// A real agent local service in this process: LocalService over the fake data plane, its
+// control rings polling for `spin` before they sleep, the gRPC service on a unix socket and the
+// buffer socket beside it.
+class LocalAgent {
+ public:
+  explicit LocalAgent(std::chrono::microseconds spin)
+      : service_(&runner_, common::SystemClock::Get()),
+        rings_(&service_, agent::ControlRings::Options{.spin = spin}),
+        grpc_service_(&service_, &rings_),
+        socket_(absl::StrCat("/tmp/tributary-local-path-bench-", getpid(), ".sock")) {
+    runner_.CompleteOnStart(true);
+    service_.SetJobs({agent::LocalJob{.job_id = "grpc", .num_nodes = 1, .procs_per_node = 1},
+                      agent::LocalJob{.job_id = "ring", .num_nodes = 1, .procs_per_node = 1}});
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("unix:" + socket_, grpc::InsecureServerCredentials());
+    builder.RegisterService(&grpc_service_);
+    server_ = builder.BuildAndStart();
+    if (!server_) {
+      std::fprintf(stderr, "cannot serve on unix:%s\n", socket_.c_str());
+      return;
+    }
+    // Processes hand their buffers (sealed memfds) to the agent over the buffer socket.
+    auto buffer_socket = agent::BufferSocketServer::Start(
+        common::buffer_socket::PathFor(socket_), {},
+        [this](const common::PeerCredentials& peer, const std::string& session, uint64_t size,
+               common::UniqueFd fd) {
+          return service_.RegisterBuffer(peer, session, size, std::move(fd));
+        });
+    if (!buffer_socket.ok()) {
+      std::fprintf(stderr, "buffer socket: %s\n", buffer_socket.status().ToString().c_str());
+      return;
+    }
+    buffer_socket_ = std::move(*buffer_socket);
+  }
+  ~LocalAgent() {
+    buffer_socket_.reset();
+    rings_.Shutdown();
+    service_.Shutdown();
+    if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    unlink(socket_.c_str());
+  }
+  bool ok() const { return server_ != nullptr && buffer_socket_ != nullptr; }
+  std::string address() const { return "unix:" + socket_; }
+
+ private:
+  agent::FakeCollectiveRunner runner_;
+  agent::LocalService service_;
+  agent::ControlRings rings_;
+  agent::LocalGrpcService grpc_service_;
+  const std::string socket_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<agent::BufferSocketServer> buffer_socket_;
+};
+
 int Main(int argc, char** argv) {
   CLI::App app{"Round trip of one small collective between a process and its agent"};
   int ops = 20000, warmup = 1000;
@@ -123,80 +184,74 @@ int Main(int argc, char** argv) {
   app.add_option("--warmup", warmup, "untimed operations first")->check(CLI::NonNegativeNumber);
   app.add_option("--bytes", bytes, "all-reduce size (float32 elements x 4)")
       ->check(CLI::Range(size_t{4}, size_t{1} << 30));
+  int64_t spin_us = common::shm_ring::kDefaultSpin.count();
+  app.add_option("--spin-us", spin_us,
+                 "both sides' spin budget for the polling rows (the default client and agent's)")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{10000}));
   CLI11_PARSE(app, argc, argv);
   common::InitLogging("warn");
 
-  common::SystemClock* clock = common::SystemClock::Get();
-  agent::FakeCollectiveRunner runner;
-  runner.CompleteOnStart(true);
-  agent::LocalService service(&runner, clock);
-  service.SetJobs({agent::LocalJob{.job_id = "grpc", .num_nodes = 1, .procs_per_node = 1},
-                   agent::LocalJob{.job_id = "ring", .num_nodes = 1, .procs_per_node = 1}});
-  agent::ControlRings rings(&service);
-  agent::LocalGrpcService grpc_service(&service, &rings);
-  const std::string socket = absl::StrCat("/tmp/tributary-local-path-bench-", getpid(), ".sock");
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort("unix:" + socket, grpc::InsecureServerCredentials());
-  builder.RegisterService(&grpc_service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (!server) {
-    std::fprintf(stderr, "cannot serve on unix:%s\n", socket.c_str());
-    return 1;
-  }
-  // Processes hand their buffers (sealed memfds) to the agent over the buffer socket.
-  auto buffer_socket = agent::BufferSocketServer::Start(
-      common::buffer_socket::PathFor(socket), {},
-      [&service](const common::PeerCredentials& peer, const std::string& session, uint64_t size,
-                 common::UniqueFd fd) {
-        return service.RegisterBuffer(peer, session, size, std::move(fd));
-      });
-  if (!buffer_socket.ok()) {
-    std::fprintf(stderr, "buffer socket: %s\n", buffer_socket.status().ToString().c_str());
-    return 1;
-  }
-
-  client::ClientOptions options;
-  options.agent_address = "unix:" + socket;
-  options.control_ring = false;
-  auto grpc_client = client::Client::Connect(options, "grpc", 0, 1);
-  options.control_ring = true;
-  auto ring_client = client::Client::Connect(options, "ring", 0, 1);
-  if (!grpc_client.ok() || !ring_client.ok() || !(*ring_client)->has_control_ring()) {
-    std::fprintf(stderr, "connect failed: %s / %s\n", grpc_client.status().ToString().c_str(),
-                 ring_client.status().ToString().c_str());
-    return 1;
-  }
-  const size_t count = bytes / sizeof(float);
-  auto grpc_buffer = (*grpc_client)->AllocateBuffer(bytes);
-  auto ring_buffer = (*ring_client)->AllocateBuffer(bytes);
-  if (!grpc_buffer.ok() || !ring_buffer.ok()) {
-    std::fprintf(stderr, "buffers: %s / %s\n", grpc_buffer.status().ToString().c_str(),
-                 ring_buffer.status().ToString().c_str());
-    return 1;
-  }
+  const std::chrono::seconds wait(10);
   const auto f32 = common::DataType::kFloat32;
   const auto sum = client::ReduceOp::kSum;
-  const std::chrono::seconds wait(10);
-
+  const size_t count = bytes / sizeof(float);
   std::vector<Row> rows;
-  rows.push_back(Time("gRPC: AllReduce (Submit that waits, 1 RPC)", warmup, ops, [&] {
-    return (*grpc_client)->AllReduce("t", **grpc_buffer, 0, count, f32, sum);
-  }));
-  rows.push_back(Time("gRPC: AllReduceAsync + Wait (2 RPCs)", warmup, ops, [&] {
-    absl::StatusOr<client::Handle> h =
-        (*grpc_client)->AllReduceAsync("t", **grpc_buffer, 0, count, f32, sum);
-    return h.ok() ? h->Wait(wait) : h.status();
-  }));
-  rows.push_back(Time("ring: AllReduce (push, completion seen)", warmup, ops, [&] {
-    return (*ring_client)->AllReduce("t", **ring_buffer, 0, count, f32, sum);
-  }));
-  rows.push_back(Time("ring: AllReduceAsync + Wait", warmup, ops, [&] {
-    absl::StatusOr<client::Handle> h =
-        (*ring_client)->AllReduceAsync("t", **ring_buffer, 0, count, f32, sum);
-    if (!h.ok()) return h.status();
-    if (!h->via_control_ring()) return absl::InternalError("went through gRPC");
-    return h->Wait(wait);
-  }));
+  // The ring paths with both sides polling before they sleep (the default) and without.
+  for (const std::chrono::microseconds spin :
+       {std::chrono::microseconds(spin_us), std::chrono::microseconds(0)}) {
+    LocalAgent agent(spin);
+    if (!agent.ok()) return 1;
+    client::ClientOptions options;
+    options.agent_address = agent.address();
+    options.control_ring_spin = spin;
+    options.control_ring = false;
+    auto grpc_client = client::Client::Connect(options, "grpc", 0, 1);
+    options.control_ring = true;
+    auto ring_client = client::Client::Connect(options, "ring", 0, 1);
+    if (!grpc_client.ok() || !ring_client.ok() || !(*ring_client)->has_control_ring()) {
+      std::fprintf(stderr, "connect failed: %s / %s\n", grpc_client.status().ToString().c_str(),
+                   ring_client.status().ToString().c_str());
+      return 1;
+    }
+    auto grpc_buffer = (*grpc_client)->AllocateBuffer(bytes);
+    auto ring_buffer = (*ring_client)->AllocateBuffer(bytes);
+    if (!grpc_buffer.ok() || !ring_buffer.ok()) {
+      std::fprintf(stderr, "buffers: %s / %s\n", grpc_buffer.status().ToString().c_str(),
+                   ring_buffer.status().ToString().c_str());
+      return 1;
+    }
+    const std::string how =
+        spin.count() > 0 ? absl::StrCat(", polls ", spin.count(), " us") : ", sleeps at once";
+    if (spin.count() > 0) {
+      rows.push_back(Time("gRPC: AllReduce (Submit that waits, 1 RPC)", warmup, ops, [&] {
+        return (*grpc_client)->AllReduce("t", **grpc_buffer, 0, count, f32, sum);
+      }));
+      rows.push_back(Time("gRPC: AllReduceAsync + Wait (2 RPCs)", warmup, ops, [&] {
+        absl::StatusOr<client::Handle> h =
+            (*grpc_client)->AllReduceAsync("t", **grpc_buffer, 0, count, f32, sum);
+        return h.ok() ? h->Wait(wait) : h.status();
+      }));
+    }
+    rows.push_back(Time("ring: AllReduce" + how, warmup, ops, [&] {
+      return (*ring_client)->AllReduce("t", **ring_buffer, 0, count, f32, sum);
+    }));
+    auto async_wait = [&] {
+      absl::StatusOr<client::Handle> h =
+          (*ring_client)->AllReduceAsync("t", **ring_buffer, 0, count, f32, sum);
+      if (!h.ok()) return h.status();
+      if (!h->via_control_ring()) return absl::InternalError("went through gRPC");
+      return h->Wait(wait);
+    };
+    rows.push_back(Time("ring: AllReduceAsync + Wait" + how, warmup, ops, async_wait));
+    // The agent's ring thread idles longer than its budget between operations: it sleeps, and
+    // only the waiting process polls.
+    const std::chrono::microseconds gap(4 * spin_us);
+    rows.push_back(Time(absl::StrCat("ring: ", gap.count(), " us of work between ops", how), warmup,
+                        ops / 4, async_wait, gap));
+    ring_client->reset();
+    grpc_client->reset();
+  }
   rows.push_back(DoorbellPingPong(warmup, ops));
 
   std::printf(
@@ -214,12 +269,6 @@ int Main(int argc, char** argv) {
                 Percentile(r.us, 0.99), mean);
   }
 
-  ring_client->reset();
-  grpc_client->reset();
-  rings.Shutdown();
-  service.Shutdown();
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-  unlink(socket.c_str());
   return 0;
 }
 

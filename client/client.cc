@@ -148,7 +148,7 @@ std::shared_ptr<ControlRing> AttachControlRing(v1::Agent::Stub& stub, const Clie
                                                internal::BufferChannel* buffers) {
   if (buffers == nullptr) return nullptr;
   absl::StatusOr<std::unique_ptr<ControlRing>> ring =
-      ControlRing::Create(options.control_ring_capacity);
+      ControlRing::Create(options.control_ring_capacity, options.control_ring_spin);
   if (!ring.ok()) {
     Log()->warn("session {}: no control ring ({}); collectives go through Submit", session_id,
                 ring.status());

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "client/shm_buffer.h"
 #include "common/dtype.h"
+#include "common/shm_ring.h"
 #include "tributary/v1/agent.pb.h"
 
 namespace tributary::client {
@@ -44,6 +45,10 @@ struct ClientOptions {
   bool control_ring = true;
   // Entries per direction of the ring: a power of two in [2, 4096].
   uint32_t control_ring_capacity = 256;
+  // A waiter whose recent waits on the ring were shorter than this polls it for up to this long
+  // before sleeping on its doorbell (a futex wake-up costs tens of microseconds on a VM; see
+  // common/shm_ring.h SpinPolicy). Zero: sleep at once.
+  std::chrono::microseconds control_ring_spin = common::shm_ring::kDefaultSpin;
   // Transparent retry. A collective that fails as retriable -- its job's plan changed under it,
   // or a summation server was lost (UNAVAILABLE, marked retriable by the agent) -- is submitted
   // again by Handle::Wait / Test, up to max_retries times, with the region's original inputs:

@@ -24,7 +24,8 @@ constexpr std::chrono::milliseconds kMaxReaderSleep{1000};
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ControlRing>> ControlRing::Create(uint32_t capacity) {
+absl::StatusOr<std::unique_ptr<ControlRing>> ControlRing::Create(uint32_t capacity,
+                                                                 std::chrono::nanoseconds spin) {
   const ring::RingConfig config{capacity, capacity};
   if (capacity < ring::kMinCapacity || capacity > ring::kMaxCapacity ||
       (capacity & (capacity - 1)) != 0) {
@@ -36,14 +37,16 @@ absl::StatusOr<std::unique_ptr<ControlRing>> ControlRing::Create(uint32_t capaci
                    SharedBuffer::Create(ring::TotalBytes(capacity, capacity)));
   RETURN_IF_ERROR(ring::InitializeHeader(buffer->data(), buffer->size(), config));
   const ring::RingView view = ring::ViewOf(buffer->data(), config);
-  return std::unique_ptr<ControlRing>(new ControlRing(std::move(buffer), view));
+  return std::unique_ptr<ControlRing>(new ControlRing(std::move(buffer), view, spin));
 }
 
-ControlRing::ControlRing(std::unique_ptr<SharedBuffer> buffer, ring::RingView view)
+ControlRing::ControlRing(std::unique_ptr<SharedBuffer> buffer, ring::RingView view,
+                         std::chrono::nanoseconds spin)
     : buffer_(std::move(buffer)),
       view_(view),
       sq_(&view_.header->sq, view_.sq, view_.config.sq_capacity),
-      cq_(&view_.header->cq, view_.cq, view_.config.cq_capacity) {}
+      cq_(&view_.header->cq, view_.cq, view_.config.cq_capacity),
+      spin_(spin) {}
 
 std::shared_ptr<RingSlot> ControlRing::TrySubmit(const RingSubmission& s) {
   if (closed() || s.tensor_name.empty() || s.tensor_name.size() > ring::kMaxTensorName) {
@@ -125,17 +128,24 @@ void ControlRing::DrainLocked() {
 
 std::optional<absl::Status> ControlRing::Wait(RingSlot& slot, SteadyClock::time_point deadline) {
   std::unique_lock lock(mu_);
+  // When this call first found its result missing; its wait feeds the spin policy.
+  std::optional<SteadyClock::time_point> waiting_since;
+  bool polled = false;  // this call polled the completion queue once already
+  auto done = [&] {
+    if (waiting_since) spin_.Record(SteadyClock::now() - *waiting_since);
+    return slot.status;
+  };
   while (true) {
     // Once this side closed the ring (Leave), what the agent writes after is not read: an
     // operation still pending then fails with the close's error, however late its waiter comes
     // (the agent answers a session that left with "not found").
-    if (slot.done) return slot.status;
+    if (slot.done) return done();
     if (!closed_.ok()) return closed_;
     if (!reader_) DrainLocked();
-    if (slot.done) return slot.status;
+    if (slot.done) return done();
     if (std::atomic_ref(view_.header->agent_closed).load(std::memory_order_acquire) != 0) {
       if (!reader_) DrainLocked();  // what it wrote before closing
-      if (slot.done) return slot.status;
+      if (slot.done) return done();
       CloseLocked(absl::UnavailableError(
           "the agent closed the control ring: the session ended (the process left, or the "
           "agent shut down or found the ring corrupt)"));
@@ -147,13 +157,21 @@ std::optional<absl::Status> ControlRing::Wait(RingSlot& slot, SteadyClock::time_
       cv_.wait_until(lock, deadline);
       continue;
     }
+    if (!waiting_since) waiting_since = now;
     reader_ = true;
+    const std::chrono::nanoseconds spin =
+        polled ? std::chrono::nanoseconds(0)
+               : std::min<std::chrono::nanoseconds>(spin_.NextSpin(), deadline - now);
+    polled = true;
     lock.unlock();
-    const auto sleep = std::min<SteadyClock::duration>(deadline - now, kMaxReaderSleep);
-    cq_.Sleep(sleep, [this] {
+    auto wake_early = [this] {
       return closed() ||
              std::atomic_ref(view_.header->agent_closed).load(std::memory_order_seq_cst) != 0;
-    });
+    };
+    if (!ring::SpinUntil(spin, [&] { return cq_.HasWork() || wake_early(); })) {
+      const auto sleep = std::min<SteadyClock::duration>(deadline - now, kMaxReaderSleep);
+      cq_.Sleep(sleep, wake_early);
+    }
     lock.lock();
     reader_ = false;
     cv_.notify_all();  // another waiter may take the reader role

@@ -46,12 +46,16 @@ struct RingSubmission {
 // Threading: thread-safe. Submissions are serialised by a mutex (the queue has one producer).
 // Results are read by one thread at a time: a waiter becomes the reader, drains the completion
 // queue into the slots of whoever submitted them and sleeps on the completion doorbell (the
-// agent rings it only when the reader announced itself); other waiters sleep on a condition
+// agent rings it only when the reader announced itself), after polling it for a moment when
+// recent waits were short; other waiters sleep on a condition
 // variable and the reader wakes them when their result, or the reader role, is free.
 class ControlRing {
  public:
   // Creates the object with `capacity` entries per direction (a power of two in [2, 4096]).
-  static absl::StatusOr<std::unique_ptr<ControlRing>> Create(uint32_t capacity);
+  // A waiter whose recent waits were shorter than `spin` polls the completion queue for up to
+  // that long before it sleeps on the doorbell (common/shm_ring.h SpinPolicy; zero: never).
+  static absl::StatusOr<std::unique_ptr<ControlRing>> Create(
+      uint32_t capacity, std::chrono::nanoseconds spin = common::shm_ring::kDefaultSpin);
   ControlRing(const ControlRing&) = delete;
   ControlRing& operator=(const ControlRing&) = delete;
 
@@ -80,7 +84,8 @@ class ControlRing {
   uint32_t in_flight() const { return in_flight_.load(std::memory_order_acquire); }
 
  private:
-  ControlRing(std::unique_ptr<SharedBuffer> buffer, common::shm_ring::RingView view);
+  ControlRing(std::unique_ptr<SharedBuffer> buffer, common::shm_ring::RingView view,
+              std::chrono::nanoseconds spin);
 
   // Pops every completion into its slot, frees slots for the agent (ringing it when it is
   // blocked) and wakes the waiters. mu_ held, reader_ false (the reader's sleep reads the tail).
@@ -101,6 +106,7 @@ class ControlRing {
   // Guarded by mu_; the reader reads its tail while it sleeps, with reader_ set.
   common::shm_ring::RingConsumer<common::shm_ring::CompletionEntry> cq_;
   bool reader_ = false;  // Guarded by mu_: a waiter reads (or sleeps on) the completion queue.
+  common::shm_ring::SpinPolicy spin_;                            // Guarded by mu_.
   std::unordered_map<uint64_t, std::weak_ptr<RingSlot>> slots_;  // Guarded by mu_: in flight.
   absl::Status closed_;                                          // Guarded by mu_.
 };

@@ -16,6 +16,7 @@
 //   [CompletionOffset(sq), + cq_capacity * 512)    CompletionEntry slots
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -42,6 +43,9 @@ inline constexpr uint32_t kMaxCapacity = 4096;
 inline constexpr uint32_t kMaxTensorName = 200;
 // Error messages longer than this are cut to it (ending in "...").
 inline constexpr uint32_t kMaxMessage = 496;
+// Both sides' default spin budget before a doorbell sleep (SpinPolicy): about two futex
+// wake-ups on this project's VMs.
+inline constexpr std::chrono::microseconds kDefaultSpin{50};
 
 // One submission: what tributary.v1.SubmitRequest carries, minus the session (the ring is the
 // session's) and the wait (results always come back as completions).
@@ -137,6 +141,62 @@ enum class RingResult { kOk, kEmpty, kFull, kCorrupt };
 void FutexWait(uint32_t* word, uint32_t expected, std::chrono::nanoseconds timeout);
 // Bumps *word and FUTEX_WAKEs every sleeper on it.
 void Ring(uint32_t* word);
+
+// Adaptive spinning before a doorbell sleep. A futex wake-up costs tens of microseconds on a
+// VM, each way; a side that expects its wait to be short first polls the ring (with a CPU pause
+// between looks) for at most the budget, and while it polls the other side makes no system call
+// either (it rings only a sleeper). "Expects": the moving average of its recent waits, each
+// counted at most 4 x the budget, is under the budget. So a loop of quick local operations
+// spins, while a process waiting on a collective across the network (hundreds of microseconds
+// and more) or an agent between training iterations sleeps at once, and costs no CPU.
+// Threading: one thread at a time (the owner's lock or thread).
+class SpinPolicy {
+ public:
+  explicit SpinPolicy(std::chrono::nanoseconds budget = std::chrono::nanoseconds(0))
+      : budget_(std::max(budget, std::chrono::nanoseconds(0))) {}
+
+  // How long to poll before the next sleep: the budget, or zero.
+  std::chrono::nanoseconds NextSpin() const {
+    return average_ < budget_ ? budget_ : std::chrono::nanoseconds(0);
+  }
+  // One wait that ended: from the moment the side found nothing to the moment it found work,
+  // polled and slept alike.
+  void Record(std::chrono::nanoseconds waited) {
+    const std::chrono::nanoseconds counted =
+        std::clamp(waited, std::chrono::nanoseconds(0), 4 * budget_);
+    average_ += (counted - average_) / 4;
+  }
+  std::chrono::nanoseconds budget() const { return budget_; }
+  std::chrono::nanoseconds average() const { return average_; }
+
+ private:
+  std::chrono::nanoseconds budget_;
+  std::chrono::nanoseconds average_{0};
+};
+
+// A hint to the CPU that this thread is polling (lets the sibling hyper-thread run).
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Polls `ready` for at most `budget`; true as soon as it holds, false when the budget ran out
+// (or is zero).
+template <typename Predicate>
+bool SpinUntil(std::chrono::nanoseconds budget, Predicate ready) {
+  if (budget <= std::chrono::nanoseconds(0)) return false;
+  const auto end = std::chrono::steady_clock::now() + budget;
+  while (true) {
+    for (int i = 0; i < 64; ++i) {
+      if (ready()) return true;
+      CpuRelax();
+    }
+    if (std::chrono::steady_clock::now() >= end) return ready();
+  }
+}
 
 // The producer end of one direction. Keeps its own head; checks the consumer's tail.
 // Threading: one thread at a time (callers serialise pushes).

@@ -60,6 +60,11 @@ class RawClient {
     ASSERT_EQ(sq_.Push(e), ring::RingResult::kOk);
     sq_.Notify();
   }
+  // Pushes without ringing the doorbell: only a polling ring thread sees it before its next
+  // idle wake.
+  void PushQuietly(const ring::SubmissionEntry& e) {
+    ASSERT_EQ(sq_.Push(e), ring::RingResult::kOk);
+  }
   // Pops what is there, as a client does (ringing the agent when it holds results back).
   std::vector<ring::CompletionEntry> Drain() {
     std::vector<ring::CompletionEntry> out;
@@ -169,6 +174,42 @@ TEST_F(ControlRingHostTest, RingSubmissionsOfBothLocalRanksBecomeOneOperationWit
     }
   }
   EXPECT_EQ(runner_.num_starts(), 3u);
+}
+
+// With a spin budget the ring thread polls when its idle spells are short: submissions pushed
+// without the doorbell are served, and the thread never announces itself as sleeping. (With
+// no budget it sleeps at once and sets `waiting`, which the loop below would see.)
+TEST_F(ControlRingHostTest, APollingRingThreadServesSubmissionsWithoutTheDoorbell) {
+  runner_.CompleteOnStart(true);
+  ControlRings polling(&service_, {.idle_wake = 20ms, .spin = 60s});
+  constexpr uint64_t kCount = 64;
+  testing::ScopedShm buf(kCount * sizeof(float));
+  RawClient c({8, 8});
+  const std::string session = Join("solo", 0, 1);
+  absl::StatusOr<uint64_t> ring_id = testing::RegisterShm(service_, session, c.shm());
+  ASSERT_TRUE(ring_id.ok()) << ring_id.status();
+  tributary::v1::AttachControlRingRequest req;
+  req.set_session_id(session);
+  req.set_buffer_id(*ring_id);
+  tributary::v1::AttachControlRingResponse resp;
+  ASSERT_TRUE(polling.Attach(req, &resp).ok());
+  const uint64_t b = Register(session, buf);
+  bool saw_sleeper = false;
+  for (uint64_t op = 1; op <= 20; ++op) {
+    for (uint64_t i = 0; i < kCount; ++i) buf.as<float>()[i] = static_cast<float>(i + op);
+    c.PushQuietly(RawClient::Entry(op, "t", b, kCount));
+    const auto deadline = std::chrono::steady_clock::now() + kDeadline;
+    while (c.published() < op && std::chrono::steady_clock::now() < deadline) {
+      saw_sleeper = saw_sleeper || std::atomic_ref(c.header()->sq.waiting).load() != 0;
+    }
+    auto results = c.Drain();
+    ASSERT_EQ(results.size(), 1u) << "op " << op;
+    EXPECT_EQ(results[0].ticket, op);
+    EXPECT_TRUE(ring::StatusOf(results[0]).ok()) << ring::StatusOf(results[0]);
+    for (uint64_t i = 0; i < kCount; ++i) ASSERT_EQ(buf.as<float>()[i], float(i + op));
+  }
+  EXPECT_FALSE(saw_sleeper);
+  polling.Shutdown();  // ends the thread's poll at once
 }
 
 TEST_F(ControlRingHostTest, RefusedEntriesGetAnErrorNamingTheProblemAndTheSessionGoesOn) {

@@ -223,6 +223,61 @@ TEST(ShmRingTest, DoorbellWakesAConsumerInAnotherProcess) {
   EXPECT_LT(longest_sleep, 10s);
 }
 
+TEST(SpinPolicyTest, SpinsWhileRecentWaitsAreShortAndSleepsAfterLongOnes) {
+  SpinPolicy policy(50us);
+  EXPECT_EQ(policy.NextSpin(), 50us);  // nothing known yet: try polling
+  for (int i = 0; i < 20; ++i) policy.Record(3us);
+  EXPECT_EQ(policy.NextSpin(), 50us);
+  // One wait across an iteration boundary (seconds) counts as 4 budgets: the average moves a
+  // quarter of the way there (3 + (200 - 3) / 4 = 52 us) and the next wait sleeps at once.
+  policy.Record(5s);
+  EXPECT_LE(policy.average(), 53us);
+  EXPECT_EQ(policy.NextSpin(), 0us);
+  // Short waits again (seen through a doorbell sleep, ~25 us here): polling resumes after one.
+  policy.Record(25us);
+  EXPECT_LT(policy.average(), 50us);
+  EXPECT_EQ(policy.NextSpin(), 50us);
+  // Waits that are always long (a collective across the network) never poll.
+  for (int i = 0; i < 20; ++i) policy.Record(300us);
+  EXPECT_EQ(policy.NextSpin(), 0us);
+  EXPECT_LE(policy.average(), 200us);
+}
+
+TEST(SpinPolicyTest, ZeroOrNegativeBudgetNeverPolls) {
+  SpinPolicy off;
+  EXPECT_EQ(off.NextSpin(), 0us);
+  off.Record(1us);
+  EXPECT_EQ(off.NextSpin(), 0us);
+  SpinPolicy negative(-5us);
+  EXPECT_EQ(negative.budget(), 0us);
+  EXPECT_EQ(negative.NextSpin(), 0us);
+}
+
+TEST(SpinUntilTest, ReturnsAsSoonAsReadyAndFalseWhenTheBudgetRunsOut) {
+  int looks = 0;
+  EXPECT_TRUE(SpinUntil(1s, [&] { return ++looks == 3; }));
+  EXPECT_EQ(looks, 3);
+  EXPECT_FALSE(SpinUntil(0us, [] { return true; }));  // no budget: no look
+  EXPECT_FALSE(SpinUntil(20us, [] { return false; }));
+}
+
+TEST(SpinUntilTest, SeesAnEntryPushedByAnotherThreadWithoutTheDoorbell) {
+  Mapping m({8, 8});
+  RingView v = m.view();
+  RingConsumer<SubmissionEntry> consumer(&v.header->sq, v.sq, 8);
+  std::thread producer_thread([&] {
+    RingProducer<SubmissionEntry> producer(&v.header->sq, v.sq, 8);
+    ASSERT_EQ(producer.Push(Entry(7)), RingResult::kOk);
+    EXPECT_FALSE(producer.Notify());  // the consumer polls: no waiter, no system call
+  });
+  // A generous budget: the test ends as soon as the entry is there.
+  EXPECT_TRUE(SpinUntil(60s, [&] { return consumer.HasWork(); }));
+  producer_thread.join();
+  SubmissionEntry out;
+  ASSERT_EQ(consumer.Pop(&out), RingResult::kOk);
+  EXPECT_EQ(out.ticket, 7u);
+}
+
 TEST(ShmRingTest, CompletionsCarryCodeAndBoundedMessage) {
   const CompletionEntry ok = MakeCompletion(7, absl::OkStatus());
   EXPECT_EQ(ok.ticket, 7u);

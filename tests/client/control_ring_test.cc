@@ -359,6 +359,58 @@ TEST(ControlRingCloseTest, CompletionsWrittenAfterTheCloseAreNotRead) {
   munmap(memory, (*ring)->size_bytes());
 }
 
+// A waiter whose recent waits were short polls the completion queue (here with a budget far
+// above the test's run) instead of announcing itself and sleeping: the agent's side, which
+// does not ring, never sees it waiting, and the result arrives. With no budget the waiter
+// announces itself and sleeps at once, and the doorbell wakes it. (SpinPolicy's choice between
+// the two is tested in shm_ring_test.)
+TEST(ControlRingSpinTest, AWaiterPollsWithABudgetAndSleepsAtOnceWithout) {
+  using SteadyClock = std::chrono::steady_clock;
+  for (const auto budget : {std::chrono::nanoseconds(60s), std::chrono::nanoseconds(0)}) {
+    SCOPED_TRACE(budget.count() > 0 ? "polling" : "sleeping");
+    absl::StatusOr<std::unique_ptr<internal::ControlRing>> ring =
+        internal::ControlRing::Create(8, budget);
+    ASSERT_TRUE(ring.ok()) << ring.status();
+    void* memory = mmap(nullptr, (*ring)->size_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED,
+                        (*ring)->memfd(), 0);
+    ASSERT_NE(memory, MAP_FAILED);
+    absl::StatusOr<common::shm_ring::RingConfig> config =
+        common::shm_ring::ReadHeader(memory, (*ring)->size_bytes());
+    ASSERT_TRUE(config.ok()) << config.status();
+    const common::shm_ring::RingView view = common::shm_ring::ViewOf(memory, *config);
+    common::shm_ring::RingProducer<common::shm_ring::CompletionEntry> agent(
+        &view.header->cq, view.cq, config->cq_capacity);
+    auto waiting = [&] { return std::atomic_ref(view.header->cq.waiting).load() != 0; };
+    internal::RingSubmission submission;
+    submission.tensor_name = "x";
+    submission.count = 4;
+    for (int op = 0; op < 3; ++op) {
+      std::shared_ptr<internal::RingSlot> slot = (*ring)->TrySubmit(submission);
+      ASSERT_NE(slot, nullptr);
+      std::optional<absl::Status> result;
+      std::thread waiter([&] { result = (*ring)->Wait(*slot, SteadyClock::now() + 60s); });
+      bool saw_sleeper = false;
+      if (budget.count() > 0) {
+        // Give the waiter time to settle into its poll; it must never announce a sleep.
+        for (int i = 0; i < 100000; ++i) saw_sleeper = saw_sleeper || waiting();
+      } else {
+        const auto deadline = SteadyClock::now() + 60s;
+        while (!waiting() && SteadyClock::now() < deadline) {
+        }
+        saw_sleeper = waiting();
+      }
+      ASSERT_EQ(agent.Push(common::shm_ring::MakeCompletion(slot->ticket, absl::OkStatus())),
+                common::shm_ring::RingResult::kOk);
+      EXPECT_EQ(agent.Notify(), saw_sleeper);
+      waiter.join();
+      ASSERT_TRUE(result.has_value());
+      EXPECT_TRUE(result->ok()) << *result;
+      EXPECT_EQ(saw_sleeper, budget.count() == 0);
+    }
+    munmap(memory, (*ring)->size_bytes());
+  }
+}
+
 TEST(ControlRingFallbackTest, AnAgentWithoutTheRpcIsServedThroughSubmit) {
   common::FakeClock clock;
   agent::FakeCollectiveRunner runner;
