@@ -391,6 +391,8 @@ absl::Status ClusterState::Heartbeat(const tributary::v1::HeartbeatRequest& req,
     } else {
       node.load = req.load();
     }
+    node.foreign.push_back(ForeignNicBytesPerSecond(node.load));
+    while (node.foreign.size() > kForeignSamples) node.foreign.pop_front();
     if (!req.load().jobs().empty()) RecordObservationsLocked(req.node_id(), req.load());
     if (!req.load().membership_changes().empty())
       MembershipChangesLocked(req.node_id(), req.load());
@@ -619,10 +621,15 @@ void ClusterState::RecommitLocked(const std::string& node_id, NodeEntry& node) {
   UpdateSpareLocked(node_id, node);
 }
 
+double ClusterState::ForeignOf(const NodeEntry& node) {
+  if (node.foreign.empty()) return 0;
+  return *std::min_element(node.foreign.begin(), node.foreign.end());
+}
+
 void ClusterState::UpdateSpareLocked(const std::string& node_id, NodeEntry& node) {
   const std::optional<double> usefulness =
       SpareUsefulness(*node.inventory, node.alive, node.load.cpu_busy_fraction(),
-                      node.committed_nic_bytes_per_s, ForeignNicBytesPerSecond(node.load));
+                      node.committed_nic_bytes_per_s, ForeignOf(node));
   if (usefulness == node.spare_usefulness) return;
   if (node.spare_usefulness) spare_index_.erase({-*node.spare_usefulness, node_id});
   if (usefulness) spare_index_.emplace(std::make_pair(-*usefulness, node_id), &node);
@@ -642,7 +649,7 @@ std::vector<NodeSnapshot> ClusterState::SnapshotLocked(const std::string& job_id
     s.alive = node.alive;
     s.agent_instance = node.agent_instance;
     s.cpu_busy_fraction = node.load.cpu_busy_fraction();
-    s.measured_nic_bytes_per_s = ForeignNicBytesPerSecond(node.load);
+    s.measured_nic_bytes_per_s = ForeignOf(node);
     // What the other jobs use: the node's sum, unless this job uses some of it too (its own
     // spares, a few hundred at most), then summed again without it, in the same order.
     const Member* mine = nullptr;

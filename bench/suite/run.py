@@ -317,6 +317,9 @@ class Suite:
                 check=False)
         if r.returncode != 0:
             raise RuntimeError(f"create job {job}: {r.stderr.strip()}")
+        # Every plan the run used, one JSON object a line: servers, shares, partition, credit.
+        with open(os.path.join(self.args.out_dir, "plans.jsonl"), "a") as f:
+            f.write(json.dumps(json.loads(r.stdout)) + "\n")
         return r.stdout
 
     def tributary(self, algorithm, k, piece, fixed_partition=False):
@@ -989,6 +992,8 @@ def main():
             return 1
     ensure_packages(not args.no_install)
     os.makedirs(out, exist_ok=True)
+    args.out_dir = out
+    open(os.path.join(out, "plans.jsonl"), "w").close()
     work = tempfile.mkdtemp(prefix="trib-suite-")
     peers = build_peers(args.bin_dir, work)
     wanted = args.configs.split(",") if args.configs != "all" else [

@@ -18,9 +18,10 @@ namespace {
 
 constexpr uint64_t kMaxAutoPartitionBytes = 4 << 20;
 constexpr uint64_t kMinAutoPartitionBytes = 64 << 10;
-constexpr uint64_t kChunksPerServer = 16;
+constexpr uint64_t kChunksPerServer = 64;
 constexpr uint64_t kCreditGroups = 4;
 constexpr uint64_t kMaxAutoCreditBytes = uint64_t{256} << 20;
+constexpr uint64_t kMinCreditPerServer = uint64_t{2} << 20;
 constexpr uint64_t kDefaultModelBytes = 64 << 20;
 constexpr uint32_t kDefaultTimeoutMs = 30000;
 // A spare machine left with less than this fraction of its NIC is not worth a connection.
@@ -98,8 +99,9 @@ uint64_t AutoPartitionBytes(uint64_t model_bytes, uint32_t num_servers) {
 }
 
 uint64_t AutoCreditBytes(uint64_t partition_bytes, uint32_t num_servers) {
-  const uint64_t groups = kCreditGroups * std::max<uint32_t>(1, num_servers) * partition_bytes;
-  return std::max(4 * partition_bytes, std::min(groups, kMaxAutoCreditBytes));
+  const uint64_t per_server = std::max(kCreditGroups * partition_bytes, kMinCreditPerServer);
+  const uint64_t window = per_server * std::max<uint32_t>(1, num_servers);
+  return std::max(4 * partition_bytes, std::min(window, kMaxAutoCreditBytes));
 }
 
 absl::StatusOr<tributary::v1::JobSpec> NormalizeJobSpec(const tributary::v1::JobSpec& in) {

@@ -247,6 +247,44 @@ TEST_F(ClusterStateTest, OwnDataPlaneTrafficDoesNotMakeASpareLookBusy) {
   EXPECT_NEAR(spare_nic, 10e9 / 8, 1);
 }
 
+// The agent counts its data plane's bytes when a message is handed to the transport and the
+// NIC counts them when they leave: the heartbeat after a large transfer shows them as foreign
+// traffic once. The planner discounts a spare only for foreign traffic that all of its last
+// kForeignSamples heartbeats show.
+TEST_F(ClusterStateTest, ForeignTrafficInOneHeartbeatDoesNotDiscountASpareButLastingTrafficDoes) {
+  for (int i = 0; i < 3; ++i) Register("w" + std::to_string(i), 10, false);
+  Register("quiet");
+  Register("residue");
+  auto beat = [&](double nic_fraction) {
+    tributary::v1::HeartbeatRequest hb;
+    hb.set_node_id("residue");
+    hb.set_incarnation(incarnations_["residue"]);
+    hb.mutable_load()->set_nic_tx_bytes_per_s(nic_fraction * 10e9 / 8);
+    tributary::v1::HeartbeatResponse resp;
+    ASSERT_TRUE(state_.Heartbeat(hb, &resp).ok());
+  };
+  auto nic_of_residue = [&](const std::string& job_id) {
+    auto job = Create(job_id, {"w0", "w1", "w2"});
+    EXPECT_TRUE(job.ok()) << job.status();
+    double nic = -1;
+    for (const auto& s : job->plan().servers()) {
+      if (s.node_id() == "residue") nic = s.nic_bytes_per_s();
+    }
+    EXPECT_TRUE(state_.DeleteJob(job_id).ok());
+    return nic;
+  };
+  beat(0);
+  beat(0);
+  beat(0.3);  // one heartbeat's residue
+  EXPECT_NEAR(nic_of_residue("a"), 10e9 / 8, 1);
+  beat(0.3);
+  EXPECT_NEAR(nic_of_residue("b"), 10e9 / 8, 1);
+  beat(0.4);  // three in a row: another's traffic, the least of them counts
+  EXPECT_NEAR(nic_of_residue("c"), 0.7 * 10e9 / 8, 1);
+  beat(0);  // it stopped: the spare is whole again at once
+  EXPECT_NEAR(nic_of_residue("d"), 10e9 / 8, 1);
+}
+
 TEST(ForeignNicBytesPerSecond, IsNicMinusFramedDataPlaneNeverNegative) {
   tributary::v1::NodeLoad load;
   load.set_nic_tx_bytes_per_s(1000);
@@ -260,16 +298,20 @@ TEST(ForeignNicBytesPerSecond, IsNicMinusFramedDataPlaneNeverNegative) {
   EXPECT_DOUBLE_EQ(ForeignNicBytesPerSecond(load), 0);
 }
 
-TEST(AutoPartition, SixteenChunksPerServerWithinBounds) {
+TEST(AutoPartition, SixtyFourChunksPerServerWithinBounds) {
+  constexpr uint64_t kKiB = 1 << 10;
   constexpr uint64_t kMiB = 1 << 20;
-  EXPECT_EQ(AutoPartitionBytes(64 * kMiB, 4), 1 * kMiB);
-  EXPECT_EQ(AutoPartitionBytes(256 * kMiB, 4), 4 * kMiB);
+  EXPECT_EQ(AutoPartitionBytes(64 * kMiB, 4), 256 * kKiB);
+  EXPECT_EQ(AutoPartitionBytes(64 * kMiB, 8), 128 * kKiB);  // >= 64 chunks per server
+  EXPECT_EQ(AutoPartitionBytes(256 * kMiB, 4), 1 * kMiB);
   EXPECT_EQ(AutoPartitionBytes(uint64_t{1} << 30, 4), 4 * kMiB);  // capped
   EXPECT_EQ(AutoPartitionBytes(1 * kMiB, 8), 64u << 10);          // floor
-  EXPECT_EQ(AutoPartitionBytes(100 * kMiB, 0), 4 * kMiB);         // no server: as one
+  EXPECT_EQ(AutoPartitionBytes(100 * kMiB, 0), 1 * kMiB);         // no server: as one
   EXPECT_EQ(AutoCreditBytes(1 * kMiB, 4), 16 * kMiB);             // 4 chunks per server
   EXPECT_EQ(AutoCreditBytes(4 * kMiB, 32), 256 * kMiB);           // capped
-  EXPECT_EQ(AutoCreditBytes(64u << 10, 0), 256u << 10);           // at least 4 chunks
+  EXPECT_EQ(AutoCreditBytes(64u << 10, 0), 2 * kMiB);             // at least 2 MiB per server
+  EXPECT_EQ(AutoCreditBytes(128 * kKiB, 8), 16 * kMiB);
+  EXPECT_EQ(AutoCreditBytes(64 * kMiB, 1), 256 * kMiB);  // at least 4 chunks
 }
 
 TEST_F(ClusterStateTest, PlansChoosePartitionAndCreditUnlessTheSpecDoes) {
@@ -280,9 +322,9 @@ TEST_F(ClusterStateTest, PlansChoosePartitionAndCreditUnlessTheSpecDoes) {
   req.mutable_spec()->set_model_bytes(64 << 20);
   tributary::v1::Job job;
   ASSERT_TRUE(state_.CreateJob(req, &job).ok());
-  EXPECT_EQ(job.plan().partition_bytes(), 1u << 20);  // 64 MiB / (16 x 4 servers)
-  EXPECT_EQ(job.plan().credit_bytes(), 16u << 20);
-  EXPECT_FALSE(job.plan().fixed_partition());  // tuned online unless the spec fixes it
+  EXPECT_EQ(job.plan().partition_bytes(), 256u << 10);  // 64 MiB / (64 x 4 servers)
+  EXPECT_EQ(job.plan().credit_bytes(), 8u << 20);       // 2 MiB per server
+  EXPECT_FALSE(job.plan().fixed_partition());           // tuned online unless the spec fixes it
   req.set_job_id("fixed");
   req.mutable_spec()->set_fixed_partition(true);
   ASSERT_TRUE(state_.CreateJob(req, &job).ok());
@@ -290,10 +332,10 @@ TEST_F(ClusterStateTest, PlansChoosePartitionAndCreditUnlessTheSpecDoes) {
   req.mutable_spec()->set_fixed_partition(false);
   // A credit below the automatic partition shrinks the partition to fit.
   req.set_job_id("small-credit");
-  req.mutable_spec()->set_credit_bytes(256 << 10);
+  req.mutable_spec()->set_credit_bytes(128 << 10);
   ASSERT_TRUE(state_.CreateJob(req, &job).ok());
-  EXPECT_EQ(job.plan().partition_bytes(), 256u << 10);
-  EXPECT_EQ(job.plan().credit_bytes(), 256u << 10);
+  EXPECT_EQ(job.plan().partition_bytes(), 128u << 10);
+  EXPECT_EQ(job.plan().credit_bytes(), 128u << 10);
   // Both given: kept; a credit below the partition is an error naming both.
   req.set_job_id("explicit");
   req.mutable_spec()->set_partition_bytes(512 << 10);
