@@ -59,7 +59,10 @@ void DataPlaneNode::SetJob(const JobView& in, Algorithm algorithm) {
   // Ring and halving-doubling run among the worker nodes only.
   if (view.my_worker_rank >= 0) engine_.SetJob(view);
   const int n = view.num_workers();
-  const int spares = std::max(0, static_cast<int>(view.server_addresses.size()) - n);
+  // The selector's k: the plan's spare hosts. Not servers - workers: with spares, a plan may
+  // leave the workers out of the servers (their share rounds to 0), and 4 spares serving 4
+  // workers alone counted as none sent every tensor of an auto job to ring.
+  const int spares = view.num_spare_servers();
   std::lock_guard lock(mu_);
   jobs_[view.job_id] = JobEntry{algorithm, n, view.procs_per_node,
                                 measured_ ? MeasuredSelectorThresholds(*measured_, n, spares)

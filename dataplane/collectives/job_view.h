@@ -3,6 +3,7 @@
 // workers as ranks).
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -55,6 +56,18 @@ struct JobView {
   uint64_t job_hash() const;
   // Worker nodes: the ranks of ring and halving-doubling.
   int num_workers() const { return static_cast<int>(worker_addresses.size()); }
+  // Summation servers that are not worker nodes: the spare hosts the plan uses (a plan may
+  // leave some or all workers out of the servers, so this is not servers - workers).
+  int num_spare_servers() const {
+    int spares = 0;
+    for (const std::string& s : server_addresses) {
+      if (std::find(worker_addresses.begin(), worker_addresses.end(), s) ==
+          worker_addresses.end()) {
+        ++spares;
+      }
+    }
+    return spares;
+  }
   // Training processes in the job: what an average divides by.
   uint32_t world_size() const {
     return static_cast<uint32_t>(worker_addresses.size()) * procs_per_node;

@@ -751,27 +751,29 @@ TEST(SelectorTest, ConfiguredThresholdsAndFallback) {
   EXPECT_EQ(SelectServable(10, 4, t, nothing).status().code(), absl::StatusCode::kUnimplemented);
 }
 
-// Worker 0 of a job with `workers` worker nodes (also servers) and `spares` spare servers, equal
-// shares, on an in-process transport: enough to ask a DataPlaneNode which algorithm it picks.
+// Worker 0 of a job with `workers` worker nodes (also servers, unless `workers_serve` is false:
+// a plan that gives them no share leaves them out) and `spares` spare servers, equal shares, on
+// an in-process transport: enough to ask a DataPlaneNode which algorithm it picks.
 class SelectorNode {
  public:
   SelectorNode() : transport_(network_.CreateEndpoint("w0")), reducer_(1) {}
   ~SelectorNode() { transport_->Shutdown(); }
 
   DataPlaneNode& collectives() { return node_; }
-  void SetAutoJob(const std::string& job_id, int workers, int spares) {
+  void SetAutoJob(const std::string& job_id, int workers, int spares, bool workers_serve = true) {
     JobView view;
     view.job_id = job_id;
     view.plan_version = 1;
-    const int servers = workers + spares;
+    for (int i = 0; i < workers; ++i) view.worker_addresses.push_back(absl::StrCat("w", i));
+    if (workers_serve) view.server_addresses = view.worker_addresses;
+    for (int i = 0; i < spares; ++i) view.server_addresses.push_back(absl::StrCat("s", i));
+    const int servers = static_cast<int>(view.server_addresses.size());
     for (int i = 0; i < servers; ++i) {
-      if (i < workers) view.worker_addresses.push_back(absl::StrCat("w", i));
-      view.server_addresses.push_back(i < workers ? absl::StrCat("w", i) : absl::StrCat("s", i));
       view.server_weights.push_back(ChunkMap::kWeightTotal / servers +
                                     (i == 0 ? ChunkMap::kWeightTotal % servers : 0));
     }
     view.my_worker_rank = 0;
-    view.my_server_index = 0;
+    view.my_server_index = workers_serve ? 0 : -1;
     node_.SetJob(view, Algorithm::kAuto);
   }
 
@@ -807,6 +809,26 @@ TEST(SelectorTest, NodesFollowTheirCostModel) {
       .alpha_seconds = 0, .beta_seconds_per_byte = 1 / 62.5e6, .gamma_seconds_per_byte = 1 / 4e9});
   node.SetAutoJob("auto", 4, 4);
   EXPECT_EQ(*collectives.AlgorithmFor("auto", 4 << 10), Algorithm::kPushPull);
+}
+
+// With 4 spares the planner may give the workers no share (theirs is ~1 % and rounds to 0 when
+// they look busy), and the plan then names the 4 spares alone as servers: still k = 4. (Counted
+// as servers - workers = 0, such a plan sent every tensor of an auto job to ring: the main job's
+// auto k = 4 ran at Gloo ring's speed instead of push/pull's.)
+TEST(SelectorTest, SparesAreTheServersThatAreNotWorkers) {
+  SelectorNode node;
+  DataPlaneNode& collectives = node.collectives();
+  collectives.SetCostModel(CostModel{.alpha_seconds = 200e-6,
+                                     .beta_seconds_per_byte = 1 / 62.5e6,
+                                     .gamma_seconds_per_byte = 1 / 4e9});
+  node.SetAutoJob("spares-only", 4, 4, /*workers_serve=*/false);
+  EXPECT_EQ(*collectives.AlgorithmFor("spares-only", 64 << 20), Algorithm::kPushPull);
+  node.SetAutoJob("no-spares", 4, 0);
+  EXPECT_EQ(*collectives.AlgorithmFor("no-spares", 64 << 20), Algorithm::kRing);
+  JobView view;
+  view.worker_addresses = {"a", "b", "c"};
+  view.server_addresses = {"b", "x", "a", "y"};
+  EXPECT_EQ(view.num_spare_servers(), 2);
 }
 
 TEST(SelectorTest, MeasuredThresholdsFromTheSuitesCalibration) {
