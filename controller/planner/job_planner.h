@@ -88,7 +88,8 @@ uint64_t AutoPartitionBytes(uint64_t model_bytes, uint32_t num_servers);
 // summed and pulled; with a single group, pushes and pulls alternate and the job runs at half
 // speed. The 2 MiB floor keeps small chunks from shrinking the window: with many tensors in
 // flight it holds the backlog of all of them (ResNet-50's gradients, 4 workers + 4 spares at
-// 125 Mbit/s in 128 KiB chunks: 7.6-7.7 s with a 4 MiB window, 7.3 s with 16 MiB).
+// 125 Mbit/s in 128 KiB chunks: 7.6-7.7 s with a 4 MiB window, 7.3 s with 16 MiB; spreads of
+// 4-6 % per run, bench/results/partition_125mbit/).
 uint64_t AutoCreditBytes(uint64_t partition_bytes, uint32_t num_servers);
 
 // Fills in the defaults of a spec and checks its ranges. INVALID_ARGUMENT naming the field.
