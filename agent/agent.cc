@@ -13,6 +13,7 @@
 #include "agent/grpc_controller_client.h"
 #include "agent/node_discovery.h"
 #include "agent/plan_view.h"
+#include "agent/tensor_fusion.h"
 #include "common/buffer_socket_protocol.h"
 #include "common/logging.h"
 #include "common/metrics/metrics.h"
@@ -119,7 +120,8 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& in) {
   parts.inventory = inv;
   parts.collectables.push_back(runner->stats_collector());
   parts.collectables.push_back(runner->transport_stats_collector());
-  parts.runner = std::move(runner);
+  // Small all-reduces of the jobs whose plan asks for it run fused (tensor_fusion.h).
+  parts.runner = std::make_unique<FusingRunner>(std::move(runner), common::SystemClock::Get());
   parts.controller = std::make_unique<GrpcControllerClient>(std::move(copts));
   parts.clock = common::SystemClock::Get();
   parts.registry = options.registry;

@@ -2,9 +2,11 @@
 
 #include <algorithm>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "agent/cuda_buffer.h"
+#include "agent/tensor_fusion.h"
 #include "common/dtype.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -382,6 +384,11 @@ absl::Status LocalService::SubmitInternal(const tributary::v1::SubmitRequest& re
     if (req.tensor_name().empty() || req.tensor_name().size() > kMaxTensorName) {
       return absl::InvalidArgumentError(
           absl::StrCat(what, ": tensor names must have 1 to ", kMaxTensorName, " bytes"));
+    }
+    if (absl::StartsWith(req.tensor_name(), kReservedTensorPrefix)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": names starting with '", kReservedTensorPrefix,
+                       "' are reserved for the agent's own collectives"));
     }
     if (!common::IsValidDataType(req.dtype())) {
       return absl::InvalidArgumentError(absl::StrCat(what, ": unknown dtype ", req.dtype()));

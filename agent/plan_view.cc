@@ -50,6 +50,8 @@ absl::StatusOr<dataplane::JobView> ToJobView(const tributary::v1::JobPlan& plan,
   v.async_mode = plan.mode() == tributary::v1::JOB_MODE_ASYNC;
   v.staleness = plan.staleness();
   v.delta_scale = plan.delta_scale() != 0 ? plan.delta_scale() : 1.0;
+  v.fusion_bytes = plan.fusion_bytes();
+  v.fusion_cycle = std::chrono::microseconds(plan.fusion_cycle_us());
   return v;
 }
 

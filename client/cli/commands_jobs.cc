@@ -64,6 +64,8 @@ struct SpecFlags {
   int32_t staleness = -1;
   std::optional<double> delta_scale;
   bool elastic = false;
+  std::optional<uint64_t> fusion_bytes;
+  uint32_t fusion_cycle_us = 0;
 
   void Add(CLI::App* command, bool with_run_options) {
     command->add_option("--workers", workers, "worker nodes in rank order, comma-separated")
@@ -80,12 +82,23 @@ struct SpecFlags {
         ->transform(CLI::CheckedTransformer(AlgorithmNames()).description(""))
         ->type_name("NAME");
     AddSizeOption(command, "--partition-bytes", partition_bytes,
-                  "largest chunk pushed to one server, e.g. 4M (default 4 MiB)");
+                  "largest chunk pushed to one server, e.g. 4M (default: the planner's choice, "
+                  "64 chunks of --model-bytes per server within [64 KiB, 4 MiB])");
     AddSizeOption(command, "--model-bytes", model_bytes,
                   "gradient size the predicted times are for, e.g. 64M (default 64 MiB)");
     if (with_run_options) {
       AddSizeOption(command, "--credit-bytes", credit_bytes,
-                    "bytes a worker node may have in flight (default 4 partitions)");
+                    "bytes a worker node may have in flight (default: 4 partitions and at least "
+                    "2 MiB per server)");
+      AddSizeOption(command, "--fusion-bytes", fusion_bytes,
+                    "tensor fusion: all-reduces smaller than this run fused, up to this much "
+                    "per fused collective; 0 turns fusion off (default: one partition, at "
+                    "least 64 KiB)");
+      command
+          ->add_option("--fusion-cycle-us", fusion_cycle_us,
+                       "tensor fusion: the longest a fused group's first tensor may wait for "
+                       "its last, us (default 0: measured)")
+          ->check(CLI::Range(0, 1000000));
       command->add_flag("--fixed-partition", fixed_partition,
                         "keep every tensor's chunk size at --partition-bytes (no online tuning)");
       command->add_option("--timeout-ms", timeout_ms,
@@ -123,6 +136,8 @@ struct SpecFlags {
     if (model_bytes) spec.set_model_bytes(*model_bytes);
     spec.set_op_timeout_ms(timeout_ms);
     spec.set_elastic(elastic);
+    if (fusion_bytes) spec.set_fusion_bytes(*fusion_bytes);
+    spec.set_fusion_cycle_us(fusion_cycle_us);
     if (mode == "async") {
       spec.set_mode(v1::JOB_MODE_ASYNC);
       spec.set_staleness(staleness);

@@ -61,7 +61,15 @@ std::string RenderPlan(const v1::Job& job, uint64_t model_bytes) {
   std::string out =
       "job " + job.job_id() + ": plan version " + std::to_string(plan.version()) + ", workers " +
       JoinOrDash(workers) + " x " + std::to_string(plan.procs_per_node()) + " procs, partition " +
-      FormatBytes(plan.partition_bytes()) + ", credit " + FormatBytes(plan.credit_bytes()) + "\n";
+      FormatBytes(plan.partition_bytes()) + ", credit " + FormatBytes(plan.credit_bytes()) +
+      ", fusion " +
+      (plan.fusion_bytes() == 0
+           ? std::string("off")
+           : FormatBytes(plan.fusion_bytes()) +
+                 (plan.fusion_cycle_us() == 0
+                      ? std::string(" (cycle auto)")
+                      : " (cycle " + std::to_string(plan.fusion_cycle_us()) + " us)")) +
+      "\n";
   if (job.spec().elastic() || plan.generation() > 0) {
     out += std::string(job.spec().elastic() ? "elastic, " : "") + "membership generation " +
            std::to_string(plan.generation()) + "\n";
@@ -133,6 +141,8 @@ nlohmann::json PlanToJson(const v1::Job& job, uint64_t model_bytes) {
     out["plan_cut"] = {{"shown", job.plan_page().count()}, {"total", job.plan_page().total()}};
   }
   out["credit_bytes"] = plan.credit_bytes();
+  out["fusion_bytes"] = plan.fusion_bytes();
+  out["fusion_cycle_us"] = plan.fusion_cycle_us();
   out["workers"] = nlohmann::json::array();
   for (const auto& worker : plan.workers()) out["workers"].push_back(worker.node_id());
   out["servers"] = nlohmann::json::array();

@@ -24,6 +24,7 @@ constexpr uint64_t kMaxAutoCreditBytes = uint64_t{256} << 20;
 constexpr uint64_t kMinCreditPerServer = uint64_t{2} << 20;
 constexpr uint64_t kDefaultModelBytes = 64 << 20;
 constexpr uint32_t kDefaultTimeoutMs = 30000;
+constexpr uint64_t kMinAutoFusion = 64 << 10;  // automatic fusion_bytes, at least
 // A spare machine left with less than this fraction of its NIC is not worth a connection.
 constexpr double kMinUsefulNicFraction = 0.05;
 
@@ -151,6 +152,14 @@ absl::StatusOr<tributary::v1::JobSpec> NormalizeJobSpec(const tributary::v1::Job
   }
   if (spec.has_delta_scale() && !std::isfinite(spec.delta_scale())) {
     return absl::InvalidArgumentError("delta_scale must be a finite number");
+  }
+  if (spec.has_fusion_bytes() && spec.fusion_bytes() > (uint64_t{1} << 30)) {
+    return absl::InvalidArgumentError(absl::StrCat("fusion_bytes ", spec.fusion_bytes(),
+                                                   " is above 1 GiB (0 turns tensor fusion off)"));
+  }
+  if (spec.fusion_cycle_us() > 1000 * 1000) {
+    return absl::InvalidArgumentError(absl::StrCat("fusion_cycle_us ", spec.fusion_cycle_us(),
+                                                   " is above one second (0: automatic)"));
   }
   if (spec.mode() == tributary::v1::JOB_MODE_SYNC &&
       (spec.staleness() != 0 || spec.has_delta_scale())) {
@@ -320,6 +329,13 @@ absl::StatusOr<tributary::v1::JobPlan> PlanJob(const std::string& job_id,
   plan.set_credit_bytes(spec.credit_bytes() != 0 ? spec.credit_bytes()
                                                  : AutoCreditBytes(partition, active_servers));
   plan.set_op_timeout_ms(spec.op_timeout_ms());
+  // Tensor fusion: by default the tensors smaller than one chunk (which push/pull would send as
+  // one message anyway), never in asynchronous jobs (each process's own operations).
+  if (spec.mode() == tributary::v1::JOB_MODE_SYNC) {
+    plan.set_fusion_bytes(spec.has_fusion_bytes() ? spec.fusion_bytes()
+                                                  : std::max<uint64_t>(partition, kMinAutoFusion));
+    plan.set_fusion_cycle_us(spec.fusion_cycle_us());
+  }
   plan.set_predicted_seconds_per_byte(split->seconds_per_byte);
   plan.set_ring_seconds_per_byte(split->ring_seconds_per_byte);
   plan.set_model_bytes(spec.model_bytes());

@@ -167,7 +167,7 @@ void DataPlaneNode::SetMetrics(DataPlaneMetrics* metrics, const common::Clock* c
 }
 
 absl::Status DataPlaneNode::Start(const std::string& job_id, Operation op) {
-  if (metrics_ == nullptr) return StartUninstrumented(job_id, std::move(op));
+  if (metrics_ == nullptr || op.control) return StartUninstrumented(job_id, std::move(op));
   uint64_t bytes = 0;
   absl::StatusOr<Algorithm> algorithm = AlgorithmForOperation(job_id, op, &bytes);
   if (!algorithm.ok()) return algorithm.status();

@@ -50,6 +50,11 @@ struct JobView {
   bool async_mode = false;
   int32_t staleness = -1;
   double delta_scale = 1.0;
+  // Tensor fusion (agent/tensor_fusion.h): all-reduces smaller than this many bytes run fused,
+  // up to this many bytes per fused collective; 0 = off. `fusion_cycle`: the longest a fused
+  // group's first tensor may wait for its last (0 = measured by the job's worker rank 0).
+  uint64_t fusion_bytes = 0;
+  std::chrono::microseconds fusion_cycle{0};
   // Per-peer byte counters (DataPlaneNode::SetJob fills them when metrics are attached).
   std::shared_ptr<const JobPeerCounters> counters;
 

@@ -131,6 +131,11 @@ struct Operation {
 
   // Input still being copied in (null: every buffer holds its input at Start). See StagedInput.
   std::shared_ptr<StagedInput> staged;
+
+  // The agent's own coordination (tensor fusion's list and decisions, agent/tensor_fusion.h):
+  // runs like any other operation but stays out of the operation metrics and the job's
+  // observations (collectives, busy time, iterations).
+  bool control = false;
 };
 
 }  // namespace tributary::dataplane

@@ -1,0 +1,962 @@
+#include "agent/tensor_fusion.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <unordered_set>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/hash.h"
+#include "common/logging.h"
+
+namespace tributary::agent {
+namespace {
+
+constexpr auto Log = common::ComponentLog<"agent">;
+
+constexpr int64_t kPlanMagic = 0x4e4f495355465254;  // "TRFUSION"
+constexpr int64_t kPlanVersion = 1;
+
+bool IsAllReduce(dataplane::Reduction r) {
+  return r == dataplane::Reduction::kSum || r == dataplane::Reduction::kAverage;
+}
+
+}  // namespace
+
+std::chrono::microseconds ResolveFusionCycle(std::span<const ObservedOp> observed,
+                                             std::chrono::microseconds cycle) {
+  if (cycle.count() > 0) return cycle;
+  std::vector<double> seconds;
+  for (const ObservedOp& op : observed) {
+    if (op.eligible && op.seconds) seconds.push_back(*op.seconds);
+  }
+  if (seconds.empty()) return kMinFusionCycle;
+  std::nth_element(seconds.begin(), seconds.begin() + seconds.size() / 2, seconds.end());
+  const auto median =
+      std::chrono::microseconds(static_cast<int64_t>(seconds[seconds.size() / 2] * 1e6));
+  return std::clamp(median, kMinFusionCycle, kMaxFusionCycle);
+}
+
+std::vector<FusionGroup> PlanFusionGroups(std::span<const ObservedOp> observed,
+                                          uint64_t fusion_bytes, std::chrono::microseconds cycle) {
+  cycle = ResolveFusionCycle(observed, cycle);
+  std::unordered_map<uint64_t, int> seen;
+  for (const ObservedOp& op : observed) seen[op.name_hash]++;
+
+  std::vector<FusionGroup> groups;
+  FusionGroup current;
+  uint64_t bytes = 0;
+  common::Clock::TimePoint first{};
+  uint64_t first_done = std::numeric_limits<uint64_t>::max();
+  const auto close = [&] {
+    if (current.members.size() >= 2) groups.push_back(std::move(current));
+    current = FusionGroup{};
+    bytes = 0;
+    first_done = std::numeric_limits<uint64_t>::max();
+  };
+  for (const ObservedOp& op : observed) {
+    if (!op.eligible || !IsAllReduce(op.reduction) || seen[op.name_hash] > 1) continue;
+    const uint64_t op_bytes = op.count * common::DataTypeSize(op.dtype);
+    if (op_bytes == 0 || op_bytes >= fusion_bytes) continue;
+    const bool fits = !current.members.empty() && current.dtype == op.dtype &&
+                      current.reduction == op.reduction && bytes + op_bytes <= fusion_bytes &&
+                      op.started - first <= cycle && op.start_seq < first_done;
+    if (!fits) {
+      close();
+      current.dtype = op.dtype;
+      current.reduction = op.reduction;
+      first = op.started;
+    }
+    current.members.push_back({op.name_hash, op.count});
+    bytes += op_bytes;
+    if (op.done_seq) first_done = std::min(first_done, *op.done_seq);
+  }
+  close();
+  return groups;
+}
+
+std::vector<int64_t> EncodeFusionPlan(const std::vector<FusionGroup>& groups) {
+  std::vector<int64_t> words(kFusionPlanWords, 0);
+  words[0] = kPlanMagic;
+  words[1] = kPlanVersion;
+  size_t at = 3;
+  int64_t written = 0;
+  for (const FusionGroup& g : groups) {
+    const size_t need = 3 + 2 * g.members.size();
+    if (at + need > words.size()) break;
+    words[at++] = static_cast<int64_t>(g.dtype);
+    words[at++] = static_cast<int64_t>(g.reduction);
+    words[at++] = static_cast<int64_t>(g.members.size());
+    for (const FusionMember& m : g.members) {
+      words[at++] = static_cast<int64_t>(m.name_hash);
+      words[at++] = static_cast<int64_t>(m.count);
+    }
+    ++written;
+  }
+  words[2] = written;
+  return words;
+}
+
+absl::StatusOr<std::vector<FusionGroup>> DecodeFusionPlan(std::span<const int64_t> words) {
+  const auto bad = [](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat("malformed fusion plan: ", what));
+  };
+  if (words.size() < 3) return bad("shorter than its header");
+  if (words[0] != kPlanMagic) return bad("wrong magic");
+  if (words[2] < 0) return bad("negative group count");
+  if (words[1] != kPlanVersion) return bad(absl::StrCat("version ", words[1], ", expected 1"));
+  std::vector<FusionGroup> groups;
+  std::unordered_set<uint64_t> hashes;
+  size_t at = 3;
+  for (int64_t g = 0; g < words[2]; ++g) {
+    if (at + 3 > words.size()) return bad(absl::StrCat("group ", g, " past the end"));
+    FusionGroup group;
+    const int64_t dtype = words[at++];
+    const int64_t reduction = words[at++];
+    const int64_t members = words[at++];
+    if (dtype < 0 || dtype > 255 || !common::IsValidDataType(static_cast<uint32_t>(dtype))) {
+      return bad(absl::StrCat("group ", g, " has unknown dtype ", dtype));
+    }
+    if (reduction != static_cast<int64_t>(dataplane::Reduction::kSum) &&
+        reduction != static_cast<int64_t>(dataplane::Reduction::kAverage)) {
+      return bad(absl::StrCat("group ", g, " is not a sum or average (", reduction, ")"));
+    }
+    if (members < 2 || static_cast<uint64_t>(members) > (words.size() - at) / 2) {
+      return bad(absl::StrCat("group ", g, " has ", members, " members"));
+    }
+    group.dtype = static_cast<common::DataType>(dtype);
+    group.reduction = static_cast<dataplane::Reduction>(reduction);
+    for (int64_t m = 0; m < members; ++m) {
+      const auto hash = static_cast<uint64_t>(words[at++]);
+      const int64_t count = words[at++];
+      if (count <= 0 || count > (int64_t{1} << 40)) {
+        return bad(absl::StrCat("group ", g, " member ", m, " has ", count, " elements"));
+      }
+      if (!hashes.insert(hash).second) {
+        return bad(absl::StrCat("group ", g, " member ", m, " is in the plan twice"));
+      }
+      group.members.push_back({hash, static_cast<uint64_t>(count)});
+    }
+    groups.push_back(std::move(group));
+  }
+  return groups;
+}
+
+constexpr int64_t kDecisionMagic = 0x4e4f495349434544;  // "DECISION"
+
+std::vector<int64_t> EncodeFusionDecision(const FusionDecision& d) {
+  std::vector<int64_t> words(kFusionDecisionWords, 0);
+  words[0] = kDecisionMagic;
+  words[1] = static_cast<int64_t>(d.index);
+  words[2] = static_cast<int64_t>(d.dtype);
+  words[3] = static_cast<int64_t>(d.reduction);
+  words[4] = static_cast<int64_t>(d.members.size());
+  size_t at = 5;
+  for (const FusionDecision::Member& m : d.members) {
+    words[at++] = static_cast<int64_t>(m.name_hash);
+    words[at++] = static_cast<int64_t>(m.iteration);
+  }
+  return words;
+}
+
+absl::StatusOr<FusionDecision> DecodeFusionDecision(std::span<const int64_t> words) {
+  const auto bad = [](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat("malformed fusion decision: ", what));
+  };
+  if (words.size() < 5) return bad("shorter than its header");
+  if (words[0] != kDecisionMagic) return bad("wrong magic");
+  FusionDecision d;
+  if (words[1] < 0) return bad("negative index");
+  d.index = static_cast<uint64_t>(words[1]);
+  if (words[2] < 0 || words[2] > 255 || !common::IsValidDataType(static_cast<uint32_t>(words[2]))) {
+    return bad(absl::StrCat("unknown dtype ", words[2]));
+  }
+  d.dtype = static_cast<common::DataType>(words[2]);
+  if (words[3] != static_cast<int64_t>(dataplane::Reduction::kSum) &&
+      words[3] != static_cast<int64_t>(dataplane::Reduction::kAverage)) {
+    return bad(absl::StrCat("not a sum or average (", words[3], ")"));
+  }
+  d.reduction = static_cast<dataplane::Reduction>(words[3]);
+  const int64_t n = words[4];
+  if (n < 1 || static_cast<uint64_t>(n) > kMaxGroupMembers ||
+      static_cast<size_t>(5 + 2 * n) > words.size()) {
+    return bad(absl::StrCat(n, " members"));
+  }
+  std::set<std::pair<uint64_t, uint64_t>> seen;
+  for (int64_t m = 0; m < n; ++m) {
+    FusionDecision::Member member{static_cast<uint64_t>(words[5 + 2 * m]),
+                                  static_cast<uint64_t>(words[6 + 2 * m])};
+    if (!seen.insert({member.name_hash, member.iteration}).second) {
+      return bad(absl::StrCat("member ", m, " is in it twice"));
+    }
+    d.members.push_back(member);
+  }
+  return d;
+}
+
+std::string FusedName(uint64_t index) {
+  return absl::StrCat(kFusedTensorPrefix, index % kFusedNames);
+}
+
+// --- FusingRunner ---
+
+namespace {
+
+using Key = std::pair<uint64_t, uint64_t>;  // (name hash, iteration)
+
+struct Fusable {
+  uint64_t count = 0;
+  common::DataType dtype = common::DataType::kFloat32;
+  dataplane::Reduction reduction = dataplane::Reduction::kSum;
+};
+
+struct Held {
+  dataplane::Operation op;
+  common::Clock::TimePoint since;
+};
+
+// One decision's fused collective on this node.
+struct Fused {
+  FusionDecision decision;
+  std::vector<std::optional<dataplane::Operation>> ops;  // by member position
+  size_t present = 0;
+  common::Clock::TimePoint since{};
+  bool launched = false;
+};
+
+// What a running fused operation keeps alive: its buffers and its members.
+struct FusedState {
+  std::vector<std::vector<std::byte>> storage;  // one per local process
+  std::vector<dataplane::Operation> members;
+  std::vector<uint64_t> offsets;  // elements
+  size_t element = 0;
+};
+
+enum class PlanState { kLearning, kPosted, kReady, kOff };
+
+std::shared_ptr<std::vector<std::vector<int64_t>>> WordBuffers(uint32_t procs, size_t words) {
+  return std::make_shared<std::vector<std::vector<int64_t>>>(std::max<uint32_t>(1, procs),
+                                                             std::vector<int64_t>(words, 0));
+}
+
+// A broadcast of int64 words from worker rank 0's first buffer into every buffer of every node.
+dataplane::Operation WordBroadcast(const std::string& tensor, uint64_t iteration,
+                                   std::shared_ptr<std::vector<std::vector<int64_t>>> buffers) {
+  dataplane::Operation op;
+  op.tensor_name = tensor;
+  op.iteration = iteration;
+  op.dtype = common::DataType::kInt64;
+  op.count = (*buffers)[0].size();
+  op.reduction = dataplane::Reduction::kBroadcast;
+  op.root_node = 0;
+  op.root_local = 0;
+  for (auto& b : *buffers) op.buffers.push_back(reinterpret_cast<std::byte*>(b.data()));
+  op.priority = std::numeric_limits<int32_t>::min();
+  op.keepalive = std::move(buffers);
+  op.control = true;
+  return op;
+}
+
+}  // namespace
+
+struct FusingRunner::Job {
+  dataplane::JobView view;
+  bool enabled = false;
+  bool leader = false;
+  PlanState state = PlanState::kLearning;
+  std::string first_tensor;
+  std::vector<ObservedOp> observed;  // the leader's first iteration
+  std::chrono::microseconds cycle{0};
+  std::vector<FusionGroup> groups;  // the fusable-tensor list
+  std::unordered_map<uint64_t, Fusable> fusable;
+  std::vector<Held> waiting;      // iteration >= kFirstFusedIteration, before the list arrived
+  std::map<Key, Held> undecided;  // fusable, in no decision yet
+  // The leader's open group.
+  std::vector<Key> open;
+  uint64_t open_bytes = 0;
+  common::Clock::TimePoint open_since{};
+  common::DataType open_dtype = common::DataType::kFloat32;
+  dataplane::Reduction open_reduction = dataplane::Reduction::kSum;
+  uint64_t next_decision = 0;
+  bool decision_posted = false;  // follower
+  std::map<uint64_t, Fused> fused;
+  std::map<Key, uint64_t> in_fused;    // member -> decision index, until it completes
+  std::map<Key, absl::Status> failed;  // members of failed decisions not submitted yet
+};
+
+FusingRunner::FusingRunner(std::unique_ptr<CollectiveRunner> inner, const common::Clock* clock,
+                           Options options)
+    : clock_(clock), inner_(std::move(inner)) {
+  if (options.timer_thread) timer_ = std::thread([this] { TimerLoop(); });
+}
+
+FusingRunner::~FusingRunner() {
+  {
+    std::lock_guard lock(mu_);
+    shut_down_ = true;
+  }
+  timer_cv_.notify_all();
+  if (timer_.joinable()) timer_.join();
+}
+
+void FusingRunner::Run(After& after) {
+  for (auto& f : after) f();
+  after.clear();
+}
+
+FusingRunner::Stats FusingRunner::stats() const {
+  std::lock_guard lock(mu_);
+  return stats_;
+}
+
+std::vector<FusionGroup> FusingRunner::groups(const std::string& job_id) const {
+  std::lock_guard lock(mu_);
+  auto it = jobs_.find(job_id);
+  return it == jobs_.end() ? std::vector<FusionGroup>{} : it->second->groups;
+}
+
+void FusingRunner::SetJob(const dataplane::JobView& view, dataplane::Algorithm algorithm) {
+  After after;
+  {
+    std::lock_guard lock(mu_);
+    std::unique_ptr<Job>& job = jobs_[view.job_id];
+    if (job && (job->view.generation != view.generation ||
+                job->view.my_worker_rank != view.my_worker_rank ||
+                job->view.num_workers() != view.num_workers())) {
+      ResetLocked(*job,
+                  absl::UnavailableError(absl::StrCat(
+                      "job ", view.job_id,
+                      "'s membership changed while this collective waited to be fused; retry")),
+                  after);
+      job.reset();
+    }
+    if (!job) job = std::make_unique<Job>();
+    job->view = view;
+    job->enabled = view.fusion_bytes > 0 && view.my_worker_rank >= 0 && !view.async_mode;
+    job->leader = view.my_worker_rank == 0;
+  }
+  inner_->SetJob(view, algorithm);
+  Run(after);
+}
+
+void FusingRunner::RemoveJob(const std::string& job_id) {
+  After after;
+  {
+    std::lock_guard lock(mu_);
+    auto it = jobs_.find(job_id);
+    if (it != jobs_.end()) {
+      ResetLocked(*it->second,
+                  absl::FailedPreconditionError(
+                      absl::StrCat("job ", job_id, " is no longer planned on this node")),
+                  after);
+      jobs_.erase(it);
+    }
+  }
+  inner_->RemoveJob(job_id);
+  Run(after);
+}
+
+void FusingRunner::ResetLocked(Job& job, const absl::Status& reason, After& after) {
+  const auto fail = [&](dataplane::Operation& op) {
+    after.push_back([done = std::move(op.done), reason] { done(reason); });
+  };
+  for (Held& w : job.waiting) fail(w.op);
+  job.waiting.clear();
+  for (auto& [key, held] : job.undecided) fail(held.op);
+  job.undecided.clear();
+  job.open.clear();
+  for (auto& [index, f] : job.fused) {
+    if (f.launched) continue;  // the inner runner fails it
+    for (auto& op : f.ops) {
+      if (op) fail(*op);
+    }
+  }
+  std::erase_if(job.fused, [](const auto& kv) { return !kv.second.launched; });
+}
+
+absl::Status FusingRunner::Start(const std::string& job_id, dataplane::Operation op) {
+  After after;
+  bool taken = false;
+  {
+    std::lock_guard lock(mu_);
+    auto it = jobs_.find(job_id);
+    if (!shut_down_ && it != jobs_.end() && it->second->enabled) {
+      StartLocked(job_id, *it->second, op, taken, after);
+    }
+  }
+  Run(after);
+  if (taken) return absl::OkStatus();
+  return inner_->Start(job_id, std::move(op));
+}
+
+void FusingRunner::StartLocked(const std::string& job_id, Job& job, dataplane::Operation& op,
+                               bool& taken, After& after) {
+  taken = false;
+  if (op.iteration >= 1 && job.state == PlanState::kLearning) PostPlanLocked(job_id, job, after);
+  if (job.state == PlanState::kLearning) {
+    if (job.first_tensor.empty()) job.first_tensor = op.tensor_name;
+    if (!job.leader) return;
+    ObservedOp o;
+    o.name_hash = common::StableHash64(op.tensor_name);
+    o.count = op.count;
+    o.dtype = op.dtype;
+    o.reduction = op.reduction;
+    o.eligible = IsAllReduce(op.reduction) && op.staged == nullptr &&
+                 op.tensor_name != job.first_tensor &&
+                 !absl::StartsWith(op.tensor_name, kReservedTensorPrefix);
+    o.started = clock_->Now();
+    o.start_seq = ++seq_;
+    const size_t index = job.observed.size();
+    job.observed.push_back(o);
+    // Its completion tells the list whether the process waited for it before going on.
+    op.done = [this, job_id, generation = job.view.generation, index,
+               done = std::move(op.done)](absl::Status s) {
+      {
+        std::lock_guard lock(mu_);
+        auto it = jobs_.find(job_id);
+        if (it != jobs_.end() && it->second->view.generation == generation &&
+            index < it->second->observed.size()) {
+          ObservedOp& o = it->second->observed[index];
+          o.done_seq = ++seq_;
+          o.seconds = std::chrono::duration<double>(clock_->Now() - o.started).count();
+        }
+      }
+      done(std::move(s));
+    };
+    return;
+  }
+  if (op.iteration < kFirstFusedIteration || job.state == PlanState::kOff) return;
+  if (job.state == PlanState::kPosted) {
+    job.waiting.push_back({std::move(op), clock_->Now()});
+    taken = true;
+    return;
+  }
+  const uint64_t hash = common::StableHash64(op.tensor_name);
+  auto f = job.fusable.find(hash);
+  // Anything else runs as it is -- on every node alike, as the test reads only the list and
+  // the operation's own count, dtype and reduction.
+  if (f == job.fusable.end() || f->second.count != op.count || f->second.dtype != op.dtype ||
+      f->second.reduction != op.reduction) {
+    return;
+  }
+  const Key key{hash, op.iteration};
+  if (auto failed = job.failed.find(key); failed != job.failed.end()) {
+    after.push_back([done = std::move(op.done), s = failed->second] { done(s); });
+    job.failed.erase(failed);
+    taken = true;
+    return;
+  }
+  if (auto in = job.in_fused.find(key); in != job.in_fused.end()) {
+    // A decision named it before it came here.
+    Fused& fused = job.fused[in->second];
+    for (size_t m = 0; m < fused.decision.members.size(); ++m) {
+      const FusionDecision::Member& member = fused.decision.members[m];
+      if (Key{member.name_hash, member.iteration} == key && !fused.ops[m]) {
+        fused.ops[m] = std::move(op);
+        fused.present++;
+        taken = true;
+        MaybeLaunchLocked(job_id, job, in->second, after);
+        return;
+      }
+    }
+    return;  // a second submission of a running member: the inner runner refuses it
+  }
+  if (job.undecided.contains(key)) return;  // the same: refused below
+  job.undecided.emplace(key, Held{std::move(op), clock_->Now()});
+  taken = true;
+  if (!job.leader) {
+    MaybePostDecisionLocked(job_id, job, after);
+    return;
+  }
+  const uint64_t bytes = f->second.count * common::DataTypeSize(f->second.dtype);
+  if (!job.open.empty() &&
+      (job.open_dtype != f->second.dtype || job.open_reduction != f->second.reduction ||
+       job.open_bytes + bytes > job.view.fusion_bytes || job.open.size() >= kMaxGroupMembers)) {
+    CloseGroupLocked(job_id, job, after);
+  }
+  if (job.open.empty()) {
+    job.open_since = clock_->Now();
+    job.open_dtype = f->second.dtype;
+    job.open_reduction = f->second.reduction;
+    timer_cv_.notify_all();
+  }
+  job.open.push_back(key);
+  job.open_bytes += bytes;
+  if (job.open.size() >= kMaxGroupMembers) CloseGroupLocked(job_id, job, after);
+}
+
+void FusingRunner::PostPlanLocked(const std::string& job_id, Job& job, After& after) {
+  job.state = PlanState::kPosted;
+  auto buffers = WordBuffers(job.view.procs_per_node, kFusionPlanWords);
+  if (job.leader) {
+    job.cycle = ResolveFusionCycle(job.observed, job.view.fusion_cycle);
+    (*buffers)[0] =
+        EncodeFusionPlan(PlanFusionGroups(job.observed, job.view.fusion_bytes, job.cycle));
+  }
+  dataplane::Operation plan = WordBroadcast(kFusionPlanTensor, 0, buffers);
+  plan.done = [this, job_id, generation = job.view.generation, buffers](absl::Status s) {
+    OnPlan(job_id, generation, s, buffers);
+  };
+  after.push_back([this, job_id, plan = std::move(plan)]() mutable {
+    std::function<void(absl::Status)> done = plan.done;
+    absl::Status started = inner_->Start(job_id, std::move(plan));
+    if (!started.ok()) done(started);
+  });
+}
+
+void FusingRunner::OnPlan(const std::string& job_id, uint64_t generation,
+                          const absl::Status& status,
+                          std::shared_ptr<std::vector<std::vector<int64_t>>> buffers) {
+  After after;
+  {
+    std::lock_guard lock(mu_);
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end() || it->second->view.generation != generation) return;
+    Job& job = *it->second;
+    if (job.state != PlanState::kPosted) return;
+    absl::StatusOr<std::vector<FusionGroup>> groups =
+        status.ok() ? DecodeFusionPlan((*buffers)[0])
+                    : absl::StatusOr<std::vector<FusionGroup>>(status);
+    if (!groups.ok()) {
+      job.state = PlanState::kOff;
+      Log()->warn(
+          "job {}: no tensor fusion list from worker rank 0 ({}); fusion is off for the job",
+          job_id, groups.status());
+    } else {
+      job.state = PlanState::kReady;
+      for (const FusionGroup& g : *groups) {
+        for (const FusionMember& m : g.members) {
+          job.fusable[m.name_hash] = {m.count, g.dtype, g.reduction};
+        }
+      }
+      job.groups = *std::move(groups);
+      stats_.plans_adopted++;
+      Log()->info("job {}: tensor fusion: {} tensors may fuse{}", job_id, job.fusable.size(),
+                  job.leader ? absl::StrCat(", cycle ", job.cycle.count(), " us") : "");
+    }
+    std::vector<Held> waiting = std::move(job.waiting);
+    job.waiting.clear();
+    for (Held& w : waiting) {
+      bool taken = false;
+      StartLocked(job_id, job, w.op, taken, after);
+      if (taken) continue;
+      after.push_back([this, job_id, op = std::move(w.op)]() mutable {
+        const std::string tensor = op.tensor_name;
+        const uint64_t iteration = op.iteration;
+        const bool staged = op.staged != nullptr;
+        std::function<void(absl::Status)> done = op.done;
+        absl::Status started = inner_->Start(job_id, std::move(op));
+        if (!started.ok()) {
+          done(started);
+        } else if (staged) {
+          // Its input may have advanced while it waited here.
+          inner_->StagedInputAdvanced(job_id, tensor, iteration);
+        }
+      });
+    }
+  }
+  Run(after);
+}
+
+void FusingRunner::CloseGroupLocked(const std::string& job_id, Job& job, After& after) {
+  if (job.open.empty()) return;
+  FusionDecision d;
+  d.index = job.next_decision++;
+  d.dtype = job.open_dtype;
+  d.reduction = job.open_reduction;
+  for (const Key& key : job.open) d.members.push_back({key.first, key.second});
+  job.open.clear();
+  job.open_bytes = 0;
+  stats_.decisions++;
+  auto buffers = WordBuffers(job.view.procs_per_node, kFusionDecisionWords);
+  (*buffers)[0] = EncodeFusionDecision(d);
+  dataplane::Operation broadcast = WordBroadcast(kFusionDecisionTensor, d.index, buffers);
+  broadcast.done = [this, job_id, generation = job.view.generation, index = d.index,
+                    buffers](absl::Status s) { OnDecision(job_id, generation, index, s, buffers); };
+  after.push_back([this, job_id, broadcast = std::move(broadcast)]() mutable {
+    std::function<void(absl::Status)> done = broadcast.done;
+    absl::Status started = inner_->Start(job_id, std::move(broadcast));
+    if (!started.ok()) done(started);
+  });
+  AdoptDecisionLocked(job_id, job, d, after);
+}
+
+void FusingRunner::MaybePostDecisionLocked(const std::string& job_id, Job& job, After& after) {
+  if (job.leader || job.decision_posted || job.undecided.empty()) return;
+  job.decision_posted = true;
+  auto buffers = WordBuffers(job.view.procs_per_node, kFusionDecisionWords);
+  dataplane::Operation broadcast = WordBroadcast(kFusionDecisionTensor, job.next_decision, buffers);
+  broadcast.done = [this, job_id, generation = job.view.generation, index = job.next_decision,
+                    buffers](absl::Status s) { OnDecision(job_id, generation, index, s, buffers); };
+  after.push_back([this, job_id, broadcast = std::move(broadcast)]() mutable {
+    std::function<void(absl::Status)> done = broadcast.done;
+    absl::Status started = inner_->Start(job_id, std::move(broadcast));
+    if (!started.ok()) done(started);
+  });
+}
+
+void FusingRunner::OnDecision(const std::string& job_id, uint64_t generation, uint64_t index,
+                              const absl::Status& status,
+                              std::shared_ptr<std::vector<std::vector<int64_t>>> buffers) {
+  After after;
+  {
+    std::lock_guard lock(mu_);
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end() || it->second->view.generation != generation) return;
+    Job& job = *it->second;
+    if (job.leader) {
+      // The others may never learn this decision: its fused collective fails everywhere.
+      if (!status.ok()) FailFusedLocked(job_id, job, index, status, after);
+    } else {
+      job.decision_posted = false;
+      job.next_decision = index + 1;
+      absl::StatusOr<FusionDecision> d = status.ok() ? DecodeFusionDecision((*buffers)[0])
+                                                     : absl::StatusOr<FusionDecision>(status);
+      if (d.ok() && d->index != index) {
+        d = absl::InvalidArgumentError(
+            absl::StrCat("decision ", d->index, " arrived as decision ", index));
+      }
+      if (d.ok()) {
+        for (const FusionDecision::Member& m : d->members) {
+          auto f = job.fusable.find(m.name_hash);
+          if (f == job.fusable.end() || f->second.dtype != d->dtype ||
+              f->second.reduction != d->reduction) {
+            d = absl::InvalidArgumentError("it names a tensor that is not on the fusable list");
+            break;
+          }
+        }
+      }
+      if (d.ok()) {
+        stats_.decisions++;
+        AdoptDecisionLocked(job_id, job, *d, after);
+      } else {
+        // Its members are unknown here: whatever waits for a decision fails with the reason.
+        Log()->warn("job {}: tensor fusion decision {} failed: {}", job_id, index, d.status());
+        const absl::Status reason(
+            d.status().code(), absl::StrCat("tensor fusion decision ", index,
+                                            " from worker rank 0 failed: ", d.status().message()));
+        for (auto& [key, held] : job.undecided) {
+          after.push_back([done = std::move(held.op.done), reason] { done(reason); });
+        }
+        job.undecided.clear();
+      }
+      MaybePostDecisionLocked(job_id, job, after);
+    }
+  }
+  Run(after);
+}
+
+void FusingRunner::AdoptDecisionLocked(const std::string& job_id, Job& job, const FusionDecision& d,
+                                       After& after) {
+  Fused& fused = job.fused[d.index];
+  fused.decision = d;
+  fused.ops.resize(d.members.size());
+  fused.since = clock_->Now();
+  std::optional<absl::Status> failed;
+  for (size_t m = 0; m < d.members.size(); ++m) {
+    const Key key{d.members[m].name_hash, d.members[m].iteration};
+    job.in_fused[key] = d.index;
+    if (auto held = job.undecided.find(key); held != job.undecided.end()) {
+      fused.ops[m] = std::move(held->second.op);
+      fused.present++;
+      job.undecided.erase(held);
+    } else if (auto f = job.failed.find(key); f != job.failed.end()) {
+      failed = f->second;  // aborted here before the decision arrived
+      job.failed.erase(f);
+    }
+  }
+  if (failed) {
+    FailFusedLocked(job_id, job, d.index, *failed, after);
+    return;
+  }
+  MaybeLaunchLocked(job_id, job, d.index, after);
+}
+
+void FusingRunner::MaybeLaunchLocked(const std::string& job_id, Job& job, uint64_t index,
+                                     After& after) {
+  auto found = job.fused.find(index);
+  if (found == job.fused.end()) return;
+  Fused& fused = found->second;
+  if (fused.launched || fused.present < fused.ops.size()) return;
+  for (const auto& op : fused.ops) {
+    if (op->staged != nullptr && !op->staged->complete()) return;
+  }
+  const size_t procs = fused.ops[0]->buffers.size();
+  for (const auto& op : fused.ops) {
+    if (op->buffers.size() != procs) {
+      FailFusedLocked(
+          job_id, job, index,
+          absl::InvalidArgumentError(absl::StrCat(
+              "tensor '", op->tensor_name, "' iteration ", op->iteration, " has ",
+              op->buffers.size(), " local buffers but the tensors fused with it have ", procs)),
+          after);
+      return;
+    }
+  }
+  fused.launched = true;
+  auto state = std::make_shared<FusedState>();
+  state->element = common::DataTypeSize(fused.decision.dtype);
+  uint64_t total = 0;
+  int32_t priority = std::numeric_limits<int32_t>::max();
+  for (const auto& op : fused.ops) {
+    state->offsets.push_back(total);
+    total += op->count;
+    priority = std::min(priority, op->priority);
+  }
+  state->storage.assign(procs, std::vector<std::byte>(total * state->element));
+  for (size_t m = 0; m < fused.ops.size(); ++m) {
+    dataplane::Operation& op = *fused.ops[m];
+    for (size_t p = 0; p < procs; ++p) {
+      std::memcpy(state->storage[p].data() + state->offsets[m] * state->element, op.buffers[p],
+                  op.count * state->element);
+    }
+    state->members.push_back(std::move(op));
+  }
+  dataplane::Operation op;
+  op.tensor_name = FusedName(index);
+  op.iteration = index / kFusedNames;
+  op.dtype = fused.decision.dtype;
+  op.count = total;
+  op.reduction = fused.decision.reduction;
+  for (auto& b : state->storage) op.buffers.push_back(b.data());
+  op.priority = priority;
+  op.keepalive = state;
+  op.done = [this, job_id, index, generation = job.view.generation, state](absl::Status s) {
+    if (s.ok()) {
+      for (size_t m = 0; m < state->members.size(); ++m) {
+        const dataplane::Operation& member = state->members[m];
+        for (size_t p = 0; p < member.buffers.size(); ++p) {
+          std::memcpy(member.buffers[p],
+                      state->storage[p].data() + state->offsets[m] * state->element,
+                      member.count * state->element);
+        }
+      }
+    }
+    {
+      std::lock_guard lock(mu_);
+      auto it = jobs_.find(job_id);
+      if (it != jobs_.end() && it->second->view.generation == generation) {
+        Job& job = *it->second;
+        if (auto f = job.fused.find(index); f != job.fused.end()) {
+          for (const FusionDecision::Member& m : f->second.decision.members) {
+            job.in_fused.erase({m.name_hash, m.iteration});
+          }
+          job.fused.erase(f);
+        }
+      }
+    }
+    for (dataplane::Operation& member : state->members) {
+      std::function<void(absl::Status)> done = std::move(member.done);
+      member.done = nullptr;
+      if (done) done(s);
+    }
+  };
+  stats_.fused_operations++;
+  stats_.fused_tensors += state->members.size();
+  after.push_back([this, job_id, op = std::move(op)]() mutable {
+    std::function<void(absl::Status)> done = op.done;
+    absl::Status started = inner_->Start(job_id, std::move(op));
+    if (!started.ok()) done(started);
+  });
+}
+
+void FusingRunner::FailFusedLocked(const std::string& job_id, Job& job, uint64_t index,
+                                   const absl::Status& reason, After& after) {
+  auto found = job.fused.find(index);
+  if (found != job.fused.end() && !found->second.launched) {
+    Fused& fused = found->second;
+    for (size_t m = 0; m < fused.ops.size(); ++m) {
+      const Key key{fused.decision.members[m].name_hash, fused.decision.members[m].iteration};
+      job.in_fused.erase(key);
+      if (fused.ops[m]) {
+        after.push_back([done = std::move(fused.ops[m]->done), reason] { done(reason); });
+      } else {
+        job.failed[key] = reason;  // fails when it comes
+      }
+    }
+    job.fused.erase(found);
+  }
+  after.push_back([this, job_id, index, reason] {
+    inner_->Abort(job_id, FusedName(index), index / kFusedNames, reason);
+  });
+}
+
+void FusingRunner::StagedInputAdvanced(const std::string& job_id, const std::string& tensor,
+                                       uint64_t iteration) {
+  After after;
+  bool handled = false;
+  {
+    std::lock_guard lock(mu_);
+    auto it = jobs_.find(job_id);
+    if (it != jobs_.end()) {
+      Job& job = *it->second;
+      const Key key{common::StableHash64(tensor), iteration};
+      if (auto in = job.in_fused.find(key); in != job.in_fused.end()) {
+        MaybeLaunchLocked(job_id, job, in->second, after);
+        handled = true;
+      }
+      // Looked at again when it is decided or released.
+      if (job.undecided.contains(key)) handled = true;
+      for (const Held& w : job.waiting) {
+        if (w.op.tensor_name == tensor && w.op.iteration == iteration) handled = true;
+      }
+    }
+  }
+  Run(after);
+  if (!handled) inner_->StagedInputAdvanced(job_id, tensor, iteration);
+}
+
+void FusingRunner::Abort(const std::string& job_id, const std::string& tensor, uint64_t iteration,
+                         const absl::Status& reason) {
+  After after;
+  bool fused = false;
+  {
+    std::lock_guard lock(mu_);
+    auto it = jobs_.find(job_id);
+    if (it != jobs_.end()) {
+      Job& job = *it->second;
+      const Key key{common::StableHash64(tensor), iteration};
+      for (auto w = job.waiting.begin(); w != job.waiting.end(); ++w) {
+        if (w->op.tensor_name == tensor && w->op.iteration == iteration) {
+          after.push_back([done = std::move(w->op.done), reason] { done(reason); });
+          job.waiting.erase(w);
+          break;
+        }
+      }
+      if (job.leader && std::find(job.open.begin(), job.open.end(), key) != job.open.end()) {
+        CloseGroupLocked(job_id, job, after);  // the others learn which collective fails
+      }
+      if (auto in = job.in_fused.find(key); in != job.in_fused.end()) {
+        FailFusedLocked(job_id, job, in->second, reason, after);
+        fused = true;
+      } else if (auto held = job.undecided.find(key); held != job.undecided.end()) {
+        // A follower's: the decision that names it fails the collective for everyone.
+        after.push_back([done = std::move(held->second.op.done), reason] { done(reason); });
+        job.undecided.erase(held);
+        job.failed[key] = reason;
+        fused = true;
+      }
+    }
+  }
+  Run(after);
+  if (!fused) inner_->Abort(job_id, tensor, iteration, reason);
+}
+
+void FusingRunner::FlushExpiredGroups() {
+  After after;
+  {
+    std::lock_guard lock(mu_);
+    FlushExpiredLocked(after);
+  }
+  Run(after);
+}
+
+void FusingRunner::FlushExpiredLocked(After& after) {
+  const common::Clock::TimePoint now = clock_->Now();
+  for (auto& [job_id, job] : jobs_) {
+    if (job->leader && !job->open.empty() && now - job->open_since >= job->cycle) {
+      CloseGroupLocked(job_id, *job, after);
+    }
+  }
+}
+
+void FusingRunner::TimerLoop() {
+  std::unique_lock lock(mu_);
+  while (!shut_down_) {
+    std::optional<common::Clock::TimePoint> next;
+    for (const auto& [job_id, job] : jobs_) {
+      if (job->leader && !job->open.empty()) {
+        const common::Clock::TimePoint due = job->open_since + job->cycle;
+        if (!next || due < *next) next = due;
+      }
+    }
+    if (!next) {
+      timer_cv_.wait(lock);
+      continue;
+    }
+    const common::Clock::TimePoint now = clock_->Now();
+    if (*next > now) {
+      timer_cv_.wait_for(lock, *next - now);
+      continue;
+    }
+    After after;
+    FlushExpiredLocked(after);
+    lock.unlock();
+    Run(after);
+    lock.lock();
+  }
+}
+
+void FusingRunner::Tick() {
+  After after;
+  {
+    std::lock_guard lock(mu_);
+    const common::Clock::TimePoint now = clock_->Now();
+    for (auto& [job_id, job] : jobs_) {
+      const auto timeout = job->view.op_timeout;
+      const auto expire = [&](auto& held, const char* what) {
+        for (auto it = held.begin(); it != held.end();) {
+          Held& h = [&]() -> Held& {
+            if constexpr (std::is_same_v<std::decay_t<decltype(*it)>, Held>) {
+              return *it;
+            } else {
+              return it->second;
+            }
+          }();
+          if (now - h.since <= timeout) {
+            ++it;
+            continue;
+          }
+          after.push_back([done = std::move(h.op.done),
+                           s = absl::DeadlineExceededError(absl::StrCat(
+                               "tensor '", h.op.tensor_name, "' iteration ", h.op.iteration,
+                               " waited ", timeout.count(), " ms for ", what))] { done(s); });
+          it = held.erase(it);
+        }
+      };
+      expire(job->waiting, "the job's tensor fusion list from worker rank 0");
+      expire(job->undecided, "worker rank 0's tensor fusion decision");
+      std::vector<uint64_t> expired;
+      for (const auto& [index, f] : job->fused) {
+        if (!f.launched && now - f.since > timeout) expired.push_back(index);
+      }
+      for (uint64_t index : expired) {
+        const Fused& f = job->fused[index];
+        std::string present;
+        for (const auto& op : f.ops) {
+          if (op) absl::StrAppend(&present, present.empty() ? "" : ", ", "'", op->tensor_name, "'");
+        }
+        FailFusedLocked(
+            job_id, *job, index,
+            absl::DeadlineExceededError(absl::StrCat(
+                "fused collective ", index, " of job ", job_id, ": only ", f.present, " of its ",
+                f.ops.size(), " tensors (", present,
+                ") were submitted on this node within the job's op timeout (", timeout.count(),
+                " ms) after worker rank 0 fused them; every node must submit the same "
+                "collectives")),
+            after);
+      }
+    }
+  }
+  Run(after);
+  inner_->Tick();
+}
+
+void FusingRunner::Shutdown() {
+  After after;
+  {
+    std::lock_guard lock(mu_);
+    shut_down_ = true;
+    for (auto& [job_id, job] : jobs_) {
+      ResetLocked(*job, absl::UnavailableError("the agent is shutting down"), after);
+    }
+  }
+  timer_cv_.notify_all();
+  if (timer_.joinable()) timer_.join();
+  Run(after);
+  inner_->Shutdown();
+}
+
+}  // namespace tributary::agent

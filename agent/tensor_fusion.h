@@ -1,0 +1,226 @@
+// Tensor fusion (Horovod's fusion buffer, decided by one node like Horovod's coordinator): small
+// all-reduces that a job submits close together run as one collective, packed into one buffer per
+// local process and unpacked on completion; every tensor keeps its exact result and its own
+// completion.
+//
+// Which tensors may fuse. Worker rank 0 (the leader) watches the job's first iteration -- every
+// operation started before the first one of iteration >= 1 -- and picks the all-reduces that
+// had a partner to fuse with (PlanFusionGroups). At its first operation of iteration >= 1 every
+// worker node joins one broadcast of that list from the leader (kFusionPlanTensor), and from
+// iteration kFirstFusedIteration on, those tensors are fusable on every node (when their count,
+// dtype and reduction are the listed ones: the same test on every node). A node that reaches
+// iteration kFirstFusedIteration before the list has arrived holds its operations until it does
+// (at most the job's op timeout); a list that fails to arrive turns fusion off on that node.
+// Everything else runs as it is, at once.
+//
+// Which fuse together: the leader decides, from what it holds. It collects its fusable operations
+// into a group until the group reaches fusion_bytes or kMaxGroupMembers, or its first member has
+// waited one cycle (the job's fusion_cycle; automatic: the median time of the leader's first-
+// iteration all-reduces, within [kMinFusionCycle, kMaxFusionCycle]); then it broadcasts decision
+// k -- the members' (tensor, iteration) -- to the other worker nodes (kFusionDecisionTensor,
+// iteration k) and runs fused collective k (FusedName(k), iteration k / kFusedNames). A follower
+// holds each fusable operation until a decision names it, keeping one decision broadcast
+// posted while it holds any; fused collective k runs there once every member it names has been
+// submitted. The leader only groups operations it has, and every node submits the same
+// collectives, so no node waits for a tensor that will not come.
+//
+// Failures reach every member with the fused operation's status unchanged (a plan epoch
+// included, so that a retry of the iteration is grouped again). A member aborted, or waiting past
+// the job's op timeout, fails its fused collective on this node and aborts it for the others: an
+// error to everyone, never a hang.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "agent/collective_runner.h"
+#include "common/clock.h"
+
+namespace tributary::agent {
+
+inline constexpr char kFusionPlanTensor[] = "__tributary/fusion-plan";
+inline constexpr char kFusionDecisionTensor[] = "__tributary/fusion-decision";
+inline constexpr char kFusedTensorPrefix[] = "__tributary/fused/";
+// Fused collective k runs as tensor kFusedTensorPrefix + (k % kFusedNames), iteration
+// k / kFusedNames: its home server (push/pull's chunk 0) rotates over the summation servers.
+inline constexpr uint64_t kFusedNames = 64;
+inline constexpr size_t kFusionDecisionWords = 512;  // 4 KiB
+inline constexpr size_t kMaxGroupMembers = (kFusionDecisionWords - 5) / 2;
+// Tensor names starting with this are the agent's own (LocalService refuses them).
+inline constexpr char kReservedTensorPrefix[] = "__tributary/";
+inline constexpr uint64_t kFirstFusedIteration = 2;
+inline constexpr size_t kFusionPlanWords = 8192;  // 64 KiB
+// The automatic cycle's bounds.
+inline constexpr std::chrono::microseconds kMinFusionCycle{100};
+inline constexpr std::chrono::microseconds kMaxFusionCycle{10000};
+
+// One all-reduce of the leader's first iteration, in start order.
+struct ObservedOp {
+  uint64_t name_hash = 0;  // common::StableHash64 of the tensor name
+  uint64_t count = 0;
+  common::DataType dtype = common::DataType::kFloat32;
+  dataplane::Reduction reduction = dataplane::Reduction::kSum;
+  bool eligible = true;  // an all-reduce without staged input, not the job's first tensor
+  common::Clock::TimePoint started{};
+  uint64_t start_seq = 0;            // order of starts and completions, one counter
+  std::optional<uint64_t> done_seq;  // unset: not complete when the plan was made
+  std::optional<double> seconds;     // start to completion
+};
+
+struct FusionMember {
+  uint64_t name_hash = 0;
+  uint64_t count = 0;
+  friend bool operator==(const FusionMember&, const FusionMember&) = default;
+};
+
+struct FusionGroup {
+  common::DataType dtype = common::DataType::kFloat32;
+  dataplane::Reduction reduction = dataplane::Reduction::kSum;
+  std::vector<FusionMember> members;  // in the leader's start order; >= 2
+  friend bool operator==(const FusionGroup&, const FusionGroup&) = default;
+};
+
+// Cuts the leader's first iteration into groups: consecutive eligible all-reduces (others in
+// between do not break a group) of one dtype and reduction, each smaller than `fusion_bytes`,
+// together at most `fusion_bytes`, started within `cycle` of the group's first, and every one
+// started before any of the group completed (a process that waits for one tensor before it
+// submits the next must never find them fused). A tensor seen twice is left out; groups of one
+// are dropped. `cycle` 0: the median time of the eligible operations that completed, within
+// [kMinFusionCycle, kMaxFusionCycle] (kMinFusionCycle when none did). Pure.
+std::vector<FusionGroup> PlanFusionGroups(std::span<const ObservedOp> observed,
+                                          uint64_t fusion_bytes, std::chrono::microseconds cycle);
+
+// The cycle PlanFusionGroups uses: `cycle`, or (0) the median time of the eligible operations
+// that completed, within [kMinFusionCycle, kMaxFusionCycle] (kMinFusionCycle when none did).
+std::chrono::microseconds ResolveFusionCycle(std::span<const ObservedOp> observed,
+                                             std::chrono::microseconds cycle);
+
+// The plan as kFusionPlanWords int64 words (groups that do not fit are left out), and back.
+// DecodeFusionPlan validates everything: INVALID_ARGUMENT naming what is wrong.
+std::vector<int64_t> EncodeFusionPlan(const std::vector<FusionGroup>& groups);
+absl::StatusOr<std::vector<FusionGroup>> DecodeFusionPlan(std::span<const int64_t> words);
+
+// One decision of the leader: fused collective `index` of the job's generation carries these
+// members, in this order.
+struct FusionDecision {
+  uint64_t index = 0;
+  common::DataType dtype = common::DataType::kFloat32;
+  dataplane::Reduction reduction = dataplane::Reduction::kSum;
+  struct Member {
+    uint64_t name_hash = 0;
+    uint64_t iteration = 0;
+    friend bool operator==(const Member&, const Member&) = default;
+  };
+  std::vector<Member> members;  // 1 to kMaxGroupMembers
+  friend bool operator==(const FusionDecision&, const FusionDecision&) = default;
+};
+std::vector<int64_t> EncodeFusionDecision(const FusionDecision& decision);
+absl::StatusOr<FusionDecision> DecodeFusionDecision(std::span<const int64_t> words);
+
+// "__tributary/fused/<k % kFusedNames>".
+std::string FusedName(uint64_t index);
+
+// A CollectiveRunner that fuses small all-reduces of the jobs whose view has fusion_bytes > 0
+// and passes everything else to `inner`. Thread-safe; `done` callbacks run without its lock.
+class FusingRunner final : public CollectiveRunner {
+ public:
+  struct Options {
+    // A thread closes the leader's groups when their cycle ends. Off: only FlushExpiredGroups
+    // does (tests, with a FakeClock).
+    bool timer_thread = true;
+  };
+  struct Stats {
+    uint64_t fused_operations = 0;  // fused collectives started
+    uint64_t fused_tensors = 0;     // member operations they carried
+    uint64_t plans_adopted = 0;     // fusable-tensor lists received
+    uint64_t decisions = 0;         // decisions made (leader) or received (follower)
+  };
+
+  FusingRunner(std::unique_ptr<CollectiveRunner> inner, const common::Clock* clock,
+               Options options);
+  FusingRunner(std::unique_ptr<CollectiveRunner> inner, const common::Clock* clock)
+      : FusingRunner(std::move(inner), clock, Options()) {}
+  ~FusingRunner() override;
+
+  CollectiveRunner& inner() { return *inner_; }
+  Stats stats() const;
+  // The groups of the job's fusable-tensor list (empty until it arrived).
+  std::vector<FusionGroup> groups(const std::string& job_id) const;
+  // Closes the leader's groups whose cycle has ended (the timer thread calls it).
+  void FlushExpiredGroups();
+
+  void SetJob(const dataplane::JobView& view, dataplane::Algorithm algorithm) override;
+  void RemoveJob(const std::string& job_id) override;
+  absl::Status Start(const std::string& job_id, dataplane::Operation op) override;
+  void StagedInputAdvanced(const std::string& job_id, const std::string& tensor,
+                           uint64_t iteration) override;
+  void Abort(const std::string& job_id, const std::string& tensor, uint64_t iteration,
+             const absl::Status& reason) override;
+  void Tick() override;
+  std::map<std::string, JobObservation> TakeObservations() override {
+    return inner_->TakeObservations();
+  }
+  uint64_t bytes_sent() const override { return inner_->bytes_sent(); }
+  uint64_t bytes_received() const override { return inner_->bytes_received(); }
+  void SetPlanMissingCallback(std::function<void()> callback) override {
+    inner_->SetPlanMissingCallback(std::move(callback));
+  }
+  void Shutdown() override;
+
+ private:
+  struct Job;
+  // Work decided under mu_ and run after it is released (inner calls, `done` callbacks).
+  using After = std::vector<std::function<void()>>;
+
+  // Takes `op` (taken = true) or leaves it to be passed through (taken = false).
+  void StartLocked(const std::string& job_id, Job& job, dataplane::Operation& op, bool& taken,
+                   After& after);
+  void PostPlanLocked(const std::string& job_id, Job& job, After& after);
+  void OnPlan(const std::string& job_id, uint64_t generation, const absl::Status& status,
+              std::shared_ptr<std::vector<std::vector<int64_t>>> buffers);
+  // Leader: closes the open group (decision, fused collective).
+  void CloseGroupLocked(const std::string& job_id, Job& job, After& after);
+  // Follower: posts the next decision's broadcast unless one is posted or nothing waits for it.
+  void MaybePostDecisionLocked(const std::string& job_id, Job& job, After& after);
+  void OnDecision(const std::string& job_id, uint64_t generation, uint64_t index,
+                  const absl::Status& status,
+                  std::shared_ptr<std::vector<std::vector<int64_t>>> buffers);
+  // Decision `index` is known here: takes its members from the undecided operations.
+  void AdoptDecisionLocked(const std::string& job_id, Job& job, const FusionDecision& decision,
+                           After& after);
+  // Launches fused collective `index` if every member is there.
+  void MaybeLaunchLocked(const std::string& job_id, Job& job, uint64_t index, After& after);
+  // Fails fused collective `index` on this node with `reason` and aborts it for the others.
+  void FailFusedLocked(const std::string& job_id, Job& job, uint64_t index,
+                       const absl::Status& reason, After& after);
+  void ResetLocked(Job& job, const absl::Status& reason, After& after);
+  void FlushExpiredLocked(After& after);
+  void TimerLoop();
+  static void Run(After& after);
+
+  const common::Clock* clock_;
+  mutable std::mutex mu_;
+  std::condition_variable timer_cv_;
+  std::map<std::string, std::unique_ptr<Job>> jobs_;  // guarded by mu_
+  uint64_t seq_ = 0;                                  // guarded by mu_
+  Stats stats_;                                       // guarded by mu_
+  bool shut_down_ = false;                            // guarded by mu_
+  std::thread timer_;
+  // Last: destroyed first, while the operations it fails can still reach the state above.
+  std::unique_ptr<CollectiveRunner> inner_;
+};
+
+}  // namespace tributary::agent

@@ -1,0 +1,506 @@
+// Tensor fusion (agent/tensor_fusion.h): the leader's grouping, the plan's encoding, and N real
+// data planes (TCP on loopback) behind FusingRunner: exact results per tensor, the same groups on
+// every node, no fusion of tensors a process waits for one by one, and every failure of a fused
+// group an error to every node, never a hang.
+#include "agent/tensor_fusion.h"
+
+#include <algorithm>
+#include <chrono>
+#include <future>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "agent/data_plane_runner.h"
+#include "agent/fake_collective_runner.h"
+#include "common/clock.h"
+#include "common/hash.h"
+#include "dataplane/schedule/chunk_map.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "prometheus/registry.h"
+
+namespace tributary::agent {
+namespace {
+
+using common::DataType;
+using dataplane::Reduction;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::SizeIs;
+using namespace std::chrono_literals;
+
+uint64_t H(const std::string& name) { return common::StableHash64(name); }
+
+// One observed all-reduce of `count` float32, started at `at_us`, as the seq-th event.
+ObservedOp Seen(const std::string& name, uint64_t count, int at_us, uint64_t start_seq,
+                std::optional<uint64_t> done_seq = std::nullopt,
+                Reduction reduction = Reduction::kSum, DataType dtype = DataType::kFloat32) {
+  ObservedOp o;
+  o.name_hash = H(name);
+  o.count = count;
+  o.dtype = dtype;
+  o.reduction = reduction;
+  o.started = common::Clock::TimePoint(std::chrono::microseconds(at_us));
+  o.start_seq = start_seq;
+  o.done_seq = done_seq;
+  return o;
+}
+
+std::vector<uint64_t> Members(const FusionGroup& g) {
+  std::vector<uint64_t> out;
+  for (const FusionMember& m : g.members) out.push_back(m.name_hash);
+  return out;
+}
+
+TEST(PlanFusionGroupsTest, CutsConsecutiveSmallTensorsBySizeDtypeAndReduction) {
+  std::vector<ObservedOp> seen = {
+      Seen("a", 100, 0, 1),
+      Seen("b", 100, 1, 2),
+      Seen("big", 1 << 20, 2, 3),  // too large: not fused, does not break the group
+      Seen("c", 100, 3, 4),
+      Seen("d", 200, 4, 5),  // 400 + 400 + 400 + 800 > 1600: d starts anew
+      Seen("e", 100, 5, 6),
+      Seen("f", 10, 6, 7, std::nullopt, Reduction::kAverage),
+      Seen("g", 10, 7, 8, std::nullopt, Reduction::kAverage),
+      Seen("h", 10, 8, 9, std::nullopt, Reduction::kAverage, DataType::kFloat64),
+  };
+  const std::vector<FusionGroup> groups = PlanFusionGroups(seen, 1600, 1000us);
+  ASSERT_THAT(groups, SizeIs(3));
+  EXPECT_THAT(Members(groups[0]), ElementsAre(H("a"), H("b"), H("c")));
+  EXPECT_THAT(Members(groups[1]), ElementsAre(H("d"), H("e")));
+  EXPECT_THAT(Members(groups[2]), ElementsAre(H("f"), H("g")));  // h: another dtype, alone
+  EXPECT_EQ(groups[2].reduction, Reduction::kAverage);
+  EXPECT_EQ(groups[0].members[0].count, 100u);
+}
+
+TEST(PlanFusionGroupsTest, AGroupSpansAtMostOneCycleFromItsFirstTensor) {
+  std::vector<ObservedOp> seen = {Seen("a", 1, 0, 1), Seen("b", 1, 400, 2), Seen("c", 1, 900, 3),
+                                  Seen("d", 1, 1100, 4), Seen("e", 1, 1500, 5)};
+  const std::vector<FusionGroup> groups = PlanFusionGroups(seen, 1 << 20, 1000us);
+  ASSERT_THAT(groups, SizeIs(2));
+  EXPECT_THAT(Members(groups[0]), ElementsAre(H("a"), H("b"), H("c")));
+  EXPECT_THAT(Members(groups[1]), ElementsAre(H("d"), H("e")));
+}
+
+TEST(PlanFusionGroupsTest, NeverFusesATensorWithOneSubmittedAfterItCompleted) {
+  // a completes (event 3) before c starts (event 4): a process that waits for a before it
+  // submits c would never get a's result if they were fused.
+  std::vector<ObservedOp> seen = {Seen("a", 1, 0, 1, 3), Seen("b", 1, 1, 2, 6),
+                                  Seen("c", 1, 2, 4, 7), Seen("d", 1, 3, 5)};
+  const std::vector<FusionGroup> groups = PlanFusionGroups(seen, 1 << 20, 1000us);
+  ASSERT_THAT(groups, SizeIs(2));
+  EXPECT_THAT(Members(groups[0]), ElementsAre(H("a"), H("b")));  // b started before a completed
+  EXPECT_THAT(Members(groups[1]), ElementsAre(H("c"), H("d")));
+}
+
+TEST(PlanFusionGroupsTest, LeavesOutIneligibleAndRepeatedTensorsAndSingletons) {
+  ObservedOp staged = Seen("s", 1, 1, 2);
+  staged.eligible = false;
+  std::vector<ObservedOp> seen = {Seen("a", 1, 0, 1), staged, Seen("twice", 1, 2, 3),
+                                  Seen("twice", 1, 3, 4),
+                                  Seen("bcast", 1, 4, 5, std::nullopt, Reduction::kBroadcast)};
+  EXPECT_THAT(PlanFusionGroups(seen, 1 << 20, 1000us), IsEmpty());  // a alone
+}
+
+TEST(PlanFusionGroupsTest, TheAutomaticCycleIsTheMedianTimeWithinItsBounds) {
+  // Median 2 ms: b (1.5 ms after a) joins, c (2.5 ms) does not.
+  std::vector<ObservedOp> seen = {Seen("a", 1, 0, 1, 10), Seen("b", 1, 1500, 2, 11),
+                                  Seen("c", 1, 2500, 3, 12), Seen("d", 1, 2600, 4, 13)};
+  seen[0].seconds = 0.001;
+  seen[1].seconds = 0.002;
+  seen[2].seconds = 0.003;
+  std::vector<FusionGroup> groups = PlanFusionGroups(seen, 1 << 20, 0us);
+  ASSERT_THAT(groups, SizeIs(2));
+  EXPECT_THAT(Members(groups[0]), ElementsAre(H("a"), H("b")));
+  // Nothing completed: kMinFusionCycle (100 us).
+  for (ObservedOp& o : seen) o.seconds.reset();
+  groups = PlanFusionGroups(seen, 1 << 20, 0us);
+  ASSERT_THAT(groups, SizeIs(1));
+  EXPECT_THAT(Members(groups[0]), ElementsAre(H("c"), H("d")));
+}
+
+TEST(FusionPlanCodingTest, RoundTripsAndRejectsMalformedPlans) {
+  std::vector<FusionGroup> groups(2);
+  groups[0].members = {{H("a"), 3}, {H("b"), 5}};
+  groups[1].dtype = DataType::kBFloat16;
+  groups[1].reduction = Reduction::kAverage;
+  groups[1].members = {{H("c"), 1}, {H("d"), 2}, {H("e"), 9}};
+  std::vector<int64_t> words = EncodeFusionPlan(groups);
+  ASSERT_EQ(words.size(), kFusionPlanWords);
+  absl::StatusOr<std::vector<FusionGroup>> back = DecodeFusionPlan(words);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, groups);
+
+  const auto broken = [&](size_t word, int64_t value) {
+    std::vector<int64_t> w = words;
+    w[word] = value;
+    return DecodeFusionPlan(w).status();
+  };
+  EXPECT_THAT(broken(0, 7).message(), HasSubstr("magic"));
+  EXPECT_THAT(broken(1, 2).message(), HasSubstr("version"));
+  EXPECT_THAT(broken(3, 99).message(), HasSubstr("dtype"));
+  EXPECT_THAT(broken(4, static_cast<int64_t>(Reduction::kBroadcast)).message(),
+              HasSubstr("sum or average"));
+  EXPECT_THAT(broken(5, 1).message(), HasSubstr("members"));
+  EXPECT_THAT(broken(7, 0).message(), HasSubstr("elements"));
+  EXPECT_THAT(broken(8, static_cast<int64_t>(H("a"))).message(), HasSubstr("twice"));
+  EXPECT_THAT(broken(2, 1000).message(), HasSubstr("group 2 has unknown dtype 0"));
+  EXPECT_EQ(broken(0, 7).code(), absl::StatusCode::kInvalidArgument);
+
+  // Groups that do not fit are left out, never cut.
+  std::vector<FusionGroup> many(1);
+  for (uint64_t m = 0; m < kFusionPlanWords; ++m) many[0].members.push_back({m + 1, 1});
+  back = DecodeFusionPlan(EncodeFusionPlan(many));
+  ASSERT_TRUE(back.ok());
+  EXPECT_THAT(*back, IsEmpty());
+}
+
+// --- N data planes behind FusingRunner ---
+
+constexpr char kJob[] = "fusion-job";
+
+struct Tensor {
+  std::string name;
+  uint64_t count;
+  Reduction reduction = Reduction::kSum;
+};
+
+// N DataPlaneRunners (TCP on loopback) behind FusingRunners on one FakeClock, without the timer
+// thread: the leader's groups close only when the test moves the clock and flushes them
+// (Await).
+class FusionCluster {
+ public:
+  FusionCluster(int nodes, dataplane::Algorithm algorithm, uint64_t fusion_bytes) {
+    dataplane::JobView view;
+    view.job_id = kJob;
+    view.plan_version = 1;
+    view.procs_per_node = 1;
+    view.partition_bytes = 4096;
+    view.tune_partition = false;
+    view.credit_bytes = 1 << 20;
+    view.op_timeout = 20s;
+    view.secret = "0123456789abcdef0123456789abcdef";
+    view.fusion_bytes = fusion_bytes;
+    FusingRunner::Options options;
+    options.timer_thread = false;
+    for (int i = 0; i < nodes; ++i) {
+      DataPlaneRunner::Options data_plane;
+      data_plane.transport = DataPlaneTransport::kTcp;
+      data_plane.reducer_threads = 1;
+      absl::StatusOr<std::unique_ptr<DataPlaneRunner>> runner =
+          DataPlaneRunner::Create(data_plane, registry_, common::SystemClock::Get());
+      EXPECT_TRUE(runner.ok()) << runner.status();
+      view.worker_addresses.push_back((*runner)->address());
+      view.server_addresses.push_back((*runner)->address());
+      const uint64_t share = dataplane::ChunkMap::kWeightTotal / nodes;
+      view.server_weights.push_back(
+          i == nodes - 1 ? dataplane::ChunkMap::kWeightTotal - share * (nodes - 1) : share);
+      runners_.push_back(std::make_unique<FusingRunner>(*std::move(runner), &clock_, options));
+    }
+    for (int i = 0; i < nodes; ++i) {
+      view.my_worker_rank = i;
+      view.my_server_index = i;
+      runners_[i]->SetJob(view, algorithm);
+    }
+  }
+  ~FusionCluster() {
+    for (auto& r : runners_) r->Shutdown();
+  }
+
+  int size() const { return static_cast<int>(runners_.size()); }
+  FusingRunner& node(int i) { return *runners_[i]; }
+  common::FakeClock& clock() { return clock_; }
+
+  // Node i's input of tensor t: exact in float32, and averages over 4 nodes exact too.
+  static float Input(int node, size_t tensor, uint64_t e, uint64_t iteration) {
+    return static_cast<float>((node + 1) * 4 + tensor * 3 + e % 5 + iteration);
+  }
+
+  // Starts (tensor t, iteration) on node i; the future holds its status, and `out` the result.
+  std::future<absl::Status> Start(int i, size_t t, const Tensor& tensor, uint64_t iteration,
+                                  std::vector<float>& out) {
+    out.assign(tensor.count, 0);
+    for (uint64_t e = 0; e < tensor.count; ++e) out[e] = Input(i, t, e, iteration);
+    auto promise = std::make_shared<std::promise<absl::Status>>();
+    std::future<absl::Status> future = promise->get_future();
+    dataplane::Operation op;
+    op.tensor_name = tensor.name;
+    op.iteration = iteration;
+    op.dtype = DataType::kFloat32;
+    op.count = tensor.count;
+    op.reduction = tensor.reduction;
+    op.buffers = {reinterpret_cast<std::byte*>(out.data())};
+    op.priority = static_cast<int32_t>(t);
+    op.done = [promise](absl::Status s) { promise->set_value(std::move(s)); };
+    absl::Status started = runners_[i]->Start(kJob, std::move(op));
+    if (!started.ok()) promise->set_value(started);
+    return future;
+  }
+
+  // Waits for `f` (at most 30 s), closing the leader's groups meanwhile: every 1 ms the clock
+  // moves by the automatic cycle's upper bound and the leader flushes.
+  absl::Status Await(std::future<absl::Status>& f) {
+    for (int i = 0; i < 30000; ++i) {
+      if (f.wait_for(1ms) == std::future_status::ready) return f.get();
+      clock_.Advance(kMaxFusionCycle);
+      runners_[0]->FlushExpiredGroups();
+    }
+    return absl::DeadlineExceededError("the collective did not complete within 30 s");
+  }
+
+  // Every element of node i's result of tensor t.
+  size_t CountWrong(size_t t, const Tensor& tensor, uint64_t iteration,
+                    const std::vector<float>& result) const {
+    size_t wrong = 0;
+    for (uint64_t e = 0; e < tensor.count; ++e) {
+      float sum = 0;
+      for (int i = 0; i < static_cast<int>(runners_.size()); ++i) sum += Input(i, t, e, iteration);
+      const float expected =
+          tensor.reduction == Reduction::kAverage ? sum / static_cast<float>(runners_.size()) : sum;
+      wrong += result[e] != expected ? 1 : 0;
+    }
+    return wrong;
+  }
+
+ private:
+  prometheus::Registry registry_;
+  common::FakeClock clock_;
+  std::vector<std::unique_ptr<FusingRunner>> runners_;
+};
+
+const std::vector<Tensor> kModel = {{"first", 16},
+                                    {"a", 100},
+                                    {"b", 33},
+                                    {"c", 1000},
+                                    {"big", 40000},  // 160 KB: never
+                                    {"d", 8, Reduction::kAverage},
+                                    {"e", 24, Reduction::kAverage},
+                                    {"f", 5}};
+
+// Every node submits the iteration's tensors (`which`, default all) before waiting; node
+// `reversed` in reverse order; nodes from the last to the first when `followers_first`.
+// Returns the wrong elements over all nodes and tensors.
+size_t RunIteration(FusionCluster& cluster, const std::vector<Tensor>& model, uint64_t iteration,
+                    int reversed = -1, bool followers_first = false,
+                    std::vector<size_t> which = {}) {
+  if (which.empty()) {
+    for (size_t t = 0; t < model.size(); ++t) which.push_back(t);
+  }
+  const int n = cluster.size();
+  std::vector<std::vector<std::vector<float>>> out(n,
+                                                   std::vector<std::vector<float>>(model.size()));
+  std::vector<std::vector<std::future<absl::Status>>> futures(n);
+  for (int k = 0; k < n; ++k) {
+    const int i = followers_first ? n - 1 - k : k;
+    futures[i].resize(model.size());
+    for (size_t j = 0; j < which.size(); ++j) {
+      const size_t t = which[i == reversed ? which.size() - 1 - j : j];
+      futures[i][t] = cluster.Start(i, t, model[t], iteration, out[i][t]);
+    }
+  }
+  size_t wrong = 0;
+  for (int i = 0; i < n; ++i) {
+    for (size_t t : which) {
+      absl::Status s = cluster.Await(futures[i][t]);
+      EXPECT_TRUE(s.ok()) << "node " << i << " " << model[t].name << " iteration " << iteration
+                          << ": " << s;
+      if (s.ok()) wrong += cluster.CountWrong(t, model[t], iteration, out[i][t]);
+    }
+  }
+  return wrong;
+}
+
+TEST(FusingRunnerTest, EveryNodeRunsTheLeadersDecisionsWithExactResults) {
+  for (dataplane::Algorithm algorithm :
+       {dataplane::Algorithm::kRing, dataplane::Algorithm::kPushPull}) {
+    FusionCluster cluster(4, algorithm, 64 << 10);
+    for (uint64_t it = 0; it < 5; ++it) {
+      EXPECT_EQ(RunIteration(cluster, kModel, it, /*reversed=*/it >= 1 ? 2 : -1,
+                             /*followers_first=*/it == 3),
+                0u)
+          << "iteration " << it;
+    }
+    for (int i = 0; i < cluster.size(); ++i) {
+      // The fusable list: "first" marks iterations, "big" is too large, d and e average, f has
+      // no partner.
+      const std::vector<FusionGroup> groups = cluster.node(i).groups(kJob);
+      ASSERT_THAT(groups, SizeIs(2)) << "node " << i;
+      EXPECT_THAT(Members(groups[0]), ElementsAre(H("a"), H("b"), H("c")));
+      EXPECT_THAT(Members(groups[1]), ElementsAre(H("d"), H("e")));
+      const FusingRunner::Stats stats = cluster.node(i).stats();
+      EXPECT_EQ(stats.plans_adopted, 1u);
+      // Iterations 2, 3 and 4: every fusable tensor in some fused collective, at least two a
+      // time (a, b, c and d, e never share one: another reduction).
+      EXPECT_EQ(stats.fused_tensors, 5u * 3) << "node " << i;
+      EXPECT_GE(stats.fused_operations, 2u * 3) << "node " << i;
+      EXPECT_EQ(stats.decisions, stats.fused_operations) << "node " << i;
+    }
+  }
+}
+
+TEST(FusingRunnerTest, FusionOffRunsEveryTensorAlone) {
+  FusionCluster cluster(3, dataplane::Algorithm::kRing, 0);
+  for (uint64_t it = 0; it < 4; ++it) EXPECT_EQ(RunIteration(cluster, kModel, it), 0u);
+  EXPECT_EQ(cluster.node(0).stats().fused_operations, 0u);
+  EXPECT_EQ(cluster.node(0).stats().plans_adopted, 0u);
+}
+
+// The leader groups only what it holds: a fusable tensor that later comes alone, or with other
+// partners, runs (fused with what came), never waits for partners that do not come.
+TEST(FusingRunnerTest, AFusableTensorThatComesAloneRunsWithoutItsPartners) {
+  FusionCluster cluster(3, dataplane::Algorithm::kRing, 64 << 10);
+  for (uint64_t it = 0; it < 2; ++it) ASSERT_EQ(RunIteration(cluster, kModel, it), 0u);
+  ASSERT_EQ(RunIteration(cluster, kModel, 2, -1, false, {1}), 0u);          // a alone
+  ASSERT_EQ(RunIteration(cluster, kModel, 2, -1, true, {2, 5}), 0u);        // b and d
+  ASSERT_EQ(RunIteration(cluster, kModel, 3, 1, false, {0, 3, 6, 7}), 0u);  // c, e (+ others)
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(cluster.node(i).stats().fused_tensors, 5u);  // a; b; d; c; e
+}
+
+// A process that waits for each tensor before it submits the next: fusing them would cost a
+// cycle each, so they are not on the list.
+TEST(FusingRunnerTest, TensorsAwaitedOneByOneAreNeverFused) {
+  FusionCluster cluster(3, dataplane::Algorithm::kRing, 64 << 10);
+  for (uint64_t it = 0; it < 4; ++it) {
+    for (size_t t = 0; t < 4; ++t) {
+      std::vector<std::vector<float>> out(3);
+      std::vector<std::future<absl::Status>> futures;
+      for (int i = 0; i < 3; ++i) futures.push_back(cluster.Start(i, t, kModel[t], it, out[i]));
+      for (int i = 0; i < 3; ++i) {
+        absl::Status s = cluster.Await(futures[i]);
+        ASSERT_TRUE(s.ok()) << kModel[t].name << " iteration " << it << ": " << s;
+        EXPECT_EQ(cluster.CountWrong(t, kModel[t], it, out[i]), 0u);
+      }
+    }
+  }
+  EXPECT_THAT(cluster.node(1).groups(kJob), IsEmpty());
+  EXPECT_EQ(cluster.node(1).stats().plans_adopted, 1u);
+  EXPECT_EQ(cluster.node(1).stats().fused_operations, 0u);
+}
+
+// Runs iterations 0 and 1, then starts iteration 2's fusable tensors a, b, c on every node but
+// the `skip` ones on `skip_node`.
+struct Iteration2 {
+  std::vector<std::vector<std::vector<float>>> out;
+  std::vector<std::vector<std::future<absl::Status>>> futures;
+};
+const std::vector<Tensor> kSmall = {{"first", 4}, {"a", 10}, {"b", 20}, {"c", 30}};
+
+void StartIteration2(FusionCluster& cluster, Iteration2& run, int skip_node,
+                     const std::vector<size_t>& skip) {
+  for (uint64_t it = 0; it < 2; ++it) ASSERT_EQ(RunIteration(cluster, kSmall, it), 0u);
+  const int n = cluster.size();
+  run.out.assign(n, std::vector<std::vector<float>>(kSmall.size()));
+  run.futures.resize(n);
+  for (int i = 0; i < n; ++i) {
+    for (size_t t = 1; t < kSmall.size(); ++t) {
+      if (i == skip_node && std::count(skip.begin(), skip.end(), t)) continue;
+      run.futures[i].push_back(cluster.Start(i, t, kSmall[t], 2, run.out[i][t]));
+    }
+  }
+  ASSERT_THAT(cluster.node(0).groups(kJob), SizeIs(1));
+}
+
+TEST(FusingRunnerTest, AMemberMissingPastTheDeadlineFailsItsCollectiveOnEveryNode) {
+  FusionCluster cluster(3, dataplane::Algorithm::kRing, 64 << 10);
+  Iteration2 run;
+  StartIteration2(cluster, run, /*skip_node=*/2, {2});  // node 2 never submits b
+  // The leader decides a, b, c; node 1 runs them; node 2 waits for b.
+  cluster.clock().Advance(kMaxFusionCycle);
+  cluster.node(0).FlushExpiredGroups();
+  EXPECT_EQ(run.futures[2][0].wait_for(100ms), std::future_status::timeout);
+  cluster.node(2).Tick();
+  EXPECT_EQ(run.futures[2][0].wait_for(0s), std::future_status::timeout);  // within the deadline
+  cluster.clock().Advance(21s);
+  cluster.node(2).Tick();
+  absl::Status s = cluster.Await(run.futures[2][0]);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_THAT(s.message(), HasSubstr("only 2 of its 3 tensors ('a', 'c')"));
+  for (int i = 0; i < 2; ++i) {
+    for (auto& future : run.futures[i]) {
+      absl::Status other = cluster.Await(future);
+      EXPECT_FALSE(other.ok()) << "node " << i;
+      EXPECT_THAT(other.message(), HasSubstr("only 2 of its 3")) << "node " << i;
+    }
+  }
+}
+
+TEST(FusingRunnerTest, AnAbortedMemberFailsItsCollectiveOnEveryNode) {
+  for (int aborting : {0, 1}) {  // the leader, a follower
+    FusionCluster cluster(3, dataplane::Algorithm::kRing, 64 << 10);
+    Iteration2 run;
+    StartIteration2(cluster, run, aborting, {2, 3});  // the aborting node has only a
+    cluster.node(aborting).Abort(kJob, "a", 2, absl::CancelledError("a process gave up"));
+    for (int i = 0; i < 3; ++i) {
+      absl::Status s = cluster.Await(run.futures[i][0]);
+      EXPECT_THAT(s.message(), HasSubstr("a process gave up"))
+          << "aborting " << aborting << " node " << i;
+    }
+    if (aborting == 0) {
+      // The leader decided a alone: b and c of the others wait for a decision until their
+      // deadline.
+      cluster.clock().Advance(21s);
+      for (int i = 1; i < 3; ++i) cluster.node(i).Tick();
+    }
+    for (int i = 0; i < 3; ++i) {
+      if (i == aborting) continue;
+      for (size_t t = 1; t < run.futures[i].size(); ++t) {
+        absl::Status s = cluster.Await(run.futures[i][t]);
+        EXPECT_THAT(s.message(), HasSubstr(aborting == 0 ? "fusion decision" : "a process gave up"))
+            << "aborting " << aborting << " node " << i << " tensor " << t;
+      }
+    }
+  }
+}
+
+// Before the plan has arrived, an operation of iteration >= 2 waits for it (here: forever, as
+// no other node joins the plan's broadcast), and fails at the job's deadline.
+TEST(FusingRunnerTest, AnOperationWaitingForThePlanFailsAtTheDeadline) {
+  auto fake = std::make_unique<FakeCollectiveRunner>();
+  FakeCollectiveRunner* inner = fake.get();
+  common::FakeClock clock;
+  FusingRunner::Options options;
+  options.timer_thread = false;
+  FusingRunner runner(std::move(fake), &clock, options);
+  dataplane::JobView view;
+  view.job_id = kJob;
+  view.worker_addresses = {"n0", "n1"};
+  view.my_worker_rank = 1;
+  view.op_timeout = 5s;
+  view.fusion_bytes = 1 << 16;
+  runner.SetJob(view, dataplane::Algorithm::kRing);
+  std::vector<absl::Status> results;
+  const auto op = [&](const std::string& name, uint64_t iteration) {
+    dataplane::Operation o;
+    o.tensor_name = name;
+    o.iteration = iteration;
+    o.count = 1;
+    o.done = [&results](absl::Status s) { results.push_back(s); };
+    return o;
+  };
+  ASSERT_TRUE(runner.Start(kJob, op("x", 0)).ok());
+  ASSERT_TRUE(runner.Start(kJob, op("x", 1)).ok());  // posts the plan's broadcast
+  ASSERT_EQ(inner->num_starts(), 3u);
+  EXPECT_EQ(inner->start(1).op.tensor_name, kFusionPlanTensor);
+  EXPECT_EQ(inner->start(1).op.reduction, Reduction::kBroadcast);
+  ASSERT_TRUE(runner.Start(kJob, op("x", 2)).ok());  // held
+  EXPECT_EQ(inner->num_starts(), 3u);
+  clock.Advance(5s);
+  runner.Tick();
+  EXPECT_THAT(results, IsEmpty());
+  clock.Advance(1ms);
+  runner.Tick();
+  ASSERT_THAT(results, SizeIs(1));
+  EXPECT_EQ(results[0].code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(results[0].message(), HasSubstr("fusion list from worker rank 0"));
+  // The broadcast fails: fusion is off, and later operations pass straight through.
+  inner->Complete(1, absl::AbortedError("rank 0 is gone"));
+  ASSERT_TRUE(runner.Start(kJob, op("x", 3)).ok());
+  EXPECT_EQ(inner->num_starts(), 4u);
+  EXPECT_EQ(inner->start(3).op.tensor_name, "x");
+}
+
+}  // namespace
+}  // namespace tributary::agent
