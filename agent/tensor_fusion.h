@@ -6,11 +6,11 @@
 // Which tensors may fuse. Worker rank 0 (the leader) watches the job's first iteration -- every
 // operation started before the first one of iteration >= 1 -- and picks the all-reduces that
 // had a partner to fuse with (PlanFusionGroups). At its first operation of iteration >= 1 every
-// worker node joins one broadcast of that list from the leader (kFusionPlanTensor), and from
-// iteration kFirstFusedIteration on, those tensors are fusable on every node (when their count,
-// dtype and reduction are the listed ones: the same test on every node). A node that reaches
-// iteration kFirstFusedIteration before the list has arrived holds its operations until it does
-// (at most the job's op timeout); a list that fails to arrive turns fusion off on that node.
+// worker node joins one broadcast of that list from the leader (kFusionPlanTensor) and holds its
+// operations of iteration >= kFirstFusedIteration (1) until the list has arrived (at most the
+// job's op timeout); from then on, those tensors are fusable on every node (when their count,
+// dtype and reduction are the listed ones: the same test on every node). A list that fails to
+// arrive turns fusion off on that node.
 // Everything else runs as it is, at once.
 //
 // Which fuse together: the leader decides, from what it holds. It collects its fusable operations
@@ -57,15 +57,15 @@ inline constexpr char kFusedTensorPrefix[] = "__tributary/fused/";
 // Fused collective k runs as tensor kFusedTensorPrefix + (k % kFusedNames), iteration
 // k / kFusedNames: its home server (push/pull's chunk 0) rotates over the summation servers.
 inline constexpr uint64_t kFusedNames = 64;
-inline constexpr size_t kFusionDecisionWords = 512;  // 4 KiB
+inline constexpr size_t kFusionDecisionWords = 128;  // 1 KiB: up to 61 members
 inline constexpr size_t kMaxGroupMembers = (kFusionDecisionWords - 5) / 2;
 // Tensor names starting with this are the agent's own (LocalService refuses them).
 inline constexpr char kReservedTensorPrefix[] = "__tributary/";
-inline constexpr uint64_t kFirstFusedIteration = 2;
-inline constexpr size_t kFusionPlanWords = 8192;  // 64 KiB
+inline constexpr uint64_t kFirstFusedIteration = 1;
+inline constexpr size_t kFusionPlanWords = 2048;  // 16 KiB
 // The automatic cycle's bounds.
 inline constexpr std::chrono::microseconds kMinFusionCycle{100};
-inline constexpr std::chrono::microseconds kMaxFusionCycle{10000};
+inline constexpr std::chrono::microseconds kMaxFusionCycle{2000};
 
 // One all-reduce of the leader's first iteration, in start order.
 struct ObservedOp {

@@ -304,16 +304,20 @@ class Suite:
         return [os.path.join(self.bin, "tributary"), "--controller", self.controller,
                 "--rpc-timeout-ms", "30000"]
 
-    def create_job(self, job, algorithm, k, model_bytes, fixed_partition=False):
+    def create_job(self, job, algorithm, k, model_bytes, fixed_partition=False, fusion=True):
         """Creates a Tributary job over the workers; returns its JSON (plan included).
-        fixed_partition: no online partition tuning (the job keeps the planner's chunk size)."""
+        fixed_partition: no online partition tuning (the job keeps the planner's chunk size).
+        fusion: tensor fusion as the planner sets it (False: --fusion-bytes 0)."""
         workers = ",".join(f"h{i}" for i in range(self.n))
         r = run(self.cli() + ["create-job", job, "--workers", workers, "--procs-per-node", "1",
                               "--spares", str(k), "--algorithm", CLI_ALGORITHM[algorithm],
                               "--model-bytes", str(model_bytes), "--timeout-ms", "300000",
                               "--partition-bytes", str(self.args.partition_bytes),
                               "--credit-bytes", str(self.args.credit_bytes), "--json"] +
-                (["--fixed-partition"] if fixed_partition else []),
+                (["--fixed-partition"] if fixed_partition else []) +
+                (["--fusion-bytes", "0"] if not fusion else
+                 ["--fusion-bytes", str(self.args.fusion_bytes)] if self.args.fusion_bytes
+                 else []),
                 check=False)
         if r.returncode != 0:
             raise RuntimeError(f"create job {job}: {r.stderr.strip()}")
@@ -322,14 +326,14 @@ class Suite:
             f.write(json.dumps(json.loads(r.stdout)) + "\n")
         return r.stdout
 
-    def tributary(self, algorithm, k, piece, fixed_partition=False):
+    def tributary(self, algorithm, k, piece, fixed_partition=False, fusion=True):
         """(result, spares the plan used) of `tributary bench-rank` on every worker."""
         self.counter += 1
         job = f"suite-{algorithm}-{k}-{self.counter}"
         largest = (piece.bytes if isinstance(piece, Workload) else
                    max(int(s) for s in piece.sizes.split(",")))
         spares_used = spares_in_plan(self.create_job(job, algorithm, k, largest,
-                                                     fixed_partition))
+                                                     fixed_partition, fusion))
         what = self.what(piece, peer=False)
         extra = self.extra_bench_rank_args(algorithm, k, piece)
         procs, logs = [], []
@@ -568,9 +572,18 @@ def bert_large_tensors():
     return fwd[::-1]
 
 
+def bert_large_1d_tensors():
+    """The 1-D tensors of BERT-large (biases and LayerNorm parameters: 243 tensors of 4-16 KiB,
+    1.3 MB): the small-tensor regime where per-operation costs, not bandwidth, decide, and where
+    tensor fusion matters (the peers' DDP buckets fuse them into one all-reduce)."""
+    return [(n, c) for n, c in bert_large_tensors() if not n.endswith(".weight") or
+            "LayerNorm" in n]
+
+
 # name -> (tensors, timed iterations, warm-up iterations): BERT-large is 1.3 GB of float32, ~30 s
 # per ring all-reduce at 500 Mbit/s, so it runs once.
-WORKLOADS = {"resnet50": (resnet50_tensors, 3, 1), "bert-large": (bert_large_tensors, 1, 0)}
+WORKLOADS = {"resnet50": (resnet50_tensors, 3, 1), "bert-large": (bert_large_tensors, 1, 0),
+             "bert-large-1d": (bert_large_1d_tensors, 10, 2)}
 
 
 def write_workload(name, folder):
@@ -899,7 +912,8 @@ def main():
     ap.add_argument("--ceiling-streams", type=int, default=1,
                     help="TCP connections per flow of a probe")
     ap.add_argument("--workloads", default="resnet50,bert-large",
-                    help="model workloads to run after the sweep (comma list, or none)")
+                    help="model workloads to run after the sweep (comma list of resnet50, "
+                         "bert-large, bert-large-1d; or none)")
     ap.add_argument("--torch-iterations", default="none", choices=["none", "resnet50"],
                     help="after the workloads: real PyTorch training iterations of this "
                          "torchvision model (CPU compute, random data) with "
@@ -913,12 +927,15 @@ def main():
                     help="Tributary jobs' partition size (0: the planner's choice)")
     ap.add_argument("--credit-bytes", type=int, default=0,
                     help="Tributary jobs' credit window (0: the planner's choice)")
+    ap.add_argument("--fusion-bytes", type=int, default=0,
+                    help="Tributary jobs' tensor fusion size (0: the planner's choice; the "
+                         "-nofusion configs turn it off)")
     ap.add_argument("--bench-rank-arg", action="append", default=[], metavar="ARG",
                     help="an argument appended to every `tributary bench-rank` (repeatable; "
                          "write --bench-rank-arg=--flag for one that starts with -)")
     ap.add_argument("--configs", default="all",
                     help="comma list of: pp,pp-fixed (push/pull without online partition tuning),"
-                         "trib-ring,trib-hd,trib-rd (recursive doubling),trib-auto (the agent's "
+                         "pp-nofusion,trib-auto-nofusion,trib-ring-nofusion (without tensor fusion),trib-ring,trib-hd,trib-rd (recursive doubling),trib-auto (the agent's "
                          "choice per tensor, k as --k),gloo-ring,gloo-hd,mpi-default,mpi-ring")
     ap.add_argument("--bin-dir", default=os.path.join(ROOT, "build", "bin"))
     ap.add_argument("--out", default=None, help="results folder (default bench/results)")
@@ -1067,9 +1084,16 @@ def build_configs(suite, wanted, peers):
         configs += [(f"tributary push/pull k={k} fixed partition", "tributary", k,
                      lambda p, k=k: suite.tributary("push-pull", k, p, fixed_partition=True))
                     for k in args.k]
+    if "pp-nofusion" in wanted:  # the same without tensor fusion: its A/B
+        configs += [(f"tributary push/pull k={k} no fusion", "tributary", k,
+                     lambda p, k=k: suite.tributary("push-pull", k, p, fusion=False))
+                    for k in args.k]
     if "trib-ring" in wanted:
         configs.append(("tributary ring", "tributary", 0,
                         lambda p: suite.tributary("ring", 0, p)))
+    if "trib-ring-nofusion" in wanted:
+        configs.append(("tributary ring no fusion", "tributary", 0,
+                        lambda p: suite.tributary("ring", 0, p, fusion=False)))
     if "trib-hd" in wanted:
         configs.append(("tributary halving-doubling", "tributary", 0,
                         lambda p: suite.tributary("hd", 0, p)))
@@ -1079,6 +1103,10 @@ def build_configs(suite, wanted, peers):
     if "trib-auto" in wanted:  # what a job gets by default: the agent's selector, per tensor
         configs += [(f"tributary auto k={k}", "tributary", k,
                      lambda p, k=k: suite.tributary("auto", k, p)) for k in args.k]
+    if "trib-auto-nofusion" in wanted:
+        configs += [(f"tributary auto k={k} no fusion", "tributary", k,
+                     lambda p, k=k: suite.tributary("auto", k, p, fusion=False))
+                    for k in args.k]
     for name, fam, alg in (("gloo-ring", "gloo", "ring"), ("gloo-hd", "gloo", "hd"),
                            ("mpi-default", "mpi", "default"), ("mpi-ring", "mpi", "ring")):
         if name not in wanted:

@@ -427,6 +427,9 @@ TEST_F(LocalServiceTest, SubmitValidatesTheRequestOnce) {
   expect_invalid(req, "job 'job' tensor 't': unknown dtype 0");
   expect_invalid(Request(s0_, "", b0_),
                  "job 'job' tensor '': tensor names must have 1 to 1024 bytes");
+  expect_invalid(Request(s0_, "__tributary/fused/3", b0_),
+                 "job 'job' tensor '__tributary/fused/3': names starting with '__tributary/' "
+                 "are reserved for the agent's own collectives");
   expect_invalid(Request(s0_, "t", b0_, 0),
                  "job 'job' tensor 't': count 0 must be in [1, 2^40 bytes / element]");
   expect_invalid(Request(s0_, "t", b0_, 1025),

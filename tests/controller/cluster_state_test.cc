@@ -197,6 +197,59 @@ TEST(JobPlannerTest, IntraNodePlansAreCachedByTopologyContent) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// Tensor fusion: by default tensors below one partition (at least 1 MiB) fuse, at most one
+// partition at a time, with the automatic cycle; a spec may set both or turn fusion off, and
+// asynchronous jobs never fuse.
+TEST(JobPlannerTest, TensorFusionDefaultsToOnePartitionAndCanBeTurnedOff) {
+  std::vector<NodeSnapshot> nodes;
+  for (const char* id : {"w0", "w1", "spare"}) {
+    auto inv = std::make_shared<tributary::v1::NodeInventory>();
+    inv->set_data_plane_address("127.0.0.1:" + std::to_string(2000 + nodes.size()));
+    inv->set_nic_bytes_per_s(10e9 / 8);
+    inv->set_sum_bytes_per_s(100e9);
+    inv->set_offers_summation(true);
+    NodeSnapshot n;
+    n.node_id = id;
+    n.inventory = inv;
+    n.alive = true;
+    nodes.push_back(n);
+  }
+  tributary::v1::JobSpec spec;
+  spec.add_worker_nodes("w0");
+  spec.add_worker_nodes("w1");
+  const auto plan = [&](const tributary::v1::JobSpec& in) {
+    absl::StatusOr<tributary::v1::JobSpec> normal = NormalizeJobSpec(in);
+    EXPECT_TRUE(normal.ok()) << normal.status();
+    absl::StatusOr<tributary::v1::JobPlan> p = PlanJob("j", *normal, nodes, 1);
+    EXPECT_TRUE(p.ok()) << p.status();
+    return *p;
+  };
+  tributary::v1::JobPlan p = plan(spec);
+  EXPECT_EQ(p.fusion_bytes(), std::max<uint64_t>(p.partition_bytes(), 1 << 20));
+  EXPECT_EQ(p.fusion_cycle_us(), 0u);
+  spec.set_partition_bytes(4 << 20);
+  EXPECT_EQ(plan(spec).fusion_bytes(), 4u << 20);
+  spec.set_partition_bytes(4096);
+  EXPECT_EQ(plan(spec).fusion_bytes(), 1u << 20);
+  spec.set_fusion_bytes(0);
+  EXPECT_EQ(plan(spec).fusion_bytes(), 0u);
+  spec.set_fusion_bytes(300 << 10);
+  spec.set_fusion_cycle_us(2500);
+  p = plan(spec);
+  EXPECT_EQ(p.fusion_bytes(), 300u << 10);
+  EXPECT_EQ(p.fusion_cycle_us(), 2500u);
+  tributary::v1::JobSpec async = spec;
+  async.set_mode(tributary::v1::JOB_MODE_ASYNC);
+  EXPECT_EQ(plan(async).fusion_bytes(), 0u);
+
+  spec.set_fusion_bytes((uint64_t{1} << 30) + 1);
+  EXPECT_THAT(NormalizeJobSpec(spec).status().message(), HasSubstr("fusion_bytes"));
+  spec.set_fusion_bytes(1 << 20);
+  spec.set_fusion_cycle_us(1000001);
+  EXPECT_EQ(NormalizeJobSpec(spec).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(NormalizeJobSpec(spec).status().message(), HasSubstr("fusion_cycle_us"));
+}
+
 TEST_F(ClusterStateTest, SpareCapacityFollowsHeartbeatLoad) {
   for (int i = 0; i < 3; ++i) Register("w" + std::to_string(i), 10, false);
   Register("quiet");

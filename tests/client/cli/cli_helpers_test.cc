@@ -290,11 +290,20 @@ TEST(PlanViewTest, SplitAndPrediction) {
   EXPECT_THAT(text, HasSubstr("w0      worker  25.0%  250000000     12.50         -"));
   EXPECT_THAT(text, HasSubstr("cpu0    spare   75.0%  750000000     12.50     20.00"));
   EXPECT_THAT(text, HasSubstr("predicted 0.1 s vs ring all-reduce 0.15 s (speed-up 1.50 x)"));
+  EXPECT_THAT(text, HasSubstr("credit 16.0 MiB, fusion off"));
 
   const nlohmann::json json = PlanToJson(job, 1'000'000'000);
   EXPECT_EQ(json["servers"][1]["role"], "spare");
   EXPECT_EQ(json["servers"][1]["bytes"], 750000000u);
   EXPECT_DOUBLE_EQ(json["speedup"].get<double>(), 1.5);
+  EXPECT_EQ(json["fusion_bytes"], 0u);
+
+  v1::Job fused = job;
+  fused.mutable_plan()->set_fusion_bytes(256 << 10);
+  EXPECT_THAT(RenderPlan(fused, 1'000'000'000), HasSubstr("fusion 256.0 KiB (cycle auto)"));
+  fused.mutable_plan()->set_fusion_cycle_us(1500);
+  EXPECT_THAT(RenderPlan(fused, 1'000'000'000), HasSubstr("fusion 256.0 KiB (cycle 1500 us)"));
+  EXPECT_EQ(PlanToJson(fused, 1'000'000'000)["fusion_cycle_us"], 1500u);
 }
 
 }  // namespace

@@ -302,5 +302,39 @@ TEST(DataPlaneMetricsTest, ObservationsCountBusyTimeAsAUnionAndIterationsOfTheFi
   EXPECT_TRUE(cluster.node(0).TakeObservations().empty());
 }
 
+// The agent's own coordination (Operation::control, tensor fusion's broadcasts) runs but is no
+// operation of the job's: not in the counters, the pending gauges or the observations.
+TEST(DataPlaneMetricsTest, ControlOperationsStayOutOfTheMetrics) {
+  MetricsCluster cluster(2);
+  std::vector<std::vector<float>> data = {std::vector<float>(64, 1.0f),
+                                          std::vector<float>(64, 2.0f)};
+  std::vector<std::future<absl::Status>> futures;
+  for (int rank = 0; rank < 2; ++rank) {
+    Operation op;
+    op.tensor_name = "__tributary/fusion-decision";
+    op.dtype = common::DataType::kFloat32;
+    op.count = 64;
+    op.buffers = {reinterpret_cast<std::byte*>(data[rank].data())};
+    op.control = true;
+    futures.push_back(cluster.Cluster::Start(rank, std::move(op)));
+  }
+  for (auto& f : futures) {
+    ASSERT_EQ(f.wait_for(kGuard), std::future_status::ready);
+    ASSERT_TRUE(f.get().ok());
+  }
+  EXPECT_EQ(data[1][63], 3.0f);
+  EXPECT_TRUE(cluster.node(0).TakeObservations().empty());
+  EXPECT_EQ(Value(cluster.Collect(0), "tributary_dataplane_operations_started_total",
+                  {{"algorithm", "push_pull"}}),
+            0);
+  // An ordinary one counts.
+  std::vector<float> a(64, 1.0f), b(64, 2.0f);
+  auto fa = cluster.Start(0, a);
+  auto fb = cluster.Start(1, b);
+  ASSERT_EQ(fa.wait_for(kGuard), std::future_status::ready);
+  ASSERT_EQ(fb.wait_for(kGuard), std::future_status::ready);
+  EXPECT_EQ(cluster.node(0).TakeObservations().at("job-m").collectives, 1u);
+}
+
 }  // namespace
 }  // namespace tributary::dataplane
