@@ -121,7 +121,9 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& in) {
   parts.collectables.push_back(runner->stats_collector());
   parts.collectables.push_back(runner->transport_stats_collector());
   // Small all-reduces of the jobs whose plan asks for it run fused (tensor_fusion.h).
-  parts.runner = std::make_unique<FusingRunner>(std::move(runner), common::SystemClock::Get());
+  auto fusing = std::make_unique<FusingRunner>(std::move(runner), common::SystemClock::Get());
+  parts.collectables.push_back(fusing->stats_collector());
+  parts.runner = std::move(fusing);
   parts.controller = std::make_unique<GrpcControllerClient>(std::move(copts));
   parts.clock = common::SystemClock::Get();
   parts.registry = options.registry;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/hash.h"
 #include "common/logging.h"
+#include "common/metrics/metrics.h"
 
 namespace tributary::agent {
 namespace {
@@ -284,6 +285,9 @@ struct FusingRunner::Job {
   std::map<uint64_t, Fused> fused;
   std::map<Key, uint64_t> in_fused;    // member -> decision index, until it completes
   std::map<Key, absl::Status> failed;  // members of failed decisions not submitted yet
+  // A follower's operations failed here before a decision named them: it keeps asking for
+  // decisions until one does, so that the others learn of the failure.
+  std::set<Key> failed_undecided;
 };
 
 FusingRunner::FusingRunner(std::unique_ptr<CollectiveRunner> inner, const common::Clock* clock,
@@ -293,12 +297,12 @@ FusingRunner::FusingRunner(std::unique_ptr<CollectiveRunner> inner, const common
 }
 
 FusingRunner::~FusingRunner() {
+  bool shut_down;
   {
     std::lock_guard lock(mu_);
-    shut_down_ = true;
+    shut_down = shut_down_;
   }
-  timer_cv_.notify_all();
-  if (timer_.joinable()) timer_.join();
+  if (!shut_down) Shutdown();  // every held operation completes
 }
 
 void FusingRunner::Run(After& after) {
@@ -309,6 +313,33 @@ void FusingRunner::Run(After& after) {
 FusingRunner::Stats FusingRunner::stats() const {
   std::lock_guard lock(mu_);
   return stats_;
+}
+
+std::shared_ptr<prometheus::Collectable> FusingRunner::stats_collector() {
+  return std::make_shared<common::metrics::FunctionCollector>([this] {
+    using common::metrics::AddSample;
+    using common::metrics::MakeFamily;
+    const Stats s = stats();
+    std::vector<prometheus::MetricFamily> out;
+    out.push_back(MakeFamily("tributary_agent_fusion_operations_total",
+                             "Fused collectives started (tensor fusion).",
+                             prometheus::MetricType::Counter));
+    AddSample(out.back(), static_cast<double>(s.fused_operations));
+    out.push_back(MakeFamily("tributary_agent_fusion_tensors_total",
+                             "Tensors that ran inside a fused collective.",
+                             prometheus::MetricType::Counter));
+    AddSample(out.back(), static_cast<double>(s.fused_tensors));
+    out.push_back(MakeFamily("tributary_agent_fusion_decisions_total",
+                             "Fusion decisions made (worker rank 0) or received (other nodes).",
+                             prometheus::MetricType::Counter));
+    AddSample(out.back(), static_cast<double>(s.decisions));
+    out.push_back(MakeFamily("tributary_agent_fusion_lists_total",
+                             "Fusable-tensor lists adopted (one per job and membership "
+                             "generation).",
+                             prometheus::MetricType::Counter));
+    AddSample(out.back(), static_cast<double>(s.plans_adopted));
+    return out;
+  });
 }
 
 std::vector<FusionGroup> FusingRunner::groups(const std::string& job_id) const {
@@ -374,6 +405,9 @@ void FusingRunner::ResetLocked(Job& job, const absl::Status& reason, After& afte
     }
   }
   std::erase_if(job.fused, [](const auto& kv) { return !kv.second.launched; });
+  std::erase_if(job.in_fused, [&](const auto& kv) { return !job.fused.contains(kv.second); });
+  job.failed.clear();
+  job.failed_undecided.clear();
 }
 
 absl::Status FusingRunner::Start(const std::string& job_id, dataplane::Operation op) {
@@ -450,7 +484,9 @@ void FusingRunner::StartLocked(const std::string& job_id, Job& job, dataplane::O
   }
   if (auto in = job.in_fused.find(key); in != job.in_fused.end()) {
     // A decision named it before it came here.
-    Fused& fused = job.fused[in->second];
+    auto found = job.fused.find(in->second);
+    if (found == job.fused.end()) return;
+    Fused& fused = found->second;
     for (size_t m = 0; m < fused.decision.members.size(); ++m) {
       const FusionDecision::Member& member = fused.decision.members[m];
       if (Key{member.name_hash, member.iteration} == key && !fused.ops[m]) {
@@ -513,7 +549,7 @@ void FusingRunner::OnPlan(const std::string& job_id, uint64_t generation,
   {
     std::lock_guard lock(mu_);
     auto it = jobs_.find(job_id);
-    if (it == jobs_.end() || it->second->view.generation != generation) return;
+    if (shut_down_ || it == jobs_.end() || it->second->view.generation != generation) return;
     Job& job = *it->second;
     if (job.state != PlanState::kPosted) return;
     absl::StatusOr<std::vector<FusionGroup>> groups =
@@ -584,7 +620,10 @@ void FusingRunner::CloseGroupLocked(const std::string& job_id, Job& job, After& 
 }
 
 void FusingRunner::MaybePostDecisionLocked(const std::string& job_id, Job& job, After& after) {
-  if (job.leader || job.decision_posted || job.undecided.empty()) return;
+  if (job.leader || job.decision_posted ||
+      (job.undecided.empty() && job.failed_undecided.empty())) {
+    return;
+  }
   job.decision_posted = true;
   auto buffers = WordBuffers(job.view.procs_per_node, kFusionDecisionWords);
   dataplane::Operation broadcast = WordBroadcast(kFusionDecisionTensor, job.next_decision, buffers);
@@ -604,7 +643,7 @@ void FusingRunner::OnDecision(const std::string& job_id, uint64_t generation, ui
   {
     std::lock_guard lock(mu_);
     auto it = jobs_.find(job_id);
-    if (it == jobs_.end() || it->second->view.generation != generation) return;
+    if (shut_down_ || it == jobs_.end() || it->second->view.generation != generation) return;
     Job& job = *it->second;
     if (job.leader) {
       // The others may never learn this decision: its fused collective fails everywhere.
@@ -639,8 +678,10 @@ void FusingRunner::OnDecision(const std::string& job_id, uint64_t generation, ui
                                             " from worker rank 0 failed: ", d.status().message()));
         for (auto& [key, held] : job.undecided) {
           after.push_back([done = std::move(held.op.done), reason] { done(reason); });
+          job.failed[key] = reason;  // a later decision naming it fails at once
         }
         job.undecided.clear();
+        job.failed_undecided.clear();
       }
       MaybePostDecisionLocked(job_id, job, after);
     }
@@ -655,6 +696,7 @@ void FusingRunner::AdoptDecisionLocked(const std::string& job_id, Job& job, cons
   fused.ops.resize(d.members.size());
   fused.since = clock_->Now();
   std::optional<absl::Status> failed;
+  std::set<Key> failed_here;
   for (size_t m = 0; m < d.members.size(); ++m) {
     const Key key{d.members[m].name_hash, d.members[m].iteration};
     job.in_fused[key] = d.index;
@@ -663,12 +705,14 @@ void FusingRunner::AdoptDecisionLocked(const std::string& job_id, Job& job, cons
       fused.present++;
       job.undecided.erase(held);
     } else if (auto f = job.failed.find(key); f != job.failed.end()) {
-      failed = f->second;  // aborted here before the decision arrived
+      failed = f->second;  // failed here before the decision arrived
+      failed_here.insert(key);
       job.failed.erase(f);
+      job.failed_undecided.erase(key);
     }
   }
   if (failed) {
-    FailFusedLocked(job_id, job, d.index, *failed, after);
+    FailFusedLocked(job_id, job, d.index, *failed, after, failed_here);
     return;
   }
   MaybeLaunchLocked(job_id, job, d.index, after);
@@ -763,7 +807,8 @@ void FusingRunner::MaybeLaunchLocked(const std::string& job_id, Job& job, uint64
 }
 
 void FusingRunner::FailFusedLocked(const std::string& job_id, Job& job, uint64_t index,
-                                   const absl::Status& reason, After& after) {
+                                   const absl::Status& reason, After& after,
+                                   const std::set<std::pair<uint64_t, uint64_t>>& done_here) {
   auto found = job.fused.find(index);
   if (found != job.fused.end() && !found->second.launched) {
     Fused& fused = found->second;
@@ -772,7 +817,7 @@ void FusingRunner::FailFusedLocked(const std::string& job_id, Job& job, uint64_t
       job.in_fused.erase(key);
       if (fused.ops[m]) {
         after.push_back([done = std::move(fused.ops[m]->done), reason] { done(reason); });
-      } else {
+      } else if (!done_here.contains(key)) {
         job.failed[key] = reason;  // fails when it comes
       }
     }
@@ -836,6 +881,26 @@ void FusingRunner::Abort(const std::string& job_id, const std::string& tensor, u
         after.push_back([done = std::move(held->second.op.done), reason] { done(reason); });
         job.undecided.erase(held);
         job.failed[key] = reason;
+        job.failed_undecided.insert(key);
+        MaybePostDecisionLocked(job_id, job, after);
+        fused = true;
+      } else if (job.state == PlanState::kReady && iteration >= kFirstFusedIteration &&
+                 job.fusable.contains(key.first)) {
+        // Not submitted here yet, but the others hold it as fusable: the leader names it in a
+        // decision of its own and fails that; a follower waits for the decision that names it.
+        job.failed[key] = reason;
+        if (job.leader) {
+          CloseGroupLocked(job_id, job, after);
+          const Fusable& f = job.fusable.at(key.first);
+          job.open = {key};
+          job.open_dtype = f.dtype;
+          job.open_reduction = f.reduction;
+          job.open_since = clock_->Now();
+          CloseGroupLocked(job_id, job, after);
+        } else {
+          job.failed_undecided.insert(key);
+          MaybePostDecisionLocked(job_id, job, after);
+        }
         fused = true;
       }
     }
@@ -917,7 +982,16 @@ void FusingRunner::Tick() {
         }
       };
       expire(job->waiting, "the job's tensor fusion list from worker rank 0");
-      expire(job->undecided, "worker rank 0's tensor fusion decision");
+      if (!job->leader) {  // the leader's own close within a cycle
+        for (const auto& [key, held] : job->undecided) {
+          if (now - held.since > timeout) {
+            job->failed[key] = absl::DeadlineExceededError(
+                "a node's tensor waited past the op timeout for worker rank 0's tensor fusion "
+                "decision");
+          }
+        }
+        expire(job->undecided, "worker rank 0's tensor fusion decision");
+      }
       std::vector<uint64_t> expired;
       for (const auto& [index, f] : job->fused) {
         if (!f.launched && now - f.since > timeout) expired.push_back(index);

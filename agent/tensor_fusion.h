@@ -48,6 +48,7 @@
 #include "absl/status/statusor.h"
 #include "agent/collective_runner.h"
 #include "common/clock.h"
+#include "prometheus/collectable.h"
 
 namespace tributary::agent {
 
@@ -161,6 +162,9 @@ class FusingRunner final : public CollectiveRunner {
   std::vector<FusionGroup> groups(const std::string& job_id) const;
   // Closes the leader's groups whose cycle has ended (the timer thread calls it).
   void FlushExpiredGroups();
+  // The scrape-time collector of stats() (tributary_agent_fusion_*_total); valid while the
+  // runner lives.
+  std::shared_ptr<prometheus::Collectable> stats_collector();
 
   void SetJob(const dataplane::JobView& view, dataplane::Algorithm algorithm) override;
   void RemoveJob(const std::string& job_id) override;
@@ -203,9 +207,11 @@ class FusingRunner final : public CollectiveRunner {
                            After& after);
   // Launches fused collective `index` if every member is there.
   void MaybeLaunchLocked(const std::string& job_id, Job& job, uint64_t index, After& after);
-  // Fails fused collective `index` on this node with `reason` and aborts it for the others.
+  // Fails fused collective `index` on this node with `reason` and aborts it for the others;
+  // members in `done_here` already completed here.
   void FailFusedLocked(const std::string& job_id, Job& job, uint64_t index,
-                       const absl::Status& reason, After& after);
+                       const absl::Status& reason, After& after,
+                       const std::set<std::pair<uint64_t, uint64_t>>& done_here = {});
   void ResetLocked(Job& job, const absl::Status& reason, After& after);
   void FlushExpiredLocked(After& after);
   void TimerLoop();

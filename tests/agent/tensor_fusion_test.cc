@@ -15,6 +15,7 @@
 #include "agent/fake_collective_runner.h"
 #include "common/clock.h"
 #include "common/hash.h"
+#include "common/metrics/metrics.h"
 #include "dataplane/schedule/chunk_map.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -336,6 +337,14 @@ TEST(FusingRunnerTest, EveryNodeRunsTheLeadersDecisionsWithExactResults) {
       EXPECT_EQ(stats.fused_tensors, 5u * 4) << "node " << i;
       EXPECT_GE(stats.fused_operations, 2u * 4) << "node " << i;
       EXPECT_EQ(stats.decisions, stats.fused_operations) << "node " << i;
+      const std::vector<prometheus::MetricFamily> metrics =
+          cluster.node(i).stats_collector()->Collect();
+      const prometheus::ClientMetric* tensors =
+          common::metrics::FindSample(metrics, "tributary_agent_fusion_tensors_total");
+      ASSERT_NE(tensors, nullptr);
+      EXPECT_EQ(tensors->counter.value, 20);
+      ASSERT_NE(common::metrics::FindSample(metrics, "tributary_agent_fusion_operations_total"),
+                nullptr);
     }
   }
 }
@@ -450,6 +459,39 @@ TEST(FusingRunnerTest, AnAbortedMemberFailsItsCollectiveOnEveryNode) {
         absl::Status s = cluster.Await(run.futures[i][t]);
         EXPECT_THAT(s.message(), HasSubstr(aborting == 0 ? "fusion decision" : "a process gave up"))
             << "aborting " << aborting << " node " << i << " tensor " << t;
+      }
+    }
+  }
+}
+
+// An abort of a fusable tensor a node has not submitted: the leader names it in a decision of
+// its own and fails it; a follower keeps asking for decisions until one names it. Either way
+// the others' copies fail with the reason, and the rest runs.
+TEST(FusingRunnerTest, AnAbortedTensorNeverSubmittedHereFailsOnEveryNode) {
+  for (int aborting : {0, 1}) {
+    FusionCluster cluster(3, dataplane::Algorithm::kRing, 64 << 10);
+    Iteration2 run;
+    StartIteration2(cluster, run, aborting, {1});  // the aborting node has b and c only
+    cluster.node(aborting).Abort(kJob, "a", 2, absl::CancelledError("process gave up on a"));
+    for (int i = 0; i < 3; ++i) {
+      const bool has_a = i != aborting;
+      for (size_t t = 0; t < run.futures[i].size(); ++t) {
+        absl::Status s = cluster.Await(run.futures[i][t]);
+        if (has_a && t == 0) {
+          EXPECT_THAT(s.message(), HasSubstr("process gave up on a"))
+              << "aborting " << aborting << " node " << i;
+        } else if (aborting == 0) {
+          // The leader decided a alone: b and c run fused, exactly.
+          EXPECT_TRUE(s.ok()) << "node " << i << " tensor " << t << ": " << s;
+          const size_t tensor = has_a ? t + 1 : t + 2;
+          if (s.ok()) {
+            EXPECT_EQ(cluster.CountWrong(tensor, kSmall[tensor], 2, run.out[i][tensor]), 0u);
+          }
+        } else {
+          // The leader decided a, b, c together: all of it fails.
+          EXPECT_THAT(s.message(), HasSubstr("process gave up on a"))
+              << "node " << i << " tensor " << t;
+        }
       }
     }
   }
