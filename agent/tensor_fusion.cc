@@ -305,6 +305,14 @@ FusingRunner::~FusingRunner() {
   if (!shut_down) Shutdown();  // every held operation completes
 }
 
+void FusingRunner::StartLater(const std::string& job_id, dataplane::Operation op, After& after) {
+  after.push_back([this, job_id, op = std::move(op)]() mutable {
+    std::function<void(absl::Status)> done = op.done;
+    absl::Status started = inner_->Start(job_id, std::move(op));
+    if (!started.ok()) done(started);  // Start refused it: its done is ours to run
+  });
+}
+
 void FusingRunner::Run(After& after) {
   for (auto& f : after) f();
   after.clear();
@@ -535,11 +543,7 @@ void FusingRunner::PostPlanLocked(const std::string& job_id, Job& job, After& af
   plan.done = [this, job_id, generation = job.view.generation, buffers](absl::Status s) {
     OnPlan(job_id, generation, s, buffers);
   };
-  after.push_back([this, job_id, plan = std::move(plan)]() mutable {
-    std::function<void(absl::Status)> done = plan.done;
-    absl::Status started = inner_->Start(job_id, std::move(plan));
-    if (!started.ok()) done(started);
-  });
+  StartLater(job_id, std::move(plan), after);
 }
 
 void FusingRunner::OnPlan(const std::string& job_id, uint64_t generation,
@@ -611,11 +615,7 @@ void FusingRunner::CloseGroupLocked(const std::string& job_id, Job& job, After& 
   dataplane::Operation broadcast = WordBroadcast(kFusionDecisionTensor, d.index, buffers);
   broadcast.done = [this, job_id, generation = job.view.generation, index = d.index,
                     buffers](absl::Status s) { OnDecision(job_id, generation, index, s, buffers); };
-  after.push_back([this, job_id, broadcast = std::move(broadcast)]() mutable {
-    std::function<void(absl::Status)> done = broadcast.done;
-    absl::Status started = inner_->Start(job_id, std::move(broadcast));
-    if (!started.ok()) done(started);
-  });
+  StartLater(job_id, std::move(broadcast), after);
   AdoptDecisionLocked(job_id, job, d, after);
 }
 
@@ -629,11 +629,7 @@ void FusingRunner::MaybePostDecisionLocked(const std::string& job_id, Job& job, 
   dataplane::Operation broadcast = WordBroadcast(kFusionDecisionTensor, job.next_decision, buffers);
   broadcast.done = [this, job_id, generation = job.view.generation, index = job.next_decision,
                     buffers](absl::Status s) { OnDecision(job_id, generation, index, s, buffers); };
-  after.push_back([this, job_id, broadcast = std::move(broadcast)]() mutable {
-    std::function<void(absl::Status)> done = broadcast.done;
-    absl::Status started = inner_->Start(job_id, std::move(broadcast));
-    if (!started.ok()) done(started);
-  });
+  StartLater(job_id, std::move(broadcast), after);
 }
 
 void FusingRunner::OnDecision(const std::string& job_id, uint64_t generation, uint64_t index,
@@ -799,11 +795,7 @@ void FusingRunner::MaybeLaunchLocked(const std::string& job_id, Job& job, uint64
   };
   stats_.fused_operations++;
   stats_.fused_tensors += state->members.size();
-  after.push_back([this, job_id, op = std::move(op)]() mutable {
-    std::function<void(absl::Status)> done = op.done;
-    absl::Status started = inner_->Start(job_id, std::move(op));
-    if (!started.ok()) done(started);
-  });
+  StartLater(job_id, std::move(op), after);
 }
 
 void FusingRunner::FailFusedLocked(const std::string& job_id, Job& job, uint64_t index,

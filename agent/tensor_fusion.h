@@ -215,6 +215,8 @@ class FusingRunner final : public CollectiveRunner {
   void ResetLocked(Job& job, const absl::Status& reason, After& after);
   void FlushExpiredLocked(After& after);
   void TimerLoop();
+  // Starts `op` on the inner runner once mu_ is released; a refused start goes to its done.
+  void StartLater(const std::string& job_id, dataplane::Operation op, After& after);
   static void Run(After& after);
 
   const common::Clock* clock_;
