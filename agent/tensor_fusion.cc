@@ -350,6 +350,12 @@ std::shared_ptr<prometheus::Collectable> FusingRunner::stats_collector() {
   });
 }
 
+FusingRunner::Job* FusingRunner::FindJobLocked(const std::string& job_id, uint64_t generation) {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end() || it->second->view.generation != generation) return nullptr;
+  return it->second.get();
+}
+
 std::vector<FusionGroup> FusingRunner::groups(const std::string& job_id) const {
   std::lock_guard lock(mu_);
   auto it = jobs_.find(job_id);
@@ -457,10 +463,9 @@ void FusingRunner::StartLocked(const std::string& job_id, Job& job, dataplane::O
                done = std::move(op.done)](absl::Status s) {
       {
         std::lock_guard lock(mu_);
-        auto it = jobs_.find(job_id);
-        if (it != jobs_.end() && it->second->view.generation == generation &&
-            index < it->second->observed.size()) {
-          ObservedOp& o = it->second->observed[index];
+        Job* job = FindJobLocked(job_id, generation);
+        if (job != nullptr && index < job->observed.size()) {
+          ObservedOp& o = job->observed[index];
           o.done_seq = ++seq_;
           o.seconds = std::chrono::duration<double>(clock_->Now() - o.started).count();
         }
@@ -552,9 +557,9 @@ void FusingRunner::OnPlan(const std::string& job_id, uint64_t generation,
   After after;
   {
     std::lock_guard lock(mu_);
-    auto it = jobs_.find(job_id);
-    if (shut_down_ || it == jobs_.end() || it->second->view.generation != generation) return;
-    Job& job = *it->second;
+    Job* found = shut_down_ ? nullptr : FindJobLocked(job_id, generation);
+    if (found == nullptr) return;
+    Job& job = *found;
     if (job.state != PlanState::kPosted) return;
     absl::StatusOr<std::vector<FusionGroup>> groups =
         status.ok() ? DecodeFusionPlan((*buffers)[0])
@@ -610,12 +615,7 @@ void FusingRunner::CloseGroupLocked(const std::string& job_id, Job& job, After& 
   job.open.clear();
   job.open_bytes = 0;
   stats_.decisions++;
-  auto buffers = WordBuffers(job.view.procs_per_node, kFusionDecisionWords);
-  (*buffers)[0] = EncodeFusionDecision(d);
-  dataplane::Operation broadcast = WordBroadcast(kFusionDecisionTensor, d.index, buffers);
-  broadcast.done = [this, job_id, generation = job.view.generation, index = d.index,
-                    buffers](absl::Status s) { OnDecision(job_id, generation, index, s, buffers); };
-  StartLater(job_id, std::move(broadcast), after);
+  PostDecisionLocked(job_id, job, d.index, EncodeFusionDecision(d), after);
   AdoptDecisionLocked(job_id, job, d, after);
 }
 
@@ -625,9 +625,15 @@ void FusingRunner::MaybePostDecisionLocked(const std::string& job_id, Job& job, 
     return;
   }
   job.decision_posted = true;
+  PostDecisionLocked(job_id, job, job.next_decision, {}, after);
+}
+
+void FusingRunner::PostDecisionLocked(const std::string& job_id, Job& job, uint64_t index,
+                                      std::vector<int64_t> words, After& after) {
   auto buffers = WordBuffers(job.view.procs_per_node, kFusionDecisionWords);
-  dataplane::Operation broadcast = WordBroadcast(kFusionDecisionTensor, job.next_decision, buffers);
-  broadcast.done = [this, job_id, generation = job.view.generation, index = job.next_decision,
+  if (!words.empty()) (*buffers)[0] = std::move(words);
+  dataplane::Operation broadcast = WordBroadcast(kFusionDecisionTensor, index, buffers);
+  broadcast.done = [this, job_id, generation = job.view.generation, index,
                     buffers](absl::Status s) { OnDecision(job_id, generation, index, s, buffers); };
   StartLater(job_id, std::move(broadcast), after);
 }
@@ -638,9 +644,9 @@ void FusingRunner::OnDecision(const std::string& job_id, uint64_t generation, ui
   After after;
   {
     std::lock_guard lock(mu_);
-    auto it = jobs_.find(job_id);
-    if (shut_down_ || it == jobs_.end() || it->second->view.generation != generation) return;
-    Job& job = *it->second;
+    Job* found = shut_down_ ? nullptr : FindJobLocked(job_id, generation);
+    if (found == nullptr) return;
+    Job& job = *found;
     if (job.leader) {
       // The others may never learn this decision: its fused collective fails everywhere.
       if (!status.ok()) FailFusedLocked(job_id, job, index, status, after);
@@ -776,14 +782,12 @@ void FusingRunner::MaybeLaunchLocked(const std::string& job_id, Job& job, uint64
     }
     {
       std::lock_guard lock(mu_);
-      auto it = jobs_.find(job_id);
-      if (it != jobs_.end() && it->second->view.generation == generation) {
-        Job& job = *it->second;
-        if (auto f = job.fused.find(index); f != job.fused.end()) {
+      if (Job* job = FindJobLocked(job_id, generation); job != nullptr) {
+        if (auto f = job->fused.find(index); f != job->fused.end()) {
           for (const FusionDecision::Member& m : f->second.decision.members) {
-            job.in_fused.erase({m.name_hash, m.iteration});
+            job->in_fused.erase({m.name_hash, m.iteration});
           }
-          job.fused.erase(f);
+          job->fused.erase(f);
         }
       }
     }

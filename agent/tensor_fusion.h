@@ -215,6 +215,11 @@ class FusingRunner final : public CollectiveRunner {
   void ResetLocked(Job& job, const absl::Status& reason, After& after);
   void FlushExpiredLocked(After& after);
   void TimerLoop();
+  // The job's state if it is still in `generation`, else null.
+  Job* FindJobLocked(const std::string& job_id, uint64_t generation);
+  // Posts decision broadcast `index` of the job: `words` from the leader, empty on a follower.
+  void PostDecisionLocked(const std::string& job_id, Job& job, uint64_t index,
+                          std::vector<int64_t> words, After& after);
   // Starts `op` on the inner runner once mu_ is released; a refused start goes to its done.
   void StartLater(const std::string& job_id, dataplane::Operation op, After& after);
   static void Run(After& after);
