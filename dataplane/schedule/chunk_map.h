@@ -24,11 +24,14 @@ uint32_t NumChunks(uint64_t count, size_t element_size, uint64_t partition_bytes
 // chunk once every worker's copy has arrived, so an all-reduce cut into G "groups" (one chunk per
 // server) takes about (G + 1) group times, not G. The tensor is therefore cut into at most
 // `partition_bytes` per chunk and, where chunks stay >= kMinPipelineChunkBytes, into at least
-// kPipelineChunksPerServer chunks per server, which keeps the fill within ~6% (1/16). A tensor
+// kPipelineChunksPerServer chunks per server, which keeps the fill within ~1.6% (1/64; with 16,
+// 16 MiB over 4 spare servers in 256 KiB chunks ran at 0.88 of the plain-TCP ceiling in the main
+// job, and in 128 KiB chunks at 0.95 against 0.99 in 64 KiB ones, bench/results/
+// pipeline_chunks_125mbit/). A tensor
 // too small for that is still spread over every server in chunks of >= kMinSpreadChunkBytes:
 // one server taking a whole tensor from every worker would see n times the traffic.
 inline constexpr uint64_t kMinPipelineChunkBytes = 64 << 10;
-inline constexpr uint32_t kPipelineChunksPerServer = 16;
+inline constexpr uint32_t kPipelineChunksPerServer = 64;
 inline constexpr uint64_t kMinSpreadChunkBytes = 8 << 10;
 uint32_t PushPullChunks(uint64_t count, size_t element_size, uint64_t partition_bytes,
                         size_t num_servers);

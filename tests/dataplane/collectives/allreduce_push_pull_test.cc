@@ -749,8 +749,8 @@ void InstallCurve(Cluster& cluster, std::vector<std::unique_ptr<Seen>>& seen) {
 std::vector<absl::Status> RunIteration(Cluster& cluster, uint64_t it, uint64_t count,
                                        int64_t* wrong) {
   const int n = cluster.workers();
-  // Typed loops (8 MiB tensors, tens of iterations): worker g contributes (g + 1) * ((i + it) % 7 +
-  // 1).
+  // Typed loops (16 MiB tensors, tens of iterations): worker g contributes (g + 1) * ((i + it) % 7
+  // + 1).
   std::vector<std::vector<float>> b(n, std::vector<float>(count));
   for (int g = 0; g < n; ++g) {
     for (uint64_t i = 0; i < count; ++i) b[g][i] = static_cast<float>((g + 1) * ((i + it) % 7 + 1));
@@ -790,7 +790,9 @@ TEST(PushPullTuning, PartitionGrowsWhileThroughputRisesThenSettles) {
   Cluster cluster(TunedCluster());
   std::vector<std::unique_ptr<Seen>> seen;
   InstallCurve(cluster, seen);
-  const uint64_t count = 2 << 20;  // 8 MiB of floats: 4 MiB per server, the tuner's upper bound
+  // 16 MiB of floats: 8 MiB per server, the tuner's upper bound; up to 128 KiB the partition
+  // sets the chunks, above it the pipelining floor (64 per server).
+  const uint64_t count = 4 << 20;
   int64_t wrong = 0;
   constexpr uint64_t kIterations = 26;
   for (uint64_t it = 0; it < kIterations; ++it) {
@@ -811,12 +813,12 @@ TEST(PushPullTuning, PartitionGrowsWhileThroughputRisesThenSettles) {
   }
   EXPECT_EQ(distinct,
             (std::vector<uint64_t>{64 * kKiB, 128 * kKiB, 256 * kKiB, 512 * kKiB, 256 * kKiB}));
-  EXPECT_EQ(seen[0]->by_iteration.begin()->second.second, 128u);  // 8 MiB / 64 KiB
-  // Settled (decided at 18, applied from 20): the last 6 iterations at 256 KiB (32 chunks: the
-  // pipelining floor, 16 per server).
+  EXPECT_EQ(seen[0]->by_iteration.begin()->second.second, 256u);  // 16 MiB / 64 KiB
+  // Settled (decided at 18, applied from 20): the last 6 iterations at 256 KiB (128 chunks: the
+  // pipelining floor, 64 per server).
   for (uint64_t it = kIterations - 6; it < kIterations; ++it) {
     EXPECT_EQ(seen[0]->by_iteration[it].first, 256 * kKiB) << "iteration " << it;
-    EXPECT_EQ(seen[0]->by_iteration[it].second, 32u) << "iteration " << it;
+    EXPECT_EQ(seen[0]->by_iteration[it].second, 128u) << "iteration " << it;
   }
   for (int w = 0; w < 2; ++w) {
     EXPECT_EQ(cluster.node(w).push_pull().stats().partition_decisions_applied.load(), 4u);
@@ -899,7 +901,7 @@ TEST(PushPullTuning, AWorkerThatLostADecisionFailsOneIterationThenRealigns) {
   Cluster cluster(TunedCluster());
   std::vector<std::unique_ptr<Seen>> seen;
   InstallCurve(cluster, seen);
-  const uint64_t count = 2 << 20;
+  const uint64_t count = 4 << 20;  // 16 MiB: 256 chunks at 64 KiB, 128 at 128 KiB
   int64_t wrong = 0;
   for (uint64_t it = 0; it < 4; ++it) {
     for (const absl::Status& s : RunIteration(cluster, it, count, &wrong)) ASSERT_TRUE(s.ok());

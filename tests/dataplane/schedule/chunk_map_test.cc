@@ -47,11 +47,15 @@ TEST(ChunkMap, NumChunksRespectsPartitionSize) {
 
 TEST(ChunkMap, PushPullChunksPipelineEveryServer) {
   constexpr uint64_t kMiB = 1 << 20;
-  // 64 MiB of float32 over 4 servers with 4 MiB partitions: 16 by size, 64 = 16 per server.
-  EXPECT_EQ(PushPullChunks(16 * kMiB, 4, 4 * kMiB, 4), 64u);
-  // 256 MiB: the partition already gives 64 chunks; never fewer than the partition allows.
-  EXPECT_EQ(PushPullChunks(64 * kMiB, 4, 4 * kMiB, 4), 64u);
+  // 64 MiB of float32 over 4 servers with 4 MiB partitions: 16 by size, 256 = 64 per server.
+  EXPECT_EQ(PushPullChunks(16 * kMiB, 4, 4 * kMiB, 4), 256u);
+  // 16 MiB: 64 per server of the 64 KiB floor.
+  EXPECT_EQ(PushPullChunks(4 * kMiB, 4, 256 << 10, 4), 256u);
+  // 8 MiB: the floor allows only 128 (32 per server).
+  EXPECT_EQ(PushPullChunks(2 * kMiB, 4, 256 << 10, 4), 128u);
+  // 1 GiB: the partition already gives 256 chunks; never fewer than the partition allows.
   EXPECT_EQ(PushPullChunks(256 * kMiB, 4, 4 * kMiB, 4), 256u);
+  EXPECT_EQ(PushPullChunks(1024 * kMiB, 4, 4 * kMiB, 4), 1024u);
   // 1 MiB over 8 servers: 16 chunks of the 64 KiB floor, not 128 smaller ones.
   EXPECT_EQ(PushPullChunks(kMiB / 4, 4, 4 * kMiB, 8), 16u);
   // Small tensors are spread over the servers in chunks of at least 8 KiB...
@@ -67,7 +71,7 @@ TEST(ChunkMap, PushPullChunksPipelineEveryServer) {
   // Every element is in exactly one chunk.
   const uint64_t count = 3 * kMiB + 17;
   const uint32_t c = PushPullChunks(count, 4, 4 * kMiB, 5);
-  EXPECT_EQ(c, 80u);
+  EXPECT_EQ(c, 192u);  // 12 MiB: by the 64 KiB floor
   uint64_t next = 0;
   for (uint32_t i = 0; i < c; ++i) {
     const ChunkRange r = GetChunk(count, c, i);
