@@ -88,7 +88,9 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& in) {
   // Every node of a job must pick the same algorithm for a tensor, so the model takes only
   // declared rates: a summation rate measured at start-up differs from node to node (and run to
   // run), and nodes on either side of a crossover would disagree ("ranks disagree"). Without
-  // --sum-gbps the model's 10 GB/s.
+  // --sum-gbps the model's 10 GB/s. The NIC here is only a fallback: a plan carries the slowest
+  // NIC of its job's nodes (JobPlan.selector_nic_bytes_per_s), which every node of the job uses.
+  // --selector-alpha-us, --sum-gbps and --selector-calibration must be the same on every agent.
   runner->SetCostModel(options.selector_alpha_seconds, inv.nic_bytes_per_s(),
                        options.sum_bytes_per_s);
   // This agent process's incarnation: in its registrations (a restarted agent is told from a

@@ -338,6 +338,17 @@ absl::StatusOr<tributary::v1::JobPlan> PlanJob(const std::string& job_id,
                                                   : std::max<uint64_t>(partition, kMinAutoFusion));
     plan.set_fusion_cycle_us(spec.fusion_cycle_us());
   }
+  // One cost model for the whole job: ALGORITHM_AUTO's choice on every node uses the slowest
+  // declared NIC of the job's nodes (ring and push/pull both run at the pace of their slowest
+  // link), so nodes with different NICs agree on each tensor's algorithm.
+  double selector_nic = 0;
+  auto slowest = [&](const std::string& node_id) {
+    const double b = by_id.at(node_id)->inventory->nic_bytes_per_s();
+    if (b > 0 && (selector_nic == 0 || b < selector_nic)) selector_nic = b;
+  };
+  for (const std::string& id : spec.worker_nodes()) slowest(id);
+  for (const ServerShare& s : split->servers) slowest(s.node_id);
+  plan.set_selector_nic_bytes_per_s(selector_nic);
   plan.set_predicted_seconds_per_byte(split->seconds_per_byte);
   plan.set_ring_seconds_per_byte(split->ring_seconds_per_byte);
   plan.set_model_bytes(spec.model_bytes());

@@ -1,6 +1,7 @@
 #include "dataplane/collectives/data_plane_node.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -64,9 +65,16 @@ void DataPlaneNode::SetJob(const JobView& in, Algorithm algorithm) {
   // workers alone counted as none sent every tensor of an auto job to ring.
   const int spares = view.num_spare_servers();
   std::lock_guard lock(mu_);
+  // Every node of the job prices the network by the plan's NIC rate (the slowest of the job's
+  // nodes), not by its own: nodes with different NICs would otherwise put a tensor near a
+  // threshold on different algorithms.
+  CostModel model = cost_model_;
+  if (std::isfinite(view.selector_nic_bytes_per_s) && view.selector_nic_bytes_per_s > 0) {
+    model.beta_seconds_per_byte = 1 / view.selector_nic_bytes_per_s;
+  }
   jobs_[view.job_id] = JobEntry{algorithm, n, view.procs_per_node,
                                 measured_ ? MeasuredSelectorThresholds(*measured_, n, spares)
-                                          : ModelThresholds(n, spares, cost_model_)};
+                                          : ModelThresholds(n, spares, model)};
 }
 
 void DataPlaneNode::RemoveJob(const std::string& job_id) {

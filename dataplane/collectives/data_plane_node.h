@@ -85,7 +85,9 @@ class DataPlaneNode {
 
   // The cost model behind ALGORITHM_AUTO's size thresholds (ModelThresholds) for jobs set from
   // now on. The agent builds it from its NIC, its declared summation rate (--sum-gbps; never a
-  // measured one, which differs between nodes) and --selector-alpha-us.
+  // measured one, which differs between nodes) and --selector-alpha-us. A job whose view names
+  // selector_nic_bytes_per_s (its plan's slowest NIC) is priced by that rate instead of this
+  // node's NIC, so all its nodes compute the same thresholds.
   void SetCostModel(const CostModel& model);
   // Thresholds measured by the benchmark suite replace the cost model's for jobs set from now on
   // (the agent's --selector-calibration).

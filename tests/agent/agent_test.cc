@@ -217,6 +217,21 @@ TEST(PlanViewTest, AsyncModeStalenessAndScaleReachTheJobView) {
   EXPECT_EQ(async->delta_scale, 0.25);
 }
 
+TEST(PlanViewTest, TheSelectorsNicRateReachesTheJobView) {
+  tributary::v1::JobPlan plan = OneNodePlan();
+  absl::StatusOr<dataplane::JobView> unset = ToJobView(plan, "n0");
+  ASSERT_TRUE(unset.ok()) << unset.status();
+  EXPECT_EQ(unset->selector_nic_bytes_per_s, 0);  // the node's own NIC
+  plan.set_selector_nic_bytes_per_s(15625000);
+  absl::StatusOr<dataplane::JobView> set = ToJobView(plan, "n0");
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(set->selector_nic_bytes_per_s, 15625000);
+  plan.set_selector_nic_bytes_per_s(-1);  // nonsense from a broken controller: the node's own
+  absl::StatusOr<dataplane::JobView> negative = ToJobView(plan, "n0");
+  ASSERT_TRUE(negative.ok()) << negative.status();
+  EXPECT_EQ(negative->selector_nic_bytes_per_s, 0);
+}
+
 TEST_F(AgentTest, UnusablePlansAreIgnored) {
   tributary::v1::JobPlan bad = Plan("bad", 1, {"n0", "n1"}, {"n0"});
   bad.mutable_servers(0)->set_weight(12);

@@ -250,6 +250,48 @@ TEST(JobPlannerTest, TensorFusionDefaultsToOnePartitionAndCanBeTurnedOff) {
   EXPECT_THAT(NormalizeJobSpec(spec).status().message(), HasSubstr("fusion_cycle_us"));
 }
 
+// ALGORITHM_AUTO's cost model is the job's, not each node's: the plan carries the slowest
+// declared NIC among the job's workers and servers (a spare's too), so every node prices each
+// tensor alike.
+TEST(JobPlannerTest, ThePlanCarriesTheSlowestNicOfTheJobForTheSelector) {
+  std::vector<NodeSnapshot> nodes;
+  const auto add = [&](const std::string& id, double nic) {
+    auto inv = std::make_shared<tributary::v1::NodeInventory>();
+    inv->set_data_plane_address("127.0.0.1:" + std::to_string(2000 + nodes.size()));
+    inv->set_nic_bytes_per_s(nic);
+    inv->set_sum_bytes_per_s(100e9);
+    inv->set_offers_summation(true);
+    NodeSnapshot n;
+    n.node_id = id;
+    n.inventory = inv;
+    n.alive = true;
+    nodes.push_back(n);
+  };
+  add("w0", 25e9 / 8);
+  add("w1", 10e9 / 8);
+  add("w2", 25e9 / 8);
+  tributary::v1::JobSpec spec;
+  for (const char* w : {"w0", "w1", "w2"}) spec.add_worker_nodes(w);
+  absl::StatusOr<tributary::v1::JobSpec> normal = NormalizeJobSpec(spec);
+  ASSERT_TRUE(normal.ok()) << normal.status();
+  absl::StatusOr<tributary::v1::JobPlan> p = PlanJob("j", *normal, nodes, 1);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_DOUBLE_EQ(p->selector_nic_bytes_per_s(), 10e9 / 8);
+  EXPECT_EQ(p->servers_size(), 2);  // w1 is no server, but its NIC counts: it runs the ring
+  // A slower spare the plan names as a server sets the rate.
+  nodes.clear();
+  add("w0", 10e9 / 8);
+  add("w1", 10e9 / 8);
+  add("w2", 10e9 / 8);
+  add("spare", 8e9 / 8);
+  p = PlanJob("j", *normal, nodes, 1);
+  ASSERT_TRUE(p.ok()) << p.status();
+  bool spare_serves = false;
+  for (const auto& s : p->servers()) spare_serves |= s.node_id() == "spare" && s.weight() > 0;
+  ASSERT_TRUE(spare_serves);
+  EXPECT_DOUBLE_EQ(p->selector_nic_bytes_per_s(), 8e9 / 8);
+}
+
 TEST_F(ClusterStateTest, SpareCapacityFollowsHeartbeatLoad) {
   for (int i = 0; i < 3; ++i) Register("w" + std::to_string(i), 10, false);
   Register("quiet");

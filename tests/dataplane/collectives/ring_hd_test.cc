@@ -760,9 +760,11 @@ class SelectorNode {
   ~SelectorNode() { transport_->Shutdown(); }
 
   DataPlaneNode& collectives() { return node_; }
-  void SetAutoJob(const std::string& job_id, int workers, int spares, bool workers_serve = true) {
+  void SetAutoJob(const std::string& job_id, int workers, int spares, bool workers_serve = true,
+                  double selector_nic_bytes_per_s = 0) {
     JobView view;
     view.job_id = job_id;
+    view.selector_nic_bytes_per_s = selector_nic_bytes_per_s;
     view.plan_version = 1;
     for (int i = 0; i < workers; ++i) view.worker_addresses.push_back(absl::StrCat("w", i));
     if (workers_serve) view.server_addresses = view.worker_addresses;
@@ -809,6 +811,41 @@ TEST(SelectorTest, NodesFollowTheirCostModel) {
       .alpha_seconds = 0, .beta_seconds_per_byte = 1 / 62.5e6, .gamma_seconds_per_byte = 1 / 4e9});
   node.SetAutoJob("auto", 4, 4);
   EXPECT_EQ(*collectives.AlgorithmFor("auto", 4 << 10), Algorithm::kPushPull);
+}
+
+// Two nodes with different NICs (500 Mbit/s and 1 Gbit/s) in one job: each node's own model puts
+// a tensor between their push/pull thresholds on different algorithms (a mismatch every rank
+// would see as an error); with the plan's NIC rate (the slower one) both pick the same, the
+// slower node's choice, for every size.
+TEST(SelectorTest, NodesWithDifferentNicsAgreeByThePlansRate) {
+  const CostModel slow{.alpha_seconds = 200e-6,
+                       .beta_seconds_per_byte = 1 / 62.5e6,
+                       .gamma_seconds_per_byte = 1 / 4e9};
+  CostModel fast = slow;
+  fast.beta_seconds_per_byte = 1 / 125e6;
+  SelectorNode a;
+  SelectorNode b;
+  a.collectives().SetCostModel(slow);
+  b.collectives().SetCostModel(fast);
+  const uint64_t slow_from = ModelThresholds(4, 4, slow).push_pull_from;
+  const uint64_t fast_from = ModelThresholds(4, 4, fast).push_pull_from;
+  ASSERT_LT(slow_from, fast_from);
+  const uint64_t between = (slow_from + fast_from) / 2;
+  a.SetAutoJob("own", 4, 4);
+  b.SetAutoJob("own", 4, 4);
+  EXPECT_EQ(*a.collectives().AlgorithmFor("own", between), Algorithm::kPushPull);
+  EXPECT_NE(*b.collectives().AlgorithmFor("own", between), Algorithm::kPushPull);
+
+  a.SetAutoJob("plan", 4, 4, true, 62.5e6);
+  b.SetAutoJob("plan", 4, 4, true, 62.5e6);
+  for (uint64_t bytes : {uint64_t{4} << 10, slow_from - 1, slow_from, between, fast_from - 1,
+                         fast_from, uint64_t{64} << 20}) {
+    EXPECT_EQ(*a.collectives().AlgorithmFor("plan", bytes),
+              *b.collectives().AlgorithmFor("plan", bytes))
+        << bytes;
+  }
+  EXPECT_EQ(*b.collectives().AlgorithmFor("plan", between), Algorithm::kPushPull);
+  EXPECT_NE(*b.collectives().AlgorithmFor("plan", slow_from - 1), Algorithm::kPushPull);
 }
 
 // With 4 spares the planner may give the workers no share (theirs is ~1 % and rounds to 0 when
