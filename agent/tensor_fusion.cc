@@ -866,19 +866,24 @@ void FusingRunner::Abort(const std::string& job_id, const std::string& tensor, u
           break;
         }
       }
-      if (job.leader && std::find(job.open.begin(), job.open.end(), key) != job.open.end()) {
-        CloseGroupLocked(job_id, job, after);  // the others learn which collective fails
-      }
-      if (auto in = job.in_fused.find(key); in != job.in_fused.end()) {
-        FailFusedLocked(job_id, job, in->second, reason, after);
-        fused = true;
-      } else if (auto held = job.undecided.find(key); held != job.undecided.end()) {
-        // A follower's: the decision that names it fails the collective for everyone.
+      if (auto held = job.undecided.find(key); held != job.undecided.end()) {
+        // Held, not decided yet: the decision that names it fails the collective for everyone.
         after.push_back([done = std::move(held->second.op.done), reason] { done(reason); });
         job.undecided.erase(held);
         job.failed[key] = reason;
-        job.failed_undecided.insert(key);
-        MaybePostDecisionLocked(job_id, job, after);
+        if (job.leader && std::find(job.open.begin(), job.open.end(), key) != job.open.end()) {
+          // The leader decides its open group now and adopts it as failed: the fused collective
+          // is never started here, so it cannot complete on the others before the abort
+          // reaches them (started and then aborted, it could: the leader's input may already
+          // have been sent).
+          CloseGroupLocked(job_id, job, after);
+        } else {
+          job.failed_undecided.insert(key);
+          MaybePostDecisionLocked(job_id, job, after);
+        }
+        fused = true;
+      } else if (auto in = job.in_fused.find(key); in != job.in_fused.end()) {
+        FailFusedLocked(job_id, job, in->second, reason, after);
         fused = true;
       } else if (job.state == PlanState::kReady && iteration >= kFirstFusedIteration &&
                  job.fusable.contains(key.first)) {
