@@ -930,6 +930,9 @@ def main():
     ap.add_argument("--fusion-bytes", type=int, default=0,
                     help="Tributary jobs' tensor fusion size (0: the planner's choice; the "
                          "-nofusion configs turn it off)")
+    ap.add_argument("--agent-arg", action="append", default=[], metavar="ARG",
+                    help="an argument appended to every tributary-agent of the cluster "
+                         "(repeatable; e.g. --agent-arg=--trace --agent-arg=/tmp/trace-{node}.json)")
     ap.add_argument("--bench-rank-arg", action="append", default=[], metavar="ARG",
                     help="an argument appended to every `tributary bench-rank` (repeatable; "
                          "write --bench-rank-arg=--flag for one that starts with -)")
@@ -1037,7 +1040,7 @@ def main():
             cleanup()
             return SKIP
         shutil.rmtree(args.run_dir, ignore_errors=True)
-        r = run([CLUSTER, "start-tributary", args.run_dir, "--sum-gbps", "4"], env=env,
+        r = run([CLUSTER, "start-tributary", args.run_dir, "--sum-gbps", "4"] + args.agent_arg, env=env,
                 check=False)
         if r.returncode != 0:
             raise RuntimeError("start-tributary failed: " + r.stderr + r.stdout)
