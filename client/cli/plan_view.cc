@@ -70,6 +70,10 @@ std::string RenderPlan(const v1::Job& job, uint64_t model_bytes) {
                       ? std::string(" (cycle auto)")
                       : " (cycle " + std::to_string(plan.fusion_cycle_us()) + " us)")) +
       "\n";
+  if (plan.algorithm() == v1::ALGORITHM_AUTO && plan.selector_nic_bytes_per_s() > 0) {
+    out += "algorithm per tensor by size, priced at the job's slowest NIC (" +
+           GBps(plan.selector_nic_bytes_per_s()) + " GB/s) on every node\n";
+  }
   if (job.spec().elastic() || plan.generation() > 0) {
     out += std::string(job.spec().elastic() ? "elastic, " : "") + "membership generation " +
            std::to_string(plan.generation()) + "\n";
@@ -143,6 +147,7 @@ nlohmann::json PlanToJson(const v1::Job& job, uint64_t model_bytes) {
   out["credit_bytes"] = plan.credit_bytes();
   out["fusion_bytes"] = plan.fusion_bytes();
   out["fusion_cycle_us"] = plan.fusion_cycle_us();
+  out["selector_nic_bytes_per_s"] = plan.selector_nic_bytes_per_s();
   out["workers"] = nlohmann::json::array();
   for (const auto& worker : plan.workers()) out["workers"].push_back(worker.node_id());
   out["servers"] = nlohmann::json::array();

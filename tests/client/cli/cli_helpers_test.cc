@@ -17,6 +17,7 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // --- sizes -----------------------------------------------------------------------------------
 
@@ -304,6 +305,17 @@ TEST(PlanViewTest, SplitAndPrediction) {
   fused.mutable_plan()->set_fusion_cycle_us(1500);
   EXPECT_THAT(RenderPlan(fused, 1'000'000'000), HasSubstr("fusion 256.0 KiB (cycle 1500 us)"));
   EXPECT_EQ(PlanToJson(fused, 1'000'000'000)["fusion_cycle_us"], 1500u);
+
+  // An auto job names the NIC rate its nodes price the algorithms by; a fixed algorithm does not.
+  v1::Job automatic = job;
+  automatic.mutable_plan()->set_selector_nic_bytes_per_s(15.625e6);
+  automatic.mutable_plan()->set_algorithm(v1::ALGORITHM_RING);
+  EXPECT_THAT(RenderPlan(automatic, 1'000'000'000), Not(HasSubstr("slowest NIC")));
+  automatic.mutable_plan()->set_algorithm(v1::ALGORITHM_AUTO);
+  EXPECT_THAT(RenderPlan(automatic, 1'000'000'000),
+              HasSubstr("algorithm per tensor by size, priced at the job's slowest NIC (0.02 GB/s)"));
+  EXPECT_DOUBLE_EQ(PlanToJson(automatic, 1'000'000'000)["selector_nic_bytes_per_s"].get<double>(),
+                   15.625e6);
 }
 
 }  // namespace
