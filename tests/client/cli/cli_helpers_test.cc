@@ -312,8 +312,9 @@ TEST(PlanViewTest, SplitAndPrediction) {
   automatic.mutable_plan()->set_algorithm(v1::ALGORITHM_RING);
   EXPECT_THAT(RenderPlan(automatic, 1'000'000'000), Not(HasSubstr("slowest NIC")));
   automatic.mutable_plan()->set_algorithm(v1::ALGORITHM_AUTO);
-  EXPECT_THAT(RenderPlan(automatic, 1'000'000'000),
-              HasSubstr("algorithm per tensor by size, priced at the job's slowest NIC (0.02 GB/s)"));
+  EXPECT_THAT(
+      RenderPlan(automatic, 1'000'000'000),
+      HasSubstr("algorithm per tensor by size, priced at the job's slowest NIC (0.02 GB/s)"));
   EXPECT_DOUBLE_EQ(PlanToJson(automatic, 1'000'000'000)["selector_nic_bytes_per_s"].get<double>(),
                    15.625e6);
 }
