@@ -197,23 +197,28 @@ TEST(JobPlannerTest, IntraNodePlansAreCachedByTopologyContent) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// A live node offering summation, with a 100 GB/s summation rate and the given NIC; `index`
+// picks its data-plane port.
+NodeSnapshot AliveNode(const std::string& id, size_t index, double nic_bytes_per_s) {
+  auto inv = std::make_shared<tributary::v1::NodeInventory>();
+  inv->set_data_plane_address("127.0.0.1:" + std::to_string(2000 + index));
+  inv->set_nic_bytes_per_s(nic_bytes_per_s);
+  inv->set_sum_bytes_per_s(100e9);
+  inv->set_offers_summation(true);
+  NodeSnapshot n;
+  n.node_id = id;
+  n.inventory = inv;
+  n.alive = true;
+  return n;
+}
+
 // Tensor fusion: by default tensors below one partition (at least 1 MiB) fuse, at most one
 // partition at a time, with the automatic cycle; a spec may set both or turn fusion off, and
 // asynchronous jobs never fuse.
 TEST(JobPlannerTest, TensorFusionDefaultsToOnePartitionAndCanBeTurnedOff) {
   std::vector<NodeSnapshot> nodes;
-  for (const char* id : {"w0", "w1", "spare"}) {
-    auto inv = std::make_shared<tributary::v1::NodeInventory>();
-    inv->set_data_plane_address("127.0.0.1:" + std::to_string(2000 + nodes.size()));
-    inv->set_nic_bytes_per_s(10e9 / 8);
-    inv->set_sum_bytes_per_s(100e9);
-    inv->set_offers_summation(true);
-    NodeSnapshot n;
-    n.node_id = id;
-    n.inventory = inv;
-    n.alive = true;
-    nodes.push_back(n);
-  }
+  for (const char* id : {"w0", "w1", "spare"})
+    nodes.push_back(AliveNode(id, nodes.size(), 10e9 / 8));
   tributary::v1::JobSpec spec;
   spec.add_worker_nodes("w0");
   spec.add_worker_nodes("w1");
@@ -256,16 +261,7 @@ TEST(JobPlannerTest, TensorFusionDefaultsToOnePartitionAndCanBeTurnedOff) {
 TEST(JobPlannerTest, ThePlanCarriesTheSlowestNicOfTheJobForTheSelector) {
   std::vector<NodeSnapshot> nodes;
   const auto add = [&](const std::string& id, double nic) {
-    auto inv = std::make_shared<tributary::v1::NodeInventory>();
-    inv->set_data_plane_address("127.0.0.1:" + std::to_string(2000 + nodes.size()));
-    inv->set_nic_bytes_per_s(nic);
-    inv->set_sum_bytes_per_s(100e9);
-    inv->set_offers_summation(true);
-    NodeSnapshot n;
-    n.node_id = id;
-    n.inventory = inv;
-    n.alive = true;
-    nodes.push_back(n);
+    nodes.push_back(AliveNode(id, nodes.size(), nic));
   };
   add("w0", 25e9 / 8);
   add("w1", 10e9 / 8);
