@@ -52,8 +52,7 @@ absl::StatusOr<dataplane::JobView> ToJobView(const tributary::v1::JobPlan& plan,
   v.delta_scale = plan.delta_scale() != 0 ? plan.delta_scale() : 1.0;
   v.fusion_bytes = plan.fusion_bytes();
   v.fusion_cycle = std::chrono::microseconds(plan.fusion_cycle_us());
-  v.selector_nic_bytes_per_s =
-      plan.selector_nic_bytes_per_s() > 0 ? plan.selector_nic_bytes_per_s() : 0;
+  v.selector_nic_bytes_per_s = plan.selector_nic_bytes_per_s();
   return v;
 }
 

@@ -56,7 +56,8 @@ struct JobView {
   uint64_t fusion_bytes = 0;
   std::chrono::microseconds fusion_cycle{0};
   // JobPlan.selector_nic_bytes_per_s: the NIC rate of ALGORITHM_AUTO's cost model for this job,
-  // the same on every node (DataPlaneNode::SetJob); 0 = the node's own (SetCostModel).
+  // the same on every node (DataPlaneNode::SetJob); 0 (or anything not finite and positive) =
+  // the node's own (SetCostModel).
   double selector_nic_bytes_per_s = 0;
   // Per-peer byte counters (DataPlaneNode::SetJob fills them when metrics are attached).
   std::shared_ptr<const JobPeerCounters> counters;

@@ -134,6 +134,26 @@ TEST_F(ClusterStateTest, ASparesCommittedNicFollowsOtherJobsPlans) {
   EXPECT_DOUBLE_EQ(spare_nic(now), spare_nic(*first));
 }
 
+// A live node offering summation, with a 100 GB/s summation rate and the given NIC; `index`
+// picks its data-plane port. With `topology`, the node has it (its hostname set to `id`).
+NodeSnapshot AliveNode(const std::string& id, size_t index, double nic_bytes_per_s,
+                       const tributary::v1::Topology* topology = nullptr) {
+  auto inv = std::make_shared<tributary::v1::NodeInventory>();
+  if (topology != nullptr) {
+    *inv->mutable_topology() = *topology;
+    inv->mutable_topology()->set_hostname(id);  // differs per node; not part of the key
+  }
+  inv->set_data_plane_address("127.0.0.1:" + std::to_string(2000 + index));
+  inv->set_nic_bytes_per_s(nic_bytes_per_s);
+  inv->set_sum_bytes_per_s(100e9);
+  inv->set_offers_summation(true);
+  NodeSnapshot n;
+  n.node_id = id;
+  n.inventory = inv;
+  n.alive = true;
+  return n;
+}
+
 // Nodes of one model share one intra-node plan across jobs and re-plans (IntraNodePlanCache),
 // and a cached plan is the plan computed afresh.
 TEST(JobPlannerTest, IntraNodePlansAreCachedByTopologyContent) {
@@ -143,18 +163,11 @@ TEST(JobPlannerTest, IntraNodePlansAreCachedByTopologyContent) {
   ASSERT_TRUE(pcie.ok()) << pcie.status();
   std::vector<NodeSnapshot> nodes;
   auto add = [&](const std::string& id, const tributary::v1::Topology* topo, bool keyed) {
-    auto inv = std::make_shared<tributary::v1::NodeInventory>();
-    if (topo != nullptr) *inv->mutable_topology() = *topo;
-    inv->mutable_topology()->set_hostname(id);  // differs per node; not part of the key
-    inv->set_data_plane_address("127.0.0.1:" + std::to_string(2000 + nodes.size()));
-    inv->set_nic_bytes_per_s(10e9 / 8);
-    inv->set_sum_bytes_per_s(100e9);
-    inv->set_offers_summation(true);
-    NodeSnapshot n;
-    n.node_id = id;
-    n.inventory = inv;
-    n.alive = true;
-    if (keyed) n.topology_key = std::make_shared<const std::string>(TopologyKey(inv->topology()));
+    const tributary::v1::Topology none;
+    NodeSnapshot n = AliveNode(id, nodes.size(), 10e9 / 8, topo != nullptr ? topo : &none);
+    if (keyed) {
+      n.topology_key = std::make_shared<const std::string>(TopologyKey(n.inventory->topology()));
+    }
     nodes.push_back(n);
   };
   add("dgx-a", &*v100, true);
@@ -195,21 +208,6 @@ TEST(JobPlannerTest, IntraNodePlansAreCachedByTopologyContent) {
   for (int g : {0, 1, 2, 42}) named.add_gpus(g);
   EXPECT_EQ(PlanJob("f", named, nodes, 1, &cache).status().code(),
             absl::StatusCode::kInvalidArgument);
-}
-
-// A live node offering summation, with a 100 GB/s summation rate and the given NIC; `index`
-// picks its data-plane port.
-NodeSnapshot AliveNode(const std::string& id, size_t index, double nic_bytes_per_s) {
-  auto inv = std::make_shared<tributary::v1::NodeInventory>();
-  inv->set_data_plane_address("127.0.0.1:" + std::to_string(2000 + index));
-  inv->set_nic_bytes_per_s(nic_bytes_per_s);
-  inv->set_sum_bytes_per_s(100e9);
-  inv->set_offers_summation(true);
-  NodeSnapshot n;
-  n.node_id = id;
-  n.inventory = inv;
-  n.alive = true;
-  return n;
 }
 
 // Tensor fusion: by default tensors below one partition (at least 1 MiB) fuse, at most one

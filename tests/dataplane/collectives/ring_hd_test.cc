@@ -3,6 +3,7 @@
 #include <cstring>
 #include <future>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <thread>
 #include <tuple>
@@ -846,6 +847,13 @@ TEST(SelectorTest, NodesWithDifferentNicsAgreeByThePlansRate) {
   }
   EXPECT_EQ(*b.collectives().AlgorithmFor("plan", between), Algorithm::kPushPull);
   EXPECT_NE(*b.collectives().AlgorithmFor("plan", slow_from - 1), Algorithm::kPushPull);
+
+  // A rate that is not finite and positive (a broken controller) leaves each node its own.
+  for (double nonsense :
+       {-1.0, std::numeric_limits<double>::infinity(), std::numeric_limits<double>::quiet_NaN()}) {
+    b.SetAutoJob("nonsense", 4, 4, true, nonsense);
+    EXPECT_NE(*b.collectives().AlgorithmFor("nonsense", between), Algorithm::kPushPull) << nonsense;
+  }
 }
 
 // With 4 spares the planner may give the workers no share (theirs is ~1 % and rounds to 0 when

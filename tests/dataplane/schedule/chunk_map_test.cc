@@ -53,7 +53,8 @@ TEST(ChunkMap, PushPullChunksPipelineEveryServer) {
   EXPECT_EQ(PushPullChunks(4 * kMiB, 4, 256 << 10, 4), 256u);
   // 8 MiB: the floor allows only 128 (32 per server).
   EXPECT_EQ(PushPullChunks(2 * kMiB, 4, 256 << 10, 4), 128u);
-  // 1 GiB: the partition already gives 256 chunks; never fewer than the partition allows.
+  // 1 GiB: the partition gives 256 chunks, as many as the floor; 4 GiB: never fewer than the
+  // partition allows.
   EXPECT_EQ(PushPullChunks(256 * kMiB, 4, 4 * kMiB, 4), 256u);
   EXPECT_EQ(PushPullChunks(1024 * kMiB, 4, 4 * kMiB, 4), 1024u);
   // 1 MiB over 8 servers: 16 chunks of the 64 KiB floor, not 128 smaller ones.
