@@ -218,6 +218,12 @@ struct Held {
   common::Clock::TimePoint since;
 };
 
+struct AbortedWaiting {
+  std::string tensor;
+  uint64_t iteration;
+  absl::Status reason;
+};
+
 // One decision's fused collective on this node.
 struct Fused {
   FusionDecision decision;
@@ -273,6 +279,7 @@ struct FusingRunner::Job {
   std::vector<FusionGroup> groups;  // the fusable-tensor list
   std::unordered_map<uint64_t, Fusable> fusable;
   std::vector<Held> waiting;      // iteration >= kFirstFusedIteration, before the list arrived
+  std::vector<AbortedWaiting> aborted_waiting;  // aborted while waiting; handled with the list
   std::map<Key, Held> undecided;  // fusable, in no decision yet
   // The leader's open group.
   std::vector<Key> open;
@@ -409,6 +416,7 @@ void FusingRunner::ResetLocked(Job& job, const absl::Status& reason, After& afte
   };
   for (Held& w : job.waiting) fail(w.op);
   job.waiting.clear();
+  job.aborted_waiting.clear();
   for (auto& [key, held] : job.undecided) fail(held.op);
   job.undecided.clear();
   job.open.clear();
@@ -580,6 +588,21 @@ void FusingRunner::OnPlan(const std::string& job_id, uint64_t generation,
       stats_.plans_adopted++;
       Log()->info("job {}: tensor fusion: {} tensors may fuse{}", job_id, job.fusable.size(),
                   job.leader ? absl::StrCat(", cycle ", job.cycle.count(), " us") : "");
+    }
+    // Aborted while they waited for the list: a fusable one fails in a decision, as if aborted
+    // now; the others (fusion off, or not in the list) run alone, so their abort goes to the
+    // inner runner.
+    std::vector<AbortedWaiting> aborted = std::move(job.aborted_waiting);
+    job.aborted_waiting.clear();
+    for (AbortedWaiting& a : aborted) {
+      const Key key{common::StableHash64(a.tensor), a.iteration};
+      if (job.state == PlanState::kReady && job.fusable.contains(key.first)) {
+        FailUnsubmittedLocked(job_id, job, key, a.reason, after);
+      } else {
+        after.push_back([this, job_id, a = std::move(a)] {
+          inner_->Abort(job_id, a.tensor, a.iteration, a.reason);
+        });
+      }
     }
     std::vector<Held> waiting = std::move(job.waiting);
     job.waiting.clear();
@@ -824,6 +847,25 @@ void FusingRunner::FailFusedLocked(const std::string& job_id, Job& job, uint64_t
   });
 }
 
+void FusingRunner::FailUnsubmittedLocked(const std::string& job_id, Job& job, const Key& key,
+                                         const absl::Status& reason, After& after) {
+  // Not submitted here, but the others hold it as fusable: the leader names it in a decision of
+  // its own and fails that; a follower waits for the decision that names it.
+  job.failed[key] = reason;
+  if (job.leader) {
+    CloseGroupLocked(job_id, job, after);
+    const Fusable& f = job.fusable.at(key.first);
+    job.open = {key};
+    job.open_dtype = f.dtype;
+    job.open_reduction = f.reduction;
+    job.open_since = clock_->Now();
+    CloseGroupLocked(job_id, job, after);
+  } else {
+    job.failed_undecided.insert(key);
+    MaybePostDecisionLocked(job_id, job, after);
+  }
+}
+
 void FusingRunner::StagedInputAdvanced(const std::string& job_id, const std::string& tensor,
                                        uint64_t iteration) {
   After after;
@@ -861,8 +903,12 @@ void FusingRunner::Abort(const std::string& job_id, const std::string& tensor, u
       const Key key{common::StableHash64(tensor), iteration};
       for (auto w = job.waiting.begin(); w != job.waiting.end(); ++w) {
         if (w->op.tensor_name == tensor && w->op.iteration == iteration) {
+          // Waiting for the fusion list: whether the others fuse it is not known yet, so the
+          // abort waits for the list too (OnPlan).
           after.push_back([done = std::move(w->op.done), reason] { done(reason); });
           job.waiting.erase(w);
+          job.aborted_waiting.push_back({tensor, iteration, reason});
+          fused = true;
           break;
         }
       }
@@ -887,21 +933,7 @@ void FusingRunner::Abort(const std::string& job_id, const std::string& tensor, u
         fused = true;
       } else if (job.state == PlanState::kReady && iteration >= kFirstFusedIteration &&
                  job.fusable.contains(key.first)) {
-        // Not submitted here yet, but the others hold it as fusable: the leader names it in a
-        // decision of its own and fails that; a follower waits for the decision that names it.
-        job.failed[key] = reason;
-        if (job.leader) {
-          CloseGroupLocked(job_id, job, after);
-          const Fusable& f = job.fusable.at(key.first);
-          job.open = {key};
-          job.open_dtype = f.dtype;
-          job.open_reduction = f.reduction;
-          job.open_since = clock_->Now();
-          CloseGroupLocked(job_id, job, after);
-        } else {
-          job.failed_undecided.insert(key);
-          MaybePostDecisionLocked(job_id, job, after);
-        }
+        FailUnsubmittedLocked(job_id, job, key, reason, after);
         fused = true;
       }
     }

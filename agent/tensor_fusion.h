@@ -212,6 +212,11 @@ class FusingRunner final : public CollectiveRunner {
   void FailFusedLocked(const std::string& job_id, Job& job, uint64_t index,
                        const absl::Status& reason, After& after,
                        const std::set<std::pair<uint64_t, uint64_t>>& done_here = {});
+  // Fails fusable (tensor, iteration) `key`, which this node never submitted, on every node: the
+  // leader names it in a decision of its own, a follower asks for decisions until one names it.
+  void FailUnsubmittedLocked(const std::string& job_id, Job& job,
+                             const std::pair<uint64_t, uint64_t>& key, const absl::Status& reason,
+                             After& after);
   void ResetLocked(Job& job, const absl::Status& reason, After& after);
   void FlushExpiredLocked(After& after);
   void TimerLoop();

@@ -586,6 +586,27 @@ WORKLOADS = {"resnet50": (resnet50_tensors, 3, 1), "bert-large": (bert_large_ten
              "bert-large-1d": (bert_large_1d_tensors, 10, 2)}
 
 
+def parse_workload_iters(ap, items):
+    """--workload-iters NAME=TIMED[:WARMUP] -> {name: (timed, warm-up)}; errors name the bad
+    item. A missing WARMUP keeps the workload's default."""
+    out = {}
+    for item in items:
+        name, sep, counts = item.partition("=")
+        if not sep or name not in WORKLOADS:
+            ap.error(f"--workload-iters {item!r}: expected NAME=TIMED[:WARMUP] with NAME one of "
+                     f"{', '.join(WORKLOADS)}")
+        timed, _, warmup = counts.partition(":")
+        try:
+            timed = int(timed)
+            warmup = int(warmup) if warmup else WORKLOADS[name][2]
+        except ValueError:
+            ap.error(f"--workload-iters {item!r}: TIMED and WARMUP must be integers")
+        if timed < 1 or warmup < 0:
+            ap.error(f"--workload-iters {item!r}: at least 1 timed iteration, warm-up >= 0")
+        out[name] = (timed, warmup)
+    return out
+
+
 def write_workload(name, folder):
     path = os.path.join(folder, f"{name}.tensors")
     tensors = WORKLOADS[name][0]()
@@ -914,6 +935,11 @@ def main():
     ap.add_argument("--workloads", default="resnet50,bert-large",
                     help="model workloads to run after the sweep (comma list of resnet50, "
                          "bert-large, bert-large-1d; or none)")
+    ap.add_argument("--workload-iters", action="append", default=[], metavar="NAME=TIMED[:WARMUP]",
+                    help="a workload's timed and warm-up iterations per run instead of its "
+                         "default (repeatable; e.g. bert-large=1:1 gives BERT-large the warm-up "
+                         "that lets tensor fusion and the partition tuner see one iteration "
+                         "before the timed one)")
     ap.add_argument("--torch-iterations", default="none", choices=["none", "resnet50"],
                     help="after the workloads: real PyTorch training iterations of this "
                          "torchvision model (CPU compute, random data) with "
@@ -988,6 +1014,7 @@ def main():
     for w in args.workloads:
         if w not in WORKLOADS:
             ap.error(f"--workloads: unknown workload {w!r} (known: {', '.join(WORKLOADS)})")
+    args.workload_iters = parse_workload_iters(ap, args.workload_iters)
     args.k = [int(x) for x in args.k.split(",") if x != ""]
     out = args.out or (os.path.join(ROOT, "build", "emulated-quick") if args.quick
                        else os.path.join(ROOT, "bench", "results"))
@@ -1156,6 +1183,7 @@ def run_workloads(suite, meter, configs, work):
     for wname in suite.args.workloads:
         path, ntensors, nbytes = write_workload(wname, work)
         _, iters, warmup = WORKLOADS[wname]
+        iters, warmup = suite.args.workload_iters.get(wname, (iters, warmup))
         piece = Workload(wname, path, iters, warmup, nbytes)
         for rep, (label, fam, k, runner) in interleave(configs, suite.args.repeats):
             log(f"# run {rep + 1}/{suite.args.repeats}: {wname} on {label}")

@@ -497,6 +497,45 @@ TEST(FusingRunnerTest, AnAbortedTensorNeverSubmittedHereFailsOnEveryNode) {
   }
 }
 
+// An operation aborted while it waits for the fusion list (the first fused iteration, before
+// the list's broadcast has completed here): once the list arrives the abort reaches the others'
+// copies, which fail with its reason at once rather than at their deadline; the rest of the
+// iteration runs exactly or fails with the same reason.
+TEST(FusingRunnerTest, AnOperationAbortedWhileWaitingForTheListFailsOnEveryNode) {
+  for (int aborting : {0, 1}) {  // the leader, a follower
+    FusionCluster cluster(3, dataplane::Algorithm::kRing, 64 << 10);
+    ASSERT_EQ(RunIteration(cluster, kSmall, 0), 0u);
+    const uint64_t it = kFirstFusedIteration;
+    std::vector<std::vector<std::vector<float>>> out(
+        3, std::vector<std::vector<float>>(kSmall.size()));
+    std::vector<std::vector<std::future<absl::Status>>> futures(3);
+    for (auto& f : futures) f.resize(kSmall.size());
+    // A follower's list cannot arrive before the leader posts it, which it does only when its
+    // own first operation of the iteration starts (below).
+    futures[aborting][1] = cluster.Start(aborting, 1, kSmall[1], it, out[aborting][1]);
+    cluster.node(aborting).Abort(kJob, "a", it, absl::CancelledError("process gave up on a"));
+    ASSERT_EQ(futures[aborting][1].wait_for(0s), std::future_status::ready);
+    EXPECT_THAT(futures[aborting][1].get().message(), HasSubstr("process gave up on a"));
+    for (int i = 0; i < 3; ++i) {
+      for (size_t t = 1; t < kSmall.size(); ++t) {
+        if (i != aborting || t != 1) futures[i][t] = cluster.Start(i, t, kSmall[t], it, out[i][t]);
+      }
+    }
+    for (int i = 0; i < 3; ++i) {
+      for (size_t t = 1; t < kSmall.size(); ++t) {
+        if (i == aborting && t == 1) continue;
+        absl::Status s = cluster.Await(futures[i][t]);
+        if (t == 1 || !s.ok()) {
+          EXPECT_THAT(s.message(), HasSubstr("process gave up on a"))
+              << "aborting " << aborting << " node " << i << " tensor " << t;
+        } else {
+          EXPECT_EQ(cluster.CountWrong(t, kSmall[t], it, out[i][t]), 0u);
+        }
+      }
+    }
+  }
+}
+
 // Before the plan has arrived, an operation of iteration >= 2 waits for it (here: forever, as
 // no other node joins the plan's broadcast), and fails at the job's deadline.
 TEST(FusingRunnerTest, AnOperationWaitingForThePlanFailsAtTheDeadline) {
