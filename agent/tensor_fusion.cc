@@ -278,9 +278,9 @@ struct FusingRunner::Job {
   std::chrono::microseconds cycle{0};
   std::vector<FusionGroup> groups;  // the fusable-tensor list
   std::unordered_map<uint64_t, Fusable> fusable;
-  std::vector<Held> waiting;      // iteration >= kFirstFusedIteration, before the list arrived
+  std::vector<Held> waiting;  // iteration >= kFirstFusedIteration, before the list arrived
   std::vector<AbortedWaiting> aborted_waiting;  // aborted while waiting; handled with the list
-  std::map<Key, Held> undecided;  // fusable, in no decision yet
+  std::map<Key, Held> undecided;                // fusable, in no decision yet
   // The leader's open group.
   std::vector<Key> open;
   uint64_t open_bytes = 0;
