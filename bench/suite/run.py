@@ -1095,7 +1095,7 @@ def main():
 
     if args.merge and os.path.exists(args.merge):
         results = merge(results, args.merge)
-    if not results:
+    if not results and not wresults and not tresults:
         log("error: no results")
         return 1
     report(results, args, out, argv, update_md, wresults, ceilings, tresults)
@@ -1662,7 +1662,7 @@ def report(results, args, out, argv, update_md, wresults=(), ceilings=None, tres
     if ceilings:
         write_ceilings(ceilings, rate, os.path.join(out, "emulated_ceiling.csv"))
 
-    repeats = max(r.get("repeats", 1) for r in results)
+    repeats = max([r.get("repeats", 1) for r in list(results) + list(wresults)] + [1])
     lines = []
     lines.append(f"Emulated cluster: {n} workers (+ up to {max(args.k)} spare CPU hosts), "
                  f"{rate} Mbit/s per host each way (tc tbf), MTU {args.mtu}, float32 sum, "
@@ -1679,37 +1679,40 @@ def report(results, args, out, argv, update_md, wresults=(), ceilings=None, tres
                  "sockets on this cluster, measured in the same run.")
     lines.append("")
     lines += ceiling_report(ceilings, rate)
-    lines.append("| config | size | time (us) | spread | algbw (GB/s) | busbw (GB/s) | "
-                 "model (us) | ceiling (us) | eff. vs model | eff. vs ceiling | x best peer | "
-                 "CPU % per host (sweep) | #wrong |")
-    lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
-    configs = list(dict.fromkeys(r["config"] for r in results))
-    for s in sizes:
-        for c in configs:
-            for r in results:
-                if r["config"] == c and r["size"] == s:
-                    name = c + (f" ({r['spares_used']} used)" if uses_spares(c) else "")
-                    lines.append(
-                        f"| {name} | {fmt_size(s)} | {r['time_us']:.0f} | {fmt_spread(r)} | "
-                        f"{r['algbw']:.4f} | {r['busbw']:.4f} | {r['theory_us']:.0f} | "
-                        f"{fmt_opt(r['ceiling_us'], '.0f')} | {r['efficiency']:.2f} | "
-                        f"{fmt_opt(r['efficiency_vs_ceiling'], '.2f')} | "
-                        f"{r['vs_best_peer']:.2f} | {r['cpu_hosts']} | {r['wrong']} |")
-    lines.append("")
-    lines.append("CPU % per host: CPU time of every process in host h0, h1, ... over all of that "
-                 "configuration's sweep runs, in % of one core (agents included).")
-    lines.append("")
-    lines += spare_report(results, n)
-    lines += calibration(results, n, rate, out)
+    if results:  # an empty --sizes runs the workloads only
+        lines.append("| config | size | time (us) | spread | algbw (GB/s) | busbw (GB/s) | "
+                     "model (us) | ceiling (us) | eff. vs model | eff. vs ceiling | x best peer | "
+                     "CPU % per host (sweep) | #wrong |")
+        lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+        configs = list(dict.fromkeys(r["config"] for r in results))
+        for s in sizes:
+            for c in configs:
+                for r in results:
+                    if r["config"] == c and r["size"] == s:
+                        name = c + (f" ({r['spares_used']} used)" if uses_spares(c) else "")
+                        lines.append(
+                            f"| {name} | {fmt_size(s)} | {r['time_us']:.0f} | {fmt_spread(r)} | "
+                            f"{r['algbw']:.4f} | {r['busbw']:.4f} | {r['theory_us']:.0f} | "
+                            f"{fmt_opt(r['ceiling_us'], '.0f')} | {r['efficiency']:.2f} | "
+                            f"{fmt_opt(r['efficiency_vs_ceiling'], '.2f')} | "
+                            f"{r['vs_best_peer']:.2f} | {r['cpu_hosts']} | {r['wrong']} |")
+        lines.append("")
+        lines.append("CPU % per host: CPU time of every process in host h0, h1, ... over all of that "
+                     "configuration's sweep runs, in % of one core (agents included).")
+        lines.append("")
+        lines += spare_report(results, n)
+        lines += calibration(results, n, rate, out)
     lines += workload_report(list(wresults), args, out, ceilings)
     lines += torch_report(list(tresults), args, out)
-    lines += targets(results, best_peer)
+    if results:
+        lines += targets(results, best_peer)
     md = "\n".join(lines) + "\n"
     md_path = os.path.join(out, "emulated_allreduce.md")
     with open(md_path, "w") as f:
         f.write(md)
     print("\n" + md, flush=True)
-    plot(results, os.path.join(out, "emulated_allreduce.png"), n, rate)
+    if results:
+        plot(results, os.path.join(out, "emulated_allreduce.png"), n, rate)
     log(f"# wrote {csv_path}, {md_path}, {os.path.join(out, 'emulated_allreduce.png')}")
     if update_md:
         update_benchmarks_md(md)

@@ -839,8 +839,15 @@ absl::Status PushPullWorker::StartLocked(const std::string& job_id, Operation& o
     }
     const std::vector<uint32_t> order = state->map.SendOrder(
         tensor_hash, state->num_chunks, static_cast<uint32_t>(job->my_worker_rank));
+    std::multiset<uint64_t>& queued = queued_bytes_[job_hash];
     for (uint32_t p = 0; p < order.size(); ++p) {
-      queue_.insert(QueuedChunk{op.priority, state->seq, p, order[p], key});
+      const uint32_t chunk = order[p];
+      const uint64_t chunk_bytes =
+          GetChunk(op.count, state->num_chunks, chunk).count * element_size;  // ChunkBytes
+      queue_.insert(QueuedChunk{op.priority, state->seq, p, chunk, key,
+                                state->map.ServerOf(tensor_hash, state->num_chunks, chunk),
+                                chunk_bytes});
+      queued.insert(chunk_bytes);
     }
     const uint64_t bytes = op.count * element_size;
     if (job->num_workers() > 1 && dedicated_servers_[job_hash]) {
@@ -867,10 +874,15 @@ absl::Status PushPullWorker::StartLocked(const std::string& job_id, Operation& o
 }
 
 void PushPullWorker::PumpLocked(std::vector<std::function<void()>>& sends) {
+  // Jobs none of whose queued chunks fits the credit left: once every job with queued chunks is
+  // one, no chunk further down the queue can go, and the walk stops (with every tensor of an
+  // iteration queued at once, walking the rest for every result cost more than the sends).
+  size_t credit_bound_jobs = 0;
+  std::vector<uint64_t> credit_bound;
   for (auto it = queue_.begin(); it != queue_.end();) {
     auto op_it = ops_.find(it->key);
     if (op_it == ops_.end()) {
-      it = queue_.erase(it);
+      it = EraseQueuedLocked(it);
       continue;
     }
     std::shared_ptr<OpState> op = op_it->second;
@@ -879,8 +891,8 @@ void PushPullWorker::PumpLocked(std::vector<std::function<void()>>& sends) {
       ++it;  // its input is still being copied in (StagedInput): later chunks, other ops may go
       continue;
     }
-    const uint64_t bytes = op->ChunkBytes(it->chunk);
-    const uint32_t server = op->map.ServerOf(op->tensor_hash, op->num_chunks, it->chunk);
+    const uint64_t bytes = it->bytes;
+    const uint32_t server = it->server;
     if (op->outstanding[server] >= kPushPullAhead) {
       stats_->ahead_waits++;
       ++it;  // this operation's chunks for other servers, and other operations, may go
@@ -889,7 +901,14 @@ void PushPullWorker::PumpLocked(std::vector<std::function<void()>>& sends) {
     uint64_t& in_flight = in_flight_bytes_[op->job_hash];
     if (in_flight > 0 && in_flight + bytes > op->job->credit_bytes) {
       stats_->credit_waits++;
-      ++it;  // another job's credit may still allow its chunks
+      const std::multiset<uint64_t>& queued = queued_bytes_[op->job_hash];
+      if (!queued.empty() && in_flight + *queued.begin() > op->job->credit_bytes &&
+          std::find(credit_bound.begin(), credit_bound.end(), op->job_hash) == credit_bound.end()) {
+        credit_bound.push_back(op->job_hash);
+        credit_bound_jobs++;
+        if (credit_bound_jobs == queued_bytes_.size()) break;
+      }
+      ++it;  // another job's credit, or a smaller chunk, may still go
       continue;
     }
     in_flight += bytes;
@@ -906,9 +925,20 @@ void PushPullWorker::PumpLocked(std::vector<std::function<void()>>& sends) {
     op->chunk_state[it->chunk] = 1;
     if (!op->sent_at.empty()) op->sent_at[it->chunk] = std::chrono::steady_clock::now();
     sends.push_back([this, op, chunk = it->chunk] { SendChunk(op, chunk); });
-    it = queue_.erase(it);
+    it = EraseQueuedLocked(it);
   }
   stats_->worker_queued_chunks = queue_.size();
+}
+
+std::set<PushPullWorker::QueuedChunk>::iterator PushPullWorker::EraseQueuedLocked(
+    std::set<QueuedChunk>::iterator it) {
+  auto job = queued_bytes_.find(it->key.job);
+  if (job != queued_bytes_.end()) {
+    auto size = job->second.find(it->bytes);
+    if (size != job->second.end()) job->second.erase(size);
+    if (job->second.empty()) queued_bytes_.erase(job);
+  }
+  return queue_.erase(it);
 }
 
 void PushPullWorker::SendChunk(std::shared_ptr<OpState> op, uint32_t chunk) {
@@ -1413,7 +1443,7 @@ void PushPullWorker::FailOrRecoverLocked(const CollectiveKey& key, absl::Status 
   // completed the collective under an earlier epoch (this is then a retry). What is still queued
   // is not pushed any more: this attempt ends with a copy or with `status`.
   for (auto q = queue_.begin(); q != queue_.end();) {
-    q = q->key == key ? queue_.erase(q) : std::next(q);
+    q = q->key == key ? EraseQueuedLocked(q) : std::next(q);
   }
   if (status.code() == absl::StatusCode::kUnavailable) {
     status = WithEpoch(std::move(status), op.job->plan_version);

@@ -329,6 +329,9 @@ class PushPullWorker {
     uint32_t position;  // place in the operation's send order (see SendOrder)
     uint32_t chunk;
     CollectiveKey key;
+    // Fixed when queued, so that the pump need not look them up for every chunk it passes.
+    uint32_t server = 0;  // OpState::map.ServerOf
+    uint64_t bytes = 0;   // OpState::ChunkBytes
     friend auto operator<=>(const QueuedChunk&, const QueuedChunk&) = default;
   };
   using Completion = std::pair<std::function<void(absl::Status)>, absl::Status>;
@@ -397,6 +400,8 @@ class PushPullWorker {
   void MaybeEndRecoveryLocked(const CollectiveKey& key, std::vector<Completion>& done);
   // Records the chunk's phases in the trace (common/trace.h). mu_ held.
   void TraceChunkLocked(const OpState& op, uint32_t chunk, uint32_t server);
+  // Removes a chunk from queue_ (and queued_bytes_); returns the next. mu_ held.
+  std::set<QueuedChunk>::iterator EraseQueuedLocked(std::set<QueuedChunk>::iterator it);
 
   Transport* transport_;
   Reducer* reducer_;
@@ -408,6 +413,9 @@ class PushPullWorker {
   // Failed operations waiting for sends the transport still holds (OpState::sends_at_failure).
   std::vector<std::shared_ptr<OpState>> draining_;
   std::set<QueuedChunk> queue_;
+  // Per job, the sizes of its queued chunks: the pump stops walking the queue once no queued
+  // chunk of any job fits within its job's credit (PumpLocked).
+  std::map<uint64_t, std::multiset<uint64_t>> queued_bytes_;
   std::map<uint64_t, uint64_t> in_flight_bytes_;  // per job
   uint64_t next_seq_ = 0;
   std::map<CollectiveKey, std::vector<Held>> held_;               // by the key they wait for

@@ -551,6 +551,69 @@ TEST(PushPull, LowerPriorityNumbersGoFirst) {
   server_ep->Shutdown();
 }
 
+// The credit a big chunk leaves may still fit a smaller chunk further down the queue: that one
+// goes at once. One that does not fit waits for a completion (the pump stops walking the queue
+// once no queued chunk of the job fits).
+TEST(PushPull, ASmallerChunkFurtherDownTheQueueUsesTheCreditLeft) {
+  for (uint64_t credit : {600, 450}) {
+    InProcessNetwork network;
+    auto worker_ep = network.CreateEndpoint("w");
+    auto server_ep = network.CreateEndpoint("s");
+    RecordingTransport recorder(worker_ep.get());
+    CpuReducer reducer(1, 1 << 20);
+    common::FakeClock clock;
+    DataPlaneNode worker(&recorder, &reducer, &clock);
+    DataPlaneNode server(server_ep.get(), &reducer, &clock);
+    JobView v = OneWorkerOneServer(400);  // 100 floats per chunk
+    v.credit_bytes = credit;
+    worker.SetJob(v, Algorithm::kPushPull);
+    v.my_worker_rank = -1;
+    v.my_server_index = 0;
+    server.SetJob(v, Algorithm::kPushPull);
+
+    network.SetFrozen("s", true);
+    std::vector<std::vector<std::byte>> big(1, std::vector<std::byte>(4000));
+    std::vector<std::vector<std::byte>> small(1, std::vector<std::byte>(100));
+    for (uint64_t i = 0; i < 1000; ++i) PutValue(DataType::kFloat32, big[0].data(), i, i % 9);
+    for (uint64_t i = 0; i < 25; ++i) PutValue(DataType::kFloat32, small[0].data(), i, i + 1);
+    std::promise<void> big_done, small_done;
+    auto op_big = MakeOp("big", 0, DataType::kFloat32, 1000, Reduction::kSum, big);
+    op_big.priority = 0;
+    op_big.done = [&](absl::Status s) {
+      EXPECT_TRUE(s.ok()) << s;
+      big_done.set_value();
+    };
+    auto op_small = MakeOp("small", 0, DataType::kFloat32, 25, Reduction::kSum, small);
+    op_small.priority = 5;
+    op_small.done = [&](absl::Status s) {
+      EXPECT_TRUE(s.ok()) << s;
+      small_done.set_value();
+    };
+    ASSERT_TRUE(worker.push_pull().worker().Start("j", std::move(op_big)).ok());
+    ASSERT_TRUE(worker.push_pull().worker().Start("j", std::move(op_small)).ok());
+    // Big's first chunk (400 bytes) is in flight until its send completes; its second does not
+    // fit the credit, small's 100 bytes fit 600 but not 450.
+    const uint64_t b = common::StableHash64("big"), s = common::StableHash64("small");
+    const std::vector<std::pair<uint64_t, uint32_t>> want =
+        credit == 600 ? std::vector<std::pair<uint64_t, uint32_t>>{{b, 0}, {s, 0}}
+                      : std::vector<std::pair<uint64_t, uint32_t>>{{b, 0}};
+    EXPECT_EQ(recorder.sent(), want) << "credit " << credit;
+    recorder.Release();
+    network.SetFrozen("s", false);
+    ASSERT_EQ(big_done.get_future().wait_for(kGuard), std::future_status::ready);
+    ASSERT_EQ(small_done.get_future().wait_for(kGuard), std::future_status::ready);
+    EXPECT_EQ(recorder.sent().size(), 11u);
+    int wrong = 0;
+    for (uint64_t i = 0; i < 1000; ++i)
+      wrong += GetValue(DataType::kFloat32, big[0].data(), i) != i % 9;
+    for (uint64_t i = 0; i < 25; ++i)
+      wrong += GetValue(DataType::kFloat32, small[0].data(), i) != i + 1;
+    EXPECT_EQ(wrong, 0) << "credit " << credit;
+    worker_ep->Shutdown();
+    server_ep->Shutdown();
+  }
+}
+
 // The caller may reuse an operation's buffer once told it failed, and a single local buffer is
 // pushed without a copy: a failure waits for the pushes the transport still holds (here every
 // send completion is held and the server never answers), until kFailedSendGrace at the latest.
