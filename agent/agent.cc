@@ -58,6 +58,7 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& in) {
   data_plane.paced_bytes_per_s = options.emulate_nic ? options.nic_bytes_per_s : 0;
   data_plane.reducer_threads = options.reducer_threads;
   data_plane.bundling.max_record_bytes = options.bundle_record_bytes;
+  data_plane.peer_recovery_bytes = options.peer_recovery_bytes;
   ASSIGN_OR_RETURN(
       std::unique_ptr<DataPlaneRunner> runner,
       DataPlaneRunner::Create(data_plane, *options.registry, common::SystemClock::Get()));

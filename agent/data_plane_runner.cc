@@ -110,6 +110,7 @@ absl::StatusOr<std::unique_ptr<DataPlaneRunner>> DataPlaneRunner::Create(
       std::make_unique<dataplane::DataPlaneNode>(r->transport_.get(), r->reducer_.get(), clock);
   r->metrics_ = std::make_unique<dataplane::DataPlaneMetrics>(registry);
   r->node_->SetMetrics(r->metrics_.get(), clock);
+  r->node_->push_pull().worker().SetRetainBudget(options.peer_recovery_bytes);
   r->stats_collector_ = std::make_shared<dataplane::DataPlaneStatsCollector>(r->node_.get());
   return r;
 }

@@ -102,6 +102,13 @@ int main(int argc, char** argv) {
                  "receiving an earlier one travel together in one message (0 = off)")
       ->capture_default_str();
   app.add_option("--reducer-threads", options.reducer_threads, "Summation threads (0 = all)");
+  uint64_t peer_recovery_mib = options.peer_recovery_bytes >> 20;
+  app.add_option("--peer-recovery-mib", peer_recovery_mib,
+                 "Memory for the push/pull sums a worker keeps so that a peer that lost a "
+                 "summation server can complete from it (up to twice each tensor's size while it "
+                 "fits; tensors past it have no peer copy); 0 = keep none")
+      ->capture_default_str()
+      ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 24));
   uint64_t staging_chunk_kib = tributary::agent::kDefaultMirrorStagingChunk >> 10;
   app.add_option("--staging-chunk-kib", staging_chunk_kib,
                  "GPU tensors larger than this are copied to and from host memory in chunks of "
@@ -139,6 +146,7 @@ int main(int argc, char** argv) {
   }
   tributary::agent::SetMirrorStagingChunkBytes(staging_chunk_kib << 10);
   options.ring_spin = std::chrono::microseconds(ring_spin_us);
+  options.peer_recovery_bytes = peer_recovery_mib << 20;
   options.nic_bytes_per_s = nic_gbps * 1e9 / 8;
   options.sum_bytes_per_s = sum_gbps * 1e9;
   options.offers_summation = !no_summation;

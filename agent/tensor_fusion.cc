@@ -901,18 +901,23 @@ void FusingRunner::Abort(const std::string& job_id, const std::string& tensor, u
     if (it != jobs_.end()) {
       Job& job = *it->second;
       const Key key{common::StableHash64(tensor), iteration};
+      bool was_waiting = false;
       for (auto w = job.waiting.begin(); w != job.waiting.end(); ++w) {
         if (w->op.tensor_name == tensor && w->op.iteration == iteration) {
-          // Waiting for the fusion list: whether the others fuse it is not known yet, so the
-          // abort waits for the list too (OnPlan).
           after.push_back([done = std::move(w->op.done), reason] { done(reason); });
           job.waiting.erase(w);
-          job.aborted_waiting.push_back({tensor, iteration, reason});
-          fused = true;
+          was_waiting = true;
           break;
         }
       }
-      if (auto held = job.undecided.find(key); held != job.undecided.end()) {
+      if (was_waiting || (job.state == PlanState::kPosted && iteration >= kFirstFusedIteration &&
+                          !job.undecided.contains(key))) {
+        // Waiting for the fusion list, or not submitted here while the list is on its way:
+        // whether the others fuse it is not known yet, so the abort waits for the list too
+        // (OnPlan).
+        job.aborted_waiting.push_back({tensor, iteration, reason});
+        fused = true;
+      } else if (auto held = job.undecided.find(key); held != job.undecided.end()) {
         // Held, not decided yet: the decision that names it fails the collective for everyone.
         after.push_back([done = std::move(held->second.op.done), reason] { done(reason); });
         job.undecided.erase(held);

@@ -881,7 +881,9 @@ void PushPullWorker::PumpLocked(std::vector<std::function<void()>>& sends) {
   std::vector<uint64_t> credit_bound;
   for (auto it = queue_.begin(); it != queue_.end();) {
     auto op_it = ops_.find(it->key);
-    if (op_it == ops_.end()) {
+    if (op_it == ops_.end() || op_it->second->seq != it->seq) {
+      // Its operation ended (a retry of the same collective is a new operation with its own
+      // chunks, server and sizes).
       it = EraseQueuedLocked(it);
       continue;
     }
@@ -901,8 +903,11 @@ void PushPullWorker::PumpLocked(std::vector<std::function<void()>>& sends) {
     uint64_t& in_flight = in_flight_bytes_[op->job_hash];
     if (in_flight > 0 && in_flight + bytes > op->job->credit_bytes) {
       stats_->credit_waits++;
-      const std::multiset<uint64_t>& queued = queued_bytes_[op->job_hash];
-      if (!queued.empty() && in_flight + *queued.begin() > op->job->credit_bytes &&
+      // (Operations started under an earlier plan carry its credit: after a plan change the
+      // bound may hold one of them back until the next pump, never for good.)
+      const auto queued = queued_bytes_.find(op->job_hash);
+      if (queued != queued_bytes_.end() &&
+          in_flight + *queued->second.begin() > op->job->credit_bytes &&
           std::find(credit_bound.begin(), credit_bound.end(), op->job_hash) == credit_bound.end()) {
         credit_bound.push_back(op->job_hash);
         credit_bound_jobs++;

@@ -7,12 +7,16 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
+#include <future>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "agent/data_plane_runner.h"
 #include "common/clock.h"
+#include "dataplane/schedule/chunk_map.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "prometheus/registry.h"
@@ -120,6 +124,75 @@ TEST(DataPlaneRunnerTransportTest, UcxRunnerExportsZeroCounters) {
                    "tributary_dataplane_rejected_connections_total"),
             0);
   (*runner)->Shutdown();
+}
+
+double SampleGauge(prometheus::Collectable& collectable, const std::string& name) {
+  for (const prometheus::MetricFamily& family : collectable.Collect()) {
+    if (family.name == name && !family.metric.empty()) return family.metric[0].gauge.value;
+  }
+  return -1;
+}
+
+// --peer-recovery-mib: a worker keeps the sums of a push/pull collective for its peers within
+// its budget only (0: none); the results are exact either way.
+TEST(DataPlaneRunnerTransportTest, ThePeerRecoveryBudgetBoundsTheSumsAWorkerKeeps) {
+  prometheus::Registry registry;
+  std::vector<std::unique_ptr<DataPlaneRunner>> runners;
+  dataplane::JobView view;
+  view.job_id = "budget";
+  view.plan_version = 1;
+  view.procs_per_node = 1;
+  view.partition_bytes = 1024;
+  view.tune_partition = false;
+  view.credit_bytes = 1 << 20;
+  view.op_timeout = std::chrono::seconds(20);
+  view.secret = "0123456789abcdef0123456789abcdef";
+  for (uint64_t budget : {uint64_t{0}, uint64_t{4} << 30, uint64_t{4} << 30}) {
+    DataPlaneRunner::Options options;
+    options.transport = DataPlaneTransport::kTcp;
+    options.reducer_threads = 1;
+    options.peer_recovery_bytes = budget;
+    absl::StatusOr<std::unique_ptr<DataPlaneRunner>> runner =
+        DataPlaneRunner::Create(options, registry, common::SystemClock::Get());
+    ASSERT_TRUE(runner.ok()) << runner.status();
+    runners.push_back(*std::move(runner));
+  }
+  // Runners 0 and 1 are the workers, runner 2 the summation server (not a worker: only then
+  // do workers keep sums).
+  view.worker_addresses = {runners[0]->address(), runners[1]->address()};
+  view.server_addresses = {runners[2]->address()};
+  view.server_weights = {dataplane::ChunkMap::kWeightTotal};
+  for (int i = 0; i < 3; ++i) {
+    view.my_worker_rank = i < 2 ? i : -1;
+    view.my_server_index = i == 2 ? 0 : -1;
+    runners[i]->SetJob(view, dataplane::Algorithm::kPushPull);
+  }
+  constexpr uint64_t kCount = 1000;
+  std::vector<std::vector<float>> data(2, std::vector<float>(kCount));
+  std::vector<std::future<absl::Status>> done;
+  for (int w = 0; w < 2; ++w) {
+    for (uint64_t e = 0; e < kCount; ++e) data[w][e] = static_cast<float>((w + 1) * (e % 7));
+    auto promise = std::make_shared<std::promise<absl::Status>>();
+    done.push_back(promise->get_future());
+    dataplane::Operation op;
+    op.tensor_name = "t";
+    op.dtype = common::DataType::kFloat32;
+    op.count = kCount;
+    op.buffers = {reinterpret_cast<std::byte*>(data[w].data())};
+    op.done = [promise](absl::Status s) { promise->set_value(std::move(s)); };
+    ASSERT_TRUE(runners[w]->Start("budget", std::move(op)).ok());
+  }
+  int wrong = 0;
+  for (int w = 0; w < 2; ++w) {
+    ASSERT_EQ(done[w].wait_for(std::chrono::seconds(20)), std::future_status::ready);
+    EXPECT_TRUE(done[w].get().ok());
+    for (uint64_t e = 0; e < kCount; ++e) wrong += data[w][e] != static_cast<float>(3 * (e % 7));
+  }
+  EXPECT_EQ(wrong, 0);
+  EXPECT_EQ(SampleGauge(*runners[0]->stats_collector(), "tributary_dataplane_retained_bytes"), 0);
+  EXPECT_EQ(SampleGauge(*runners[1]->stats_collector(), "tributary_dataplane_retained_bytes"),
+            kCount * 4);
+  for (auto& r : runners) r->Shutdown();
 }
 
 }  // namespace

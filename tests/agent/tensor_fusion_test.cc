@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "agent/data_plane_runner.h"
 #include "agent/fake_collective_runner.h"
 #include "common/clock.h"
@@ -497,41 +498,58 @@ TEST(FusingRunnerTest, AnAbortedTensorNeverSubmittedHereFailsOnEveryNode) {
   }
 }
 
-// An operation aborted while it waits for the fusion list (the first fused iteration, before
-// the list's broadcast has completed here): once the list arrives the abort reaches the others'
-// copies, which fail with its reason at once rather than at their deadline; the rest of the
-// iteration runs exactly or fails with the same reason.
-TEST(FusingRunnerTest, AnOperationAbortedWhileWaitingForTheListFailsOnEveryNode) {
-  for (int aborting : {0, 1}) {  // the leader, a follower
-    FusionCluster cluster(3, dataplane::Algorithm::kRing, 64 << 10);
-    ASSERT_EQ(RunIteration(cluster, kSmall, 0), 0u);
-    const uint64_t it = kFirstFusedIteration;
-    std::vector<std::vector<std::vector<float>>> out(
-        3, std::vector<std::vector<float>>(kSmall.size()));
-    std::vector<std::vector<std::future<absl::Status>>> futures(3);
-    for (auto& f : futures) f.resize(kSmall.size());
-    // A follower's list cannot arrive before the leader posts it, which it does only when its
-    // own first operation of the iteration starts (below).
-    futures[aborting][1] = cluster.Start(aborting, 1, kSmall[1], it, out[aborting][1]);
-    cluster.node(aborting).Abort(kJob, "a", it, absl::CancelledError("process gave up on a"));
-    ASSERT_EQ(futures[aborting][1].wait_for(0s), std::future_status::ready);
-    EXPECT_THAT(futures[aborting][1].get().message(), HasSubstr("process gave up on a"));
-    for (int i = 0; i < 3; ++i) {
-      for (size_t t = 1; t < kSmall.size(); ++t) {
-        if (i != aborting || t != 1) futures[i][t] = cluster.Start(i, t, kSmall[t], it, out[i][t]);
+// An abort of a tensor that waits here for the fusion list (the first fused iteration, before
+// the list's broadcast has completed), or that this node has not submitted while the list is on
+// its way: once the list arrives the abort reaches the others' copies, which fail with its reason
+// at once rather than at their deadline; the rest of the iteration runs exactly or fails with the
+// same reason.
+TEST(FusingRunnerTest, AnAbortBeforeTheListArrivesFailsTheTensorOnEveryNode) {
+  for (bool submitted : {true, false}) {
+    for (int aborting : {0, 1}) {  // the leader, a follower
+      FusionCluster cluster(3, dataplane::Algorithm::kRing, 64 << 10);
+      ASSERT_EQ(RunIteration(cluster, kSmall, 0), 0u);
+      const uint64_t it = kFirstFusedIteration;
+      const std::string where =
+          absl::StrCat(submitted ? "submitted" : "not submitted", ", aborting ", aborting);
+      std::vector<std::vector<std::vector<float>>> out(
+          3, std::vector<std::vector<float>>(kSmall.size()));
+      std::vector<std::vector<std::future<absl::Status>>> futures(3);
+      for (auto& f : futures) f.resize(kSmall.size());
+      // The aborting node's first operation of the iteration (a, or b when a is never submitted
+      // there) posts its side of the list's broadcast; a follower's list cannot arrive before the
+      // leader posts it, which it does only when its own first operation starts (below).
+      const size_t first = submitted ? 1 : 2;
+      futures[aborting][first] =
+          cluster.Start(aborting, first, kSmall[first], it, out[aborting][first]);
+      cluster.node(aborting).Abort(kJob, "a", it, absl::CancelledError("process gave up on a"));
+      if (submitted) {
+        ASSERT_EQ(futures[aborting][1].wait_for(0s), std::future_status::ready) << where;
+        EXPECT_THAT(futures[aborting][1].get().message(), HasSubstr("process gave up on a"));
       }
-    }
-    for (int i = 0; i < 3; ++i) {
-      for (size_t t = 1; t < kSmall.size(); ++t) {
-        if (i == aborting && t == 1) continue;
-        absl::Status s = cluster.Await(futures[i][t]);
-        if (t == 1 || !s.ok()) {
-          EXPECT_THAT(s.message(), HasSubstr("process gave up on a"))
-              << "aborting " << aborting << " node " << i << " tensor " << t;
-        } else {
-          EXPECT_EQ(cluster.CountWrong(t, kSmall[t], it, out[i][t]), 0u);
+      for (int i = 0; i < 3; ++i) {
+        for (size_t t = 1; t < kSmall.size(); ++t) {
+          if (i == aborting && t <= first) continue;
+          futures[i][t] = cluster.Start(i, t, kSmall[t], it, out[i][t]);
         }
       }
+      for (int i = 0; i < 3; ++i) {
+        for (size_t t = 1; t < kSmall.size(); ++t) {
+          if (i == aborting && t == 1) continue;
+          absl::Status s = cluster.Await(futures[i][t]);
+          if (t == 1 || !s.ok()) {
+            EXPECT_THAT(s.message(), HasSubstr("process gave up on a"))
+                << where << ", node " << i << ", tensor " << t;
+          } else {
+            EXPECT_EQ(cluster.CountWrong(t, kSmall[t], it, out[i][t]), 0u);
+          }
+        }
+      }
+      // a was in the list: the abort went through a decision, not around it.
+      const std::vector<FusionGroup> groups = cluster.node(0).groups(kJob);
+      ASSERT_THAT(groups, SizeIs(1)) << where;
+      EXPECT_TRUE(std::any_of(groups[0].members.begin(), groups[0].members.end(),
+                              [](const FusionMember& m) { return m.name_hash == H("a"); }))
+          << where;
     }
   }
 }
