@@ -141,7 +141,7 @@ function validatePodTemplate(template, what) {
 // --- value sets --------------------------------------------------------------------------------
 const VALUE_SETS = {
   default: {},
-  "gpu-only": { "agent.gpu.enabled": true, "agent.cpu.enabled": false, "agent.gpu.summation": false },
+  "gpu-only": { "agent.gpu.enabled": true, "agent.cpu.enabled": false, "agent.gpu.summation": false, "agent.gpu.peerRecoveryMiB": 1024 },
   "spare-cpu": { "agent.cpu.enabled": true, "agent.cpu.tolerations": [{ key: "spare", operator: "Exists", effect: "NoSchedule" }] },
   "host-network": { "agent.hostNetwork": true, "agent.ucx": { netDevices: "mlx5_0:1", tls: "rc,sm,self" }, "agent.nicGbps": 100 },
   persistence: { "controller.persistence.enabled": true, "controller.persistence.storageClassName": "fast" },
@@ -248,8 +248,10 @@ function assertChartObjects(name, set, objs) {
       assert.ok(tolerations.some((t) => t.key === "nvidia.com/gpu" && t.operator === "Exists"), "gpu: nvidia.com/gpu toleration");
       assert.equal(spec.nodeSelector["nvidia.com/gpu.present"], "true");
       assert.equal(a.args.includes("--no-summation"), get("agent.gpu.summation", true) === false);
+      assert.equal(Number(argValue(a.args, "--peer-recovery-mib")), get("agent.gpu.peerRecoveryMiB", 4096));
     } else {
       assert.equal(a.args.includes("--no-summation"), false, "spare CPU agents sum");
+      assert.equal(a.args.includes("--peer-recovery-mib"), false, "spare CPU agents are not workers");
       assert.equal(spec.nodeSelector["tributary.io/spare"], "true");
       assert.deepEqual(tolerations, get("agent.cpu.tolerations", []));
     }

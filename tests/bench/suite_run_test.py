@@ -42,6 +42,24 @@ class Workloads(unittest.TestCase):
             self.assertEqual(4 * sum(int(c) for _, c in lines), nbytes)
 
 
+    def test_workload_iters_override_and_reject_bad_items(self):
+        import argparse
+
+        class Parser(argparse.ArgumentParser):
+            def error(self, message):
+                raise ValueError(message)
+
+        ap = Parser()
+        self.assertEqual(run.parse_workload_iters(ap, ["bert-large=1:1", "resnet50=5"]),
+                         {"bert-large": (1, 1), "resnet50": (5, run.WORKLOADS["resnet50"][2])})
+        for bad, says in (("bert=1", "NAME one of"), ("bert-large", "NAME=TIMED"),
+                          ("resnet50=x", "integers"), ("resnet50=0:1", "at least 1"),
+                          ("resnet50=2:-1", "warm-up >= 0")):
+            with self.assertRaises(ValueError) as e:
+                run.parse_workload_iters(ap, [bad])
+            self.assertIn(says, str(e.exception), bad)
+
+
 class Theory(unittest.TestCase):
     def test_tcp_efficiency(self):
         self.assertAlmostEqual(run.tcp_efficiency(1500), 1448 / 1514)
@@ -364,6 +382,19 @@ class Csvs(unittest.TestCase):
             w = csv.writer(f)
             w.writerow(header)
             w.writerows(rows)
+
+    def test_workloads_alone_are_reported(self):
+        with tempfile.TemporaryDirectory() as old, tempfile.TemporaryDirectory() as out:
+            self.write(os.path.join(old, "emulated_workloads.csv"), OLD_WORKLOAD_HEADER, [
+                ["bert-large", "Gloo ring", 391, 1340567552, "138451165.6", "129644000.0",
+                 "0.94", "1.000", "Gloo ring", 0, "7 7 6 7 0 0 0 0", 0]])
+            wl = run.load_workloads(os.path.join(old, "emulated_workloads.csv"))
+            self.report([], out, wl, {})  # an empty --sizes: no sweep
+            with open(os.path.join(out, "emulated_allreduce.md")) as f:
+                md = f.read()
+            self.assertIn("| bert-large | Gloo ring |", md)
+            self.assertNotIn("| config | size |", md)
+            self.assertFalse(os.path.exists(os.path.join(out, "emulated_allreduce.png")))
 
     def test_old_csvs_without_repeats_still_load_and_rebuild(self):
         M = 1 << 20
