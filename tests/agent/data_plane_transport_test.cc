@@ -68,9 +68,13 @@ TEST(DataPlaneTransportTest, AutoPicksTcpUnlessUcxTlsAllowsRdma) {
             DataPlaneTransport::kTcp);
 }
 
+// The value of counter or gauge `name` (-1: not there).
 double Sample(prometheus::Collectable& collectable, const std::string& name) {
   for (const prometheus::MetricFamily& family : collectable.Collect()) {
-    if (family.name == name && !family.metric.empty()) return family.metric[0].counter.value;
+    if (family.name == name && !family.metric.empty()) {
+      return family.type == prometheus::MetricType::Gauge ? family.metric[0].gauge.value
+                                                          : family.metric[0].counter.value;
+    }
   }
   return -1;
 }
@@ -124,13 +128,6 @@ TEST(DataPlaneRunnerTransportTest, UcxRunnerExportsZeroCounters) {
                    "tributary_dataplane_rejected_connections_total"),
             0);
   (*runner)->Shutdown();
-}
-
-double SampleGauge(prometheus::Collectable& collectable, const std::string& name) {
-  for (const prometheus::MetricFamily& family : collectable.Collect()) {
-    if (family.name == name && !family.metric.empty()) return family.metric[0].gauge.value;
-  }
-  return -1;
 }
 
 // --peer-recovery-mib: a worker keeps the sums of a push/pull collective for its peers within
@@ -189,8 +186,8 @@ TEST(DataPlaneRunnerTransportTest, ThePeerRecoveryBudgetBoundsTheSumsAWorkerKeep
     for (uint64_t e = 0; e < kCount; ++e) wrong += data[w][e] != static_cast<float>(3 * (e % 7));
   }
   EXPECT_EQ(wrong, 0);
-  EXPECT_EQ(SampleGauge(*runners[0]->stats_collector(), "tributary_dataplane_retained_bytes"), 0);
-  EXPECT_EQ(SampleGauge(*runners[1]->stats_collector(), "tributary_dataplane_retained_bytes"),
+  EXPECT_EQ(Sample(*runners[0]->stats_collector(), "tributary_dataplane_retained_bytes"), 0);
+  EXPECT_EQ(Sample(*runners[1]->stats_collector(), "tributary_dataplane_retained_bytes"),
             kCount * 4);
   for (auto& r : runners) r->Shutdown();
 }

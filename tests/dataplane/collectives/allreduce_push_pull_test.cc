@@ -503,21 +503,40 @@ class RecordingTransport final : public Transport {
   std::vector<std::function<void()>> held_;
 };
 
-TEST(PushPull, LowerPriorityNumbersGoFirst) {
+// A push/pull worker whose pushes are recorded (its send completions held until Release) and
+// one summation server, on an in-process network, 100 floats per chunk and `credit` bytes.
+struct RecordedPair {
+  explicit RecordedPair(uint64_t credit)
+      : worker_ep(network.CreateEndpoint("w")),
+        server_ep(network.CreateEndpoint("s")),
+        recorder(worker_ep.get()),
+        worker(&recorder, &reducer, &clock),
+        server(server_ep.get(), &reducer, &clock) {
+    JobView v = OneWorkerOneServer(400);
+    v.credit_bytes = credit;
+    worker.SetJob(v, Algorithm::kPushPull);
+    v.my_worker_rank = -1;
+    v.my_server_index = 0;
+    server.SetJob(v, Algorithm::kPushPull);
+  }
+  ~RecordedPair() {
+    worker_ep->Shutdown();
+    server_ep->Shutdown();
+  }
+
   InProcessNetwork network;
-  auto worker_ep = network.CreateEndpoint("w");
-  auto server_ep = network.CreateEndpoint("s");
-  RecordingTransport recorder(worker_ep.get());
-  CpuReducer reducer(1, 1 << 20);
+  std::unique_ptr<InProcessTransport> worker_ep, server_ep;
+  RecordingTransport recorder;
+  CpuReducer reducer{1, 1 << 20};
   common::FakeClock clock;
-  DataPlaneNode worker(&recorder, &reducer, &clock);
-  DataPlaneNode server(server_ep.get(), &reducer, &clock);
-  JobView v = OneWorkerOneServer(400);  // 100 floats per chunk
-  v.credit_bytes = 400;                 // one chunk in flight
-  worker.SetJob(v, Algorithm::kPushPull);
-  v.my_worker_rank = -1;
-  v.my_server_index = 0;
-  server.SetJob(v, Algorithm::kPushPull);
+  DataPlaneNode worker, server;
+};
+
+TEST(PushPull, LowerPriorityNumbersGoFirst) {
+  RecordedPair pair(400);  // one chunk in flight
+  InProcessNetwork& network = pair.network;
+  RecordingTransport& recorder = pair.recorder;
+  DataPlaneNode& worker = pair.worker;
 
   network.SetFrozen("s", true);
   std::vector<std::vector<std::byte>> low(1, std::vector<std::byte>(4000));
@@ -547,8 +566,6 @@ TEST(PushPull, LowerPriorityNumbersGoFirst) {
                                                            {lo, 2}, {lo, 3}, {lo, 4}, {lo, 5},
                                                            {lo, 6}, {lo, 7}, {lo, 8}, {lo, 9}};
   EXPECT_EQ(recorder.sent(), want);
-  worker_ep->Shutdown();
-  server_ep->Shutdown();
 }
 
 // The credit a big chunk leaves may still fit a smaller chunk further down the queue: that one
@@ -556,20 +573,10 @@ TEST(PushPull, LowerPriorityNumbersGoFirst) {
 // once no queued chunk of the job fits).
 TEST(PushPull, ASmallerChunkFurtherDownTheQueueUsesTheCreditLeft) {
   for (uint64_t credit : {600, 450}) {
-    InProcessNetwork network;
-    auto worker_ep = network.CreateEndpoint("w");
-    auto server_ep = network.CreateEndpoint("s");
-    RecordingTransport recorder(worker_ep.get());
-    CpuReducer reducer(1, 1 << 20);
-    common::FakeClock clock;
-    DataPlaneNode worker(&recorder, &reducer, &clock);
-    DataPlaneNode server(server_ep.get(), &reducer, &clock);
-    JobView v = OneWorkerOneServer(400);  // 100 floats per chunk
-    v.credit_bytes = credit;
-    worker.SetJob(v, Algorithm::kPushPull);
-    v.my_worker_rank = -1;
-    v.my_server_index = 0;
-    server.SetJob(v, Algorithm::kPushPull);
+    RecordedPair pair(credit);
+    InProcessNetwork& network = pair.network;
+    RecordingTransport& recorder = pair.recorder;
+    DataPlaneNode& worker = pair.worker;
 
     network.SetFrozen("s", true);
     std::vector<std::vector<std::byte>> big(1, std::vector<std::byte>(4000));
@@ -609,8 +616,6 @@ TEST(PushPull, ASmallerChunkFurtherDownTheQueueUsesTheCreditLeft) {
     for (uint64_t i = 0; i < 25; ++i)
       wrong += GetValue(DataType::kFloat32, small[0].data(), i) != i + 1;
     EXPECT_EQ(wrong, 0) << "credit " << credit;
-    worker_ep->Shutdown();
-    server_ep->Shutdown();
   }
 }
 
