@@ -22,6 +22,7 @@
 #include "agent/local_service.h"
 #include "common/clock.h"
 #include "common/rpc/tls.h"
+#include "dataplane/collectives/allreduce_push_pull.h"
 #include "grpcpp/grpcpp.h"
 #include "prometheus/collectable.h"
 #include "prometheus/registry.h"
@@ -63,9 +64,9 @@ struct AgentOptions {
   // Messages up to this size to a busy peer share one transport message (fusion on the wire,
   // dataplane/transport/bundling); 0 = off.
   size_t bundle_record_bytes = 64 << 10;
-  // At most this many bytes of push/pull sums kept for peer recovery (dataplane
-  // kDefaultRetainBytes: up to twice each tensor's size while it fits); 0 = keep none.
-  uint64_t peer_recovery_bytes = uint64_t{4} << 30;
+  // At most this many bytes of push/pull sums kept for peer recovery (up to twice each tensor's
+  // size while it fits); 0 = keep none.
+  uint64_t peer_recovery_bytes = dataplane::kDefaultRetainBytes;
   std::chrono::milliseconds tick{50};  // deadline sweep period
   // The control rings' ring threads poll for up to this long before sleeping, when their recent
   // idle spells were shorter (ControlRings::Options::spin); zero: never.

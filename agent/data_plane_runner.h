@@ -38,7 +38,7 @@ class DataPlaneRunner final : public CollectiveRunner {
     // Small messages to a busy peer travel together (dataplane/transport/bundling).
     dataplane::BundlingOptions bundling;
     // Push/pull's budget for sums kept for peer recovery (PushPullWorker::SetRetainBudget).
-    uint64_t peer_recovery_bytes = uint64_t{4} << 30;
+    uint64_t peer_recovery_bytes = dataplane::kDefaultRetainBytes;
   };
 
   // Starts the transport (chosen as ChooseDataPlaneTransport says, from the environment's

@@ -910,8 +910,7 @@ void FusingRunner::Abort(const std::string& job_id, const std::string& tensor, u
           break;
         }
       }
-      if (was_waiting || (job.state == PlanState::kPosted && iteration >= kFirstFusedIteration &&
-                          !job.undecided.contains(key))) {
+      if (was_waiting || (job.state == PlanState::kPosted && iteration >= kFirstFusedIteration)) {
         // Waiting for the fusion list, or not submitted here while the list is on its way:
         // whether the others fuse it is not known yet, so the abort waits for the list too
         // (OnPlan).

@@ -877,7 +877,6 @@ void PushPullWorker::PumpLocked(std::vector<std::function<void()>>& sends) {
   // Jobs none of whose queued chunks fits the credit left: once every job with queued chunks is
   // one, no chunk further down the queue can go, and the walk stops (with every tensor of an
   // iteration queued at once, walking the rest for every result cost more than the sends).
-  size_t credit_bound_jobs = 0;
   std::vector<uint64_t> credit_bound;
   for (auto it = queue_.begin(); it != queue_.end();) {
     auto op_it = ops_.find(it->key);
@@ -910,8 +909,7 @@ void PushPullWorker::PumpLocked(std::vector<std::function<void()>>& sends) {
           in_flight + *queued->second.begin() > op->job->credit_bytes &&
           std::find(credit_bound.begin(), credit_bound.end(), op->job_hash) == credit_bound.end()) {
         credit_bound.push_back(op->job_hash);
-        credit_bound_jobs++;
-        if (credit_bound_jobs == queued_bytes_.size()) break;
+        if (credit_bound.size() == queued_bytes_.size()) break;
       }
       ++it;  // another job's credit, or a smaller chunk, may still go
       continue;
