@@ -1052,7 +1052,7 @@ def main():
     suite = Suite(args, peers, args.bin_dir, work)
     nhosts = len(suite.hosts)
     env = dict(os.environ, TRIBUTARY_BIN_DIR=args.bin_dir)
-    results, wresults, ceilings = [], [], {}
+    results, wresults, tresults, ceilings = [], [], [], {}
     failed = False
 
     def cleanup():
