@@ -31,9 +31,9 @@ constexpr uint64_t kBytes = 2 * kChunk + 12;  // three chunks, the last one shor
 
 // Host memory standing for a device buffer: CopyIn / CopyOut move bytes between `source` and the
 // host mirror and record each call; a copy in may be made to fail or to wait for a release.
-class FakeMirror final : public MirroredMemory {
+class FakeStagerMirror final : public MirroredMemory {
  public:
-  explicit FakeMirror(uint64_t size) : source(size), mirror_(size) {}
+  explicit FakeStagerMirror(uint64_t size) : source(size), mirror_(size) {}
   std::byte* host() const override { return const_cast<std::byte*>(mirror_.data()); }
   uint64_t size() const override { return mirror_.size(); }
   absl::Status CopyIn(uint64_t offset, uint64_t bytes, std::chrono::milliseconds) override {
@@ -124,7 +124,7 @@ class MirrorStreamingTest : public ::testing::Test {
   void SetUp() override {
     SetMirrorStagingChunkBytes(kChunk);
     for (int r = 0; r < 2; ++r) {
-      auto mirror = std::make_unique<FakeMirror>(kBytes + 64);
+      auto mirror = std::make_unique<FakeStagerMirror>(kBytes + 64);
       for (uint64_t i = 0; i < mirror->source.size(); ++i) {
         mirror->source[i] = static_cast<std::byte>(i * 7 + r);
       }
@@ -162,7 +162,7 @@ class MirrorStreamingTest : public ::testing::Test {
   }
 
   std::shared_ptr<MirrorStager> stager = std::make_shared<MirrorStager>();
-  std::vector<FakeMirror*> mirrors;
+  std::vector<FakeStagerMirror*> mirrors;
   std::vector<std::shared_ptr<SharedMemoryMapping>> mappings;
   Runner runner;
 };
@@ -172,21 +172,21 @@ TEST_F(MirrorStreamingTest, ChunksGoInInOrderAndResultsGoBackAsReportedBeforeDon
   ASSERT_TRUE(runner.WaitFor([&] { return runner.advanced.size() == 3; }));
   EXPECT_EQ(runner.plain_starts, 0);
   EXPECT_THAT(runner.advanced, ElementsAre(kChunk, 2 * kChunk, kBytes));
-  for (FakeMirror* m : mirrors) {
+  for (FakeStagerMirror* m : mirrors) {
     EXPECT_THAT(m->Ins(), ElementsAre(Pair(32, kChunk), Pair(32 + kChunk, kChunk),
                                       Pair(32 + 2 * kChunk, 12)));
     EXPECT_EQ(std::memcmp(m->host() + 32, m->source.data() + 32, kBytes), 0);
   }
   // The data plane writes its results and reports them, the middle first.
   dataplane::Operation& op = *runner.op;
-  for (FakeMirror* m : mirrors) std::memset(m->host() + 32, 0x5c, kBytes);
+  for (FakeStagerMirror* m : mirrors) std::memset(m->host() + 32, 0x5c, kBytes);
   op.staged->Final(kChunk, kChunk);
   op.staged->Final(0, kChunk);
   op.staged->Final(2 * kChunk, 12);
   op.done(absl::OkStatus());
   ASSERT_EQ(done.wait_for(kGuard), std::future_status::ready);
   EXPECT_TRUE(done.get().ok());
-  for (FakeMirror* m : mirrors) {
+  for (FakeStagerMirror* m : mirrors) {
     // Each range once, as reported; nothing copied again at the end.
     EXPECT_THAT(m->Outs(), ElementsAre(Pair(32 + kChunk, kChunk), Pair(32, kChunk),
                                        Pair(32 + 2 * kChunk, 12)));
@@ -201,7 +201,7 @@ TEST_F(MirrorStreamingTest, AnAlgorithmThatReportsNothingGetsEverythingCopiedBac
   runner.op->done(absl::OkStatus());
   ASSERT_EQ(done.wait_for(kGuard), std::future_status::ready);
   EXPECT_TRUE(done.get().ok());
-  for (FakeMirror* m : mirrors) EXPECT_THAT(m->Outs(), ElementsAre(Pair(32, kBytes)));
+  for (FakeStagerMirror* m : mirrors) EXPECT_THAT(m->Outs(), ElementsAre(Pair(32, kBytes)));
 }
 
 TEST_F(MirrorStreamingTest, AFailedCopyInAbortsTheOperationAndCopiesNothingBack) {
@@ -219,7 +219,7 @@ TEST_F(MirrorStreamingTest, AFailedCopyInAbortsTheOperationAndCopiesNothingBack)
   absl::Status s = done.get();
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(s.message(), HasSubstr("copying the input from gpu buffer 1"));
-  for (FakeMirror* m : mirrors) {
+  for (FakeStagerMirror* m : mirrors) {
     EXPECT_TRUE(m->Outs().empty());
     EXPECT_LE(m->Ins().size(), 2u);
   }
@@ -247,11 +247,11 @@ TEST_F(MirrorStreamingTest, RegionsOfOneChunkOrLessAreCopiedWholeBeforeTheStart)
   ASSERT_TRUE(runner.WaitFor([&] { return runner.op.has_value(); }));
   EXPECT_EQ(runner.plain_starts, 1);
   EXPECT_EQ(runner.op->staged, nullptr);
-  for (FakeMirror* m : mirrors) EXPECT_THAT(m->Ins(), ElementsAre(Pair(32, kChunk)));
+  for (FakeStagerMirror* m : mirrors) EXPECT_THAT(m->Ins(), ElementsAre(Pair(32, kChunk)));
   runner.op->done(absl::OkStatus());
   ASSERT_EQ(done.wait_for(kGuard), std::future_status::ready);
   EXPECT_TRUE(done.get().ok());
-  for (FakeMirror* m : mirrors) EXPECT_THAT(m->Outs(), ElementsAre(Pair(32, kChunk)));
+  for (FakeStagerMirror* m : mirrors) EXPECT_THAT(m->Outs(), ElementsAre(Pair(32, kChunk)));
 }
 
 TEST_F(MirrorStreamingTest, ChunkZeroTurnsStreamingOff) {
@@ -259,7 +259,7 @@ TEST_F(MirrorStreamingTest, ChunkZeroTurnsStreamingOff) {
   std::future<absl::Status> done = Start(kBytes, dataplane::Reduction::kSum);
   ASSERT_TRUE(runner.WaitFor([&] { return runner.op.has_value(); }));
   EXPECT_EQ(runner.plain_starts, 1);
-  for (FakeMirror* m : mirrors) EXPECT_THAT(m->Ins(), ElementsAre(Pair(32, kBytes)));
+  for (FakeStagerMirror* m : mirrors) EXPECT_THAT(m->Ins(), ElementsAre(Pair(32, kBytes)));
   runner.op->done(absl::OkStatus());
   ASSERT_EQ(done.wait_for(kGuard), std::future_status::ready);
 }
@@ -285,7 +285,7 @@ TEST_F(MirrorStreamingTest, ARefusedStartFailsWithoutCopying) {
   ASSERT_EQ(done.wait_for(kGuard), std::future_status::ready);
   EXPECT_EQ(done.get().code(), absl::StatusCode::kNotFound);
   stager->Stop();
-  for (FakeMirror* m : mirrors) EXPECT_TRUE(m->Ins().empty());
+  for (FakeStagerMirror* m : mirrors) EXPECT_TRUE(m->Ins().empty());
 }
 
 }  // namespace

@@ -22,7 +22,7 @@ namespace {
 
 constexpr int kAgents = 500;
 constexpr int kChannels = 4;
-constexpr auto kTimeout = std::chrono::milliseconds(1000);
+constexpr auto kWatchTimeout = std::chrono::milliseconds(1000);
 constexpr auto kDeadline = std::chrono::seconds(30);
 
 std::string Name(int i) {
@@ -117,10 +117,10 @@ class AgentWatch : public grpc::ClientReadReactor<tributary::v1::WatchAssignment
 class WatchStreamTest : public ::testing::Test {
  protected:
   WatchStreamTest()
-      : state_(
-            &clock_,
-            {.heartbeat_interval = std::chrono::milliseconds(100), .heartbeat_timeout = kTimeout},
-            1),
+      : state_(&clock_,
+               {.heartbeat_interval = std::chrono::milliseconds(100),
+                .heartbeat_timeout = kWatchTimeout},
+               1),
         service_(&state_) {
     grpc::ServerBuilder builder;
     int port = 0;
@@ -218,9 +218,9 @@ TEST_F(WatchStreamTest, EveryAgentSeesEveryVersionOnceInOrder) {
     if (!s.is_worker() && dead.size() < 4) dead.insert(s.node_id());
   }
   ASSERT_EQ(dead.size(), 4u);
-  clock_.Advance(kTimeout / 2);
+  clock_.Advance(kWatchTimeout / 2);
   ASSERT_NO_FATAL_FAILURE(HeartbeatAllBut(dead));
-  clock_.Advance(kTimeout / 2 + std::chrono::milliseconds(1));
+  clock_.Advance(kWatchTimeout / 2 + std::chrono::milliseconds(1));
   ASSERT_NO_FATAL_FAILURE(HeartbeatAllBut(dead));
   state_.CheckLiveness();
   ASSERT_NO_FATAL_FAILURE(Sync("deaths"));
@@ -279,7 +279,7 @@ TEST_F(WatchStreamTest, ANodeDeadForTheLingerLosesItsStream) {
     ASSERT_TRUE(state_.Heartbeat(req, &resp).ok());
   };
   // Both die; node 1 is back after 30 s, node 0 never.
-  clock_.Advance(kTimeout + std::chrono::milliseconds(1));
+  clock_.Advance(kWatchTimeout + std::chrono::milliseconds(1));
   state_.CheckLiveness();
   clock_.Advance(std::chrono::seconds(30));
   ASSERT_NO_FATAL_FAILURE(beat(1));

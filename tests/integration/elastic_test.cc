@@ -23,7 +23,7 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::steady_clock;
 
-constexpr int kWorkers = 3;
+constexpr int kElasticWorkers = 3;
 constexpr size_t kCount = 20000;  // float32: several chunks
 constexpr uint32_t kOpTimeoutMs = 3000;
 
@@ -125,7 +125,7 @@ bool WaitFor(F done, milliseconds timeout) {
 TEST(ElasticTest, AJobGoesOnWithTheSurvivorsAndTakesAReturningNodeBack) {
   client::LocalClusterOptions o;
   o.bin_dir = TRIBUTARY_BIN_DIR;
-  o.workers = kWorkers;
+  o.workers = kElasticWorkers;
   o.spares = 0;
   o.heartbeat = milliseconds(200);
   o.heartbeat_timeout = milliseconds(1200);
@@ -147,7 +147,7 @@ TEST(ElasticTest, AJobGoesOnWithTheSurvivorsAndTakesAReturningNodeBack) {
     ASSERT_TRUE(s.ok()) << s.error_message();
   }
   std::vector<std::unique_ptr<Member>> members;
-  for (int n = 0; n < kWorkers; ++n) {
+  for (int n = 0; n < kElasticWorkers; ++n) {
     members.push_back(std::make_unique<Member>(cluster->agent_address(n), "elastic"));
     members.back()->Start();
   }
@@ -194,7 +194,7 @@ TEST(ElasticTest, AJobGoesOnWithTheSurvivorsAndTakesAReturningNodeBack) {
   EXPECT_EQ(members[2]->membership_changes(), 0);  // it joined in the new generation
   for (auto& m : members) m->RequestStop();
   for (auto& m : members) m->Stop();
-  for (int m = 0; m < kWorkers; ++m) EXPECT_EQ(members[m]->wrong(), 0) << "member " << m;
+  for (int m = 0; m < kElasticWorkers; ++m) EXPECT_EQ(members[m]->wrong(), 0) << "member " << m;
 
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));

@@ -39,8 +39,8 @@ namespace {
 using ::testing::HasSubstr;
 using namespace std::chrono_literals;
 
-constexpr int kWorkers = 2;
-constexpr int kSpares = 1;
+constexpr int kHostileWorkers = 2;
+constexpr int kHostileSpares = 1;
 
 struct Row {
   std::string name;
@@ -94,8 +94,8 @@ class HostileInputTest : public ::testing::Test {
   static void SetUpTestSuite() {
     client::LocalClusterOptions o;
     o.bin_dir = TRIBUTARY_BIN_DIR;
-    o.workers = kWorkers;
-    o.spares = kSpares;
+    o.workers = kHostileWorkers;
+    o.spares = kHostileSpares;
     o.nic_gbps = {10};
     o.sum_gbps = 4;
     o.heartbeat_timeout = std::chrono::seconds(30);
@@ -125,7 +125,7 @@ TEST_F(HostileInputTest, FortyHostileInputsGetTheirStatusAndNothingBreaks) {
     ASSERT_TRUE(controller.CreateJob(Context().get(), req, &job).ok());
   }
   std::vector<std::unique_ptr<client::Client>> clients;
-  for (int node = 0; node < kWorkers; ++node) {
+  for (int node = 0; node < kHostileWorkers; ++node) {
     client::ClientOptions options;
     options.agent_address = cluster_->agent_address(node);
     options.join_timeout = 20s;
@@ -425,7 +425,8 @@ TEST_F(HostileInputTest, FortyHostileInputsGetTheirStatusAndNothingBreaks) {
       case Row::kController: {
         v1::ListNodesResponse now;
         EXPECT_TRUE(controller.ListNodes(Context().get(), {}, &now).ok());
-        EXPECT_EQ(now.nodes_size(), kWorkers + kSpares);  // nothing hostile registered
+        EXPECT_EQ(now.nodes_size(),
+                  kHostileWorkers + kHostileSpares);  // nothing hostile registered
         break;
       }
       case Row::kAgent:
@@ -445,7 +446,7 @@ TEST_F(HostileInputTest, FortyHostileInputsGetTheirStatusAndNothingBreaks) {
   // The job that lived through all of it: an exact all-reduce on every rank.
   std::vector<std::shared_ptr<client::SharedBuffer>> data;
   std::vector<client::Handle> handles;
-  for (int node = 0; node < kWorkers; ++node) {
+  for (int node = 0; node < kHostileWorkers; ++node) {
     auto b = node == 0 ? *buffer : *clients[node]->AllocateBuffer(4096);
     for (size_t i = 0; i < 1024; ++i) b->as<float>()[i] = static_cast<float>((node + 1) * i);
     auto h = clients[node]->AllReduceAsync("after.hostile", *b, 0, 1024, common::DataType::kFloat32,
@@ -455,12 +456,12 @@ TEST_F(HostileInputTest, FortyHostileInputsGetTheirStatusAndNothingBreaks) {
     data.push_back(b);
   }
   for (auto& h : handles) ASSERT_TRUE(h.Wait(60s).ok());
-  for (int node = 0; node < kWorkers; ++node) {
+  for (int node = 0; node < kHostileWorkers; ++node) {
     int wrong = 0;
     for (size_t i = 0; i < 1024; ++i) wrong += data[node]->as<float>()[i] != 3.0f * i;
     EXPECT_EQ(wrong, 0) << "node " << node;
   }
-  EXPECT_TRUE(cluster_->WaitForAliveNodes(kWorkers + kSpares, 5s).ok());
+  EXPECT_TRUE(cluster_->WaitForAliveNodes(kHostileWorkers + kHostileSpares, 5s).ok());
 }
 
 }  // namespace

@@ -32,12 +32,12 @@ namespace {
 
 using ::testing::HasSubstr;
 
-constexpr int kWorkers = 2;
+constexpr int kStatsWorkers = 2;
 constexpr double kNicGbps = 0.4;  // 50 MB/s: an 8 MiB ring all-reduce takes ~170 ms
 constexpr double kNicBytesPerS = kNicGbps * 1e9 / 8;
 constexpr int kWarmup = 2;
 constexpr int kIterations = 12;
-constexpr size_t kCount = size_t{1} << 21;  // floats: 8 MiB
+constexpr size_t kStatsCount = size_t{1} << 21;  // floats: 8 MiB
 // Below the expected value: 25 % here, because other work on the machine stretches the busy
 // time (on the shared 2-core machine, with a build running, runs came out 1-8 % below; idle,
 // about 1 %). The 10 % is checked by bench/job_stats_check.sh, which runs this test with
@@ -48,7 +48,7 @@ double Tolerance() {
   return env != nullptr ? std::atof(env) : 0.25;
 }
 
-std::string ReadFile(const std::string& path) {
+std::string ReadLog(const std::string& path) {
   std::ifstream f(path);
   std::stringstream ss;
   ss << f.rdbuf();
@@ -60,7 +60,7 @@ class JobStatsIntegrationTest : public ::testing::Test {
   void SetUp() override {
     client::LocalClusterOptions o;
     o.bin_dir = TRIBUTARY_BIN_DIR;
-    o.workers = kWorkers;
+    o.workers = kStatsWorkers;
     o.spares = 0;
     o.nic_gbps = {kNicGbps};
     o.emulate_nic = true;
@@ -127,7 +127,7 @@ TEST_F(JobStatsIntegrationTest, AchievedBandwidthMatchesThePacedNicAndTheCliPrin
       req.mutable_spec()->add_worker_nodes(w);
     req.mutable_spec()->set_procs_per_node(1);
     req.mutable_spec()->set_algorithm(tributary::v1::ALGORITHM_RING);
-    req.mutable_spec()->set_model_bytes(kCount * 4);
+    req.mutable_spec()->set_model_bytes(kStatsCount * 4);
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     tributary::v1::Job created;
@@ -143,20 +143,21 @@ TEST_F(JobStatsIntegrationTest, AchievedBandwidthMatchesThePacedNicAndTheCliPrin
   // of the totals (both within the controller's 30 s window).
   std::vector<std::string> fifos;
   std::vector<std::pair<pid_t, std::string>> procs;
-  for (int node = 0; node < kWorkers; ++node) {
+  for (int node = 0; node < kStatsWorkers; ++node) {
     fifos.push_back(absl::StrCat(cluster_->run_dir(), "/go-", node));
     ASSERT_EQ(mkfifo(fifos.back().c_str(), 0600), 0) << std::strerror(errno);
     const std::string log = absl::StrCat(cluster_->run_dir(), "/worker-", node, ".log");
-    auto pid = client::SpawnProcess(
-        {std::string(TRIBUTARY_BIN_DIR) + "/tributary_test_worker", "--agent",
-         cluster_->agent_address(node), "--job", job, "--local-rank", "0", "--local-size", "1",
-         "--scenario", "bandwidth", "--warmup", std::to_string(kWarmup), "--iterations",
-         std::to_string(kIterations), "--count", std::to_string(kCount), "--go-fifo", fifos.back()},
-        log);
+    auto pid =
+        client::SpawnProcess({std::string(TRIBUTARY_BIN_DIR) + "/tributary_test_worker", "--agent",
+                              cluster_->agent_address(node), "--job", job, "--local-rank", "0",
+                              "--local-size", "1", "--scenario", "bandwidth", "--warmup",
+                              std::to_string(kWarmup), "--iterations", std::to_string(kIterations),
+                              "--count", std::to_string(kStatsCount), "--go-fifo", fifos.back()},
+                             log);
     ASSERT_TRUE(pid.ok()) << pid.status();
     procs.emplace_back(*pid, log);
   }
-  const Totals warm = WaitForCollectives(job, kWorkers * kWarmup);
+  const Totals warm = WaitForCollectives(job, kStatsWorkers * kWarmup);
   for (const std::string& fifo : fifos) {
     // Non-blocking: a worker that is not waiting on it (it died) is an error, not a hang.
     const int fd = open(fifo.c_str(), O_WRONLY | O_NONBLOCK);
@@ -167,11 +168,11 @@ TEST_F(JobStatsIntegrationTest, AchievedBandwidthMatchesThePacedNicAndTheCliPrin
     }
   }
   for (const auto& [pid, log] : procs) {
-    EXPECT_EQ(client::WaitProcess(pid, std::chrono::seconds(60)), 0) << ReadFile(log);
+    EXPECT_EQ(client::WaitProcess(pid, std::chrono::seconds(60)), 0) << ReadLog(log);
   }
-  const Totals all = WaitForCollectives(job, kWorkers * (kWarmup + kIterations));
-  ASSERT_EQ(warm.by_node.size(), static_cast<size_t>(kWorkers));
-  ASSERT_EQ(all.by_node.size(), static_cast<size_t>(kWorkers));
+  const Totals all = WaitForCollectives(job, kStatsWorkers * (kWarmup + kIterations));
+  ASSERT_EQ(warm.by_node.size(), static_cast<size_t>(kStatsWorkers));
+  ASSERT_EQ(all.by_node.size(), static_cast<size_t>(kStatsWorkers));
   const tributary::v1::JobStats& stats = all.stats;
   uint64_t sent = 0, received = 0;
   double busy = 0;
@@ -180,8 +181,8 @@ TEST_F(JobStatsIntegrationTest, AchievedBandwidthMatchesThePacedNicAndTheCliPrin
     const uint64_t node_sent = t.sent - w.sent, node_received = t.received - w.received;
     const double node_busy = t.busy - w.busy;
     // A ring node sends 2 (n-1)/n of the tensor per all-reduce (plus headers).
-    const double ring_bytes =
-        kIterations * static_cast<double>(kCount) * 4 * 2 * (kWorkers - 1) / kWorkers;
+    const double ring_bytes = kIterations * static_cast<double>(kStatsCount) * 4 * 2 *
+                              (kStatsWorkers - 1) / kStatsWorkers;
     EXPECT_GE(node_sent, ring_bytes);
     EXPECT_LE(node_sent, ring_bytes * 1.01);
     const double achieved = static_cast<double>(node_sent + node_received) / node_busy;
@@ -216,10 +217,10 @@ TEST_F(JobStatsIntegrationTest, AchievedBandwidthMatchesThePacedNicAndTheCliPrin
   EXPECT_GE(stats.observed_to_predicted(), 0.9);
   // Iterations: from one "bandwidth.grad" to the next (one of them spans the pause after the
   // warm-up). The processes do little else than all-reduce.
-  EXPECT_EQ(stats.iterations(), static_cast<uint64_t>(kWorkers * (kWarmup + kIterations - 1)));
+  EXPECT_EQ(stats.iterations(), static_cast<uint64_t>(kStatsWorkers * (kWarmup + kIterations - 1)));
   EXPECT_GT(stats.comm_fraction(), 0.0);
   EXPECT_LE(stats.comm_fraction(), 1.0);
-  EXPECT_GE(stats.mean_iteration_seconds(), 0.9 * kCount * 4 / kNicBytesPerS);
+  EXPECT_GE(stats.mean_iteration_seconds(), 0.9 * kStatsCount * 4 / kNicBytesPerS);
 
   // The CLI prints the same figure.
   const std::string log = cluster_->run_dir() + "/job-stats.log";
@@ -227,8 +228,8 @@ TEST_F(JobStatsIntegrationTest, AchievedBandwidthMatchesThePacedNicAndTheCliPrin
                                    cluster_->controller_address(), "job-stats", job},
                                   log);
   ASSERT_TRUE(pid.ok()) << pid.status();
-  ASSERT_EQ(client::WaitProcess(*pid, std::chrono::seconds(20)), 0) << ReadFile(log);
-  const std::string out = ReadFile(log);
+  ASSERT_EQ(client::WaitProcess(*pid, std::chrono::seconds(20)), 0) << ReadLog(log);
+  const std::string out = ReadLog(log);
   std::printf("%s", out.c_str());
   EXPECT_THAT(out, HasSubstr(absl::StrCat("job ", job, ": plan v")));
   EXPECT_THAT(out, HasSubstr("achieved bandwidth per worker"));
@@ -241,7 +242,7 @@ TEST_F(JobStatsIntegrationTest, AchievedBandwidthMatchesThePacedNicAndTheCliPrin
                              missing_log);
   ASSERT_TRUE(pid.ok());
   EXPECT_NE(client::WaitProcess(*pid, std::chrono::seconds(20)), 0);
-  EXPECT_THAT(ReadFile(missing_log), HasSubstr("not found"));
+  EXPECT_THAT(ReadLog(missing_log), HasSubstr("not found"));
 }
 
 }  // namespace

@@ -33,9 +33,9 @@
 namespace tributary {
 namespace {
 
-constexpr int kWorkers = 3;
-constexpr int kSpares = 2;
-constexpr uint32_t kProcsPerNode = 2;
+constexpr int kLocalWorkers = 3;
+constexpr int kLocalSpares = 2;
+constexpr uint32_t kLocalProcsPerNode = 2;
 
 struct WorkerResult {
   int exit_code;
@@ -50,8 +50,8 @@ class LocalClusterTest : public ::testing::Test {
     client::LocalClusterOptions o;
     o.transport = transport;
     o.bin_dir = TRIBUTARY_BIN_DIR;
-    o.workers = kWorkers;
-    o.spares = kSpares;
+    o.workers = kLocalWorkers;
+    o.spares = kLocalSpares;
     o.nic_gbps = {10};
     o.sum_gbps = 4;  // declared, so that plans do not depend on a start-up measurement
     // Long enough that no node is declared dead (and no job re-planned) while a test runs on a
@@ -80,14 +80,14 @@ class LocalClusterTest : public ::testing::Test {
   // A job over the first `workers` worker nodes (and every spare).
   void CreateJob(const std::string& id, uint32_t timeout_ms = 30000,
                  tributary::v1::Algorithm algorithm = tributary::v1::ALGORITHM_PUSH_PULL,
-                 int workers = kWorkers) {
+                 int workers = kLocalWorkers) {
     job_id_ = id;
     tributary::v1::CreateJobRequest req;
     req.set_job_id(id);
     for (int w = 0; w < workers; ++w) {
       req.mutable_spec()->add_worker_nodes(cluster_->worker_node_ids()[w]);
     }
-    req.mutable_spec()->set_procs_per_node(kProcsPerNode);
+    req.mutable_spec()->set_procs_per_node(kLocalProcsPerNode);
     req.mutable_spec()->set_partition_bytes(64 << 10);  // many chunks per tensor
     req.mutable_spec()->set_credit_bytes(256 << 10);
     req.mutable_spec()->set_op_timeout_ms(timeout_ms);
@@ -98,8 +98,8 @@ class LocalClusterTest : public ::testing::Test {
     grpc::Status s = cluster_->controller().CreateJob(&ctx, req, &job);
     ASSERT_TRUE(s.ok()) << s.error_message();
     ASSERT_EQ(job.plan().workers_size(), workers);
-    if (workers == kWorkers) {
-      ASSERT_EQ(job.plan().servers_size(), workers + kSpares);  // the spares own shares too
+    if (workers == kLocalWorkers) {
+      ASSERT_EQ(job.plan().servers_size(), workers + kLocalSpares);  // the spares own shares too
     } else {
       ASSERT_GE(job.plan().servers_size(), workers);  // the planner uses spares where they help
     }
@@ -108,7 +108,7 @@ class LocalClusterTest : public ::testing::Test {
   // Runs one test worker per (node, local rank) and collects their exit codes and output.
   std::vector<WorkerResult> RunWorkers(const std::string& job, const std::string& scenario,
                                        std::vector<std::string> extra = {},
-                                       int workers = kWorkers) {
+                                       int workers = kLocalWorkers) {
     extra.insert(extra.begin(), {"--scenario", scenario});
     return RunProcesses(std::string(TRIBUTARY_BIN_DIR) + "/tributary_test_worker", {}, job, extra,
                         workers);
@@ -120,16 +120,16 @@ class LocalClusterTest : public ::testing::Test {
                                          const std::vector<std::string>& prefix,
                                          const std::string& job,
                                          const std::vector<std::string>& extra,
-                                         int workers = kWorkers) {
+                                         int workers = kLocalWorkers) {
     std::vector<std::pair<pid_t, std::string>> procs;
     for (int node = 0; node < workers; ++node) {
-      for (uint32_t r = 0; r < kProcsPerNode; ++r) {
+      for (uint32_t r = 0; r < kLocalProcsPerNode; ++r) {
         std::vector<std::string> argv = {program};
         argv.insert(argv.end(), prefix.begin(), prefix.end());
         for (const std::string& a :
              {std::string("--agent"), cluster_->agent_address(node), std::string("--job"), job,
               std::string("--local-rank"), std::to_string(r), std::string("--local-size"),
-              std::to_string(kProcsPerNode)}) {
+              std::to_string(kLocalProcsPerNode)}) {
           argv.push_back(a);
         }
         argv.insert(argv.end(), extra.begin(), extra.end());
@@ -276,7 +276,8 @@ TEST_F(LocalClusterTest, MalformedDataPlaneMessagesAreDroppedAndServiceContinues
   }
   ExpectAllPassed(RunWorkers("malformed", "iterations", {"--iterations", "3"}));
   (*transport)->Shutdown();
-  EXPECT_TRUE(cluster_->WaitForAliveNodes(kWorkers + kSpares, std::chrono::seconds(5)).ok());
+  EXPECT_TRUE(
+      cluster_->WaitForAliveNodes(kLocalWorkers + kLocalSpares, std::chrono::seconds(5)).ok());
 }
 
 // Issue 13: bytes that are not the protocol on an agent's data-plane port (UCX's TCP stack
@@ -290,7 +291,7 @@ TEST_F(LocalClusterTest, HostileBytesOnDataPlanePortsLeaveEveryAgentServing) {
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     ASSERT_TRUE(cluster_->controller().ListNodes(&ctx, {}, &nodes).ok());
   }
-  ASSERT_EQ(nodes.nodes_size(), kWorkers + kSpares);
+  ASSERT_EQ(nodes.nodes_size(), kLocalWorkers + kLocalSpares);
   auto bytes = [](const std::string& text) {
     std::vector<std::byte> out(text.size());
     std::memcpy(out.data(), text.data(), text.size());
@@ -340,7 +341,8 @@ TEST_F(LocalClusterTest, HostileBytesOnDataPlanePortsLeaveEveryAgentServing) {
     }
   }
   ExpectAllPassed(RunWorkers("hostile", "iterations", {"--iterations", "3"}));
-  EXPECT_TRUE(cluster_->WaitForAliveNodes(kWorkers + kSpares, std::chrono::seconds(5)).ok());
+  EXPECT_TRUE(
+      cluster_->WaitForAliveNodes(kLocalWorkers + kLocalSpares, std::chrono::seconds(5)).ok());
 }
 
 // Issue 13, job tokens: a peer that can reach the data-plane ports but does not hold the job's
@@ -369,7 +371,7 @@ TEST_F(LocalClusterTest, PushesWithoutTheJobSecretAreNeverSummed) {
   int done = 0, sends = 0;
   std::vector<float> poison(4099, 1e6f);
   for (const auto& n : nodes.nodes()) {
-    for (uint32_t sender = 0; sender < kWorkers; ++sender) {
+    for (uint32_t sender = 0; sender < kLocalWorkers; ++sender) {
       for (uint64_t iteration = 0; iteration < 3; ++iteration) {
         dataplane::WireHeader h;
         h.kind = static_cast<uint8_t>(dataplane::MessageKind::kPush);
@@ -402,7 +404,8 @@ TEST_F(LocalClusterTest, PushesWithoutTheJobSecretAreNeverSummed) {
   }
   ExpectAllPassed(RunWorkers("forged", "iterations", {"--iterations", "3"}));
   (*transport)->Shutdown();
-  EXPECT_TRUE(cluster_->WaitForAliveNodes(kWorkers + kSpares, std::chrono::seconds(5)).ok());
+  EXPECT_TRUE(
+      cluster_->WaitForAliveNodes(kLocalWorkers + kLocalSpares, std::chrono::seconds(5)).ok());
 }
 
 TEST_F(LocalClusterTest, ProcessThatDisconnectsFailsItsPeersPromptly) {
@@ -416,9 +419,9 @@ TEST_F(LocalClusterTest, ProcessThatDisconnectsFailsItsPeersPromptly) {
 
 TEST_F(LocalClusterTest, FrozenSummationServerBecomesADeadlineError) {
   ASSERT_NO_FATAL_FAILURE(CreateJob("frozen", /*timeout_ms=*/3000));
-  cluster_->FreezeNode(kWorkers);  // spare-0
+  cluster_->FreezeNode(kLocalWorkers);  // spare-0
   auto results = RunWorkers("frozen", "timeout");
-  cluster_->ThawNode(kWorkers);
+  cluster_->ThawNode(kLocalWorkers);
   ExpectAllPassed(results);
 }
 

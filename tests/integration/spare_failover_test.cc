@@ -26,9 +26,9 @@
 namespace tributary {
 namespace {
 
-constexpr int kWorkers = 3;
-constexpr int kSpares = 2;
-constexpr uint32_t kOpTimeoutMs = 5000;
+constexpr int kFailoverWorkers = 3;
+constexpr int kFailoverSpares = 2;
+constexpr uint32_t kFailoverOpTimeoutMs = 5000;
 constexpr auto kHeartbeatTimeout = std::chrono::milliseconds(1500);
 
 struct Worker {
@@ -41,8 +41,8 @@ class SpareFailoverTest : public ::testing::Test {
   void SetUp() override {
     client::LocalClusterOptions o;
     o.bin_dir = TRIBUTARY_BIN_DIR;
-    o.workers = kWorkers;
-    o.spares = kSpares;
+    o.workers = kFailoverWorkers;
+    o.spares = kFailoverSpares;
     o.sum_gbps = 4;  // declared: plans do not depend on a start-up measurement
     o.heartbeat = std::chrono::milliseconds(200);
     o.heartbeat_timeout = kHeartbeatTimeout;  // a silent spare is re-planned away promptly
@@ -65,26 +65,27 @@ class SpareFailoverTest : public ::testing::Test {
   void CreateJob(const std::string& id) {
     tributary::v1::CreateJobRequest req;
     req.set_job_id(id);
-    for (int w = 0; w < kWorkers; ++w) {
+    for (int w = 0; w < kFailoverWorkers; ++w) {
       req.mutable_spec()->add_worker_nodes(cluster_->worker_node_ids()[w]);
     }
     req.mutable_spec()->set_procs_per_node(1);
     req.mutable_spec()->set_partition_bytes(64 << 10);  // many chunks, on every server
     req.mutable_spec()->set_credit_bytes(256 << 10);
-    req.mutable_spec()->set_op_timeout_ms(kOpTimeoutMs);
+    req.mutable_spec()->set_op_timeout_ms(kFailoverOpTimeoutMs);
     req.mutable_spec()->set_algorithm(tributary::v1::ALGORITHM_PUSH_PULL);
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     tributary::v1::Job job;
     grpc::Status s = cluster_->controller().CreateJob(&ctx, req, &job);
     ASSERT_TRUE(s.ok()) << s.error_message();
-    ASSERT_EQ(job.plan().servers_size(), kWorkers + kSpares);  // both spares own shares
+    ASSERT_EQ(job.plan().servers_size(),
+              kFailoverWorkers + kFailoverSpares);  // both spares own shares
   }
 
   std::vector<Worker> StartWorkers(const std::string& job, int iterations,
                                    const std::vector<int>& signal_at) {
     std::vector<Worker> workers;
-    for (int node = 0; node < kWorkers; ++node) {
+    for (int node = 0; node < kFailoverWorkers; ++node) {
       std::vector<std::string> argv = {std::string(TRIBUTARY_BIN_DIR) + "/tributary_test_worker",
                                        "--agent",
                                        cluster_->agent_address(node),
@@ -116,7 +117,7 @@ class SpareFailoverTest : public ::testing::Test {
   // named in --signal-at; ranks 1 and 2 go on into it (it cannot complete without rank 0), rank 0
   // waits for Go.
   ::testing::AssertionResult AwaitSignal() {
-    for (int r = 0; r < kWorkers; ++r) {
+    for (int r = 0; r < kFailoverWorkers; ++r) {
       if (::testing::AssertionResult one = AwaitOneSignal(); !one) return one;
     }
     return ::testing::AssertionSuccess();
@@ -183,7 +184,7 @@ class SpareFailoverTest : public ::testing::Test {
   // heartbeat timeout; agents fetch the plan at their next heartbeat; 2 s of slack for a loaded
   // machine).
   static double BoundMs() {
-    return 2.0 * kOpTimeoutMs + kHeartbeatTimeout.count() + 2 * 200 + 2000;
+    return 2.0 * kFailoverOpTimeoutMs + kHeartbeatTimeout.count() + 2 * 200 + 2000;
   }
 
   std::unique_ptr<client::LocalCluster> cluster_;
@@ -195,7 +196,7 @@ TEST_F(SpareFailoverTest, KilledSpareCostsAtMostASlowerIteration) {
   ASSERT_NO_FATAL_FAILURE(CreateJob("kill"));
   std::vector<Worker> workers = StartWorkers("kill", 40, {5});
   ASSERT_TRUE(AwaitSignal());
-  cluster_->KillNode(kWorkers);  // spare-0, mid-iteration
+  cluster_->KillNode(kFailoverWorkers);  // spare-0, mid-iteration
   ASSERT_TRUE(Go());
   const double slowest = FinishWorkers(workers);
   std::printf("bound: %.0f ms\n", BoundMs());
@@ -207,19 +208,19 @@ TEST_F(SpareFailoverTest, FrozenSpareResumedAfterTheDeadlineServesNoStaleSum) {
   std::vector<Worker> workers = StartWorkers("freeze", 150, {5, 15});
   ASSERT_TRUE(AwaitSignal());
   const auto frozen_at = std::chrono::steady_clock::now();
-  cluster_->FreezeNode(kWorkers + 1);  // spare-1 stops (SIGSTOP), mid-iteration
+  cluster_->FreezeNode(kFailoverWorkers + 1);  // spare-1 stops (SIGSTOP), mid-iteration
   ASSERT_TRUE(Go());
   // Iteration 15 starts only after the re-plan without it. The fault lasts past the op
   // deadline of the iteration it hit; then the spare resumes, holding pushes and sums of the
   // old plan, while the loop goes on (and the controller may take it back: another re-plan).
   if (::testing::AssertionResult signalled = AwaitSignal(); !signalled) {
     ADD_FAILURE() << signalled.message();
-    cluster_->ThawNode(kWorkers + 1);
+    cluster_->ThawNode(kFailoverWorkers + 1);
     FinishWorkers(workers, std::chrono::seconds(1));  // their output says why
     return;
   }
-  std::this_thread::sleep_until(frozen_at + std::chrono::milliseconds(kOpTimeoutMs + 1000));
-  cluster_->ThawNode(kWorkers + 1);
+  std::this_thread::sleep_until(frozen_at + std::chrono::milliseconds(kFailoverOpTimeoutMs + 1000));
+  cluster_->ThawNode(kFailoverWorkers + 1);
   ASSERT_TRUE(Go());
   const double slowest = FinishWorkers(workers);  // every element of every iteration exact
   std::printf("bound: %.0f ms\n", BoundMs());

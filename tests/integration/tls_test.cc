@@ -26,7 +26,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-constexpr uint32_t kProcsPerNode = 2;
+constexpr uint32_t kTlsProcsPerNode = 2;
 
 std::string Hostname() {
   char host[256] = {};
@@ -142,7 +142,7 @@ TEST_F(TlsTest, AllReduceOverTlsIsExact) {
   v1::CreateJobRequest req;
   req.set_job_id("tls-exact");
   for (const std::string& w : cluster_->worker_node_ids()) req.mutable_spec()->add_worker_nodes(w);
-  req.mutable_spec()->set_procs_per_node(kProcsPerNode);
+  req.mutable_spec()->set_procs_per_node(kTlsProcsPerNode);
   req.mutable_spec()->set_partition_bytes(64 << 10);
   req.mutable_spec()->set_op_timeout_ms(30000);
   req.mutable_spec()->set_algorithm(v1::ALGORITHM_PUSH_PULL);
@@ -155,12 +155,12 @@ TEST_F(TlsTest, AllReduceOverTlsIsExact) {
   EXPECT_EQ(job.plan().workers_size(), 2);
   std::vector<std::pair<pid_t, std::string>> procs;
   for (int node = 0; node < 2; ++node) {
-    for (uint32_t r = 0; r < kProcsPerNode; ++r) {
+    for (uint32_t r = 0; r < kTlsProcsPerNode; ++r) {
       const std::string log = absl::StrCat(*dir_, "/worker-", node, "-", r, ".log");
       auto pid = client::SpawnProcess(
           {std::string(TRIBUTARY_BIN_DIR) + "/tributary_test_worker", "--scenario", "exact",
            "--agent", cluster_->agent_address(node), "--job", "tls-exact", "--local-rank",
-           std::to_string(r), "--local-size", std::to_string(kProcsPerNode)},
+           std::to_string(r), "--local-size", std::to_string(kTlsProcsPerNode)},
           log);
       ASSERT_TRUE(pid.ok()) << pid.status();
       procs.emplace_back(*pid, log);

@@ -150,14 +150,22 @@ void Bandwidth(Client& c, int warmup, int iterations, size_t count, const std::s
   auto b = c.AllocateBuffer(count * 4);
   if (!b.ok()) return Fail(std::string(b.status().message()));
   float* f = static_cast<float*>((*b)->data());
+  // Opened before the first iteration, read-write so that it never blocks: the test opens it
+  // without blocking once the warm-up's collectives are counted, which must find a reader then
+  // (Linux keeps a FIFO opened O_RDWR readable and blocking until a byte arrives).
+  int go = -1;
+  if (!go_fifo.empty()) {
+    go = open(go_fifo.c_str(), O_RDWR);
+    if (go < 0) return Fail("go fifo " + go_fifo + ": " + std::strerror(errno));
+  }
   for (int it = 0; it < warmup + iterations; ++it) {
-    if (it == warmup && !go_fifo.empty()) {
+    if (it == warmup && go >= 0) {
       std::printf("warm-up done\n");
       std::fflush(stdout);
-      const int fd = open(go_fifo.c_str(), O_RDONLY);  // blocks until the test opens it
       char byte;
-      if (fd < 0 || read(fd, &byte, 1) != 1) return Fail("go fifo " + go_fifo);
-      close(fd);
+      const bool got = read(go, &byte, 1) == 1;
+      close(go);
+      if (!got) return Fail("go fifo " + go_fifo);
     }
     for (size_t i = 0; i < count; ++i) f[i] = (rank + 1.0f) * ((i + it) % 7);
     absl::Status s =

@@ -18,7 +18,7 @@ namespace {
 
 using common::metrics::FindSample;
 
-constexpr auto kGuard = std::chrono::seconds(20);
+constexpr auto kMetricsGuard = std::chrono::seconds(20);
 
 double Value(const std::vector<prometheus::MetricFamily>& families, const std::string& name,
              const std::vector<std::pair<std::string, std::string>>& labels = {}) {
@@ -89,8 +89,8 @@ TEST(DataPlaneMetricsTest, PushPullMovesByteAndOperationCounters) {
   std::vector<float> a(4096, 1.0f), b(4096, 2.0f);
   auto fa = cluster.Start(0, a);
   auto fb = cluster.Start(1, b);
-  ASSERT_EQ(fa.wait_for(kGuard), std::future_status::ready);
-  ASSERT_EQ(fb.wait_for(kGuard), std::future_status::ready);
+  ASSERT_EQ(fa.wait_for(kMetricsGuard), std::future_status::ready);
+  ASSERT_EQ(fb.wait_for(kMetricsGuard), std::future_status::ready);
   ASSERT_TRUE(fa.get().ok());
   ASSERT_TRUE(fb.get().ok());
   EXPECT_EQ(a[0], 3.0f);
@@ -160,7 +160,7 @@ TEST(DataPlaneMetricsTest, StuckOperationAgesAndFailsWithReason) {
   // Past the 5 s deadline the operation fails with DEADLINE_EXCEEDED.
   cluster.clock().Advance(std::chrono::seconds(4));
   cluster.node(0).push_pull().ExpireStale();
-  ASSERT_EQ(fa.wait_for(kGuard), std::future_status::ready);
+  ASSERT_EQ(fa.wait_for(kMetricsGuard), std::future_status::ready);
   EXPECT_EQ(fa.get().code(), absl::StatusCode::kDeadlineExceeded);
   f = cluster.Collect(0);
   EXPECT_EQ(
@@ -178,8 +178,8 @@ TEST(DataPlaneMetricsTest, StuckOperationAgesAndFailsWithReason) {
   std::vector<float> b0(256, 1.0f), b1(256, 2.0f);
   auto f0 = cluster.Start(0, b0, 1);
   auto f1 = cluster.Start(1, b1, 1);
-  ASSERT_EQ(f0.wait_for(kGuard), std::future_status::ready);
-  ASSERT_EQ(f1.wait_for(kGuard), std::future_status::ready);
+  ASSERT_EQ(f0.wait_for(kMetricsGuard), std::future_status::ready);
+  ASSERT_EQ(f1.wait_for(kMetricsGuard), std::future_status::ready);
   ASSERT_TRUE(f0.get().ok());
   ASSERT_TRUE(f1.get().ok());
   f = cluster.Collect(0);
@@ -199,7 +199,7 @@ TEST(DataPlaneMetricsTest, RefusedStartCountsAsFailed) {
   std::vector<float> a(256, 1.0f);
   auto fa = cluster.Start(0, a, 0);
   auto dup = cluster.Start(0, a, 0);  // same tensor and iteration: ALREADY_EXISTS
-  ASSERT_EQ(dup.wait_for(kGuard), std::future_status::ready);
+  ASSERT_EQ(dup.wait_for(kMetricsGuard), std::future_status::ready);
   EXPECT_EQ(dup.get().code(), absl::StatusCode::kAlreadyExists);
   auto f = cluster.Collect(0);
   EXPECT_EQ(Value(f, "tributary_dataplane_operations_failed_total",
@@ -208,8 +208,8 @@ TEST(DataPlaneMetricsTest, RefusedStartCountsAsFailed) {
   EXPECT_EQ(Value(f, "tributary_dataplane_pending_operations", {{"job", "job-m"}}), 1);
   std::vector<float> b(256, 2.0f);
   auto fb = cluster.Start(1, b, 0);
-  ASSERT_EQ(fa.wait_for(kGuard), std::future_status::ready);
-  ASSERT_EQ(fb.wait_for(kGuard), std::future_status::ready);
+  ASSERT_EQ(fa.wait_for(kMetricsGuard), std::future_status::ready);
+  ASSERT_EQ(fb.wait_for(kMetricsGuard), std::future_status::ready);
   EXPECT_TRUE(fa.get().ok());
   EXPECT_TRUE(fb.get().ok());
 }
@@ -241,7 +241,7 @@ TEST(DataPlaneMetricsTest, ObservationsCountBusyTimeAsAUnionAndIterationsOfTheFi
   auto f_grad1 = start(1, "grad", 0, g1);
   auto f_other1 = start(1, "other", 0, o1);
   for (auto* f : {&f_grad, &f_other, &f_grad1, &f_other1}) {
-    ASSERT_EQ(f->wait_for(kGuard), std::future_status::ready);
+    ASSERT_EQ(f->wait_for(kMetricsGuard), std::future_status::ready);
     ASSERT_TRUE(f->get().ok());
   }
   EXPECT_EQ(g0[0], 3.0f);
@@ -253,7 +253,7 @@ TEST(DataPlaneMetricsTest, ObservationsCountBusyTimeAsAUnionAndIterationsOfTheFi
   auto f_next = start(0, "grad", 1, g0);
   auto f_next1 = start(1, "grad", 1, g1);
   for (auto* f : {&f_next, &f_next1}) {
-    ASSERT_EQ(f->wait_for(kGuard), std::future_status::ready);
+    ASSERT_EQ(f->wait_for(kMetricsGuard), std::future_status::ready);
     ASSERT_TRUE(f->get().ok());
   }
   const auto obs = cluster.node(0).TakeObservations();
@@ -291,7 +291,7 @@ TEST(DataPlaneMetricsTest, ObservationsCountBusyTimeAsAUnionAndIterationsOfTheFi
   clock.Advance(std::chrono::milliseconds(200));
   auto f_slow1 = start(1, "grad", 2, g1);
   for (auto* f : {&f_slow, &f_slow1}) {
-    ASSERT_EQ(f->wait_for(kGuard), std::future_status::ready);
+    ASSERT_EQ(f->wait_for(kMetricsGuard), std::future_status::ready);
     ASSERT_TRUE(f->get().ok());
   }
   auto last = cluster.node(0).TakeObservations();
@@ -319,7 +319,7 @@ TEST(DataPlaneMetricsTest, ControlOperationsStayOutOfTheMetrics) {
     futures.push_back(cluster.Cluster::Start(rank, std::move(op)));
   }
   for (auto& f : futures) {
-    ASSERT_EQ(f.wait_for(kGuard), std::future_status::ready);
+    ASSERT_EQ(f.wait_for(kMetricsGuard), std::future_status::ready);
     ASSERT_TRUE(f.get().ok());
   }
   EXPECT_EQ(data[1][63], 3.0f);
@@ -331,8 +331,8 @@ TEST(DataPlaneMetricsTest, ControlOperationsStayOutOfTheMetrics) {
   std::vector<float> a(64, 1.0f), b(64, 2.0f);
   auto fa = cluster.Start(0, a);
   auto fb = cluster.Start(1, b);
-  ASSERT_EQ(fa.wait_for(kGuard), std::future_status::ready);
-  ASSERT_EQ(fb.wait_for(kGuard), std::future_status::ready);
+  ASSERT_EQ(fa.wait_for(kMetricsGuard), std::future_status::ready);
+  ASSERT_EQ(fb.wait_for(kMetricsGuard), std::future_status::ready);
   EXPECT_EQ(cluster.node(0).TakeObservations().at("job-m").collectives, 1u);
 }
 

@@ -39,7 +39,7 @@ using testing::GetValue;
 using ::testing::HasSubstr;
 using testing::PutValue;
 
-using Buffers = std::vector<std::vector<std::byte>>;
+using HdBuffers = std::vector<std::vector<std::byte>>;
 
 testing::ClusterOptions Options(int n, uint64_t partition_bytes,
                                 Algorithm algorithm = Algorithm::kHalvingDoubling) {
@@ -66,7 +66,7 @@ Operation MakeOp(const std::string& name, uint64_t iteration, DataType t, uint64
 
 // Posts one all-reduce of bufs[r] on every rank r and waits for all of them.
 absl::Status RunAll(testing::Cluster& cluster, const std::string& name, uint64_t iteration,
-                    DataType t, uint64_t count, Reduction reduction, Buffers& bufs,
+                    DataType t, uint64_t count, Reduction reduction, HdBuffers& bufs,
                     Algorithm algorithm = Algorithm::kHalvingDoubling) {
   std::vector<std::future<absl::Status>> futures;
   for (int r = 0; r < cluster.workers(); ++r) {
@@ -141,7 +141,7 @@ TEST_P(ExactTest, SumAndAverageAreExactAndBitIdenticalOnEveryRank) {
       for (uint64_t count : counts) {
         if (count == 0) continue;
         const size_t es = common::DataTypeSize(t);
-        Buffers bufs(n, std::vector<std::byte>(count * es));
+        HdBuffers bufs(n, std::vector<std::byte>(count * es));
         // Sum: (r + 1) + i % 7, exact in every dtype. Average: i % 5 + 2r, whose mean is
         // i % 5 + (n - 1).
         const auto value = [reduction](int r, uint64_t i) {
@@ -251,7 +251,7 @@ TEST(DeterminismTest, Float32BitsFollowTheScheduleOrderPipelinedOrNot) {
       for (bool pipelined : {true, false}) {
         testing::Cluster cluster(Options(n, partition_bytes));
         for (int r = 0; r < n; ++r) cluster.node(r).engine().SetHalvingDoublingPipelined(pipelined);
-        Buffers bufs(n, std::vector<std::byte>(count * 4));
+        HdBuffers bufs(n, std::vector<std::byte>(count * 4));
         for (int r = 0; r < n; ++r) std::memcpy(bufs[r].data(), inputs[r].data(), count * 4);
         ASSERT_TRUE(RunAll(cluster, "d", 0, DataType::kFloat32, count, Reduction::kSum, bufs).ok());
         for (int r = 0; r < n; ++r) {
@@ -284,7 +284,7 @@ TEST(DeterminismTest, RecursiveDoublingGivesEveryRankTheSameBits) {
     }
     for (uint64_t partition_bytes : {uint64_t{16}, uint64_t{100}, uint64_t{64} << 20}) {
       testing::Cluster cluster(Options(n, partition_bytes, Algorithm::kRecursiveDoubling));
-      Buffers bufs(n, std::vector<std::byte>(count * 4));
+      HdBuffers bufs(n, std::vector<std::byte>(count * 4));
       for (int r = 0; r < n; ++r) std::memcpy(bufs[r].data(), inputs[r].data(), count * 4);
       ASSERT_TRUE(RunAll(cluster, "d", 0, DataType::kFloat32, count, Reduction::kSum, bufs,
                          Algorithm::kRecursiveDoubling)
@@ -303,7 +303,7 @@ TEST(DeterminismTest, RanksWithDifferentSettingsInteroperate) {
   const uint64_t count = 999;
   testing::Cluster cluster(Options(n, 32));
   for (int r = 0; r < n; r += 2) cluster.node(r).engine().SetHalvingDoublingPipelined(false);
-  Buffers bufs(n, std::vector<std::byte>(count * 8));
+  HdBuffers bufs(n, std::vector<std::byte>(count * 8));
   for (int r = 0; r < n; ++r) {
     for (uint64_t i = 0; i < count; ++i)
       PutValue(DataType::kInt64, bufs[r].data(), i, r * 1000 + i);
@@ -587,7 +587,7 @@ void CheckOverlap(bool pipelined) {
                h.chunk == recv_chunks - 1;
       });
       MonitoredCluster cluster(n, partition_bytes, pipelined, &monitor);
-      Buffers bufs(n, std::vector<std::byte>(count * 4));
+      HdBuffers bufs(n, std::vector<std::byte>(count * 4));
       for (int r = 0; r < n; ++r) {
         for (uint64_t i = 0; i < count; ++i) PutValue(DataType::kInt32, bufs[r].data(), i, r + i);
       }
@@ -641,11 +641,11 @@ TEST(PipeliningTest, RecursiveDoublingAddsOnlyWhatItsOwnSendNoLongerReads) {
                       return from == "rank-0" && h.kind == static_cast<uint8_t>(MessageKind::kData);
                     });
     MonitoredCluster cluster(n, 16, true, &monitor, Algorithm::kRecursiveDoubling);
-    Buffers bufs(n, std::vector<std::byte>(count * 4));
+    HdBuffers bufs(n, std::vector<std::byte>(count * 4));
     for (int r = 0; r < n; ++r) {
       for (uint64_t i = 0; i < count; ++i) PutValue(DataType::kInt32, bufs[r].data(), i, r + i);
     }
-    const Buffers inputs = bufs;
+    const HdBuffers inputs = bufs;
     std::vector<std::future<absl::Status>> futures;
     for (int r = 0; r < n; ++r) {
       futures.push_back(
@@ -673,8 +673,8 @@ TEST(PipeliningTest, RecursiveDoublingAddsOnlyWhatItsOwnSendNoLongerReads) {
 // Failures of the pipelined schedule
 
 TEST(PipelinedFailureTest, MissingRankTurnsIntoDeadlineExceededOnEveryRank) {
-  const int n = 5;                                   // with a fold
-  Buffers bufs(n, std::vector<std::byte>(100 * 4));  // outlives the cluster
+  const int n = 5;                                     // with a fold
+  HdBuffers bufs(n, std::vector<std::byte>(100 * 4));  // outlives the cluster
   testing::Cluster cluster(Options(n, 16));
   std::vector<std::future<absl::Status>> futures;
   for (int r = 0; r < n - 1; ++r) {  // rank 4 never starts
@@ -738,7 +738,7 @@ TEST(PipelinedFailureTest, DuplicateOfADeferredSubChunkIsDroppedNotAppliedTwice)
   Monitor monitor(to_rank0);
   MonitoredCluster cluster(n, 16, true, &monitor);
   const uint64_t count = 64;
-  Buffers bufs(n, std::vector<std::byte>(count * 4));
+  HdBuffers bufs(n, std::vector<std::byte>(count * 4));
   for (int r = 0; r < n; ++r) {
     for (uint64_t i = 0; i < count; ++i) PutValue(DataType::kInt32, bufs[r].data(), i, r + 1);
   }
@@ -771,7 +771,7 @@ TEST(PipelinedFailureTest, ARangeIsNotRewrittenWhileTheTransportStillBorrowsIt) 
                   });
   MonitoredCluster cluster(n, 16, true, &monitor);
   const uint64_t count = 40;
-  Buffers bufs(n, std::vector<std::byte>(count * 4));
+  HdBuffers bufs(n, std::vector<std::byte>(count * 4));
   for (int r = 0; r < n; ++r) {
     for (uint64_t i = 0; i < count; ++i) PutValue(DataType::kInt32, bufs[r].data(), i, r + 1);
   }

@@ -31,11 +31,11 @@ using ::testing::HasSubstr;
 using testing::MakeOp;
 using testing::PutValue;
 
-constexpr uint64_t kCount = 3000;  // float32: at most 4 chunks per server at 1 KiB
+constexpr uint64_t kRecoveryCount = 3000;  // float32: at most 4 chunks per server at 1 KiB
 // More chunks per server than a worker pushes ahead of their sums (kPushPullAhead).
 constexpr uint64_t kBigCount = 30000;
 
-ClusterOptions Job() {
+ClusterOptions RecoveryJob() {
   ClusterOptions o;
   o.workers = 3;
   o.spare_servers = 1;  // node-3
@@ -59,7 +59,7 @@ JobView WithoutTheSpare(const Cluster& cluster, int i) {
 }
 
 // Rank r's input: (r + 1) * (i % 7 + 1); the sum over 3 ranks is exact in float32.
-std::vector<std::vector<std::byte>> Input(int rank, uint64_t count = kCount) {
+std::vector<std::vector<std::byte>> RecoveryInput(int rank, uint64_t count = kRecoveryCount) {
   std::vector<std::vector<std::byte>> b(1, std::vector<std::byte>(count * 4));
   for (uint64_t i = 0; i < count; ++i) {
     PutValue(DataType::kFloat32, b[0].data(), i, (rank + 1.0) * (i % 7 + 1));
@@ -75,7 +75,7 @@ int64_t Wrong(const std::vector<std::vector<std::byte>>& b) {
   return wrong;
 }
 
-bool Eventually(const std::function<bool()>& done) {
+bool RecoveryEventually(const std::function<bool()>& done) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   while (!done()) {
     if (std::chrono::steady_clock::now() > deadline) return false;
@@ -89,7 +89,7 @@ const PushPullStats& Stats(Cluster& cluster, int i) { return cluster.node(i).pus
 // The chunks of "grad" the spare owns under plan v7.
 uint64_t SpareChunks(const Cluster& cluster) {
   auto map = ChunkMap::Create(cluster.view().server_weights);
-  const uint32_t chunks = PushPullChunks(kCount, 4, 1024, 4);
+  const uint32_t chunks = PushPullChunks(kRecoveryCount, 4, 1024, 4);
   uint64_t owned = 0;
   for (uint32_t c = 0; c < chunks; ++c) {
     owned += map->ServerOf(common::StableHash64("grad"), chunks, c) == 3;
@@ -101,7 +101,7 @@ uint64_t SpareChunks(const Cluster& cluster) {
 bool WorkerServersDone(Cluster& cluster) {
   uint64_t sent = 0;
   for (int i = 0; i < 3; ++i) sent += Stats(cluster, i).results_sent.load();
-  return sent == (PushPullChunks(kCount, 4, 1024, 4) - SpareChunks(cluster)) * 3;
+  return sent == (PushPullChunks(kRecoveryCount, 4, 1024, 4) - SpareChunks(cluster)) * 3;
 }
 
 // Pushes received by the servers on the worker nodes (0..2) so far.
@@ -118,9 +118,9 @@ struct Iteration {
 
 // Starts iteration `iteration` of "grad" on the given workers.
 void Start(Cluster& cluster, Iteration& run, std::vector<int> ranks, uint64_t iteration = 0,
-           uint64_t count = kCount) {
+           uint64_t count = kRecoveryCount) {
   if (run.buffers.empty()) {
-    for (int r = 0; r < 3; ++r) run.buffers.push_back(Input(r, count));
+    for (int r = 0; r < 3; ++r) run.buffers.push_back(RecoveryInput(r, count));
     run.done.resize(3);
   }
   for (int r : ranks) {
@@ -150,7 +150,7 @@ void RunExactOnV8(Cluster& cluster, uint64_t iteration) {
 }
 
 TEST(PeerRecovery, WorkerTheDeadSpareNeverReachedCompletesFromAPeersCopyOnTheReplan) {
-  Cluster cluster(Job());
+  Cluster cluster(RecoveryJob());
   const uint64_t spare_chunks = SpareChunks(cluster);
   ASSERT_GT(spare_chunks, 0u);
   // The spare sends its sums to workers 1 and 2, then dies before worker 0's arrive.
@@ -161,11 +161,11 @@ TEST(PeerRecovery, WorkerTheDeadSpareNeverReachedCompletesFromAPeersCopyOnTheRep
     EXPECT_TRUE(Await(run.done[r]).ok()) << "rank " << r;
     EXPECT_EQ(Wrong(run.buffers[r]), 0) << "rank " << r;
   }
-  ASSERT_TRUE(
-      Eventually([&] { return Stats(cluster, 3).results_sent.load() == spare_chunks * 3; }));
+  ASSERT_TRUE(RecoveryEventually(
+      [&] { return Stats(cluster, 3).results_sent.load() == spare_chunks * 3; }));
   EXPECT_TRUE(Pending(run.done[0]));
   // Workers 1 and 2 keep their sums (one tensor's worth each) for peer recovery.
-  EXPECT_EQ(Stats(cluster, 1).worker_retained_bytes.load(), kCount * 4);
+  EXPECT_EQ(Stats(cluster, 1).worker_retained_bytes.load(), kRecoveryCount * 4);
   // The controller re-plans without the spare. Worker 0, which waited on it with every chunk
   // pushed, asks the others instead of failing: it completes with the same sum, no retry.
   for (int i = 0; i < 3; ++i) cluster.SetJob(i, WithoutTheSpare(cluster, i));
@@ -186,12 +186,12 @@ TEST(PeerRecovery, WorkerTheDeadSpareNeverReachedCompletesFromAPeersCopyOnTheRep
 TEST(PeerRecovery, WorkerPastItsDeadlineWithoutAReplanCompletesFromAPeersCopy) {
   // A frozen spare that reached only some workers, before the controller notices: worker 0's
   // deadline passes first.
-  Cluster cluster(Job());
+  Cluster cluster(RecoveryJob());
   cluster.network().SetCut("node-3", "node-0", true);
   Iteration run;
   Start(cluster, run, {0, 1, 2});
   for (int r : {1, 2}) EXPECT_TRUE(Await(run.done[r]).ok()) << "rank " << r;
-  ASSERT_TRUE(Eventually(
+  ASSERT_TRUE(RecoveryEventually(
       [&] { return Stats(cluster, 3).results_sent.load() == SpareChunks(cluster) * 3; }));
   cluster.clock().Advance(std::chrono::seconds(6));
   cluster.node(0).push_pull().worker().ExpireStale();
@@ -201,13 +201,13 @@ TEST(PeerRecovery, WorkerPastItsDeadlineWithoutAReplanCompletesFromAPeersCopy) {
 }
 
 TEST(PeerRecovery, WhenNoWorkerHasTheSumsEveryOneFailsRetriableAndTheRetryIsExact) {
-  Cluster cluster(Job());
+  Cluster cluster(RecoveryJob());
   cluster.network().SetFrozen("node-3", true);  // nobody gets the spare's sums
   Iteration run;
   Start(cluster, run, {0, 1, 2});
   // The workers' own servers finish their chunks (else their plan-change verdict, shared by
   // every worker, fails the collective before anyone asks).
-  ASSERT_TRUE(Eventually([&] { return WorkerServersDone(cluster); }));
+  ASSERT_TRUE(RecoveryEventually([&] { return WorkerServersDone(cluster); }));
   // Each worker asks the others, each of which has nothing to give: all fail, retriable.
   for (int i = 0; i < 3; ++i) cluster.SetJob(i, WithoutTheSpare(cluster, i));
   for (int r = 0; r < 3; ++r) {
@@ -221,15 +221,16 @@ TEST(PeerRecovery, WhenNoWorkerHasTheSumsEveryOneFailsRetriableAndTheRetryIsExac
 }
 
 TEST(PeerRecovery, PeerStillWaitingAnswersWhenItsOwnAttemptCompletes) {
-  Cluster cluster(Job());
+  Cluster cluster(RecoveryJob());
   cluster.network().SetFrozen("node-3", true);  // the spare hangs with everyone's pushes
   Iteration run;
   Start(cluster, run, {0, 1, 2});
-  ASSERT_TRUE(Eventually([&] { return WorkerServersDone(cluster); }));
+  ASSERT_TRUE(RecoveryEventually([&] { return WorkerServersDone(cluster); }));
   // Worker 0 learns of a plan without the spare first; workers 1 and 2 still wait on it, so
   // they answer worker 0 only once their own attempt ends.
   cluster.node(0).push_pull().worker().SetJob(WithoutTheSpare(cluster, 0));
-  ASSERT_TRUE(Eventually([&] { return Stats(cluster, 0).peer_recoveries_started.load() == 1; }));
+  ASSERT_TRUE(
+      RecoveryEventually([&] { return Stats(cluster, 0).peer_recoveries_started.load() == 1; }));
   EXPECT_TRUE(Pending(run.done[0]));
   // The spare wakes and sends its sums, which reach workers 1 and 2 only.
   cluster.network().SetCut("node-3", "node-0", true);
@@ -242,7 +243,7 @@ TEST(PeerRecovery, PeerStillWaitingAnswersWhenItsOwnAttemptCompletes) {
 }
 
 TEST(PeerRecovery, WorkerThatGaveUpBeforeItsPeersCompletedRecoversWhenItsRetryTimesOut) {
-  Cluster cluster(Job());
+  Cluster cluster(RecoveryJob());
   Iteration run;
   Start(cluster, run, {0});  // workers 1 and 2 have not reached iteration 0 yet
   // Worker 0 alone learns that the spare left; nobody has the sums, so it fails, retriable.
@@ -260,9 +261,10 @@ TEST(PeerRecovery, WorkerThatGaveUpBeforeItsPeersCompletedRecoversWhenItsRetryTi
   for (int i = 0; i < 4; ++i) cluster.SetJob(i, WithoutTheSpare(cluster, i));
   auto pushes = [&] { return PushesAtWorkerServers(cluster); };
   const uint64_t before = pushes();
-  run.buffers[0] = Input(0);
+  run.buffers[0] = RecoveryInput(0);
   Start(cluster, run, {0});
-  ASSERT_TRUE(Eventually([&] { return pushes() == before + PushPullChunks(kCount, 4, 1024, 3); }));
+  ASSERT_TRUE(RecoveryEventually(
+      [&] { return pushes() == before + PushPullChunks(kRecoveryCount, 4, 1024, 3); }));
   cluster.clock().Advance(std::chrono::milliseconds(5100));
   for (int i = 0; i < 3; ++i) cluster.node(i).push_pull().server().ExpireStale();
   EXPECT_TRUE(Await(run.done[0]).ok());
@@ -276,7 +278,7 @@ TEST(PeerRecovery, RetryHoldingBackMostOfItsChunksFetchesThemAllFromAPeer) {
   // whose peers completed earlier pushes only the first few of each server's share, gets no sums
   // back, and holds the rest. Here every worker completed iteration 0 under v7; worker 0 then
   // runs it again under v8 (as its agent would had it not seen that outcome).
-  Cluster cluster(Job());
+  Cluster cluster(RecoveryJob());
   Iteration first;
   Start(cluster, first, {0, 1, 2}, 0, kBigCount);
   for (int r = 0; r < 3; ++r) {
@@ -288,7 +290,7 @@ TEST(PeerRecovery, RetryHoldingBackMostOfItsChunksFetchesThemAllFromAPeer) {
   const uint64_t before = pushes();
   Iteration retry;
   Start(cluster, retry, {0}, 0, kBigCount);
-  ASSERT_TRUE(Eventually([&] { return pushes() == before + 3 * kPushPullAhead; }));
+  ASSERT_TRUE(RecoveryEventually([&] { return pushes() == before + 3 * kPushPullAhead; }));
   cluster.clock().Advance(std::chrono::milliseconds(5100));
   for (int i = 0; i < 3; ++i) cluster.node(i).push_pull().server().ExpireStale();
   EXPECT_TRUE(Await(retry.done[0]).ok());
@@ -303,7 +305,7 @@ TEST(PeerRecovery, RetryHoldingBackMostOfItsChunksFetchesThemAllFromAPeer) {
 TEST(PeerRecovery, SumsOfAnEarlierMembershipGenerationAreNeverGiven) {
   // Every worker completed iteration 0, then the job moved to a new membership generation, which
   // counts its iterations from 0 again: the same number is another collective.
-  Cluster cluster(Job());
+  Cluster cluster(RecoveryJob());
   RunExactOnV8(cluster, 0);  // (still v7 here: the helper runs on the current plan)
   for (int i = 0; i < 4; ++i) {
     JobView v = WithoutTheSpare(cluster, i);
@@ -312,15 +314,18 @@ TEST(PeerRecovery, SumsOfAnEarlierMembershipGenerationAreNeverGiven) {
   }
   // Nothing kept, nothing spare: the sums go once the last reference to them does (a completed
   // operation's state can outlive its caller's Await by a moment on the engine's thread).
-  EXPECT_TRUE(Eventually([&] { return Stats(cluster, 1).worker_retained_bytes.load() == 0; }))
-      << Stats(cluster, 1).worker_retained_bytes.load() << " bytes still retained";
+  EXPECT_TRUE(RecoveryEventually([&] {
+    return Stats(cluster, 1).worker_retained_bytes.load() == 0;
+  })) << Stats(cluster, 1).worker_retained_bytes.load()
+      << " bytes still retained";
   // Worker 0 runs the new generation's iteration 0 alone; its servers time it out, and the
   // others, who kept the old iteration 0's sums, say no.
   auto pushes = [&] { return PushesAtWorkerServers(cluster); };
   const uint64_t before = pushes();
   Iteration run;
   Start(cluster, run, {0});
-  ASSERT_TRUE(Eventually([&] { return pushes() == before + PushPullChunks(kCount, 4, 1024, 3); }));
+  ASSERT_TRUE(RecoveryEventually(
+      [&] { return pushes() == before + PushPullChunks(kRecoveryCount, 4, 1024, 3); }));
   cluster.clock().Advance(std::chrono::milliseconds(5100));
   for (int i = 0; i < 3; ++i) cluster.node(i).push_pull().server().ExpireStale();
   absl::Status s = Await(run.done[0]);
@@ -330,7 +335,7 @@ TEST(PeerRecovery, SumsOfAnEarlierMembershipGenerationAreNeverGiven) {
 }
 
 TEST(PeerRecovery, PeerThatNeverAnswersEndsTheRecoveryAtItsDeadline) {
-  Cluster cluster(Job());
+  Cluster cluster(RecoveryJob());
   // Only worker 2 gets the spare's sums, and then hangs.
   cluster.network().SetCut("node-3", "node-0", true);
   cluster.network().SetCut("node-3", "node-1", true);
@@ -340,7 +345,7 @@ TEST(PeerRecovery, PeerThatNeverAnswersEndsTheRecoveryAtItsDeadline) {
   cluster.network().SetFrozen("node-2", true);
   cluster.SetJob(0, WithoutTheSpare(cluster, 0));
   cluster.SetJob(1, WithoutTheSpare(cluster, 1));
-  ASSERT_TRUE(Eventually([&] {
+  ASSERT_TRUE(RecoveryEventually([&] {
     return Stats(cluster, 0).peer_recoveries_started.load() == 1 &&
            Stats(cluster, 1).peer_recoveries_started.load() == 1;
   }));
@@ -355,7 +360,7 @@ TEST(PeerRecovery, PeerThatNeverAnswersEndsTheRecoveryAtItsDeadline) {
 }
 
 TEST(PeerRecovery, WithoutARetainBudgetNothingIsKeptAndTheAskerFailsRetriable) {
-  Cluster cluster(Job());
+  Cluster cluster(RecoveryJob());
   for (int i = 0; i < 3; ++i) cluster.node(i).push_pull().worker().SetRetainBudget(0);
   cluster.network().SetCut("node-3", "node-0", true);
   Iteration run;

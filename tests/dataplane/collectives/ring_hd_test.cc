@@ -29,7 +29,7 @@ namespace {
 using common::DataType;
 using ::testing::HasSubstr;
 
-constexpr auto kGuard = std::chrono::seconds(20);  // a test-only bound on waiting for futures
+constexpr auto kRingGuard = std::chrono::seconds(20);  // a test-only bound on waiting for futures
 
 using testing::GetValue;
 using testing::PutValue;
@@ -61,8 +61,8 @@ class Ring : public testing::Cluster {
 };
 
 // One rank's operation on one buffer.
-Operation MakeOp(const std::string& name, uint64_t iteration, DataType t, uint64_t count,
-                 Reduction reduction, std::vector<std::byte>& buffer, uint32_t root = 0) {
+Operation MakeRingOp(const std::string& name, uint64_t iteration, DataType t, uint64_t count,
+                     Reduction reduction, std::vector<std::byte>& buffer, uint32_t root = 0) {
   Operation op;
   op.tensor_name = name;
   op.iteration = iteration;
@@ -87,7 +87,8 @@ uint64_t RunAndCount(Ring& ring, Algorithm alg, const std::string& name, uint64_
   }
   std::vector<std::future<absl::Status>> futures;
   for (int r = 0; r < ring.n(); ++r) {
-    futures.push_back(ring.Post(r, alg, MakeOp(name, iteration, t, count, kind, bufs[r], root)));
+    futures.push_back(
+        ring.Post(r, alg, MakeRingOp(name, iteration, t, count, kind, bufs[r], root)));
   }
   uint64_t wrong = 0;
   for (int r = 0; r < ring.n(); ++r) {
@@ -287,15 +288,16 @@ TEST(BroadcastTest, HalvingDoublingDeclinesAndFallsBackToRing) {
   // Posted to the engine as halving-doubling, it is refused; started through the node, the
   // selector falls back to ring.
   std::vector<std::byte> unused(4 * 50);
-  auto refused = ring.Post(0, Algorithm::kHalvingDoubling,
-                           MakeOp("b", 0, DataType::kInt32, 50, Reduction::kBroadcast, unused, 2));
+  auto refused =
+      ring.Post(0, Algorithm::kHalvingDoubling,
+                MakeRingOp("b", 0, DataType::kInt32, 50, Reduction::kBroadcast, unused, 2));
   EXPECT_EQ(Await(refused).code(), absl::StatusCode::kUnimplemented);
   std::vector<std::vector<std::byte>> bufs(4, std::vector<std::byte>(4 * 50));
   for (uint64_t i = 0; i < 50; ++i) PutValue(DataType::kInt32, bufs[2].data(), i, i);
   std::vector<std::future<absl::Status>> futures;
   for (int r = 0; r < 4; ++r) {
     futures.push_back(
-        ring.Start(r, MakeOp("b", 0, DataType::kInt32, 50, Reduction::kBroadcast, bufs[r], 2)));
+        ring.Start(r, MakeRingOp("b", 0, DataType::kInt32, 50, Reduction::kBroadcast, bufs[r], 2)));
   }
   for (auto& f : futures) ASSERT_TRUE(Await(f).ok());
   for (int r = 0; r < 4; ++r) {
@@ -324,7 +326,7 @@ TEST(BroadcastTest, RecursiveDoublingDeclinesAllButAllReduceAndFallsBackToRing) 
   std::vector<std::future<absl::Status>> futures;
   for (int r = 0; r < 3; ++r) {
     futures.push_back(
-        ring.Start(r, MakeOp("b", 0, DataType::kInt32, 50, Reduction::kBroadcast, bufs[r], 1)));
+        ring.Start(r, MakeRingOp("b", 0, DataType::kInt32, 50, Reduction::kBroadcast, bufs[r], 1)));
   }
   for (auto& f : futures) ASSERT_TRUE(Await(f).ok());
   for (int r = 0; r < 3; ++r) {
@@ -355,7 +357,7 @@ TEST_P(MismatchTest, CountMismatchFailsEveryRankWithoutADeadline) {
     for (int r = 0; r < n; ++r) {
       const uint64_t count = r == n - 1 ? 63 : 64;
       futures.push_back(ring.Post(
-          r, GetParam(), MakeOp("g", 0, DataType::kFloat32, count, Reduction::kSum, bufs[r])));
+          r, GetParam(), MakeRingOp("g", 0, DataType::kFloat32, count, Reduction::kSum, bufs[r])));
     }
     for (int r = 0; r < n; ++r) {
       absl::Status s = Await(futures[r]);
@@ -372,7 +374,8 @@ TEST_P(MismatchTest, DtypeMismatchFailsEveryRank) {
   std::vector<std::future<absl::Status>> futures;
   for (int r = 0; r < n; ++r) {
     const DataType t = r == 1 ? DataType::kFloat64 : DataType::kFloat32;
-    futures.push_back(ring.Post(r, GetParam(), MakeOp("g", 0, t, 64, Reduction::kSum, bufs[r])));
+    futures.push_back(
+        ring.Post(r, GetParam(), MakeRingOp("g", 0, t, 64, Reduction::kSum, bufs[r])));
   }
   for (int r = 0; r < n; ++r) {
     absl::Status s = Await(futures[r]);
@@ -391,7 +394,7 @@ TEST_P(MismatchTest, SumAgainstAverageFailsEveryRank) {
   for (int r = 0; r < n; ++r) {
     const Reduction reduction = r == 2 ? Reduction::kAverage : Reduction::kSum;
     futures.push_back(
-        ring.Post(r, GetParam(), MakeOp("g", 0, DataType::kFloat32, 64, reduction, bufs[r])));
+        ring.Post(r, GetParam(), MakeRingOp("g", 0, DataType::kFloat32, 64, reduction, bufs[r])));
   }
   for (int r = 0; r < n; ++r) {
     absl::Status s = Await(futures[r]);
@@ -412,8 +415,8 @@ TEST(DeadlineTest, MissingRankTurnsIntoDeadlineExceededNamingStepAndPeer) {
   std::vector<std::vector<std::byte>> bufs(n, std::vector<std::byte>(40 * 4));
   std::vector<std::future<absl::Status>> futures;
   for (int r = 0; r < n - 1; ++r) {  // rank 3 never starts
-    futures.push_back(ring.Post(r, Algorithm::kRing,
-                                MakeOp("g", 0, DataType::kFloat32, 40, Reduction::kSum, bufs[r])));
+    futures.push_back(ring.Post(
+        r, Algorithm::kRing, MakeRingOp("g", 0, DataType::kFloat32, 40, Reduction::kSum, bufs[r])));
   }
   ring.engine(0).ExpireStale();  // not yet due
   for (auto& f : futures) {
@@ -447,7 +450,7 @@ TEST_P(AbortTest, ARankThatAbortsFailsEveryOtherRankAtOnce) {
   std::vector<std::future<absl::Status>> futures;
   for (int r = 0; r < n - 1; ++r) {  // rank 3 aborts instead of taking part
     futures.push_back(
-        ring.Start(r, MakeOp("g", 7, DataType::kFloat32, 64, Reduction::kSum, bufs[r])));
+        ring.Start(r, MakeRingOp("g", 7, DataType::kFloat32, 64, Reduction::kSum, bufs[r])));
   }
   ring.node(3).Abort("job-r", "g", 7, absl::UnavailableError("local process 1 died"));
   for (int r = 0; r < n - 1; ++r) {
@@ -457,7 +460,7 @@ TEST_P(AbortTest, ARankThatAbortsFailsEveryOtherRankAtOnce) {
               "rank 3 aborted tensor 'g' iteration 7 (job job-r): local process 1 died");
   }
   // Rank 3 itself fails the operation at once if it starts it after all.
-  auto late = ring.Start(3, MakeOp("g", 7, DataType::kFloat32, 64, Reduction::kSum, bufs[3]));
+  auto late = ring.Start(3, MakeRingOp("g", 7, DataType::kFloat32, 64, Reduction::kSum, bufs[3]));
   ASSERT_EQ(late.wait_for(std::chrono::seconds(0)), std::future_status::ready);
   EXPECT_EQ(late.get().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(ring.clock().Now(), t0);
@@ -487,7 +490,7 @@ TEST_P(AbortTest, AnAbortThatArrivesBeforeTheOperationFailsItWhenItStarts) {
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   ring.engine(1).HandleMessage(*parsed, payload);
   std::vector<std::byte> buf(64 * 4);
-  auto f = ring.Start(1, MakeOp("g", 2, DataType::kFloat32, 64, Reduction::kSum, buf));
+  auto f = ring.Start(1, MakeRingOp("g", 2, DataType::kFloat32, 64, Reduction::kSum, buf));
   ASSERT_EQ(f.wait_for(std::chrono::seconds(0)), std::future_status::ready);  // no message needed
   absl::Status s = f.get();
   EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
@@ -500,7 +503,7 @@ TEST_P(AbortTest, AnAbortThatArrivesBeforeTheOperationFailsItWhenItStarts) {
   std::vector<std::future<absl::Status>> futures;
   for (int r = 1; r < n; ++r) {
     futures.push_back(
-        ring.Start(r, MakeOp("h", 3, DataType::kFloat32, 64, Reduction::kSum, bufs[r])));
+        ring.Start(r, MakeRingOp("h", 3, DataType::kFloat32, 64, Reduction::kSum, bufs[r])));
   }
   for (auto& x : futures) {
     absl::Status st = Await(x);
@@ -567,11 +570,11 @@ TEST(EarlyMessagesTest, ARankThatStartsFirstIsBufferedUntilThePeerStarts) {
     }
     std::vector<std::future<absl::Status>> futures;
     futures.push_back(
-        ring.Post(0, alg, MakeOp("e", 5, DataType::kInt32, count, Reduction::kSum, bufs[0])));
+        ring.Post(0, alg, MakeRingOp("e", 5, DataType::kInt32, count, Reduction::kSum, bufs[0])));
     // Rank 0's first step reaches rank 1 (ring, recursive doubling) or rank 2 (halving-doubling)
     // before it starts.
     const int first_peer = alg == Algorithm::kHalvingDoubling ? 2 : 1;
-    const auto until = std::chrono::steady_clock::now() + kGuard;
+    const auto until = std::chrono::steady_clock::now() + kRingGuard;
     while (ring.engine(first_peer).stats().early_messages == 0 &&
            std::chrono::steady_clock::now() < until) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -579,7 +582,7 @@ TEST(EarlyMessagesTest, ARankThatStartsFirstIsBufferedUntilThePeerStarts) {
     EXPECT_GT(ring.engine(first_peer).stats().early_messages, 0u);
     for (int r = n - 1; r >= 1; --r) {
       futures.push_back(
-          ring.Post(r, alg, MakeOp("e", 5, DataType::kInt32, count, Reduction::kSum, bufs[r])));
+          ring.Post(r, alg, MakeRingOp("e", 5, DataType::kInt32, count, Reduction::kSum, bufs[r])));
     }
     for (auto& f : futures) EXPECT_TRUE(Await(f).ok());
     for (int r = 0; r < n; ++r) {
@@ -630,7 +633,7 @@ TEST(BackToBackTest, FiftyIterationsOfThreeTensorsNeverMix) {
           const int k = (j + r) % 3;
           const Tensor& t = tensors[k];
           futures[r].push_back(ring.Post(
-              r, t.alg, MakeOp(t.name, it, t.dtype, t.count, t.kind, bufs[r][it * 3 + k])));
+              r, t.alg, MakeRingOp(t.name, it, t.dtype, t.count, t.kind, bufs[r][it * 3 + k])));
         }
       }
     });
@@ -659,7 +662,7 @@ TEST(BackToBackTest, FiftyIterationsOfThreeTensorsNeverMix) {
 TEST(StartTest, RejectsWhatItCannotStart) {
   Ring ring(2);
   std::vector<std::byte> buf(16);
-  Operation op = MakeOp("x", 0, DataType::kFloat32, 4, Reduction::kSum, buf);
+  Operation op = MakeRingOp("x", 0, DataType::kFloat32, 4, Reduction::kSum, buf);
   op.done = [](absl::Status) {};
   EXPECT_EQ(ring.engine(0).Post("nope", Algorithm::kRing, op).code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(ring.node(0).Start("nope", op).code(), absl::StatusCode::kNotFound);

@@ -24,9 +24,9 @@ using testing::ClusterOptions;
 using ::testing::HasSubstr;
 using testing::MakeOp;
 
-constexpr auto kGuard = std::chrono::seconds(20);
-constexpr uint64_t kCount = 10007;  // float32: 40028 bytes, many 1 KiB partitions
-constexpr uint64_t kBytes = kCount * sizeof(float);
+constexpr auto kStagedGuard = std::chrono::seconds(20);
+constexpr uint64_t kStagedCount = 10007;  // float32: 40028 bytes, many 1 KiB partitions
+constexpr uint64_t kBytes = kStagedCount * sizeof(float);
 constexpr float kNotYet = -1e6f;  // what a buffer holds where its input has not arrived
 
 ClusterOptions Options(int n, int k, Algorithm algorithm) {
@@ -56,9 +56,9 @@ struct StagedNode {
 
   StagedNode(int node, uint32_t procs) {
     for (uint32_t p = 0; p < procs; ++p) {
-      input.emplace_back(kCount);
-      for (uint64_t i = 0; i < kCount; ++i) input.back()[i] = Input(node * procs + p, i);
-      buffers.emplace_back(kCount, kNotYet);
+      input.emplace_back(kStagedCount);
+      for (uint64_t i = 0; i < kStagedCount; ++i) input.back()[i] = Input(node * procs + p, i);
+      buffers.emplace_back(kStagedCount, kNotYet);
     }
     staged->SetFinalSink([this](uint64_t offset, uint64_t bytes) {
       std::lock_guard lock(mu);
@@ -79,7 +79,7 @@ struct StagedNode {
     op.tensor_name = "grad";
     op.iteration = 0;
     op.dtype = DataType::kFloat32;
-    op.count = kCount;
+    op.count = kStagedCount;
     op.reduction = reduction;
     for (auto& b : buffers) op.buffers.push_back(reinterpret_cast<std::byte*>(b.data()));
     op.staged = staged;
@@ -92,7 +92,7 @@ int64_t CountWrong(const std::vector<std::unique_ptr<StagedNode>>& nodes, int wo
   int64_t wrong = 0;
   for (const auto& n : nodes) {
     for (const auto& b : n->buffers) {
-      for (uint64_t i = 0; i < kCount; ++i) {
+      for (uint64_t i = 0; i < kStagedCount; ++i) {
         wrong += b[i] != static_cast<float>((i % 11 + 1) * world * (world + 1) / 2);
       }
     }
@@ -166,7 +166,7 @@ TEST(StagedPushPull, ChunksLeaveAsTheirInputArrivesAndEveryResultIsReportedOnce)
       EXPECT_EQ(ops.done[0].wait_for(std::chrono::milliseconds(0)), std::future_status::timeout);
     }
   }
-  for (auto& f : ops.done) ASSERT_TRUE(Await(f, kGuard).ok());
+  for (auto& f : ops.done) ASSERT_TRUE(Await(f, kStagedGuard).ok());
   EXPECT_EQ(CountWrong(ops.nodes, kN * 2), 0);
   for (auto& n : ops.nodes) EXPECT_EQ(CheckFinals(*n), kBytes);
 }
@@ -175,10 +175,10 @@ TEST(StagedPushPull, AverageWithInputAlreadyCompleteRunsAtOnce) {
   constexpr int kN = 2;
   Cluster cluster(Options(kN, 1, Algorithm::kPushPull));
   StagedOps ops = StartAll(cluster, Reduction::kAverage, /*staged=*/kBytes);
-  for (auto& f : ops.done) ASSERT_TRUE(Await(f, kGuard).ok());
+  for (auto& f : ops.done) ASSERT_TRUE(Await(f, kStagedGuard).ok());
   for (const auto& n : ops.nodes) {
     for (const auto& b : n->buffers) {
-      for (uint64_t i = 0; i < kCount; ++i) {
+      for (uint64_t i = 0; i < kStagedCount; ++i) {
         ASSERT_EQ(b[i], static_cast<float>((i % 11 + 1) * 5 / 2.0)) << i;  // (1+2+3+4)/4
       }
     }
@@ -196,7 +196,7 @@ TEST(StagedRing, WaitsForTheWholeInput) {
   EXPECT_EQ(cluster.node(0).engine().stats().messages_sent.load(), 0u);
   EXPECT_EQ(ops.done[0].wait_for(std::chrono::milliseconds(0)), std::future_status::timeout);
   StageAll(cluster, ops, kBytes);
-  for (auto& f : ops.done) ASSERT_TRUE(Await(f, kGuard).ok());
+  for (auto& f : ops.done) ASSERT_TRUE(Await(f, kStagedGuard).ok());
   EXPECT_EQ(CountWrong(ops.nodes, kN * 2), 0);
   for (auto& n : ops.nodes) EXPECT_EQ(CheckFinals(*n), 0u);
 }
@@ -206,7 +206,7 @@ TEST(StagedRing, AbortOfAWaitingOperationEndsItWithTheReason) {
   StagedNode node(0, 2);
   std::future<absl::Status> done = cluster.Start(0, node.Op(Reduction::kSum));
   cluster.node(0).Abort("job-s", "grad", 0, absl::DeadlineExceededError("copy in: stuck GPU"));
-  absl::Status s = Await(done, kGuard);
+  absl::Status s = Await(done, kStagedGuard);
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(s.message(), HasSubstr("stuck GPU"));
   // Later advances find nothing to post.
@@ -219,9 +219,9 @@ TEST(StagedRing, TheSameIterationWaitingTwiceIsRefused) {
   StagedNode a(0, 2), b(0, 2);
   std::future<absl::Status> first = cluster.Start(0, a.Op(Reduction::kSum));
   std::future<absl::Status> second = cluster.Start(0, b.Op(Reduction::kSum));
-  EXPECT_EQ(Await(second, kGuard).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(Await(second, kStagedGuard).code(), absl::StatusCode::kAlreadyExists);
   cluster.node(0).Abort("job-s", "grad", 0, absl::CancelledError("test over"));
-  EXPECT_EQ(Await(first, kGuard).code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(Await(first, kStagedGuard).code(), absl::StatusCode::kCancelled);
 }
 
 }  // namespace

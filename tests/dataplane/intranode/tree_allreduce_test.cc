@@ -98,14 +98,14 @@ TEST(HostGpuOps, CrossWaitsRunAndBadIdsAreErrors) {
   EXPECT_EQ(ops.Synchronize(-1).code(), absl::StatusCode::kInvalidArgument);
 }
 
-struct Layout {
+struct TreeLayout {
   const char* name;
   int gpus;
   std::vector<GpuTree> trees;
 };
 
-std::vector<Layout> Layouts() {
-  std::vector<Layout> layouts;
+std::vector<TreeLayout> Layouts() {
+  std::vector<TreeLayout> layouts;
   layouts.push_back({"star", 4, {{{-1, 0, 0, 0}}}});
   layouts.push_back({"chain", 4, {{{1, 2, 3, -1}}}});
   const std::vector<int> ring{0, 3, 2, 1, 5, 6, 7, 4};  // A DGX-1-like NVLink ring.
@@ -117,14 +117,14 @@ std::vector<Layout> Layouts() {
   return layouts;
 }
 
-bool IsEdge(const Layout& l, int a, int b) {
+bool IsEdge(const TreeLayout& l, int a, int b) {
   for (const GpuTree& t : l.trees) {
     if (t.parent[a] == b || t.parent[b] == a) return true;
   }
   return false;
 }
 
-bool IsRoot(const Layout& l, int g) {
+bool IsRoot(const TreeLayout& l, int g) {
   for (const GpuTree& t : l.trees) {
     if (t.parent[g] == -1) return true;
   }
@@ -166,7 +166,7 @@ TEST(RingRootedTree, TwoChainsFromTheRootAlongTheRing) {
 }
 
 TEST(TreeAllReduce, EveryBufferHoldsTheExactSumInEveryLegalOrder) {
-  for (const Layout& layout : Layouts()) {
+  for (const TreeLayout& layout : Layouts()) {
     for (DataType dtype : common::kAllDataTypes) {
       // (count, chunk bytes): one chunk, two, many; chunks that do and do not divide.
       for (auto [count, chunk_bytes] :
@@ -212,7 +212,7 @@ TEST(TreeAllReduce, EveryBufferHoldsTheExactSumInEveryLegalOrder) {
 TEST(TreeAllReduce, ChunksArePipelinedAcrossQueues) {
   // A chain of 4 with 64 chunks, deferred: the host enqueues everything before anything runs,
   // so all of the work is pending at once (the device, not the host, orders the chunks).
-  const Layout chain = Layouts()[1];
+  const TreeLayout chain = Layouts()[1];
   Node node(4, DataType::kFloat32, 64 * 4, 1, {.deferred = true, .seed = 5});
   auto ar = TreeAllReduce::Create(node.ops(), node.reducer(), chain.trees,
                                   {.chunk_bytes = 16, .tune = false, .record = false});
@@ -228,7 +228,7 @@ TEST(TreeAllReduce, ChunksArePipelinedAcrossQueues) {
 // piece), exact every time on fresh inputs and with the same data path; other arguments make
 // other recordings, of which the last `recordings` are kept.
 TEST(TreeAllReduce, RepeatedCallsReplayOneRecording) {
-  const Layout layout = Layouts()[3];  // Two weighted trees over 5 GPUs.
+  const TreeLayout layout = Layouts()[3];  // Two weighted trees over 5 GPUs.
   for (uint64_t seed : {0, 11}) {
     Node node(layout.gpus, DataType::kFloat64, 700, 1, {.deferred = seed != 0, .seed = seed});
     auto ar = TreeAllReduce::Create(node.ops(), node.reducer(), layout.trees,
@@ -314,7 +314,7 @@ TEST(HostGpuOps, RecordingsReplayWithFreshFencesAndNoHostWaitWhileRecording) {
 // the root's buffer; after BroadcastFromRoots every GPU holds the doubled sum. Enqueued and
 // recorded, in random orders, twice (the second replays).
 TEST(TreeAllReduce, ReduceToRootsThenBroadcastFromRoots) {
-  for (const Layout& layout : Layouts()) {
+  for (const TreeLayout& layout : Layouts()) {
     for (uint64_t seed : {0, 1, 2}) {
       SCOPED_TRACE(::testing::Message() << layout.name << ", seed " << seed);
       constexpr size_t kCount = 777;
@@ -383,7 +383,7 @@ TEST(TreeAllReduce, ReduceToRootsThenBroadcastFromRoots) {
 // Two "nodes": the hook doubles the node's sum (the other node holds the same inputs), sees every
 // element once, only the roots cross to the host, and the average divides by all contributors.
 TEST(TreeAllReduce, InterNodeStepAtTheRootsAndAverage) {
-  for (const Layout& layout : Layouts()) {
+  for (const TreeLayout& layout : Layouts()) {
     const int contributors = 2 * layout.gpus;
     for (DataType dtype : common::kAllDataTypes) {
       for (uint64_t seed : {0, 7, 8}) {
@@ -428,7 +428,7 @@ TEST(TreeAllReduce, InterNodeStepAtTheRootsAndAverage) {
 }
 
 TEST(TreeAllReduce, AFailedStepFailsTheCallAndTheNextOneIsExact) {
-  const Layout layout = Layouts()[2];
+  const TreeLayout layout = Layouts()[2];
   Node node(layout.gpus, DataType::kInt32, 500, 1, {.deferred = true, .seed = 3});
   auto ar = TreeAllReduce::Create(node.ops(), node.reducer(), layout.trees,
                                   {.chunk_bytes = 64, .tune = false});
@@ -458,7 +458,7 @@ TEST(TreeAllReduce, AFailedStepFailsTheCallAndTheNextOneIsExact) {
 // near the peak; every all-reduce stays exact. With recordings, a call that records reports
 // nothing (it takes longer than its chunk size explains), so the same path takes more calls.
 TEST(TreeAllReduce, TheChunkSizeIsTunedOnlineTowardTheBestThroughput) {
-  const Layout layout = Layouts()[0];
+  const TreeLayout layout = Layouts()[0];
   constexpr size_t kCount = 8 << 20;  // 32 MiB of floats: 4 chunks at 8 MiB.
   for (bool record : {false, true}) {
     SCOPED_TRACE(record ? "recorded" : "enqueued");
