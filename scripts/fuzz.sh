@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (tests/fuzz/, preset fuzz: build-fuzz/ with clang-16, ASan + UBSan;
-# FUZZ_BUILD=asan: build-asan/, below; "build-fuzz/" stands for the build used) and runs each for a given time, then prints one line per target: runs, execs/s, coverage.
+# FUZZ_BUILD=asan: build-asan/, below; "build-fuzz/" here stands for the build used) and runs each
+# for a given time, then prints one line per target: runs, execs/s, coverage.
 #   scripts/fuzz.sh [seconds per target, default 60] [target ...]   (default: every target)
 # FUZZ_JOBS=N runs N targets at once (default 1). FUZZ_RUNS=N stops each target after N inputs and
 # FUZZ_SEED=S fixes libFuzzer's seed: with both (and no build-fuzz/corpus left from earlier runs)
