@@ -7,10 +7,10 @@
 #include <cstdint>
 #include <limits>
 
+#include "common/cpu_features.h"
 #include "gtest/gtest.h"
 
 #if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -165,11 +165,6 @@ __attribute__((target("f16c"))) uint16_t HardwareFp32ToFp16(float f) {
   return static_cast<uint16_t>(_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 __attribute__((target("f16c"))) float HardwareFp16ToFp32(uint16_t h) { return _cvtsh_ss(h); }
-// CPUID leaf 1, ECX bit 29: clang before 17 has no "f16c" for __builtin_cpu_supports.
-bool CpuHasF16c() {
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
-}
 
 TEST(HalfTest, MatchesF16cHardware) {
   if (!CpuHasF16c()) GTEST_SKIP() << "no F16C on this cpu";

@@ -2,13 +2,11 @@
 
 #include <algorithm>
 #include <cstdlib>
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-#endif
 #include <optional>
 #include <string>
 #include <thread>
 
+#include "common/cpu_features.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "dataplane/reduce/cpu/kernels.h"
@@ -26,14 +24,6 @@ constexpr char kIsaEnv[] = "TRIBUTARY_REDUCE_ISA";
 // threads never share a cache line and every range keeps the buffer's vector alignment.
 constexpr size_t kRangeGranuleBytes = 64;
 
-#if defined(__x86_64__) || defined(__i386__)
-// CPUID leaf 1, ECX bit 29. clang before 17 has no "f16c" for __builtin_cpu_supports.
-bool CpuHasF16c() {
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
-}
-#endif
-
 bool CpuSupports(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::kScalar:
@@ -41,7 +31,7 @@ bool CpuSupports(CpuIsa isa) {
 #if defined(__x86_64__) || defined(__i386__)
     case CpuIsa::kAvx2:
       // __builtin_cpu_supports also checks that the OS saves the YMM/ZMM state.
-      return __builtin_cpu_supports("avx2") && CpuHasF16c();
+      return __builtin_cpu_supports("avx2") && common::CpuHasF16c();
     case CpuIsa::kAvx512:
       return CpuSupports(CpuIsa::kAvx2) && __builtin_cpu_supports("avx512f") &&
              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
