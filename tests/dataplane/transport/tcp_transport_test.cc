@@ -6,6 +6,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -351,6 +352,48 @@ TEST_F(TcpHostileInputTest, ValidFramesFromARawClientAreDelivered) {
   ASSERT_TRUE(client.WaitClosed());
   EXPECT_EQ(target_->protocol_errors(), 0u);
   EXPECT_EQ(target_->rejected_connections(), 0u);
+}
+
+TEST_F(TcpHostileInputTest, FramesArrivingInPiecesAreAssembledIntact) {
+  // Frames below, at and above the size that fits the receive buffer (256 KiB with the frame
+  // header), written in pieces of every size from 1 byte to 64 KiB (fixed seed), so that the
+  // target sees frames cut anywhere: in the frame header, in the header, in the payload, across
+  // the end of its buffer. Every frame must arrive whole, in order, exactly once.
+  Start();
+  RawClient client(target_->Address());
+  ASSERT_TRUE(client.connected());
+  const int one = 1;
+  setsockopt(client.fd(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  ASSERT_TRUE(client.Handshake());
+  const uint64_t fits = (256 << 10) - tcp::kFrameHeaderBytes - 2;  // 2-byte headers below.
+  const std::vector<uint64_t> sizes = {0,    5,        9000,   65536,   100000, 100000, 100000,
+                                       fits, fits + 1, 300000, 1 << 20, 65536,  7,      fits - 1};
+  std::vector<std::byte> stream;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const std::string header = "f" + std::to_string(i % 10);
+    stream = Concat({stream, Frame(2, sizes[i], i), Bytes(header), Pattern(sizes[i], i + 1)});
+  }
+  std::mt19937 random(1234);
+  for (size_t done = 0; done < stream.size();) {
+    // Mostly small pieces at first (1..16 bytes), then up to 64 KiB.
+    const size_t most = done < 4096 ? 16 : 65536;
+    const size_t piece = std::min<size_t>(stream.size() - done,
+                                          std::uniform_int_distribution<size_t>(1, most)(random));
+    ASSERT_TRUE(client.Write(std::span(stream).subspan(done, piece)));
+    done += piece;
+  }
+  ASSERT_TRUE(inbox_.WaitFor(sizes.size()));
+  std::vector<Message> messages = inbox_.Take();
+  ASSERT_EQ(messages.size(), sizes.size());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(Text(messages[i].header), "f" + std::to_string(i % 10));
+    EXPECT_TRUE(messages[i].payload == Pattern(sizes[i], i + 1));
+  }
+  client.EndOutput();
+  ASSERT_TRUE(client.WaitClosed());
+  EXPECT_EQ(target_->protocol_errors(), 0u);
+  ExpectHealthy();
 }
 
 TEST_F(TcpHostileInputTest, SlowHandshakeIsClosedAtItsDeadline) {
