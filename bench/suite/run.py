@@ -1711,9 +1711,9 @@ def report(results, args, out, argv, update_md, wresults=(), ceilings=None, tres
     with open(md_path, "w") as f:
         f.write(md)
     print("\n" + md, flush=True)
-    if results:
-        plot(results, os.path.join(out, "emulated_allreduce.png"), n, rate)
-    log(f"# wrote {csv_path}, {md_path}, {os.path.join(out, 'emulated_allreduce.png')}")
+    png_path = os.path.join(out, "emulated_allreduce.png")
+    plotted = bool(results) and plot(results, png_path, n, rate)
+    log(f"# wrote {csv_path}, {md_path}" + (f", {png_path}" if plotted else ""))
     if update_md:
         update_benchmarks_md(md)
 
@@ -1786,8 +1786,8 @@ def plot(results, path, n, rate):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        log("# no matplotlib: plot skipped")
-        return
+        log(f"# no matplotlib for {sys.executable}: plot skipped")
+        return False
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 5.5))
     for c in dict.fromkeys(r["config"] for r in results):
         rs = sorted((r for r in results if r["config"] == c), key=lambda r: r["size"])
@@ -1818,6 +1818,7 @@ def plot(results, path, n, rate):
     ax2.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    return True
 
 
 def update_benchmarks_md(md):
