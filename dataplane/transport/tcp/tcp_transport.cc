@@ -60,9 +60,6 @@ constexpr size_t kDirectReadBytes = 64 << 10;
 // the mark needs a larger receive buffer than the socket has, Linux grows the buffer and clamps
 // the advertised window to the mark.
 constexpr size_t kMaxReceiveLowWaterBytes = 128 << 10;
-// Bytes read from one connection per readable event before the loop serves the others
-// (epoll is level-triggered, so the rest is reported again).
-constexpr size_t kReadBudgetBytes = 8 << 20;
 // Connections accepted per readable event of the listener.
 constexpr int kAcceptBudget = 256;
 // iovecs per sendmsg (IOV_MAX is 1024 on Linux).
@@ -105,6 +102,9 @@ class TcpTransport::Impl {
   absl::Status Start() {
     if (options_.max_half_open_connections == 0) {
       return absl::InvalidArgumentError("max_half_open_connections must be at least 1");
+    }
+    if (options_.read_budget_bytes == 0) {
+      return absl::InvalidArgumentError("read_budget_bytes must be at least 1");
     }
     absl::StatusOr<SocketAddress> listen_address =
         ResolveListenAddress(options_.listen_host, options_.port);
@@ -693,7 +693,7 @@ class TcpTransport::Impl {
   // Reads from an accepted connection until it would block or has used its budget; hands
   // complete frames to the handler. Closes the connection on EOF, errors and violations.
   void ReadInbound(Inbound& conn) {
-    size_t budget = kReadBudgetBytes;
+    size_t budget = options_.read_budget_bytes;
     while (budget > 0) {
       if (!conn.handshaken) {
         const ssize_t n = recv(conn.fd, conn.hello + conn.hello_received,
@@ -747,6 +747,9 @@ class TcpTransport::Impl {
       budget -= std::min(budget, static_cast<size_t>(n));
       if (!ParseBuffered(conn)) return;
     }
+    // The budget ran out: the mark must follow what was read since it was set, or a frame whose
+    // rest is now below the old mark would never be reported readable once the socket drained.
+    SetLowWater(conn);
   }
 
   static bool WouldBlock(ssize_t n) {

@@ -31,6 +31,9 @@ struct TcpTransportOptions {
   // Accepted connections that have not completed the handshake, at most; one more closes the
   // oldest of them.
   size_t max_half_open_connections = 64;
+  // Bytes read from one connection per readable event before the loop serves the others (epoll
+  // is level-triggered, so the rest is reported again); at least 1.
+  size_t read_budget_bytes = 8 << 20;
 };
 
 // A Transport over TCP: one listening socket, one outgoing connection per peer address (cached),

@@ -134,6 +134,9 @@ TEST(TcpTransportTest, BadOptionsAreInvalidArgument) {
   options = {};
   options.max_half_open_connections = 0;
   EXPECT_EQ(TcpTransport::Create(options).status().code(), absl::StatusCode::kInvalidArgument);
+  options = {};
+  options.read_budget_bytes = 0;
+  EXPECT_EQ(TcpTransport::Create(options).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(TcpTransportTest, OneConnectionPerDirectionIsReused) {
@@ -252,6 +255,49 @@ class TcpHostileInputTest : public ::testing::Test {
     ASSERT_TRUE(client.WaitClosed()) << "the target did not close the connection";
   }
 
+  // Frames below, at and above the size that fits the receive buffer (256 KiB with the frame
+  // header), written in pieces of every size from 1 byte to 64 KiB (fixed seed), so that the
+  // target sees frames cut anywhere: in the frame header, in the header, in the payload, across
+  // the end of its buffer. Every frame must arrive whole, in order, exactly once.
+  void SendFramesInPiecesAndExpectThemWhole() {
+    RawClient client(target_->Address());
+    ASSERT_TRUE(client.connected());
+    const int one = 1;
+    setsockopt(client.fd(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    ASSERT_TRUE(client.Handshake());
+    const uint64_t fits = (256 << 10) - tcp::kFrameHeaderBytes - 2;  // 2-byte headers below.
+    // The last frame is large: its rest is read straight into its own buffer, so with a tiny
+    // budget most of its wake-ups end on the budget with bytes still queued.
+    const std::vector<uint64_t> sizes = {0,    5,      9000, 65536,    100000, 100000,   100000,
+                                         fits, 300000, 7,    fits - 1, 65536,  fits + 1, 1 << 20};
+    std::vector<std::byte> stream;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      const std::string header = "f" + std::to_string(i % 10);
+      stream = Concat({stream, Frame(2, sizes[i], i), Bytes(header), Pattern(sizes[i], i + 1)});
+    }
+    std::mt19937 random(1234);
+    for (size_t done = 0; done < stream.size();) {
+      // Mostly small pieces at first (1..16 bytes), then up to 64 KiB.
+      const size_t most = done < 4096 ? 16 : 65536;
+      const size_t piece = std::min<size_t>(stream.size() - done,
+                                            std::uniform_int_distribution<size_t>(1, most)(random));
+      ASSERT_TRUE(client.Write(std::span(stream).subspan(done, piece)));
+      done += piece;
+    }
+    ASSERT_TRUE(inbox_.WaitFor(sizes.size()));
+    std::vector<Message> messages = inbox_.Take();
+    ASSERT_EQ(messages.size(), sizes.size());
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      SCOPED_TRACE(i);
+      EXPECT_EQ(Text(messages[i].header), "f" + std::to_string(i % 10));
+      EXPECT_TRUE(messages[i].payload == Pattern(sizes[i], i + 1));
+    }
+    client.EndOutput();
+    ASSERT_TRUE(client.WaitClosed());
+    EXPECT_EQ(target_->protocol_errors(), 0u);
+    ExpectHealthy();
+  }
+
   std::unique_ptr<TcpTransport> target_;
   std::unique_ptr<TcpTransport> sender_;
   Inbox inbox_;
@@ -355,45 +401,32 @@ TEST_F(TcpHostileInputTest, ValidFramesFromARawClientAreDelivered) {
 }
 
 TEST_F(TcpHostileInputTest, FramesArrivingInPiecesAreAssembledIntact) {
-  // Frames below, at and above the size that fits the receive buffer (256 KiB with the frame
-  // header), written in pieces of every size from 1 byte to 64 KiB (fixed seed), so that the
-  // target sees frames cut anywhere: in the frame header, in the header, in the payload, across
-  // the end of its buffer. Every frame must arrive whole, in order, exactly once.
   Start();
+  SendFramesInPiecesAndExpectThemWhole();
+}
+
+TEST_F(TcpHostileInputTest, FramesArrivingInPiecesAreAssembledIntactWithATinyReadBudget) {
+  // Most wake-ups now end on the budget rather than on an empty socket: the receive low-water
+  // mark must still follow the frame (a stale mark above a frame's rest stalled it for good).
+  TcpTransportOptions options;
+  options.read_budget_bytes = 3000;
+  Start(options);
+  SendFramesInPiecesAndExpectThemWhole();
+  // Large frames written whole: the writer outruns the reader, whose wake-ups read 3000 bytes
+  // each with the rest already queued.
   RawClient client(target_->Address());
   ASSERT_TRUE(client.connected());
-  const int one = 1;
-  setsockopt(client.fd(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   ASSERT_TRUE(client.Handshake());
-  const uint64_t fits = (256 << 10) - tcp::kFrameHeaderBytes - 2;  // 2-byte headers below.
-  const std::vector<uint64_t> sizes = {0,    5,        9000,   65536,   100000, 100000, 100000,
-                                       fits, fits + 1, 300000, 1 << 20, 65536,  7,      fits - 1};
-  std::vector<std::byte> stream;
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    const std::string header = "f" + std::to_string(i % 10);
-    stream = Concat({stream, Frame(2, sizes[i], i), Bytes(header), Pattern(sizes[i], i + 1)});
+  for (uint64_t i = 0; i < 8; ++i) {
+    const std::vector<std::byte> payload = Pattern((1 << 20) + i * 40000, 100 + i);
+    ASSERT_TRUE(client.Write(
+        Concat({Frame(2, payload.size(), i), Bytes("L" + std::to_string(i)), payload})));
+    ASSERT_TRUE(inbox_.WaitFor(1)) << "frame " << i << " did not arrive";
+    std::vector<Message> messages = inbox_.Take();
+    ASSERT_EQ(messages.size(), 1u);
+    EXPECT_EQ(Text(messages[0].header), "L" + std::to_string(i));
+    EXPECT_TRUE(messages[0].payload == payload);
   }
-  std::mt19937 random(1234);
-  for (size_t done = 0; done < stream.size();) {
-    // Mostly small pieces at first (1..16 bytes), then up to 64 KiB.
-    const size_t most = done < 4096 ? 16 : 65536;
-    const size_t piece = std::min<size_t>(stream.size() - done,
-                                          std::uniform_int_distribution<size_t>(1, most)(random));
-    ASSERT_TRUE(client.Write(std::span(stream).subspan(done, piece)));
-    done += piece;
-  }
-  ASSERT_TRUE(inbox_.WaitFor(sizes.size()));
-  std::vector<Message> messages = inbox_.Take();
-  ASSERT_EQ(messages.size(), sizes.size());
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    SCOPED_TRACE(i);
-    EXPECT_EQ(Text(messages[i].header), "f" + std::to_string(i % 10));
-    EXPECT_TRUE(messages[i].payload == Pattern(sizes[i], i + 1));
-  }
-  client.EndOutput();
-  ASSERT_TRUE(client.WaitClosed());
-  EXPECT_EQ(target_->protocol_errors(), 0u);
-  ExpectHealthy();
 }
 
 TEST_F(TcpHostileInputTest, SlowHandshakeIsClosedAtItsDeadline) {
