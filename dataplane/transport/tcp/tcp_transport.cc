@@ -699,7 +699,7 @@ class TcpTransport::Impl {
         const ssize_t n = recv(conn.fd, conn.hello + conn.hello_received,
                                conn.hello_needed - conn.hello_received, 0);
         if (n <= 0) {
-          if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return;
+          if (WouldBlock(n)) return;
           const bool silent = n == 0 && conn.hello_received == 0;
           Reject(conn,
                  n == 0
@@ -718,10 +718,7 @@ class TcpTransport::Impl {
           conn.begin == conn.end && payload_left >= kDirectReadBytes) {
         const ssize_t n = recv(conn.fd, conn.payload.get() + conn.payload_received,
                                std::min<uint64_t>(payload_left, budget), 0);
-        if (WouldBlock(n)) {
-          SetLowWater(conn);
-          return;
-        }
+        if (WouldBlock(n)) break;
         if (!Received(conn, n)) return;
         conn.payload_received += static_cast<uint64_t>(n);
         budget -= std::min(budget, static_cast<size_t>(n));
@@ -738,17 +735,15 @@ class TcpTransport::Impl {
         conn.begin = 0;
       }
       const ssize_t n = recv(conn.fd, conn.buffer.get() + conn.end, kReadBufferBytes - conn.end, 0);
-      if (WouldBlock(n)) {
-        SetLowWater(conn);
-        return;
-      }
+      if (WouldBlock(n)) break;
       if (!Received(conn, n)) return;
       conn.end += static_cast<size_t>(n);
       budget -= std::min(budget, static_cast<size_t>(n));
       if (!ParseBuffered(conn)) return;
     }
-    // The budget ran out: the mark must follow what was read since it was set, or a frame whose
-    // rest is now below the old mark would never be reported readable once the socket drained.
+    // The socket would block or the budget ran out: either way the mark must follow what was
+    // read since it was set (on the budget with bytes still queued too: a frame whose rest fell
+    // below an old mark would never be reported readable again once the socket drained).
     SetLowWater(conn);
   }
 
@@ -766,10 +761,10 @@ class TcpTransport::Impl {
     return conn.buffered_frame_bytes > buffered ? conn.buffered_frame_bytes - buffered : 0;
   }
 
-  // Before the loop waits on a connection that would block: its SO_RCVLOWAT is the rest of the
-  // frame being received, at most kMaxReceiveLowWaterBytes (the kernel caps it further at half
-  // the largest receive buffer and still reports EOF and errors at once), or 1 between frames.
-  // A failure leaves the old mark, which only costs wake-ups.
+  // Before the loop leaves a connection: its SO_RCVLOWAT is the rest of the frame being received,
+  // at most kMaxReceiveLowWaterBytes (the kernel caps it further at half the largest receive
+  // buffer and still reports EOF and errors at once), or 1 between frames. A failure leaves the
+  // old mark, which only costs wake-ups.
   void SetLowWater(Inbound& conn) {
     const size_t mark = static_cast<size_t>(
         std::clamp<uint64_t>(FrameBytesMissing(conn), 1, uint64_t{kMaxReceiveLowWaterBytes}));
@@ -780,12 +775,11 @@ class TcpTransport::Impl {
     }
   }
 
-  // Classifies a recv result on a handshaken connection; false when there is nothing to use
-  // (would block) or the connection was closed.
+  // Classifies a recv result on a handshaken connection that is not WouldBlock; false when the
+  // connection was closed (EOF or an error).
   bool Received(Inbound& conn, ssize_t n) {
     if (n > 0) return true;
     if (n < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return false;
       Log()->info("tcp transport {}: connection from {} failed: {}{}", address_, conn.Name(),
                   ErrnoText(errno), conn.in_frame ? " (a partial frame is dropped)" : "");
       CloseInbound(conn);
