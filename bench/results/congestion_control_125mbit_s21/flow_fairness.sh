@@ -5,7 +5,7 @@
 here="$(cd "$(dirname "$0")" && pwd)"
 cc=$1; pat=$2; nb=$3
 ex() { ip netns exec trib-h$1 "${@:2}"; }
-declare -A pids; out=${OUT:-/tmp/flow-fairness}; rm -rf $out; mkdir -p $out
+out=${OUT:-/tmp/flow-fairness}; rm -rf $out; mkdir -p $out
 # flows: list "src dst"
 flows=()
 case $pat in
