@@ -217,6 +217,8 @@ class CollectiveEngine : public CollectiveAlgorithm {
                   std::vector<Outgoing>& out, std::vector<Completion>& done);
   // The failure of `op` held for its sends (FailLocked), now. mu_ held.
   void CompleteFailureLocked(const std::shared_ptr<OpState>& op, std::vector<Completion>& done);
+  // Remembers how the collective `key` ended (OK: finished) for kTombstoneTtl.
+  void SetTombstoneLocked(const CollectiveKey& key, absl::Status status, uint64_t epoch);
   void OnSendDone(const std::shared_ptr<OpState>& op, int peer, uint32_t step, uint32_t chunk,
                   absl::Status status);
   void Flush(std::vector<Outgoing> out, std::vector<Completion> done);
@@ -231,6 +233,9 @@ class CollectiveEngine : public CollectiveAlgorithm {
   std::map<CollectiveKey, std::deque<Early>> early_;
   uint64_t early_bytes_ = 0;
   std::map<CollectiveKey, Tombstone> tombstones_;
+  // (expires, key) of every tombstone set, in the order set (so in expiry order); an entry whose
+  // key was set again later, or removed, is skipped when it comes up.
+  std::deque<std::pair<common::Clock::TimePoint, CollectiveKey>> tombstone_expiry_;
   // Failed operations waiting for their sends (OpState::failure_pending).
   std::vector<std::shared_ptr<OpState>> draining_;
   // Per job hash: its membership generation and the first plan version (epoch) seen in it (0

@@ -513,6 +513,35 @@ TEST_P(AbortTest, AnAbortThatArrivesBeforeTheOperationFailsItWhenItStarts) {
   EXPECT_EQ(ring.clock().Now(), t0);
 }
 
+// A failed collective is remembered for kTombstoneTtl from the last time it was failed, then
+// forgotten: the same (tensor, iteration) runs again. Setting it again restarts its time (the
+// expiry queue holds an entry per setting; the first one's must not remove the second).
+TEST(TombstoneTest, AFailureIsRememberedForItsTtlFromItsLastSetting) {
+  Ring ring(1);
+  const auto ttl = CollectiveEngine::kTombstoneTtl;
+  std::vector<std::byte> buf(8 * 4);
+  const auto start = [&] {
+    for (uint64_t i = 0; i < 8; ++i) PutValue(DataType::kInt32, buf.data(), i, 3 + i);
+    return ring.Start(0, MakeRingOp("g", 2, DataType::kInt32, 8, Reduction::kSum, buf));
+  };
+  ring.node(0).Abort("job-r", "g", 2, absl::CancelledError("first"));
+  ring.clock().Advance(ttl / 2);
+  ring.node(0).Abort("job-r", "g", 2, absl::CancelledError("second"));
+  ring.clock().Advance(ttl / 2 + std::chrono::milliseconds(1));  // the first setting expired
+  ring.engine(0).ExpireStale();
+  auto failed = start();
+  ASSERT_EQ(failed.wait_for(std::chrono::seconds(0)), std::future_status::ready);
+  absl::Status s = failed.get();
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
+  EXPECT_THAT(s.message(), HasSubstr("second"));
+  ring.clock().Advance(ttl / 2);  // the second expired too
+  ring.engine(0).ExpireStale();
+  auto again = start();
+  absl::Status ok = Await(again);
+  EXPECT_TRUE(ok.ok()) << ok;
+  for (uint64_t i = 0; i < 8; ++i) EXPECT_EQ(GetValue(DataType::kInt32, buf.data(), i), 3 + i);
+}
+
 // kAuto: the 256-byte tensors of these tests go to recursive doubling by size at n = 4 (and the
 // abort goes to the push/pull home server as well).
 INSTANTIATE_TEST_SUITE_P(Algorithms, AbortTest,
