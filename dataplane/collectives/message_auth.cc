@@ -1,8 +1,9 @@
 #include "dataplane/collectives/message_auth.h"
 
+#include <openssl/core_names.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
-#include <openssl/hmac.h>
+#include <openssl/params.h>
 
 #include <algorithm>
 #include <cstring>
@@ -15,29 +16,87 @@ namespace tributary::dataplane {
 namespace {
 
 constexpr auto Log = common::ComponentLog<"auth">;
+// Keyed contexts kept per secret for reuse: about one per thread that signs or verifies at once.
+constexpr size_t kMaxPooledContexts = 8;
 
-void ComputeMac(const WireHeader& header, std::string_view secret,
-                uint8_t (&mac)[WireHeader::kMacBytes]) {
-  WireHeader unsigned_header = header;
-  std::memset(unsigned_header.mac, 0, sizeof(unsigned_header.mac));
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int length = 0;
-  HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
-       reinterpret_cast<const unsigned char*>(&unsigned_header), sizeof(unsigned_header), digest,
-       &length);
-  std::memcpy(mac, digest, sizeof(mac));
+// The HMAC algorithm, fetched once (a fetch per message took a lock and a property query).
+EVP_MAC* HmacAlgorithm() {
+  static EVP_MAC* const mac = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
+  return mac;
 }
 
 }  // namespace
 
+absl::StatusOr<std::shared_ptr<const HeaderMac>> HeaderMac::Create(std::string_view secret) {
+  if (secret.empty()) return absl::InvalidArgumentError("empty data-plane secret");
+  EVP_MAC* algorithm = HmacAlgorithm();
+  EVP_MAC_CTX* ctx = algorithm != nullptr ? EVP_MAC_CTX_new(algorithm) : nullptr;
+  char digest[] = "SHA256";
+  const OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0),
+                               OSSL_PARAM_END};
+  if (ctx == nullptr || EVP_MAC_init(ctx, reinterpret_cast<const unsigned char*>(secret.data()),
+                                     secret.size(), params) != 1) {
+    EVP_MAC_CTX_free(ctx);
+    return absl::InternalError("OpenSSL could not key HMAC-SHA256 for the data-plane secret");
+  }
+  return std::shared_ptr<const HeaderMac>(new HeaderMac(ctx));
+}
+
+HeaderMac::~HeaderMac() {
+  for (EVP_MAC_CTX* ctx : pool_) EVP_MAC_CTX_free(ctx);
+  EVP_MAC_CTX_free(keyed_);
+}
+
+bool HeaderMac::Compute(const WireHeader& header, uint8_t (&mac)[WireHeader::kMacBytes]) const {
+  EVP_MAC_CTX* ctx = nullptr;
+  {
+    std::lock_guard lock(mu_);
+    if (!pool_.empty()) {
+      ctx = pool_.back();
+      pool_.pop_back();
+    }
+  }
+  if (ctx == nullptr && (ctx = EVP_MAC_CTX_dup(keyed_)) == nullptr) return false;
+  WireHeader unsigned_header = header;
+  std::memset(unsigned_header.mac, 0, sizeof(unsigned_header.mac));
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  size_t length = 0;
+  // No key: the one it was keyed with (its pads' hash states are kept and copied).
+  const bool ok = EVP_MAC_init(ctx, nullptr, 0, nullptr) == 1 &&
+                  EVP_MAC_update(ctx, reinterpret_cast<const unsigned char*>(&unsigned_header),
+                                 sizeof(unsigned_header)) == 1 &&
+                  EVP_MAC_final(ctx, digest, &length, sizeof(digest)) == 1 && length >= sizeof(mac);
+  if (ok) std::memcpy(mac, digest, sizeof(mac));
+  {
+    std::lock_guard lock(mu_);
+    if (pool_.size() < kMaxPooledContexts) {
+      pool_.push_back(ctx);
+      ctx = nullptr;
+    }
+  }
+  EVP_MAC_CTX_free(ctx);
+  return ok;
+}
+
+bool HeaderMac::Sign(WireHeader& header) const {
+  uint8_t mac[WireHeader::kMacBytes];
+  if (!Compute(header, mac)) return false;
+  std::memcpy(header.mac, mac, sizeof(mac));
+  return true;
+}
+
+bool HeaderMac::Verify(const WireHeader& header) const {
+  uint8_t expected[WireHeader::kMacBytes];
+  return Compute(header, expected) && CRYPTO_memcmp(expected, header.mac, sizeof(expected)) == 0;
+}
+
 void SignHeader(WireHeader& header, std::string_view secret) {
-  ComputeMac(header, secret, header.mac);
+  if (auto mac = HeaderMac::Create(secret); mac.ok()) (*mac)->Sign(header);
 }
 
 bool VerifyHeader(const WireHeader& header, std::string_view secret) {
-  uint8_t expected[WireHeader::kMacBytes];
-  ComputeMac(header, secret, expected);
-  return CRYPTO_memcmp(expected, header.mac, sizeof(expected)) == 0;
+  auto mac = HeaderMac::Create(secret);
+  return mac.ok() && (*mac)->Verify(header);
 }
 
 AuthenticatingTransport::AuthenticatingTransport(std::unique_ptr<Transport> inner,
@@ -62,12 +121,14 @@ absl::Status AuthenticatingTransport::SetJobSecret(uint64_t job_hash, std::strin
     return absl::InvalidArgumentError(
         absl::StrCat("job 0x", absl::Hex(job_hash), " has an empty data-plane secret"));
   }
+  absl::StatusOr<std::shared_ptr<const HeaderMac>> mac = HeaderMac::Create(secret);
+  if (!mac.ok()) return mac.status();
   std::sort(instances.begin(), instances.end());
   std::vector<Parked> ready;
   JobEntry entry;
   {
     std::lock_guard lock(mu_);
-    secrets_[job_hash].secret = secret;
+    secrets_[job_hash].mac = *mac;
     secrets_[job_hash].instances = std::move(instances);
     secrets_[job_hash].instances_version = plan_version;
     entry.instances = secrets_[job_hash].instances;
@@ -85,7 +146,7 @@ absl::Status AuthenticatingTransport::SetJobSecret(uint64_t job_hash, std::strin
   }
   uint64_t verified_bytes = 0;
   for (Parked& p : ready) {
-    if (!VerifyHeader(p.header, secret)) {
+    if (!(*mac)->Verify(p.header)) {
       stats_.bad_mac++;
       Log()->warn("parked message of job 0x{:x} ({}) dropped: wrong job secret", job_hash,
                   Describe(p.header));
@@ -120,16 +181,16 @@ void AuthenticatingTransport::Send(const std::string& peer_address,
   }
   WireHeader h;
   std::memcpy(&h, header.data(), sizeof(h));
-  std::string secret;
+  std::shared_ptr<const HeaderMac> mac;
   {
     std::lock_guard lock(mu_);
     auto it = secrets_.find(h.job);
     if (it != secrets_.end()) {
-      secret = it->second.secret;
+      mac = it->second.mac;
       it->second.bytes.sent += sizeof(WireHeader) + payload.size();
     }
   }
-  if (secret.empty()) {
+  if (mac == nullptr) {
     stats_.unsigned_sends++;
     done(absl::FailedPreconditionError(
         absl::StrCat("no data-plane secret for job 0x", absl::Hex(h.job),
@@ -137,7 +198,11 @@ void AuthenticatingTransport::Send(const std::string& peer_address,
     return;
   }
   h.sender_instance = instance_.load(std::memory_order_relaxed);
-  SignHeader(h, secret);
+  if (!mac->Sign(h)) {
+    done(absl::InternalError(
+        absl::StrCat("OpenSSL failed to sign a data-plane message of job 0x", absl::Hex(h.job))));
+    return;
+  }
   stats_.signed_messages++;
   inner_->Send(peer_address, AsBytes(h), payload, std::move(done));
 }
@@ -154,12 +219,12 @@ void AuthenticatingTransport::OnReceive(std::span<const std::byte> header,
     stats_.malformed++;
     return;
   }
-  std::string secret;
+  std::shared_ptr<const HeaderMac> mac;
   {
     std::lock_guard lock(mu_);
     auto it = secrets_.find(h.job);
     if (it != secrets_.end()) {
-      secret = it->second.secret;
+      mac = it->second.mac;
     } else {
       const common::Clock::TimePoint now = clock_->Now();
       ExpireParkedLocked(now);
@@ -174,7 +239,7 @@ void AuthenticatingTransport::OnReceive(std::span<const std::byte> header,
       return;
     }
   }
-  if (!VerifyHeader(h, secret)) {
+  if (!mac->Verify(h)) {
     const uint64_t n = ++stats_.bad_mac;
     if ((n & (n - 1)) == 0) {  // 1st, 2nd, 4th, ...: a flood does not flood the log
       Log()->warn("{} message(s) for job 0x{:x} failed authentication and were dropped (last: {})",

@@ -30,6 +30,8 @@
 // the handler are called outside it. Parked messages are delivered from SetJobSecret's thread.
 #pragma once
 
+#include <openssl/types.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -40,6 +42,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "common/clock.h"
 #include "dataplane/collectives/wire.h"
 #include "dataplane/transport/transport.h"
@@ -62,9 +65,37 @@ struct MessageAuthStats {
   std::atomic<uint64_t> old_instance{0};    // a sender process the plan does not name: dropped
 };
 
-// HMAC-SHA256(secret, header with mac zeroed), first kMacBytes bytes, into header.mac.
+// HMAC-SHA256 of headers under one job secret (OpenSSL's EVP_MAC), keyed once: the key's inner
+// and outer pads are hashed when it is made, not per message, and no algorithm is looked up per
+// message (OpenSSL's one-shot HMAC() did both: 2.5 us a header against 0.45 us here, and 9% of
+// the agents' CPU in a 4 KiB all-reduce loop). Thread-safe: each call takes a keyed context from
+// a small pool (a copy of the keyed one when the pool is empty).
+class HeaderMac {
+ public:
+  // INVALID_ARGUMENT for an empty secret; INTERNAL when OpenSSL cannot make the context.
+  static absl::StatusOr<std::shared_ptr<const HeaderMac>> Create(std::string_view secret);
+  ~HeaderMac();
+  HeaderMac(const HeaderMac&) = delete;
+  HeaderMac& operator=(const HeaderMac&) = delete;
+
+  // HMAC-SHA256(secret, header with mac zeroed), first kMacBytes bytes, into header.mac. False
+  // (header unchanged) only if OpenSSL fails.
+  bool Sign(WireHeader& header) const;
+  // True when header.mac is the MAC of the rest of the header (compared in constant time).
+  bool Verify(const WireHeader& header) const;
+
+ private:
+  explicit HeaderMac(EVP_MAC_CTX* keyed) : keyed_(keyed) {}
+  bool Compute(const WireHeader& header, uint8_t (&mac)[WireHeader::kMacBytes]) const;
+
+  EVP_MAC_CTX* const keyed_;  // keyed, never used directly: the pool's copies are
+  mutable std::mutex mu_;
+  mutable std::vector<EVP_MAC_CTX*> pool_;
+};
+
+// One-off forms of HeaderMac::Sign / Verify (they key a HeaderMac per call). SignHeader leaves
+// the header unchanged for an empty secret; VerifyHeader is then false.
 void SignHeader(WireHeader& header, std::string_view secret);
-// True when header.mac is the MAC of the rest of the header under `secret` (constant time).
 bool VerifyHeader(const WireHeader& header, std::string_view secret);
 
 class AuthenticatingTransport final : public Transport {
@@ -104,7 +135,7 @@ class AuthenticatingTransport final : public Transport {
 
  private:
   struct JobEntry {
-    std::string secret;
+    std::shared_ptr<const HeaderMac> mac;
     std::vector<uint32_t> instances;  // sorted; empty: not checked
     uint64_t instances_version = 0;   // the plan version they come from
     JobBytes bytes;                   // since the last TakeJobBytes

@@ -1,5 +1,8 @@
 #include "dataplane/collectives/message_auth.h"
 
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -157,6 +160,41 @@ TEST(MessageAuth, ASignedHeaderMovedToAnotherIterationOrEpochFailsTheCheck) {
     EXPECT_FALSE(VerifyHeader(copy, secret));
   }
   EXPECT_FALSE(VerifyHeader(h, "s3cret "));
+}
+
+// The keyed contexts, reused from a pool by several threads at once, give exactly OpenSSL's
+// one-shot HMAC-SHA256 of the header with its mac zeroed (truncated to kMacBytes).
+TEST(MessageAuth, AKeyedMacMatchesOneShotHmacFromManyThreads) {
+  const std::string secret = "a job secret of some length, longer than nothing";
+  absl::StatusOr<std::shared_ptr<const HeaderMac>> mac = HeaderMac::Create(secret);
+  ASSERT_TRUE(mac.ok()) << mac.status();
+  const auto one_shot = [&](WireHeader h) {
+    std::memset(h.mac, 0, sizeof(h.mac));
+    unsigned char digest[EVP_MAX_MD_SIZE];
+    unsigned int length = 0;
+    HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
+         reinterpret_cast<const unsigned char*>(&h), sizeof(h), digest, &length);
+    return std::string(reinterpret_cast<const char*>(digest), WireHeader::kMacBytes);
+  };
+  std::vector<std::future<int>> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.push_back(std::async(std::launch::async, [&, t] {
+      int wrong = 0;
+      for (uint64_t i = 0; i < 500; ++i) {
+        WireHeader h = Push("job-a", t * 1000 + i, static_cast<uint32_t>(i % 7));
+        if (!(*mac)->Sign(h) ||
+            std::string(reinterpret_cast<const char*>(h.mac), sizeof(h.mac)) != one_shot(h) ||
+            !(*mac)->Verify(h)) {
+          ++wrong;
+        }
+        h.iteration++;
+        if ((*mac)->Verify(h)) ++wrong;
+      }
+      return wrong;
+    }));
+  }
+  for (auto& t : threads) EXPECT_EQ(t.get(), 0);
+  EXPECT_EQ(HeaderMac::Create("").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(MessageAuth, MessagesForAJobNotYetKnownAreParkedThenCheckedWhenTheSecretArrives) {
