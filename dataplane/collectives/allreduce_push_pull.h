@@ -401,7 +401,9 @@ class PushPullWorker {
   // Records the chunk's phases in the trace (common/trace.h). mu_ held.
   void TraceChunkLocked(const OpState& op, uint32_t chunk, uint32_t server);
   // Removes a chunk from queue_ (and queued_bytes_); returns the next. mu_ held.
-  std::set<QueuedChunk>::iterator EraseQueuedLocked(std::set<QueuedChunk>::iterator it);
+  // `op`: the chunk's operation, whose per-server queued count drops (nullptr: it has ended).
+  std::set<QueuedChunk>::iterator EraseQueuedLocked(std::set<QueuedChunk>::iterator it,
+                                                    OpState* op);
 
   Transport* transport_;
   Reducer* reducer_;

@@ -442,6 +442,38 @@ TEST(PushPull, AWorkerRunsAtMostAFewChunksAheadOfEachServersSums) {
       CountWrong(DataType::kFloat32, b, count, [](uint64_t i) { return 1.0 + 2.0 * (i % 3); }), 0);
 }
 
+// An operation whose window is full at every server holds back none of the operations queued
+// behind it: their chunks go at once (the pump passes the whole operation in one step).
+TEST(PushPull, AnOperationWithEveryWindowFullHoldsBackNoneBehindIt) {
+  const uint64_t partition = 1024, credit = 1 << 20;
+  Cluster cluster(PushPullCluster(2, 1, 1, partition, credit));
+  const uint64_t count = 40000, small = 600;  // ~157 chunks; 2400 B: a few chunks
+  Buffers b = MakeBuffers(2, 1, DataType::kFloat32, count, [](int g, uint64_t i) { return g; });
+  Buffers c =
+      MakeBuffers(2, 1, DataType::kFloat32, small, [](int g, uint64_t i) { return g + 2.0 * i; });
+  auto map = ChunkMap::Create(cluster.view().server_weights);
+  ASSERT_TRUE(map.ok());
+  const uint32_t chunks = PushPullChunks(count, 4, partition, map->num_servers());
+  const uint32_t small_chunks = PushPullChunks(small, 4, partition, map->num_servers());
+  std::vector<uint32_t> owned(map->num_servers());
+  for (uint32_t k = 0; k < chunks; ++k)
+    owned[map->ServerOf(common::StableHash64("w"), chunks, k)]++;
+  for (uint32_t o : owned) ASSERT_GT(o, kPushPullAhead);  // every window fills
+  const uint32_t allowed = kPushPullAhead * map->num_servers();
+
+  auto w0 = cluster.Start(0, MakeOp("w", 0, DataType::kFloat32, count, Reduction::kSum, b[0]));
+  const PushPullStats& s = cluster.node(0).push_pull().stats();
+  EXPECT_EQ(s.chunks_pushed.load(), allowed);
+  auto x0 = cluster.Start(0, MakeOp("x", 0, DataType::kFloat32, small, Reduction::kSum, c[0]));
+  EXPECT_EQ(s.chunks_pushed.load(), allowed + small_chunks);
+  auto w1 = cluster.Start(1, MakeOp("w", 0, DataType::kFloat32, count, Reduction::kSum, b[1]));
+  auto x1 = cluster.Start(1, MakeOp("x", 0, DataType::kFloat32, small, Reduction::kSum, c[1]));
+  for (auto* f : {&w0, &x0, &w1, &x1}) ASSERT_TRUE(Await(*f).ok());
+  EXPECT_EQ(s.chunks_pushed.load(), chunks + small_chunks);
+  EXPECT_EQ(CountWrong(DataType::kFloat32, b, count, [](uint64_t) { return 1.0; }), 0);
+  EXPECT_EQ(CountWrong(DataType::kFloat32, c, small, [](uint64_t i) { return 1.0 + 4.0 * i; }), 0);
+}
+
 // Job "j" of worker "w" and summation server "s", seen from the worker.
 JobView OneWorkerOneServer(uint64_t partition_bytes) {
   JobView v;
