@@ -73,9 +73,14 @@ absl::StatusOr<std::vector<WorkloadTensor>> ReadTensors(const std::string& path)
 
 // One training iteration's gradients: every tensor is submitted at once, in backward order, with
 // priority = its layer's forward position (lower goes first: the first layers' gradients are
-// needed first by the next forward pass, as in BytePS), then all are awaited. The time is from
-// the first submission to the last completion; every element of every tensor is checked.
+// needed first by the next forward pass, as in BytePS), then all are awaited. Each iteration
+// starts at a barrier (a one-element all-reduce, kBarrierTensor), as the Gloo and Open MPI peers'
+// do (bench/suite/peer_common.h), so that every implementation is timed from the same aligned
+// start. The time is from the first submission to the last completion; every element of every
+// tensor is checked.
 // Rank 0 prints "WCSV,name,tensors,bytes,time_us,wrong".
+constexpr char kBarrierTensor[] = "bench.iteration-barrier";
+
 absl::Status RunWorkload(Client& client, const BenchFlags& flags,
                          const std::vector<WorkloadTensor>& tensors, common::DataType dtype,
                          BenchOp op) {
@@ -87,6 +92,7 @@ absl::Status RunWorkload(Client& client, const BenchFlags& flags,
     total += t.count * element;
   }
   ASSIGN_OR_RETURN(std::shared_ptr<SharedBuffer> buffer, client.AllocateBuffer(total));
+  ASSIGN_OR_RETURN(std::shared_ptr<SharedBuffer> barrier, client.AllocateBuffer(sizeof(int32_t)));
   const uint32_t rank = client.global_rank();
   const uint32_t world = client.world_size();
   const auto reduce = op == BenchOp::kAverage ? ReduceOp::kAverage : ReduceOp::kSum;
@@ -97,6 +103,15 @@ absl::Status RunWorkload(Client& client, const BenchFlags& flags,
     for (int j = 0; j < n; ++j) {
       FillInput(dtype, rank, static_cast<std::byte*>(buffer->data()) + offsets[j],
                 tensors[j].count);
+    }
+    *static_cast<int32_t*>(barrier->data()) = 1;
+    RETURN_IF_ERROR(
+        client.AllReduce(kBarrierTensor, *barrier, 0, 1, common::DataType::kInt32, ReduceOp::kSum));
+    if (const int32_t arrived = *static_cast<const int32_t*>(barrier->data());
+        arrived != static_cast<int32_t>(world)) {
+      return absl::InternalError(absl::StrCat("the barrier before ", flags.workload_name,
+                                              " iteration ", it, " counted ", arrived,
+                                              " processes, expected ", world));
     }
     const auto start = std::chrono::steady_clock::now();
     std::vector<Handle> handles;
