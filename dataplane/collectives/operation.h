@@ -134,7 +134,8 @@ struct Operation {
 
   // The agent's own coordination (tensor fusion's list and decisions, agent/tensor_fusion.h):
   // runs like any other operation but stays out of the operation metrics and the job's
-  // observations (collectives, busy time, iterations).
+  // observations (collectives, busy time, iterations), and, in a job of several worker nodes, on
+  // the ring among them whatever the job's algorithm (never through a summation server).
   bool control = false;
 };
 

@@ -303,7 +303,8 @@ TEST(DataPlaneMetricsTest, ObservationsCountBusyTimeAsAUnionAndIterationsOfTheFi
 }
 
 // The agent's own coordination (Operation::control, tensor fusion's broadcasts) runs but is no
-// operation of the job's: not in the counters, the pending gauges or the observations.
+// operation of the job's: not in the counters, the pending gauges or the observations. It runs
+// on the ring among the workers even in this push/pull job: no summation server sees it.
 TEST(DataPlaneMetricsTest, ControlOperationsStayOutOfTheMetrics) {
   MetricsCluster cluster(2);
   std::vector<std::vector<float>> data = {std::vector<float>(64, 1.0f),
@@ -323,6 +324,10 @@ TEST(DataPlaneMetricsTest, ControlOperationsStayOutOfTheMetrics) {
     ASSERT_TRUE(f.get().ok());
   }
   EXPECT_EQ(data[1][63], 3.0f);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(cluster.node(rank).push_pull().stats().chunks_pushed.load(), 0u) << rank;
+    EXPECT_EQ(cluster.node(rank).engine().stats().ops_completed.load(), 1u) << rank;
+  }
   EXPECT_TRUE(cluster.node(0).TakeObservations().empty());
   EXPECT_EQ(Value(cluster.Collect(0), "tributary_dataplane_operations_started_total",
                   {{"algorithm", "push_pull"}}),
