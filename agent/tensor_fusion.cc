@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <unordered_set>
 #include <utility>
@@ -197,6 +198,27 @@ absl::StatusOr<FusionDecision> DecodeFusionDecision(std::span<const int64_t> wor
   return d;
 }
 
+absl::StatusOr<std::vector<FusionDecision>> DecodeFusionDecisions(std::span<const int64_t> words,
+                                                                  uint64_t first_at_least) {
+  std::vector<FusionDecision> out;
+  for (size_t at = 0; at + kFusionDecisionWords <= words.size(); at += kFusionDecisionWords) {
+    if (words[at] == 0) break;  // no more decisions in this broadcast
+    absl::StatusOr<FusionDecision> d =
+        DecodeFusionDecision(words.subspan(at, kFusionDecisionWords));
+    if (!d.ok()) return d.status();
+    if (out.empty() ? d->index < first_at_least : d->index != out.back().index + 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("malformed fusion decisions: decision ", d->index, " where ",
+                       out.empty() ? absl::StrCat(first_at_least, " or later")
+                                   : absl::StrCat(out.back().index + 1),
+                       " was expected"));
+    }
+    out.push_back(*std::move(d));
+  }
+  if (out.empty()) return absl::InvalidArgumentError("malformed fusion decisions: none");
+  return out;
+}
+
 std::string FusedName(uint64_t index) {
   return absl::StrCat(kFusedTensorPrefix, index % kFusedNames);
 }
@@ -287,8 +309,10 @@ struct FusingRunner::Job {
   common::Clock::TimePoint open_since{};
   common::DataType open_dtype = common::DataType::kFloat32;
   dataplane::Reduction open_reduction = dataplane::Reduction::kSum;
-  uint64_t next_decision = 0;
-  bool decision_posted = false;  // follower
+  uint64_t next_decision = 0;         // leader: the next to make; follower: the next to adopt
+  uint64_t next_batch = 0;            // the next decision broadcast (its iteration)
+  bool batch_posted = false;          // one of this node's decision broadcasts is running
+  std::deque<FusionDecision> unsent;  // leader: made, in no broadcast yet
   std::map<uint64_t, Fused> fused;
   std::map<Key, uint64_t> in_fused;    // member -> decision index, until it completes
   std::map<Key, absl::Status> failed;  // members of failed decisions not submitted yet
@@ -638,69 +662,92 @@ void FusingRunner::CloseGroupLocked(const std::string& job_id, Job& job, After& 
   job.open.clear();
   job.open_bytes = 0;
   stats_.decisions++;
-  PostDecisionLocked(job_id, job, d.index, EncodeFusionDecision(d), after);
+  job.unsent.push_back(d);
+  MaybePostDecisionLocked(job_id, job, after);
   AdoptDecisionLocked(job_id, job, d, after);
 }
 
 void FusingRunner::MaybePostDecisionLocked(const std::string& job_id, Job& job, After& after) {
-  if (job.leader || job.decision_posted ||
-      (job.undecided.empty() && job.failed_undecided.empty())) {
+  if (job.batch_posted) return;
+  if (!job.leader) {
+    if (job.undecided.empty() && job.failed_undecided.empty()) return;
+    PostDecisionLocked(job_id, job, {}, {}, after);
     return;
   }
-  job.decision_posted = true;
-  PostDecisionLocked(job_id, job, job.next_decision, {}, after);
+  if (job.unsent.empty()) return;
+  std::vector<int64_t> words;
+  std::vector<uint64_t> indexes;
+  while (!job.unsent.empty() && indexes.size() < kFusionDecisionsPerBroadcast) {
+    const std::vector<int64_t> one = EncodeFusionDecision(job.unsent.front());
+    words.insert(words.end(), one.begin(), one.end());
+    indexes.push_back(job.unsent.front().index);
+    job.unsent.pop_front();
+  }
+  PostDecisionLocked(job_id, job, std::move(words), std::move(indexes), after);
 }
 
-void FusingRunner::PostDecisionLocked(const std::string& job_id, Job& job, uint64_t index,
-                                      std::vector<int64_t> words, After& after) {
-  auto buffers = WordBuffers(job.view.procs_per_node, kFusionDecisionWords);
-  if (!words.empty()) (*buffers)[0] = std::move(words);
-  dataplane::Operation broadcast = WordBroadcast(kFusionDecisionTensor, index, buffers);
-  broadcast.done = [this, job_id, generation = job.view.generation, index,
-                    buffers](absl::Status s) { OnDecision(job_id, generation, index, s, buffers); };
+void FusingRunner::PostDecisionLocked(const std::string& job_id, Job& job,
+                                      std::vector<int64_t> words, std::vector<uint64_t> indexes,
+                                      After& after) {
+  job.batch_posted = true;
+  const uint64_t batch = job.next_batch++;
+  auto buffers =
+      WordBuffers(job.view.procs_per_node, kFusionDecisionsPerBroadcast * kFusionDecisionWords);
+  std::copy(words.begin(), words.end(), (*buffers)[0].begin());  // the rest stays 0: no decision
+  dataplane::Operation broadcast = WordBroadcast(kFusionDecisionTensor, batch, buffers);
+  broadcast.done = [this, job_id, generation = job.view.generation, batch, buffers,
+                    indexes = std::move(indexes)](absl::Status s) {
+    OnDecision(job_id, generation, batch, s, buffers, indexes);
+  };
   StartLater(job_id, std::move(broadcast), after);
 }
 
-void FusingRunner::OnDecision(const std::string& job_id, uint64_t generation, uint64_t index,
+void FusingRunner::OnDecision(const std::string& job_id, uint64_t generation, uint64_t batch,
                               const absl::Status& status,
-                              std::shared_ptr<std::vector<std::vector<int64_t>>> buffers) {
+                              std::shared_ptr<std::vector<std::vector<int64_t>>> buffers,
+                              const std::vector<uint64_t>& indexes) {
   After after;
   {
     std::lock_guard lock(mu_);
     Job* found = shut_down_ ? nullptr : FindJobLocked(job_id, generation);
     if (found == nullptr) return;
     Job& job = *found;
+    job.batch_posted = false;
     if (job.leader) {
-      // The others may never learn this decision: its fused collective fails everywhere.
-      if (!status.ok()) FailFusedLocked(job_id, job, index, status, after);
-    } else {
-      job.decision_posted = false;
-      job.next_decision = index + 1;
-      absl::StatusOr<FusionDecision> d = status.ok() ? DecodeFusionDecision((*buffers)[0])
-                                                     : absl::StatusOr<FusionDecision>(status);
-      if (d.ok() && d->index != index) {
-        d = absl::InvalidArgumentError(
-            absl::StrCat("decision ", d->index, " arrived as decision ", index));
+      // The others may never learn these decisions: their fused collectives fail everywhere.
+      if (!status.ok()) {
+        for (uint64_t index : indexes) FailFusedLocked(job_id, job, index, status, after);
       }
-      if (d.ok()) {
-        for (const FusionDecision::Member& m : d->members) {
+    } else {
+      absl::StatusOr<std::vector<FusionDecision>> decisions =
+          status.ok() ? DecodeFusionDecisions((*buffers)[0], job.next_decision)
+                      : absl::StatusOr<std::vector<FusionDecision>>(status);
+      absl::Status unknown;
+      for (const FusionDecision& d : decisions.ok() ? *decisions : std::vector<FusionDecision>{}) {
+        for (const FusionDecision::Member& m : d.members) {
           auto f = job.fusable.find(m.name_hash);
-          if (f == job.fusable.end() || f->second.dtype != d->dtype ||
-              f->second.reduction != d->reduction) {
-            d = absl::InvalidArgumentError("it names a tensor that is not on the fusable list");
-            break;
+          if (unknown.ok() && (f == job.fusable.end() || f->second.dtype != d.dtype ||
+                               f->second.reduction != d.reduction)) {
+            unknown = absl::InvalidArgumentError(absl::StrCat(
+                "decision ", d.index, " names a tensor that is not on the fusable list"));
           }
         }
       }
-      if (d.ok()) {
-        stats_.decisions++;
-        AdoptDecisionLocked(job_id, job, *d, after);
+      if (!unknown.ok()) decisions = unknown;
+      if (decisions.ok()) {
+        for (const FusionDecision& d : *decisions) {
+          stats_.decisions++;
+          job.next_decision = d.index + 1;
+          AdoptDecisionLocked(job_id, job, d, after);
+        }
       } else {
-        // Its members are unknown here: whatever waits for a decision fails with the reason.
-        Log()->warn("job {}: tensor fusion decision {} failed: {}", job_id, index, d.status());
+        // Their members are unknown here: whatever waits for a decision fails with the reason.
+        Log()->warn("job {}: tensor fusion decision broadcast {} failed: {}", job_id, batch,
+                    decisions.status());
         const absl::Status reason(
-            d.status().code(), absl::StrCat("tensor fusion decision ", index,
-                                            " from worker rank 0 failed: ", d.status().message()));
+            decisions.status().code(),
+            absl::StrCat("tensor fusion decision broadcast ", batch,
+                         " from worker rank 0 failed: ", decisions.status().message()));
         for (auto& [key, held] : job.undecided) {
           after.push_back([done = std::move(held.op.done), reason] { done(reason); });
           job.failed[key] = reason;  // a later decision naming it fails at once
@@ -708,8 +755,8 @@ void FusingRunner::OnDecision(const std::string& job_id, uint64_t generation, ui
         job.undecided.clear();
         job.failed_undecided.clear();
       }
-      MaybePostDecisionLocked(job_id, job, after);
     }
+    MaybePostDecisionLocked(job_id, job, after);
   }
   Run(after);
 }

@@ -159,6 +159,42 @@ TEST(FusionPlanCodingTest, RoundTripsAndRejectsMalformedPlans) {
   EXPECT_THAT(*back, IsEmpty());
 }
 
+// One decision broadcast carries consecutive decisions, each in its kFusionDecisionWords slot,
+// ended by an empty slot; the first may follow a gap (a failed broadcast's decisions).
+TEST(FusionPlanCodingTest, DecisionBroadcastsCarryConsecutiveDecisions) {
+  std::vector<FusionDecision> decisions(3);
+  for (uint64_t i = 0; i < decisions.size(); ++i) {
+    decisions[i].index = 7 + i;
+    decisions[i].members = {{H("a"), i}, {H("b"), i}};
+  }
+  decisions[2].reduction = Reduction::kAverage;
+  const auto encode = [](const std::vector<FusionDecision>& ds) {
+    std::vector<int64_t> words(kFusionDecisionsPerBroadcast * kFusionDecisionWords, 0);
+    for (size_t i = 0; i < ds.size(); ++i) {
+      const std::vector<int64_t> one = EncodeFusionDecision(ds[i]);
+      std::copy(one.begin(), one.end(), words.begin() + i * kFusionDecisionWords);
+    }
+    return words;
+  };
+  absl::StatusOr<std::vector<FusionDecision>> back = DecodeFusionDecisions(encode(decisions), 7);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, decisions);
+  back = DecodeFusionDecisions(encode(decisions), 5);  // decisions 5 and 6 went with a failure
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->front().index, 7u);
+
+  EXPECT_THAT(DecodeFusionDecisions(encode(decisions), 8).status().message(),
+              HasSubstr("decision 7 where 8 or later was expected"));
+  std::vector<FusionDecision> gap = decisions;
+  gap[1].index = 9;
+  EXPECT_THAT(DecodeFusionDecisions(encode(gap), 7).status().message(),
+              HasSubstr("decision 9 where 8 was expected"));
+  EXPECT_THAT(DecodeFusionDecisions(encode({}), 0).status().message(), HasSubstr("none"));
+  std::vector<int64_t> bad = encode(decisions);
+  bad[kFusionDecisionWords + 4] = 0;  // the second decision without members
+  EXPECT_EQ(DecodeFusionDecisions(bad, 7).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 // --- N data planes behind FusingRunner ---
 
 constexpr char kJob[] = "fusion-job";
