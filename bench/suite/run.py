@@ -1554,8 +1554,15 @@ def workload_report(wresults, args, out, ceilings=None):
              "",
              "| workload | config | tensors | bytes | time (ms) | spread | model (ms) | "
              "ceiling (ms) | eff. vs model | eff. vs ceiling | x best peer | CPU % per host | "
-             "#wrong |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+             "worker CPU per iteration (core-ms) | x best peer's | #wrong |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
+
+    def worker_cpu_ms(r):
+        """The worker hosts' mean CPU time per iteration: their mean CPU % x the time (the
+        target compares CPU at equal throughput, i.e. per iteration)."""
+        workers = list(r["cpu"].values())[:n]
+        return statistics.mean(workers) / 100 * r["time_us"] / 1e3 if workers else float("nan")
+
     rows = []
     for wname in dict.fromkeys(r["workload"] for r in wresults):
         ws = [r for r in wresults if r["workload"] == wname]
@@ -1568,7 +1575,9 @@ def workload_report(wresults, args, out, ceilings=None):
             add_ceiling(r, ceilings, r["bytes"], rate)
             r["vs_best_peer"] = best["time_us"] / r["time_us"] if best else float("nan")
             r["best_peer"] = best["config"] if best else ""
-            cpu = " ".join(f"{v:.0f}" for v in r["cpu"].values())
+            cpu = " ".join(f"{v:.1f}" for v in r["cpu"].values())
+            r["worker_cpu_ms"] = worker_cpu_ms(r)
+            cpu_vs_peer = r["worker_cpu_ms"] / worker_cpu_ms(best) if best else float("nan")
             name = r["config"] + (f" ({r['spares_used']} used)" if uses_spares(r["config"])
                                   else "")
             ceiling_ms = None if r["ceiling_us"] is None else r["ceiling_us"] / 1e3
@@ -1576,7 +1585,8 @@ def workload_report(wresults, args, out, ceilings=None):
                          f"{r['time_us'] / 1e3:.0f} | {fmt_spread(r)} | "
                          f"{r['theory_us'] / 1e3:.0f} | {fmt_opt(ceiling_ms, '.0f')} | "
                          f"{r['efficiency']:.2f} | {fmt_opt(r['efficiency_vs_ceiling'], '.2f')} | "
-                         f"{r['vs_best_peer']:.2f} | {cpu} | {r['wrong']} |")
+                         f"{r['vs_best_peer']:.2f} | {cpu} | {r['worker_cpu_ms']:.0f} | "
+                         f"{cpu_vs_peer:.2f} | {r['wrong']} |")
             rows.append([wname, r["config"], r["tensors"], r["bytes"], f"{r['time_us']:.1f}",
                          f"{r['time_min_us']:.1f}", f"{r['time_max_us']:.1f}",
                          f"{r['spread_pct']:.2f}", r["repeats"],
@@ -1585,14 +1595,14 @@ def workload_report(wresults, args, out, ceilings=None):
                          r["ceiling_pattern"], fmt_opt(r["ceiling_us"], ".1f"),
                          fmt_opt(r["efficiency_vs_ceiling"], ".3f"),
                          f"{r['vs_best_peer']:.3f}", r["best_peer"], r["spares_used"], cpu,
-                         r["wrong"]])
+                         f"{r['worker_cpu_ms']:.1f}", r["wrong"]])
     with open(os.path.join(out, "emulated_workloads.csv"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["workload", "config", "tensors", "bytes", "time_us", "time_min_us",
                     "time_max_us", "spread_pct", "repeats", "times_us", "theory_us",
                     "efficiency", "ceiling_pattern", "ceiling_us", "efficiency_vs_ceiling",
                     "speedup_vs_best_peer", "best_peer", "spares_used", "cpu_pct_per_host",
-                    "wrong"])
+                    "worker_cpu_ms_per_iteration", "wrong"])
         w.writerows(rows)
     return lines + [""]
 
