@@ -25,6 +25,14 @@ EVP_MAC* HmacAlgorithm() {
   return mac;
 }
 
+// Whether a used HMAC context can start again with its key (EVP_MAC_init with a null key):
+// before OpenSSL 3.0.3 that call succeeded and did nothing (openssl#17811), so the next MAC would
+// continue a finished one. There every message takes a fresh copy of the keyed context instead.
+bool ReusesContexts() {
+  static const bool reuses = OpenSSL_version_num() >= 0x30000030L;
+  return reuses;
+}
+
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<const HeaderMac>> HeaderMac::Create(std::string_view secret) {
@@ -49,25 +57,30 @@ HeaderMac::~HeaderMac() {
 
 bool HeaderMac::Compute(const WireHeader& header, uint8_t (&mac)[WireHeader::kMacBytes]) const {
   EVP_MAC_CTX* ctx = nullptr;
+  bool fresh = false;  // a copy of keyed_, ready for its first message
   {
     std::lock_guard lock(mu_);
-    if (!pool_.empty()) {
+    if (ReusesContexts() && !pool_.empty()) {
       ctx = pool_.back();
       pool_.pop_back();
+    } else {
+      ctx = EVP_MAC_CTX_dup(keyed_);  // under mu_: OpenSSL does not promise a concurrent dup
+      fresh = true;
     }
   }
-  if (ctx == nullptr && (ctx = EVP_MAC_CTX_dup(keyed_)) == nullptr) return false;
+  if (ctx == nullptr) return false;
   WireHeader unsigned_header = header;
   std::memset(unsigned_header.mac, 0, sizeof(unsigned_header.mac));
   unsigned char digest[EVP_MAX_MD_SIZE];
   size_t length = 0;
-  // No key: the one it was keyed with (its pads' hash states are kept and copied).
-  const bool ok = EVP_MAC_init(ctx, nullptr, 0, nullptr) == 1 &&
+  // A used context starts again with no key: the one it was keyed with (its pads' hash states
+  // are kept and copied).
+  const bool ok = (fresh || EVP_MAC_init(ctx, nullptr, 0, nullptr) == 1) &&
                   EVP_MAC_update(ctx, reinterpret_cast<const unsigned char*>(&unsigned_header),
                                  sizeof(unsigned_header)) == 1 &&
                   EVP_MAC_final(ctx, digest, &length, sizeof(digest)) == 1 && length >= sizeof(mac);
   if (ok) std::memcpy(mac, digest, sizeof(mac));
-  {
+  if (ReusesContexts()) {
     std::lock_guard lock(mu_);
     if (pool_.size() < kMaxPooledContexts) {
       pool_.push_back(ctx);

@@ -69,7 +69,8 @@ struct MessageAuthStats {
 // and outer pads are hashed when it is made, not per message, and no algorithm is looked up per
 // message (OpenSSL's one-shot HMAC() did both: 2.5 us a header against 0.45 us here, and 9% of
 // the agents' CPU in a 4 KiB all-reduce loop). Thread-safe: each call takes a keyed context from
-// a small pool (a copy of the keyed one when the pool is empty).
+// a small pool (a copy of the keyed one when the pool is empty; always a fresh copy before
+// OpenSSL 3.0.3, which cannot restart a used context with its key).
 class HeaderMac {
  public:
   // INVALID_ARGUMENT for an empty secret; INTERNAL when OpenSSL cannot make the context.
