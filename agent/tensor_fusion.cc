@@ -198,24 +198,29 @@ absl::StatusOr<FusionDecision> DecodeFusionDecision(std::span<const int64_t> wor
   return d;
 }
 
-absl::StatusOr<std::vector<FusionDecision>> DecodeFusionDecisions(std::span<const int64_t> words,
-                                                                  uint64_t first_at_least) {
-  std::vector<FusionDecision> out;
+DecodedFusionDecisions DecodeFusionDecisions(std::span<const int64_t> words,
+                                             uint64_t first_at_least) {
+  DecodedFusionDecisions out;
+  std::vector<FusionDecision>& ds = out.decisions;
   for (size_t at = 0; at + kFusionDecisionWords <= words.size(); at += kFusionDecisionWords) {
     if (words[at] == 0) break;  // no more decisions in this broadcast
     absl::StatusOr<FusionDecision> d =
         DecodeFusionDecision(words.subspan(at, kFusionDecisionWords));
-    if (!d.ok()) return d.status();
-    if (out.empty() ? d->index < first_at_least : d->index != out.back().index + 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("malformed fusion decisions: decision ", d->index, " where ",
-                       out.empty() ? absl::StrCat(first_at_least, " or later")
-                                   : absl::StrCat(out.back().index + 1),
-                       " was expected"));
+    if (!d.ok()) {
+      out.error = d.status();
+      return out;
     }
-    out.push_back(*std::move(d));
+    if (ds.empty() ? d->index < first_at_least : d->index != ds.back().index + 1) {
+      out.error = absl::InvalidArgumentError(
+          absl::StrCat("malformed fusion decisions: decision ", d->index, " where ",
+                       ds.empty() ? absl::StrCat(first_at_least, " or later")
+                                  : absl::StrCat(ds.back().index + 1),
+                       " was expected"));
+      return out;
+    }
+    ds.push_back(*std::move(d));
   }
-  if (out.empty()) return absl::InvalidArgumentError("malformed fusion decisions: none");
+  if (ds.empty()) out.error = absl::InvalidArgumentError("malformed fusion decisions: none");
   return out;
 }
 
@@ -719,35 +724,39 @@ void FusingRunner::OnDecision(const std::string& job_id, uint64_t generation, ui
         for (uint64_t index : indexes) FailFusedLocked(job_id, job, index, status, after);
       }
     } else {
-      absl::StatusOr<std::vector<FusionDecision>> decisions =
-          status.ok() ? DecodeFusionDecisions((*buffers)[0], job.next_decision)
-                      : absl::StatusOr<std::vector<FusionDecision>>(status);
-      absl::Status unknown;
-      for (const FusionDecision& d : decisions.ok() ? *decisions : std::vector<FusionDecision>{}) {
-        for (const FusionDecision::Member& m : d.members) {
+      DecodedFusionDecisions got;
+      if (status.ok()) {
+        got = DecodeFusionDecisions((*buffers)[0], job.next_decision);
+      } else {
+        got.error = status;
+      }
+      // Every well-formed decision naming only listed tensors is adopted; a bad one fails what
+      // still waits here for a decision (below), as the decisions after it may not name it.
+      absl::Status failed = got.error;
+      for (const FusionDecision& d : got.decisions) {
+        job.next_decision = d.index + 1;
+        const bool listed = std::all_of(d.members.begin(), d.members.end(), [&](const auto& m) {
           auto f = job.fusable.find(m.name_hash);
-          if (unknown.ok() && (f == job.fusable.end() || f->second.dtype != d.dtype ||
-                               f->second.reduction != d.reduction)) {
-            unknown = absl::InvalidArgumentError(absl::StrCat(
+          return f != job.fusable.end() && f->second.dtype == d.dtype &&
+                 f->second.reduction == d.reduction;
+        });
+        if (!listed) {
+          if (failed.ok()) {
+            failed = absl::InvalidArgumentError(absl::StrCat(
                 "decision ", d.index, " names a tensor that is not on the fusable list"));
           }
+          continue;
         }
+        stats_.decisions++;
+        AdoptDecisionLocked(job_id, job, d, after);
       }
-      if (!unknown.ok()) decisions = unknown;
-      if (decisions.ok()) {
-        for (const FusionDecision& d : *decisions) {
-          stats_.decisions++;
-          job.next_decision = d.index + 1;
-          AdoptDecisionLocked(job_id, job, d, after);
-        }
-      } else {
+      if (!failed.ok()) {
         // Their members are unknown here: whatever waits for a decision fails with the reason.
         Log()->warn("job {}: tensor fusion decision broadcast {} failed: {}", job_id, batch,
-                    decisions.status());
-        const absl::Status reason(
-            decisions.status().code(),
-            absl::StrCat("tensor fusion decision broadcast ", batch,
-                         " from worker rank 0 failed: ", decisions.status().message()));
+                    failed);
+        const absl::Status reason(failed.code(),
+                                  absl::StrCat("tensor fusion decision broadcast ", batch,
+                                               " from worker rank 0 failed: ", failed.message()));
         for (auto& [key, held] : job.undecided) {
           after.push_back([done = std::move(held.op.done), reason] { done(reason); });
           job.failed[key] = reason;  // a later decision naming it fails at once

@@ -141,8 +141,13 @@ absl::StatusOr<FusionDecision> DecodeFusionDecision(std::span<const int64_t> wor
 // The decisions of one decision broadcast: consecutive slots of kFusionDecisionWords, each a
 // decision or (first word 0) the end. At least one; consecutive indexes, the first
 // >= first_at_least (a failed broadcast before may have carried the ones in between).
-absl::StatusOr<std::vector<FusionDecision>> DecodeFusionDecisions(std::span<const int64_t> words,
-                                                                  uint64_t first_at_least);
+// `decisions` are the well-formed ones before the first slot that is not (`error`, else OK).
+struct DecodedFusionDecisions {
+  std::vector<FusionDecision> decisions;
+  absl::Status error;
+};
+DecodedFusionDecisions DecodeFusionDecisions(std::span<const int64_t> words,
+                                             uint64_t first_at_least);
 
 // "__tributary/fused/<k % kFusedNames>".
 std::string FusedName(uint64_t index);

@@ -176,23 +176,27 @@ TEST(FusionPlanCodingTest, DecisionBroadcastsCarryConsecutiveDecisions) {
     }
     return words;
   };
-  absl::StatusOr<std::vector<FusionDecision>> back = DecodeFusionDecisions(encode(decisions), 7);
-  ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_EQ(*back, decisions);
+  DecodedFusionDecisions back = DecodeFusionDecisions(encode(decisions), 7);
+  ASSERT_TRUE(back.error.ok()) << back.error;
+  EXPECT_EQ(back.decisions, decisions);
   back = DecodeFusionDecisions(encode(decisions), 5);  // decisions 5 and 6 went with a failure
-  ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_EQ(back->front().index, 7u);
+  ASSERT_TRUE(back.error.ok()) << back.error;
+  EXPECT_EQ(back.decisions.front().index, 7u);
 
-  EXPECT_THAT(DecodeFusionDecisions(encode(decisions), 8).status().message(),
-              HasSubstr("decision 7 where 8 or later was expected"));
+  back = DecodeFusionDecisions(encode(decisions), 8);
+  EXPECT_THAT(back.error.message(), HasSubstr("decision 7 where 8 or later was expected"));
+  EXPECT_THAT(back.decisions, IsEmpty());
   std::vector<FusionDecision> gap = decisions;
   gap[1].index = 9;
-  EXPECT_THAT(DecodeFusionDecisions(encode(gap), 7).status().message(),
-              HasSubstr("decision 9 where 8 was expected"));
-  EXPECT_THAT(DecodeFusionDecisions(encode({}), 0).status().message(), HasSubstr("none"));
+  back = DecodeFusionDecisions(encode(gap), 7);
+  EXPECT_THAT(back.error.message(), HasSubstr("decision 9 where 8 was expected"));
+  EXPECT_THAT(back.decisions, SizeIs(1));  // the one before the problem
+  EXPECT_THAT(DecodeFusionDecisions(encode({}), 0).error.message(), HasSubstr("none"));
   std::vector<int64_t> bad = encode(decisions);
   bad[kFusionDecisionWords + 4] = 0;  // the second decision without members
-  EXPECT_EQ(DecodeFusionDecisions(bad, 7).status().code(), absl::StatusCode::kInvalidArgument);
+  back = DecodeFusionDecisions(bad, 7);
+  EXPECT_EQ(back.error.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(back.decisions, SizeIs(1));
 }
 
 // --- N data planes behind FusingRunner ---
