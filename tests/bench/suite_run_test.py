@@ -109,6 +109,17 @@ class Theory(unittest.TestCase):
         extra.append("--oops")                    # a copy: one run cannot change the next
         self.assertEqual(suite.extra_bench_rank_args("ring", 0, None), ["--trace", "x"])
 
+    def test_bands_give_small_sizes_many_iterations_and_large_ones_few(self):
+        args = types.SimpleNamespace(workers=2, k=[0], sizes="4K:64M", small_upto="16K",
+                                     small_iters=200, iters=10, large_from="16M", large_iters=2)
+        bands = run.Suite(args, {}, "bin", "work").bands()
+        self.assertEqual([(b.sizes.split(",")[0], b.sizes.split(",")[-1], b.iters)
+                          for b in bands],
+                         [("4096", "16384", 200), ("32768", "8388608", 10),
+                          ("16777216", "67108864", 2)])
+        args.sizes = "1M:64M"  # the main job's sweep: no small band
+        self.assertEqual([b.iters for b in run.Suite(args, {}, "bin", "work").bands()], [10, 2])
+
     def test_suite_algorithms_have_cli_names(self):
         self.assertEqual(run.CLI_ALGORITHM["hd"], "halving-doubling")
         self.assertEqual(run.CLI_ALGORITHM["rd"], "recursive-doubling")
@@ -371,7 +382,9 @@ OLD_WORKLOAD_HEADER = ["workload", "config", "tensors", "bytes", "time_us", "the
 
 
 class Csvs(unittest.TestCase):
-    ARGS = types.SimpleNamespace(workers=4, rate=500, mtu=9000, k=[0, 4])
+    ARGS = types.SimpleNamespace(workers=4, rate=500, mtu=9000, k=[0, 4], small_iters=200,
+                                 small_upto="64K", iters=10, large_from="16M", large_iters=2,
+                                 warmup=1)
 
     def report(self, results, out, wresults, ceilings):
         with contextlib.redirect_stdout(io.StringIO()):  # it prints the tables
