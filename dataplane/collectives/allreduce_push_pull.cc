@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
+#include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -497,9 +499,9 @@ struct PushPullWorker::OpState {
   std::vector<uint8_t> chunk_state;
   uint32_t chunks_done = 0;
   // Per server index: chunks pushed to it whose sum has not come back (see kPushPullAhead), and
-  // chunks for it still in the worker's queue.
+  // the positions (QueuedChunk::position) of its chunks still in the worker's queue.
   std::vector<uint32_t> outstanding;
-  std::vector<uint32_t> queued;
+  std::vector<std::set<uint32_t>> queued;
   common::Clock::TimePoint deadline;
   bool finished = false;
   // Results being written into the buffers outside the lock (HandleResult). A failure that
@@ -832,7 +834,7 @@ absl::Status PushPullWorker::StartLocked(const std::string& job_id, Operation& o
     state->num_chunks = PushPullChunks(op.count, element_size, partition, state->map.num_servers());
     state->chunk_state.assign(state->num_chunks, 0);
     state->outstanding.assign(state->map.num_servers(), 0);
-    state->queued.assign(state->map.num_servers(), 0);
+    state->queued.assign(state->map.num_servers(), {});
     state->deadline =
         deadline.value_or(clock_->Now() + job->op_timeout + WorkerGrace(job->op_timeout));
     if (common::Trace::enabled()) {
@@ -849,7 +851,7 @@ absl::Status PushPullWorker::StartLocked(const std::string& job_id, Operation& o
           GetChunk(op.count, state->num_chunks, chunk).count * element_size;  // ChunkBytes
       const uint32_t server = state->map.ServerOf(tensor_hash, state->num_chunks, chunk);
       queue_.insert(QueuedChunk{op.priority, state->seq, p, chunk, key, server, chunk_bytes});
-      state->queued[server]++;
+      state->queued[server].insert(p);
       queued.insert(chunk_bytes);
     }
     const uint64_t bytes = op.count * element_size;
@@ -884,15 +886,28 @@ void PushPullWorker::PumpLocked(std::vector<std::function<void()>>& sends) {
   // the op is looked up once for all of them, and an op none of whose queued chunks has room in
   // its server's window is passed over in one step. (Walking each of its chunks, for every
   // result, was a tenth of a worker agent's CPU on ResNet-50 with every tensor queued at once:
-  // 370 chunks passed per result, nearly all held by the window.)
+  // 370 chunks passed per result, nearly all held by the window.) Within an operation, the walk
+  // jumps past chunks whose server's window is full, and past all of them when not even its
+  // smallest chunk fits the credit left: it passes each operation at most once, not each chunk.
   const auto window_full = [](const OpState& o) {
     for (size_t s = 0; s < o.queued.size(); ++s) {
-      if (o.queued[s] > 0 && o.outstanding[s] < kPushPullAhead) return false;
+      if (!o.queued[s].empty() && o.outstanding[s] < kPushPullAhead) return false;
     }
     return true;
   };
   const auto next_op = [this](const QueuedChunk& c) {
     return queue_.lower_bound(QueuedChunk{c.priority, c.seq + 1, 0, 0, CollectiveKey{}});
+  };
+  // The op's next queued chunk after `c` whose server has room; else the next op's first.
+  const auto next_with_room = [this, &next_op](const OpState& o, const QueuedChunk& c) {
+    uint32_t next = std::numeric_limits<uint32_t>::max();
+    for (size_t s = 0; s < o.queued.size(); ++s) {
+      if (o.outstanding[s] >= kPushPullAhead) continue;
+      auto p = o.queued[s].upper_bound(c.position);
+      if (p != o.queued[s].end()) next = std::min(next, *p);
+    }
+    if (next == std::numeric_limits<uint32_t>::max()) return next_op(c);
+    return queue_.lower_bound(QueuedChunk{c.priority, c.seq, next, 0, CollectiveKey{}});
   };
   std::vector<uint64_t> credit_bound;
   std::shared_ptr<OpState> op;  // the op of the chunk at `it`, once looked up
@@ -922,7 +937,7 @@ void PushPullWorker::PumpLocked(std::vector<std::function<void()>>& sends) {
     const uint32_t server = it->server;
     if (op->outstanding[server] >= kPushPullAhead) {
       stats_->ahead_waits++;
-      ++it;  // this operation's chunks for other servers, and other operations, may go
+      it = next_with_room(*op, *it);  // its chunks for other servers, and other ops, may go
       continue;
     }
     uint64_t& in_flight = in_flight_bytes_[op->job_hash];
@@ -937,7 +952,11 @@ void PushPullWorker::PumpLocked(std::vector<std::function<void()>>& sends) {
         credit_bound.push_back(op->job_hash);
         if (credit_bound.size() == queued_bytes_.size()) break;
       }
-      ++it;  // another job's credit, or a smaller chunk, may still go
+      // Another job's credit, or a smaller chunk, may still go. An even split makes every chunk
+      // of this op at least count / num_chunks elements (GetChunk): when that does not fit,
+      // none of its chunks does.
+      const uint64_t smallest = op->op.count / op->num_chunks * op->element_size;
+      it = in_flight + smallest > op->job->credit_bytes ? next_op(*it) : std::next(it);
       continue;
     }
     in_flight += bytes;
@@ -963,7 +982,7 @@ void PushPullWorker::PumpLocked(std::vector<std::function<void()>>& sends) {
 
 std::set<PushPullWorker::QueuedChunk>::iterator PushPullWorker::EraseQueuedLocked(
     std::set<QueuedChunk>::iterator it, OpState* op) {
-  if (op != nullptr) op->queued[it->server]--;
+  if (op != nullptr) op->queued[it->server].erase(it->position);
   auto job = queued_bytes_.find(it->key.job);
   if (job != queued_bytes_.end()) {
     auto size = job->second.find(it->bytes);
