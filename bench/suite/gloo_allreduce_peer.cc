@@ -65,8 +65,7 @@ int RunWorkload(const PeerFlags& f, const std::shared_ptr<gloo::rendezvous::Cont
     return 2;
   }
   if (rank == 0 && f.iters > 0) {
-    tributary::bench::PrintWorkload(f.workload_name, r.tensors, r.buckets, r.bytes, r.seconds,
-                                    r.wrong);
+    tributary::bench::PrintWorkload(f.workload_name, r, f.warmup, r.wrong);
   }
   if (r.wrong > 0) std::fprintf(stderr, "rank %d: %zu wrong elements\n", rank, r.wrong);
   return r.wrong == 0 ? 0 : 1;

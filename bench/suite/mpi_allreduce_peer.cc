@@ -40,8 +40,7 @@ int main(int argc, char** argv) {
     unsigned long long all_wrong = r.wrong, local = r.wrong;
     MPI_Reduce(&local, &all_wrong, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, 0, MPI_COMM_WORLD);
     if (rank == 0 && f.iters > 0) {
-      tributary::bench::PrintWorkload(f.workload_name, r.tensors, r.buckets, r.bytes, r.seconds,
-                                      all_wrong);
+      tributary::bench::PrintWorkload(f.workload_name, r, f.warmup, all_wrong);
     }
     MPI_Finalize();
     return all_wrong == 0 ? 0 : 1;

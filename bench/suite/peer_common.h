@@ -124,14 +124,6 @@ inline std::vector<size_t> ReadBuckets(const std::string& path, uint64_t bucket_
   return buckets;
 }
 
-inline void PrintWorkload(const std::string& name, size_t tensors, size_t buckets, size_t bytes,
-                          double seconds, size_t wrong) {
-  std::printf("# %s: %zu tensors in %zu buckets, %zu bytes, %.1f us per iteration, %zu wrong\n",
-              name.c_str(), tensors, buckets, bytes, seconds * 1e6, wrong);
-  std::printf("WCSV,%s,%zu,%zu,%.3f,%zu\n", name.c_str(), tensors, bytes, seconds * 1e6, wrong);
-  std::fflush(stdout);
-}
-
 // Rank r's input: element i is (r + 1) + (i % 7); the sum over n ranks is exact in float32.
 inline void Fill(float* data, size_t count, int rank) {
   for (size_t i = 0; i < count; ++i)
@@ -164,6 +156,10 @@ struct WorkloadResult {
   size_t bytes = 0;
   double seconds = 0;  // per iteration
   size_t wrong = 0;    // on this rank
+  // Steady-clock seconds from the first timed iteration's start (its input fill) to the last
+  // one's end (its check): the window in which the suite meters CPU per iteration.
+  double timed_from = 0, timed_to = 0;
+  std::vector<double> iteration_ms;  // each iteration's time, warm-up first
 };
 
 template <typename Prepare, typename Barrier, typename AllReduce>
@@ -182,22 +178,45 @@ WorkloadResult RunBucketedWorkload(const PeerFlags& f, int rank, int world, Prep
   for (size_t i = 0; i < buckets.size(); ++i) prepare(i, data.data() + offsets[i], buckets[i]);
   double seconds = 0;
   for (int it = -f.warmup; it < f.iters; ++it) {
+    if (it == 0) r.timed_from = Now();
     for (size_t i = 0; i < buckets.size(); ++i) Fill(data.data() + offsets[i], buckets[i], rank);
     barrier();
     const double start = Now();
     for (size_t i = 0; i < buckets.size(); ++i) allreduce(i, data.data() + offsets[i], buckets[i]);
+    const double took = Now() - start;
+    r.iteration_ms.push_back(took * 1e3);
     if (it < 0) continue;
-    seconds += Now() - start;
+    seconds += took;
     if (!f.check) continue;
     for (size_t i = 0; i < buckets.size(); ++i) {
       r.wrong += CountWrong(data.data() + offsets[i], buckets[i], world);
     }
   }
+  r.timed_to = Now();
   r.ok = true;
   r.buckets = buckets.size();
   r.bytes = total * sizeof(float);
   r.seconds = f.iters > 0 ? seconds / f.iters : 0;
   return r;
+}
+
+// The timed iterations' window on the steady clock (CLOCK_MONOTONIC, the suite's
+// time.monotonic()), in seconds; the suite meters the hosts' CPU in it. bench-rank prints the same.
+inline void PrintTimedWindow(double from, double to) {
+  std::printf("WTIMED,%.6f,%.6f\n", from, to);
+}
+
+inline void PrintWorkload(const std::string& name, const WorkloadResult& r, int warmup,
+                          size_t wrong) {
+  std::printf("# %s: %zu tensors in %zu buckets, %zu bytes, %.1f us per iteration, %zu wrong\n",
+              name.c_str(), r.tensors, r.buckets, r.bytes, r.seconds * 1e6, wrong);
+  std::printf("# %s iterations (ms, %d warm-up first):", name.c_str(), warmup);
+  for (double ms : r.iteration_ms) std::printf(" %.6g", ms);
+  std::printf("\n");
+  std::printf("WCSV,%s,%zu,%zu,%.3f,%zu\n", name.c_str(), r.tensors, r.bytes, r.seconds * 1e6,
+              wrong);
+  PrintTimedWindow(r.timed_from, r.timed_to);
+  std::fflush(stdout);
 }
 
 inline void PrintHeader(const char* peer, const std::string& algorithm, int world) {

@@ -19,6 +19,7 @@ Exit codes: 0 done (targets missed are reported, not failures), 1 an error or wr
 77 skipped (not root, or network namespaces cannot be created here).
 """
 import argparse
+import bisect
 import csv
 import json
 import os
@@ -168,6 +169,9 @@ class CpuMeter:
         self.tick = os.sysconf("SC_CLK_TCK")
         self.seen = {}  # (host, pid, starttime) -> last cpu ticks
         self.base = {}
+        # [(time.monotonic(), {host: CPU seconds since start()})], one entry per sample: what
+        # between() interpolates.
+        self.timeline = []
         self.stop_flag = threading.Event()
         self.thread = None
 
@@ -199,14 +203,44 @@ class CpuMeter:
                 pass
         return out
 
+    def _used(self):
+        """{host: CPU seconds since start()} of every process seen so far."""
+        use = {h: 0.0 for h in self.hosts}
+        for key, ticks in self.seen.items():
+            use[key[0]] += (ticks - self.base.get(key, 0)) / self.tick
+        return use
+
+    def _record(self):
+        self.seen.update(self._sample())
+        self.timeline.append((time.monotonic(), self._used()))
+
     def _loop(self):
         while not self.stop_flag.wait(0.25):
-            self.seen.update(self._sample())
+            self._record()
+
+    def between(self, t0, t1):
+        """{host: CPU seconds in [t0, t1]} (time.monotonic() times), interpolated between the
+        samples around each end; None unless the last start()..stop() covers the window."""
+        tl = self.timeline
+        if len(tl) < 2 or not tl[0][0] <= t0 < t1 <= tl[-1][0]:
+            return None
+
+        def at(t):
+            i = bisect.bisect_left([x[0] for x in tl], t)
+            if tl[i][0] == t or i == 0:
+                return tl[i][1]
+            (ta, a), (tb, b) = tl[i - 1], tl[i]
+            f = (t - ta) / (tb - ta)
+            return {h: a[h] + f * (b[h] - a[h]) for h in self.hosts}
+
+        a, b = at(t0), at(t1)
+        return {h: b[h] - a[h] for h in self.hosts}
 
     def start(self):
         self.base = self._sample()
         self.seen = dict(self.base)
         self.t0 = time.monotonic()
+        self.timeline = [(self.t0, {h: 0.0 for h in self.hosts})]
         self.stop_flag.clear()
         self.thread = threading.Thread(target=self._loop, daemon=True)
         self.thread.start()
@@ -215,12 +249,9 @@ class CpuMeter:
         """Returns {host: CPU use in % of one core over the window}."""
         self.stop_flag.set()
         self.thread.join()
-        self.seen.update(self._sample())
-        wall = max(time.monotonic() - self.t0, 1e-6)
-        use = {h: 0.0 for h in self.hosts}
-        for key, ticks in self.seen.items():
-            use[key[0]] += (ticks - self.base.get(key, 0)) / self.tick
-        return {h: 100.0 * s / wall for h, s in use.items()}
+        self._record()
+        wall = max(self.timeline[-1][0] - self.t0, 1e-6)
+        return {h: 100.0 * s / wall for h, s in self.timeline[-1][1].items()}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -661,12 +692,23 @@ def spares_in_plan(job_json):
 
 
 def parse_wcsv(text):
+    """Rank 0's WCSV line, with the timed iterations' window ("timed": (from, to) on
+    time.monotonic()'s clock) when its WTIMED line came too."""
+    row, timed, iterations = None, None, None
     for line in text.splitlines():
         c = line.split(",")
         if line.startswith("WCSV,") and len(c) == 6:
-            return {"tensors": int(c[2]), "bytes": int(c[3]), "time_us": float(c[4]),
-                    "wrong": int(c[5])}
-    return None
+            row = {"tensors": int(c[2]), "bytes": int(c[3]), "time_us": float(c[4]),
+                   "wrong": int(c[5])}
+        elif line.startswith("WTIMED,") and len(c) == 3:
+            timed = (float(c[1]), float(c[2]))
+        elif line.startswith("# ") and " iterations (ms, " in line:
+            iterations = [float(x) for x in line.split(":", 1)[1].split()]
+    if row is not None and timed is not None:
+        row["timed"] = timed
+    if row is not None and iterations is not None:
+        row["iterations_ms"] = iterations
+    return row
 
 
 def parse_result(text, piece):
@@ -737,6 +779,12 @@ def aggregate_sweep(samples, cpu_samples, n):
     return out
 
 
+def median_or_none(values):
+    """The median of the values that are not None; None when all are."""
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
 def aggregate_workloads(samples):
     """One row per (workload, config) from the repeats' rows, as aggregate_sweep (each run's CPU
     is its own: the workload's runs are metered one by one)."""
@@ -750,6 +798,7 @@ def aggregate_workloads(samples):
                         tensors=rs[0]["tensors"], bytes=rs[0]["bytes"],
                         wrong=sum(r["wrong"] for r in rs),
                         cpu=mean_cpu([(r["cpu"], r.get("wall_s", 1.0)) for r in rs]),
+                        timed_cpu_ms=median_or_none([r.get("timed_cpu_ms") for r in rs]),
                         **time_stats([r["time_us"] for r in rs])))
     return out
 
@@ -1222,7 +1271,19 @@ def run_workloads(suite, meter, configs, work):
             if got["wrong"]:
                 failed = True
                 log(f"error: {wname} on {label}: {got['wrong']} wrong elements")
-            log(f"#   {got['time_us'] / 1e3:.1f} ms per iteration")
+            # The worker hosts' CPU per timed iteration, metered in the timed iterations' window
+            # only (joins, warm-up and teardown differ between Tributary and the peers).
+            window = got.pop("timed", None)
+            timed_cpu = meter.between(*window) if window else None
+            got["timed_cpu_ms"] = (None if timed_cpu is None else
+                                   1e3 * statistics.mean(list(timed_cpu.values())[:suite.n]) /
+                                   piece.iters)
+            log(f"#   {got['time_us'] / 1e3:.1f} ms per iteration" +
+                ("" if got["timed_cpu_ms"] is None else
+                 f", worker CPU {got['timed_cpu_ms']:.0f} core-ms per iteration") +
+                ("" if "iterations_ms" not in got else
+                 "; iterations (ms, warm-up first): " +
+                 " ".join(f"{x:.0f}" for x in got.pop("iterations_ms"))))
             samples.append(dict(config=label, family=fam, k=k, spares_used=spares_used,
                                 workload=wname, cpu=cpu, wall_s=wall, **got))
     return aggregate_workloads(samples), failed
@@ -1573,7 +1634,10 @@ def workload_report(wresults, args, out, ceilings=None):
              "Tributary submits every tensor at once in backward order, with priorities "
              "(first layers first); the peers all-reduce DDP-style 25 MiB buckets one after "
              "another. Time = iteration communication time, first submission to last result "
-             "(median of the runs; spread = (max - min) / median).",
+             "(median of the runs; spread = (max - min) / median). CPU % per host: over the "
+             "whole run (join, warm-up, timed iterations). Worker CPU per iteration: the worker "
+             "hosts' mean CPU time between the first timed iteration's start and the last one's "
+             "end (every process of the host, agents included), per timed iteration.",
              "",
              "| workload | config | tensors | bytes | time (ms) | spread | model (ms) | "
              "ceiling (ms) | eff. vs model | eff. vs ceiling | x best peer | CPU % per host | "
@@ -1581,8 +1645,11 @@ def workload_report(wresults, args, out, ceilings=None):
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
 
     def worker_cpu_ms(r):
-        """The worker hosts' mean CPU time per iteration: their mean CPU % x the time (the
-        target compares CPU at equal throughput, i.e. per iteration)."""
+        """The worker hosts' mean CPU time per iteration (the target compares CPU at equal
+        throughput, i.e. per iteration): metered in the timed iterations' window when the run
+        reported it, else their mean CPU % over the whole run x the time."""
+        if r.get("timed_cpu_ms") is not None:
+            return r["timed_cpu_ms"]
         workers = list(r["cpu"].values())[:n]
         return statistics.mean(workers) / 100 * r["time_us"] / 1e3 if workers else float("nan")
 
@@ -1618,14 +1685,15 @@ def workload_report(wresults, args, out, ceilings=None):
                          r["ceiling_pattern"], fmt_opt(r["ceiling_us"], ".1f"),
                          fmt_opt(r["efficiency_vs_ceiling"], ".3f"),
                          f"{r['vs_best_peer']:.3f}", r["best_peer"], r["spares_used"], cpu,
-                         f"{r['worker_cpu_ms']:.1f}", r["wrong"]])
+                         f"{r['worker_cpu_ms']:.1f}", r["wrong"],
+                         "" if r.get("timed_cpu_ms") is None else f"{r['timed_cpu_ms']:.1f}"])
     with open(os.path.join(out, "emulated_workloads.csv"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["workload", "config", "tensors", "bytes", "time_us", "time_min_us",
                     "time_max_us", "spread_pct", "repeats", "times_us", "theory_us",
                     "efficiency", "ceiling_pattern", "ceiling_us", "efficiency_vs_ceiling",
                     "speedup_vs_best_peer", "best_peer", "spares_used", "cpu_pct_per_host",
-                    "worker_cpu_ms_per_iteration", "wrong"])
+                    "worker_cpu_ms_per_iteration", "wrong", "worker_cpu_ms_timed"])
         w.writerows(rows)
     return lines + [""]
 
@@ -1642,6 +1710,8 @@ def load_workloads(path):
                             spares_used=int(row["spares_used"]),
                             cpu={i: float(v) for i, v in
                                  enumerate(row["cpu_pct_per_host"].split())},
+                            timed_cpu_ms=(float(row["worker_cpu_ms_timed"])
+                                          if row.get("worker_cpu_ms_timed") else None),
                             **repeats_from_csv(row)))
     return out
 

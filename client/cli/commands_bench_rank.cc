@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "client/cli/bench_data.h"
 #include "client/cli/commands.h"
 #include "client/cli/sizes.h"
@@ -99,7 +100,12 @@ absl::Status RunWorkload(Client& client, const BenchFlags& flags,
   const int n = static_cast<int>(tensors.size());
   double seconds = 0;
   size_t wrong = 0;
+  // The timed iterations' window on the steady clock (see the WTIMED line below), and each
+  // iteration's time, warm-up included (ms).
+  std::chrono::steady_clock::time_point timed_from;
+  std::vector<double> iteration_ms;
   for (int it = -flags.warmup; it < flags.iters; ++it) {
+    if (it == 0) timed_from = std::chrono::steady_clock::now();
     for (int j = 0; j < n; ++j) {
       FillInput(dtype, rank, static_cast<std::byte*>(buffer->data()) + offsets[j],
                 tensors[j].count);
@@ -140,8 +146,11 @@ absl::Status RunWorkload(Client& client, const BenchFlags& flags,
       common::Trace::Span("iterations", absl::StrCat(flags.workload_name, " iteration ", it), start,
                           std::chrono::steady_clock::now());
     }
+    const double took =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    iteration_ms.push_back(took * 1e3);
     if (it < 0) continue;
-    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    seconds += took;
     if (flags.check) {
       for (int j = 0; j < n; ++j) {
         wrong += CountWrong(dtype, op, world, flags.root,
@@ -153,8 +162,18 @@ absl::Status RunWorkload(Client& client, const BenchFlags& flags,
   if (rank == 0 && flags.iters > 0) {
     std::printf("# %s: %d tensors, %zu bytes, %.1f us per iteration, %zu wrong\n",
                 flags.workload_name.c_str(), n, total, seconds / flags.iters * 1e6, wrong);
+    std::printf("# %s iterations (ms, %d warm-up first):%s\n", flags.workload_name.c_str(),
+                flags.warmup, absl::StrJoin(iteration_ms, "", [](std::string* out, double ms) {
+                                absl::StrAppend(out, " ", absl::SixDigits(ms));
+                              }).c_str());
     std::printf("WCSV,%s,%d,%zu,%.3f,%zu\n", flags.workload_name.c_str(), n, total,
                 seconds / flags.iters * 1e6, wrong);
+    // Steady-clock seconds (CLOCK_MONOTONIC, the suite's time.monotonic()) from the first timed
+    // iteration's input fill to the last one's check: the suite meters the hosts' CPU in it.
+    const auto secs = [](std::chrono::steady_clock::time_point t) {
+      return std::chrono::duration<double>(t.time_since_epoch()).count();
+    };
+    std::printf("WTIMED,%.6f,%.6f\n", secs(timed_from), secs(std::chrono::steady_clock::now()));
     std::fflush(stdout);
   }
   if (wrong > 0) {

@@ -101,6 +101,28 @@ class Theory(unittest.TestCase):
         self.assertIsNone(run.run_measured(meter, broken, "mpi"))
         self.assertEqual(meter.calls, ["start", "stop"] * 3)  # The meter stops on errors too.
 
+    def test_cpu_meter_interpolates_a_window_between_its_samples(self):
+        meter = run.CpuMeter([0, 1])
+        meter.timeline = [(10.0, {0: 0.0, 1: 0.0}), (11.0, {0: 0.5, 1: 0.1}),
+                          (12.0, {0: 1.5, 1: 0.1}), (13.0, {0: 1.5, 1: 0.4})]
+        got = meter.between(10.5, 12.5)
+        self.assertAlmostEqual(got[0], 1.5 - 0.25)
+        self.assertAlmostEqual(got[1], 0.25 - 0.05)
+        self.assertEqual(meter.between(11.0, 12.0), {0: 1.0, 1: 0.0})
+        self.assertIsNone(meter.between(9.0, 12.0))   # before the first sample
+        self.assertIsNone(meter.between(12.0, 13.5))  # after the last
+        self.assertIsNone(meter.between(12.0, 11.0))
+
+    def test_workload_result_carries_the_timed_window(self):
+        out = ("# x\n# resnet50 iterations (ms, 1 warm-up first): 9000 7400.5\n"
+               "WCSV,resnet50,161,102,7400000.000,0\nWTIMED,100.250000,130.500000\n")
+        self.assertEqual(run.parse_wcsv(out), {"tensors": 161, "bytes": 102,
+                                               "time_us": 7400000.0, "wrong": 0,
+                                               "timed": (100.25, 130.5),
+                                               "iterations_ms": [9000.0, 7400.5]})
+        self.assertNotIn("timed", run.parse_wcsv("WCSV,resnet50,161,102,7400000.000,0\n"))
+        self.assertIsNone(run.parse_wcsv("WTIMED,1,2\n"))
+
     def test_bench_rank_gets_the_extra_arguments(self):
         args = types.SimpleNamespace(workers=2, k=[0, 1], bench_rank_arg=["--trace", "x"])
         suite = run.Suite(args, {}, "bin", "work")
@@ -271,6 +293,16 @@ class Repeats(unittest.TestCase):
         (w,) = run.aggregate_workloads(samples)
         self.assertEqual((w["workload"], w["time_us"], w["repeats"]), ("resnet50", 200.0, 3))
         self.assertEqual((w["tensors"], w["bytes"]), (161, 1000))
+
+    def test_aggregate_workloads_takes_the_median_of_metered_cpu(self):
+        samples = [dict(row("Gloo ring", 0, t), workload="resnet50", tensors=161, bytes=1000,
+                        wall_s=1.0, timed_cpu_ms=c)
+                   for t, c in ((300.0, 700.0), (100.0, None), (200.0, 600.0))]
+        (w,) = run.aggregate_workloads(samples)
+        self.assertEqual(w["timed_cpu_ms"], 650.0)  # the runs that reported their window
+        for r in samples:
+            r["timed_cpu_ms"] = None
+        self.assertIsNone(run.aggregate_workloads(samples)[0]["timed_cpu_ms"])
 
     def test_every_ratio_is_of_medians(self):
         M = 1 << 20

@@ -446,6 +446,13 @@ TEST_F(LocalClusterTest, ModelWorkloadWithPrioritiesIsExact) {
   EXPECT_THAT(results[0].output, ::testing::HasSubstr("WCSV,mini,8,1538188,"));
   EXPECT_THAT(results[0].output,
               ::testing::MatchesRegex("(.|\n)*WCSV,mini,8,1538188,[0-9.]+,0\n(.|\n)*"));
+  // Each iteration's time (the warm-up first), and the timed iterations' steady-clock window,
+  // in which the emulated-cluster suite meters CPU.
+  EXPECT_THAT(results[0].output,
+              ::testing::MatchesRegex(
+                  "(.|\n)*# mini iterations \\(ms, 1 warm-up first\\):( [0-9.e+]+){4}\n(.|\n)*"));
+  EXPECT_THAT(results[0].output,
+              ::testing::MatchesRegex("(.|\n)*WTIMED,[0-9]+\\.[0-9]+,[0-9]+\\.[0-9]+\n(.|\n)*"));
 }
 
 TEST_F(LocalClusterTest, WorkloadFileErrorsNameTheLine) {
