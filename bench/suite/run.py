@@ -1311,8 +1311,15 @@ def run_torch_iterations(suite, meter):
                                        "ranks ended with different parameters"))
             failed = True
             continue
+        window = got.pop("timed", None)
+        timed_cpu = meter.between(*window) if window else None
+        got["timed_cpu_ms"] = (None if timed_cpu is None else
+                               1e3 * statistics.mean(list(timed_cpu.values())[:suite.n]) /
+                               got["iters"])
         log(f"#   iteration {got['iter_ms']:.0f} ms, compute {got['compute_ms']:.0f} ms, "
-            f"communication {got['comm_ms']:.0f} ms")
+            f"communication {got['comm_ms']:.0f} ms" +
+            ("" if got["timed_cpu_ms"] is None else
+             f", worker CPU {got['timed_cpu_ms']:.0f} core-ms per iteration"))
         samples.append(dict(config=label, k=k, spares_used=spares_used, cpu=cpu, wall=wall,
                             **got))
     rows = []
@@ -1326,18 +1333,25 @@ def run_torch_iterations(suite, meter):
                              [(x["cpu"], x["wall"]) for x in mine]).values()),
                          **{key: statistics.median(x[key] for x in mine)
                             for key in ("iter_ms", "compute_ms", "comm_ms")},
+                         timed_cpu_ms=median_or_none([x.get("timed_cpu_ms") for x in mine]),
                          comm_spread=time_stats([x["comm_ms"] for x in mine])["spread_pct"]))
     return rows, failed
 
 
 def parse_torch_line(text):
-    """The TORCHITER line of torch_iteration.py's rank 0, or None."""
+    """The TORCHITER line of torch_iteration.py's rank 0 (with "timed", the timed iterations'
+    window, when its WTIMED line came too), or None."""
+    row, timed = None, None
     for line in text.splitlines():
         if line.startswith("TORCHITER,"):
             _, mode, ranks, it, comp, comm, iters, mismatch = line.strip().split(",")
-            return dict(mode=mode, ranks=int(ranks), iter_ms=float(it), compute_ms=float(comp),
-                        comm_ms=float(comm), iters=int(iters), mismatch=int(mismatch))
-    return None
+            row = dict(mode=mode, ranks=int(ranks), iter_ms=float(it), compute_ms=float(comp),
+                       comm_ms=float(comm), iters=int(iters), mismatch=int(mismatch))
+        elif line.startswith("WTIMED,") and len(line.split(",")) == 3:
+            timed = tuple(float(x) for x in line.split(",")[1:])
+    if row is not None and timed is not None:
+        row["timed"] = timed
+    return row
 
 
 def torch_report(trows, args, out):
@@ -1347,11 +1361,12 @@ def torch_report(trows, args, out):
     with open(os.path.join(out, "torch_iterations.csv"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["config", "spares_used", "repeats", "iter_ms", "compute_ms", "comm_ms",
-                    "comm_spread_pct", "cpu_hosts"])
+                    "comm_spread_pct", "cpu_hosts", "worker_cpu_ms_timed"])
         for r in trows:
             w.writerow([r["config"], r["spares_used"], r["repeats"], f"{r['iter_ms']:.1f}",
                         f"{r['compute_ms']:.1f}", f"{r['comm_ms']:.1f}",
-                        f"{r['comm_spread']:.2f}", r["cpu"]])
+                        f"{r['comm_spread']:.2f}", r["cpu"],
+                        "" if r.get("timed_cpu_ms") is None else f"{r['timed_cpu_ms']:.1f}"])
     ddp = next((r for r in trows if r["k"] is None), None)
     lines = ["", f"PyTorch training iterations (`--torch-iterations {args.torch_iterations}`): "
              f"torchvision's {args.torch_iterations} on {args.workers} worker hosts, one process "
@@ -1361,17 +1376,24 @@ def torch_report(trows, args, out):
              "Gloo backend. Compute = the same iteration without communication, on the same "
              "host; communication = iteration - compute (what overlap did not hide). Medians of "
              f"{max(r['repeats'] for r in trows)} runs; each run checks that every rank ends "
-             "with the same parameters.", "",
+             "with the same parameters. CPU % per host: over the whole run (model set-up and "
+             "the compute-only iterations included). Worker CPU per iteration: the worker "
+             "hosts' mean CPU time in the timed iterations' window, per iteration (compute, "
+             "communication and the agents together).", "",
              "| config | iteration (ms) | compute (ms) | communication (ms) | spread | "
-             "communication x DDP+Gloo | iteration x DDP+Gloo | CPU % per host |",
-             "|---|---:|---:|---:|---:|---:|---:|---|"]
+             "communication x DDP+Gloo | iteration x DDP+Gloo | CPU % per host | "
+             "worker CPU per iteration (core-ms) | x DDP+Gloo's |",
+             "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
     for r in trows:
         name = r["config"] + (f" ({r['spares_used']} used)" if r["k"] else "")
         cx = f"{ddp['comm_ms'] / r['comm_ms']:.2f}x" if ddp and r["comm_ms"] > 0 else "-"
         ix = f"{ddp['iter_ms'] / r['iter_ms']:.2f}x" if ddp else "-"
+        cpu_ms = r.get("timed_cpu_ms")
+        ddp_cpu = ddp.get("timed_cpu_ms") if ddp else None
         lines.append(f"| {name} | {r['iter_ms']:.0f} | {r['compute_ms']:.0f} | "
                      f"{r['comm_ms']:.0f} | {r['comm_spread']:.1f}% | {cx} | {ix} | "
-                     f"{r['cpu']} |")
+                     f"{r['cpu']} | {fmt_opt(cpu_ms, '.0f')} | " +
+                     (f"{cpu_ms / ddp_cpu:.2f}x" if cpu_ms and ddp_cpu else "-") + " |")
     return lines
 
 

@@ -123,6 +123,29 @@ class Theory(unittest.TestCase):
         self.assertNotIn("timed", run.parse_wcsv("WCSV,resnet50,161,102,7400000.000,0\n"))
         self.assertIsNone(run.parse_wcsv("WTIMED,1,2\n"))
 
+    def test_torch_result_carries_the_timed_window(self):
+        out = "TORCHITER,tributary,4,8137.0,1568.0,6569.0,3,0\nWTIMED,5.5,30.25\n"
+        got = run.parse_torch_line(out)
+        self.assertEqual((got["iter_ms"], got["iters"], got["timed"]), (8137.0, 3, (5.5, 30.25)))
+        self.assertNotIn("timed", run.parse_torch_line(out.splitlines()[0]))
+        self.assertIsNone(run.parse_torch_line("WTIMED,1,2\n"))
+
+    def test_torch_report_compares_metered_cpu_with_ddp(self):
+        args = types.SimpleNamespace(torch_iterations="resnet50", workers=4)
+        rows = [dict(config="tributary.torch k=4", k=4, spares_used=4, repeats=3,
+                     iter_ms=8000.0, compute_ms=1500.0, comm_ms=6500.0, comm_spread=5.0,
+                     cpu="29 30 29 30 3 3 3 3", timed_cpu_ms=2100.0),
+                dict(config="PyTorch DDP + Gloo", k=None, spares_used=0, repeats=3,
+                     iter_ms=11000.0, compute_ms=1600.0, comm_ms=9400.0, comm_spread=4.0,
+                     cpu="16 16 16 17 0 0 0 0", timed_cpu_ms=2000.0)]
+        with tempfile.TemporaryDirectory() as out:
+            lines = run.torch_report(rows, args, out)
+            with open(os.path.join(out, "torch_iterations.csv")) as f:
+                saved = list(csv.DictReader(f))
+        self.assertIn("| 2100 | 1.05x |", lines[-2])
+        self.assertIn("| 2000 | 1.00x |", lines[-1])
+        self.assertEqual(saved[0]["worker_cpu_ms_timed"], "2100.0")
+
     def test_bench_rank_gets_the_extra_arguments(self):
         args = types.SimpleNamespace(workers=2, k=[0, 1], bench_rank_arg=["--trace", "x"])
         suite = run.Suite(args, {}, "bin", "work")
