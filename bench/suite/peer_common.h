@@ -200,12 +200,6 @@ WorkloadResult RunBucketedWorkload(const PeerFlags& f, int rank, int world, Prep
   return r;
 }
 
-// The timed iterations' window on the steady clock (CLOCK_MONOTONIC, the suite's
-// time.monotonic()), in seconds; the suite meters the hosts' CPU in it. bench-rank prints the same.
-inline void PrintTimedWindow(double from, double to) {
-  std::printf("WTIMED,%.6f,%.6f\n", from, to);
-}
-
 inline void PrintWorkload(const std::string& name, const WorkloadResult& r, int warmup,
                           size_t wrong) {
   std::printf("# %s: %zu tensors in %zu buckets, %zu bytes, %.1f us per iteration, %zu wrong\n",
@@ -215,7 +209,10 @@ inline void PrintWorkload(const std::string& name, const WorkloadResult& r, int 
   std::printf("\n");
   std::printf("WCSV,%s,%zu,%zu,%.3f,%zu\n", name.c_str(), r.tensors, r.bytes, r.seconds * 1e6,
               wrong);
-  PrintTimedWindow(r.timed_from, r.timed_to);
+  // The timed iterations' window on the steady clock (CLOCK_MONOTONIC, the suite's
+  // time.monotonic()), in seconds: the suite meters the hosts' CPU in it. bench-rank prints the
+  // same line.
+  std::printf("WTIMED,%.6f,%.6f\n", r.timed_from, r.timed_to);
   std::fflush(stdout);
 }
 

@@ -224,9 +224,10 @@ class CpuMeter:
         tl = self.timeline
         if len(tl) < 2 or not tl[0][0] <= t0 < t1 <= tl[-1][0]:
             return None
+        times = [x[0] for x in tl]
 
         def at(t):
-            i = bisect.bisect_left([x[0] for x in tl], t)
+            i = bisect.bisect_left(times, t)
             if tl[i][0] == t or i == 0:
                 return tl[i][1]
             (ta, a), (tb, b) = tl[i - 1], tl[i]
@@ -691,22 +692,39 @@ def spares_in_plan(job_json):
     return sum(1 for s in servers if not s.get("is_worker", False))
 
 
+def timed_window(text):
+    """(from, to) of rank 0's WTIMED line: its timed iterations' window on the steady clock
+    (time.monotonic()'s), or None."""
+    for line in text.splitlines():
+        c = line.split(",")
+        if line.startswith("WTIMED,") and len(c) == 3:
+            return float(c[1]), float(c[2])
+    return None
+
+
+def timed_worker_cpu_ms(meter, window, iterations, n):
+    """The worker hosts' (the first n) mean CPU time per iteration in the timed iterations'
+    window, in ms; None without a window the meter covers."""
+    cpu = meter.between(*window) if window else None
+    return None if cpu is None else 1e3 * statistics.mean(list(cpu.values())[:n]) / iterations
+
+
 def parse_wcsv(text):
-    """Rank 0's WCSV line, with the timed iterations' window ("timed": (from, to) on
-    time.monotonic()'s clock) when its WTIMED line came too."""
-    row, timed, iterations = None, None, None
+    """Rank 0's WCSV line, with the timed iterations' window ("timed", see timed_window) and
+    each iteration's time ("iterations_ms") when those lines came too."""
+    row, iterations = None, None
     for line in text.splitlines():
         c = line.split(",")
         if line.startswith("WCSV,") and len(c) == 6:
             row = {"tensors": int(c[2]), "bytes": int(c[3]), "time_us": float(c[4]),
                    "wrong": int(c[5])}
-        elif line.startswith("WTIMED,") and len(c) == 3:
-            timed = (float(c[1]), float(c[2]))
         elif line.startswith("# ") and " iterations (ms, " in line:
             iterations = [float(x) for x in line.split(":", 1)[1].split()]
-    if row is not None and timed is not None:
+    if row is None:
+        return None
+    if (timed := timed_window(text)) is not None:
         row["timed"] = timed
-    if row is not None and iterations is not None:
+    if iterations is not None:
         row["iterations_ms"] = iterations
     return row
 
@@ -1273,11 +1291,8 @@ def run_workloads(suite, meter, configs, work):
                 log(f"error: {wname} on {label}: {got['wrong']} wrong elements")
             # The worker hosts' CPU per timed iteration, metered in the timed iterations' window
             # only (joins, warm-up and teardown differ between Tributary and the peers).
-            window = got.pop("timed", None)
-            timed_cpu = meter.between(*window) if window else None
-            got["timed_cpu_ms"] = (None if timed_cpu is None else
-                                   1e3 * statistics.mean(list(timed_cpu.values())[:suite.n]) /
-                                   piece.iters)
+            got["timed_cpu_ms"] = timed_worker_cpu_ms(meter, got.pop("timed", None),
+                                                      piece.iters, suite.n)
             log(f"#   {got['time_us'] / 1e3:.1f} ms per iteration" +
                 ("" if got["timed_cpu_ms"] is None else
                  f", worker CPU {got['timed_cpu_ms']:.0f} core-ms per iteration") +
@@ -1311,11 +1326,8 @@ def run_torch_iterations(suite, meter):
                                        "ranks ended with different parameters"))
             failed = True
             continue
-        window = got.pop("timed", None)
-        timed_cpu = meter.between(*window) if window else None
-        got["timed_cpu_ms"] = (None if timed_cpu is None else
-                               1e3 * statistics.mean(list(timed_cpu.values())[:suite.n]) /
-                               got["iters"])
+        got["timed_cpu_ms"] = timed_worker_cpu_ms(meter, got.pop("timed", None), got["iters"],
+                                                  suite.n)
         log(f"#   iteration {got['iter_ms']:.0f} ms, compute {got['compute_ms']:.0f} ms, "
             f"communication {got['comm_ms']:.0f} ms" +
             ("" if got["timed_cpu_ms"] is None else
@@ -1341,17 +1353,15 @@ def run_torch_iterations(suite, meter):
 def parse_torch_line(text):
     """The TORCHITER line of torch_iteration.py's rank 0 (with "timed", the timed iterations'
     window, when its WTIMED line came too), or None."""
-    row, timed = None, None
     for line in text.splitlines():
         if line.startswith("TORCHITER,"):
             _, mode, ranks, it, comp, comm, iters, mismatch = line.strip().split(",")
             row = dict(mode=mode, ranks=int(ranks), iter_ms=float(it), compute_ms=float(comp),
                        comm_ms=float(comm), iters=int(iters), mismatch=int(mismatch))
-        elif line.startswith("WTIMED,") and len(line.split(",")) == 3:
-            timed = tuple(float(x) for x in line.split(",")[1:])
-    if row is not None and timed is not None:
-        row["timed"] = timed
-    return row
+            if (timed := timed_window(text)) is not None:
+                row["timed"] = timed
+            return row
+    return None
 
 
 def torch_report(trows, args, out):
@@ -1802,7 +1812,7 @@ def report(results, args, out, argv, update_md, wresults=(), ceilings=None, tres
                   "Times are of one run of every configuration (no spread).") +
                  " Model = DESIGN.md §1.1; ceiling = the same traffic pattern with plain TCP "
                  "sockets on this cluster, measured in the same run.")
-    if results:
+    if results and not getattr(args, "from_results", None):  # else: the original run's counts
         lines.append("")
         lines.append(f"A run's time is rank 0's mean over {args.small_iters} timed iterations up "
                      f"to {args.small_upto}, {args.iters} below {args.large_from} and "
