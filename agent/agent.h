@@ -23,6 +23,7 @@
 #include "common/clock.h"
 #include "common/rpc/tls.h"
 #include "dataplane/collectives/allreduce_push_pull.h"
+#include "dataplane/transport/tcp/tcp_transport.h"
 #include "grpcpp/grpcpp.h"
 #include "prometheus/collectable.h"
 #include "prometheus/registry.h"
@@ -67,6 +68,12 @@ struct AgentOptions {
   // At most this many bytes of push/pull sums kept for peer recovery (up to twice each tensor's
   // size while it fits); 0 = keep none.
   uint64_t peer_recovery_bytes = dataplane::kDefaultRetainBytes;
+  // Push/pull: unsent pushes per summation server at most before the job's later chunks wait
+  // (PushPullWorker::SetServerBacklog); 0 = off.
+  uint64_t push_backlog_bytes = dataplane::kDefaultServerBacklog;
+  // The TCP data plane's TCP_NOTSENT_LOWAT (TcpTransportOptions::notsent_lowat_bytes); 0 = the
+  // kernel's default.
+  uint32_t tcp_notsent_lowat_bytes = dataplane::kDefaultNotSentLowat;
   std::chrono::milliseconds tick{50};  // deadline sweep period
   // The control rings' ring threads poll for up to this long before sleeping, when their recent
   // idle spells were shorter (ControlRings::Options::spin); zero: never.

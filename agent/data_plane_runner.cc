@@ -48,6 +48,7 @@ absl::StatusOr<std::unique_ptr<DataPlaneRunner>> DataPlaneRunner::Create(
     dataplane::TcpTransportOptions tcp;
     tcp.listen_host = options.listen_host;
     tcp.port = options.port;
+    tcp.notsent_lowat_bytes = options.tcp_notsent_lowat_bytes;
     absl::StatusOr<std::unique_ptr<dataplane::TcpTransport>> created =
         dataplane::TcpTransport::Create(tcp);
     if (created.ok()) {
@@ -111,6 +112,7 @@ absl::StatusOr<std::unique_ptr<DataPlaneRunner>> DataPlaneRunner::Create(
   r->metrics_ = std::make_unique<dataplane::DataPlaneMetrics>(registry);
   r->node_->SetMetrics(r->metrics_.get(), clock);
   r->node_->push_pull().worker().SetRetainBudget(options.peer_recovery_bytes);
+  r->node_->push_pull().worker().SetServerBacklog(options.push_backlog_bytes);
   r->stats_collector_ = std::make_shared<dataplane::DataPlaneStatsCollector>(r->node_.get());
   return r;
 }

@@ -20,6 +20,7 @@
 #include "dataplane/reduce/cpu/cpu_reducer.h"
 #include "dataplane/transport/bundling/bundling_transport.h"
 #include "dataplane/transport/counting_transport.h"
+#include "dataplane/transport/tcp/tcp_transport.h"
 #include "prometheus/collectable.h"
 #include "prometheus/registry.h"
 
@@ -39,6 +40,10 @@ class DataPlaneRunner final : public CollectiveRunner {
     dataplane::BundlingOptions bundling;
     // Push/pull's budget for sums kept for peer recovery (PushPullWorker::SetRetainBudget).
     uint64_t peer_recovery_bytes = dataplane::kDefaultRetainBytes;
+    // Push/pull's per-server backlog of unsent pushes (PushPullWorker::SetServerBacklog); 0 = off.
+    uint64_t push_backlog_bytes = dataplane::kDefaultServerBacklog;
+    // The TCP transport's TCP_NOTSENT_LOWAT (TcpTransportOptions::notsent_lowat_bytes).
+    uint32_t tcp_notsent_lowat_bytes = dataplane::kDefaultNotSentLowat;
   };
 
   // Starts the transport (chosen as ChooseDataPlaneTransport says, from the environment's

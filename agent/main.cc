@@ -109,6 +109,20 @@ int main(int argc, char** argv) {
                  "fits; tensors past it have no peer copy); 0 = keep none")
       ->capture_default_str()
       ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 24));
+  uint64_t push_backlog_kib = options.push_backlog_bytes >> 10;
+  app.add_option("--push-backlog-kib", push_backlog_kib,
+                 "Push/pull: unsent pushes per summation server at most; when the next chunk's "
+                 "server is at it, the job's later chunks wait, so that the flows TCP favours "
+                 "cannot run ahead of the slowest (0 = off)")
+      ->capture_default_str()
+      ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 30));
+  uint32_t tcp_notsent_lowat_kib = options.tcp_notsent_lowat_bytes >> 10;
+  app.add_option("--tcp-notsent-lowat-kib", tcp_notsent_lowat_kib,
+                 "TCP data plane: unsent bytes a connection's socket holds at most "
+                 "(TCP_NOTSENT_LOWAT), so that a send completes when its bytes are about to "
+                 "leave (0 = the kernel's default)")
+      ->capture_default_str()
+      ->check(CLI::Range(uint32_t{0}, uint32_t{1} << 20));
   uint64_t staging_chunk_kib = tributary::agent::kDefaultMirrorStagingChunk >> 10;
   app.add_option("--staging-chunk-kib", staging_chunk_kib,
                  "GPU tensors larger than this are copied to and from host memory in chunks of "
@@ -147,6 +161,8 @@ int main(int argc, char** argv) {
   tributary::agent::SetMirrorStagingChunkBytes(staging_chunk_kib << 10);
   options.ring_spin = std::chrono::microseconds(ring_spin_us);
   options.peer_recovery_bytes = peer_recovery_mib << 20;
+  options.push_backlog_bytes = push_backlog_kib << 10;
+  options.tcp_notsent_lowat_bytes = tcp_notsent_lowat_kib << 10;
   options.nic_bytes_per_s = nic_gbps * 1e9 / 8;
   options.sum_bytes_per_s = sum_gbps * 1e9;
   options.offers_summation = !no_summation;

@@ -690,6 +690,11 @@ void PushPullWorker::RemoveJob(uint64_t job_hash) {
 void PushPullWorker::ReleaseCreditLocked(OpState& op, uint32_t chunk) {
   const uint64_t bytes = op.ChunkBytes(chunk);
   in_flight_bytes_[op.job_hash] -= bytes;
+  if (server_backlog_bytes_ > 0) {
+    auto u = server_unsent_.find(
+        op.job->server_addresses[op.map.ServerOf(op.tensor_hash, op.num_chunks, chunk)]);
+    if (u != server_unsent_.end()) u->second -= std::min(u->second, bytes);
+  }
   AddInFlight(-static_cast<int64_t>(bytes));
 }
 
@@ -910,8 +915,23 @@ void PushPullWorker::PumpLocked(std::vector<std::function<void()>>& sends) {
     return queue_.lower_bound(QueuedChunk{c.priority, c.seq, next, 0, CollectiveKey{}});
   };
   std::vector<uint64_t> credit_bound;
+  // Jobs whose next chunk's connection is at its backlog (SetServerBacklog): passed over.
+  std::vector<uint64_t> backlog_bound;
+  // Whether every job with queued chunks is bound by its credit or its backlog.
+  const auto all_bound = [&] {
+    size_t n = credit_bound.size();
+    for (uint64_t j : backlog_bound) {
+      n += std::find(credit_bound.begin(), credit_bound.end(), j) == credit_bound.end();
+    }
+    return n == queued_bytes_.size();
+  };
   std::shared_ptr<OpState> op;  // the op of the chunk at `it`, once looked up
   for (auto it = queue_.begin(); it != queue_.end();) {
+    if (!backlog_bound.empty() &&
+        std::find(backlog_bound.begin(), backlog_bound.end(), it->key.job) != backlog_bound.end()) {
+      it = next_op(*it);
+      continue;
+    }
     if (op == nullptr || op->seq != it->seq) {  // seq: unique per operation
       auto op_it = ops_.find(it->key);
       if (op_it == ops_.end() || op_it->second->seq != it->seq) {
@@ -950,7 +970,7 @@ void PushPullWorker::PumpLocked(std::vector<std::function<void()>>& sends) {
           in_flight + *queued->second.begin() > op->job->credit_bytes &&
           std::find(credit_bound.begin(), credit_bound.end(), op->job_hash) == credit_bound.end()) {
         credit_bound.push_back(op->job_hash);
-        if (credit_bound.size() == queued_bytes_.size()) break;
+        if (all_bound()) break;
       }
       // Another job's credit, or a smaller chunk, may still go. An even split makes every chunk
       // of this op at least count / num_chunks elements (GetChunk): when that does not fit,
@@ -958,6 +978,19 @@ void PushPullWorker::PumpLocked(std::vector<std::function<void()>>& sends) {
       const uint64_t smallest = op->op.count / op->num_chunks * op->element_size;
       it = in_flight + smallest > op->job->credit_bytes ? next_op(*it) : std::next(it);
       continue;
+    }
+    if (server_backlog_bytes_ > 0) {
+      uint64_t& unsent = server_unsent_[op->job->server_addresses[server]];
+      if (unsent > 0 && unsent + bytes > server_backlog_bytes_) {
+        // Lockstep (SetServerBacklog): the job hands nothing further down its queue until this
+        // connection has sent more.
+        stats_->backlog_waits++;
+        backlog_bound.push_back(op->job_hash);
+        if (all_bound()) break;
+        it = next_op(*it);
+        continue;
+      }
+      unsent += bytes;
     }
     in_flight += bytes;
     op->outstanding[server]++;

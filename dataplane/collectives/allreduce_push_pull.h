@@ -57,6 +57,9 @@ struct PushPullStats {
   std::atomic<uint64_t> worker_chunks_in_flight{0};  // gauge
   std::atomic<uint64_t> worker_queued_chunks{0};     // gauge: waiting for credit
   std::atomic<uint64_t> credit_waits{0};             // a ready chunk found no credit
+  // A ready chunk's connection was at its backlog (SetServerBacklog): its job's later chunks
+  // waited.
+  std::atomic<uint64_t> backlog_waits{0};
   std::atomic<uint64_t> ahead_waits{0};    // a ready chunk waited for earlier sums from its server
   std::atomic<uint64_t> staging_waits{0};  // a chunk waited for its input (StagedInput)
   std::atomic<uint64_t> send_failures{0};  // transport sends that failed
@@ -243,6 +246,10 @@ class PushPullServer {
 // different orders never wait for each other's windows (each operation's first chunks always
 // go).
 inline constexpr uint32_t kPushPullAhead = 4;
+// The agent's PushPullWorker::SetServerBacklog: ResNet-50 with 4 spares at 125 Mbit/s took
+// 7.44-7.54 s per iteration without it, 7.23-7.38 s with 128-512 KiB
+// (bench/results/push_backlog_125mbit_s24/).
+inline constexpr uint64_t kDefaultServerBacklog = 256 << 10;
 
 // Peer recovery: closes the "fan-out hole". A summation server that dies (or freezes) part-way
 // through sending a chunk's sum to the workers leaves the collective complete on the workers that
@@ -302,6 +309,19 @@ class PushPullWorker {
   void HandleError(const WireHeader& h, std::string_view message);
   // kPeerQuery, kPeerAnswer and kPeerFetch (see kDefaultRetainBytes).
   void HandlePeer(const WireHeader& h, std::span<const std::byte> payload);
+  // Per summation server's address, the bytes of pushes handed to the transport and not yet
+  // sent, at most (0: off, the default). When the queue's next chunk, in priority order, is for
+  // a server at its limit, its job hands nothing further down the queue until that connection
+  // drains: every server's pushes advance together. Left to TCP, the flows of one worker's
+  // pushes to its servers share its link unevenly (25-36 Mbit/s each at 125 Mbit/s); the
+  // slowest flow into a server gates that server's sums for every worker, so its results, and
+  // the iteration, end last. Chunks held by a full window (kPushPullAhead: the server's sums,
+  // not this connection, are late) are still passed over. Needs a transport whose completions
+  // follow the wire (TcpTransportOptions::notsent_lowat_bytes). kDefaultServerBacklog for agents.
+  void SetServerBacklog(uint64_t bytes) {
+    std::lock_guard lock(mu_);
+    server_backlog_bytes_ = bytes;
+  }
   // Bytes of sums kept for peer recovery at most (kDefaultRetainBytes); 0 keeps none.
   void SetRetainBudget(uint64_t bytes) {
     std::lock_guard lock(mu_);
@@ -419,6 +439,9 @@ class PushPullWorker {
   // chunk of any job fits within its job's credit (PumpLocked).
   std::map<uint64_t, std::multiset<uint64_t>> queued_bytes_;
   std::map<uint64_t, uint64_t> in_flight_bytes_;  // per job
+  // Per summation server address: bytes handed to the transport whose send has not completed.
+  std::map<std::string, uint64_t, std::less<>> server_unsent_;
+  uint64_t server_backlog_bytes_ = 0;
   uint64_t next_seq_ = 0;
   std::map<CollectiveKey, std::vector<Held>> held_;               // by the key they wait for
   std::map<std::pair<uint64_t, uint64_t>, TensorTuning> tuning_;  // by (job, tensor)

@@ -8,6 +8,7 @@
 #include "common/hash.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "common/trace.h"
 
 namespace tributary::dataplane {
 namespace {
@@ -192,9 +193,24 @@ absl::Status DataPlaneNode::Start(const std::string& job_id, Operation op) {
     pending_[id] = Pending{job_id, started};
     ActivityStartLocked(job_id, op, started);
   }
+  // With --trace, every operation is a span "<algorithm> <tensor>" (push/pull's chunks have
+  // their own rows): which algorithm ran each tensor of an iteration, and when it finished.
+  std::optional<common::Trace::TimePoint> traced;
+  std::string trace_name;
+  if (common::Trace::enabled()) {
+    traced = std::chrono::steady_clock::now();
+    trace_name = absl::StrCat(std::string(AlgorithmName(*algorithm)), " ", op.tensor_name);
+  }
   // The wrapper may run before Start returns (on this thread): the entry exists already.
-  op.done = [this, id, job_id, bytes, started, alg = *algorithm,
+  op.done = [this, id, job_id, bytes, started, alg = *algorithm, traced,
+             trace_name = std::move(trace_name), iteration = op.iteration,
              done = std::move(op.done)](absl::Status s) {
+    if (traced) {
+      common::Trace::Async(trace_name, id, *traced, std::chrono::steady_clock::now(),
+                           {{"bytes", static_cast<int64_t>(bytes)},
+                            {"iteration", static_cast<int64_t>(iteration)},
+                            {"ok", s.ok() ? 1 : 0}});
+    }
     const common::Clock::TimePoint now = metrics_clock_->Now();
     const double seconds = std::chrono::duration<double>(now - started).count();
     std::optional<double> recovered;

@@ -141,6 +141,10 @@ std::vector<prometheus::MetricFamily> DataPlaneStatsCollector::Collect() const {
   add("tributary_dataplane_credit_waits_total",
       "Times the worker had a chunk ready but no credit left.", MetricType::Counter,
       p.credit_waits.load());
+  add("tributary_dataplane_push_backlog_waits_total",
+      "Times the worker's next chunk waited because its summation server's connection had its "
+      "backlog of unsent pushes (--push-backlog-kib).",
+      MetricType::Counter, p.backlog_waits.load());
   add("tributary_dataplane_server_held_bytes", "Server role: accumulator bytes held now.",
       MetricType::Gauge, p.server_bytes_held.load());
   add("tributary_dataplane_staging_bytes", "Worker role: staging bytes held now.",

@@ -82,6 +82,14 @@ void SetNoDelay(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
+// TCP_NOTSENT_LOWAT: the socket takes no more bytes while this many are still unsent (0 leaves
+// the kernel's default, a send buffer of up to tcp_wmem's 4 MiB).
+void SetNotSentLowat(int fd, uint32_t bytes) {
+  if (bytes == 0) return;
+  const int value = static_cast<int>(std::min<uint32_t>(bytes, INT32_MAX));
+  setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &value, sizeof(value));
+}
+
 }  // namespace
 
 // Everything below "progress thread only" is touched by the progress thread alone (and by
@@ -407,6 +415,7 @@ class TcpTransport::Impl {
         socket(op.sockaddr.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) return unavailable(absl::StrCat("socket: ", ErrnoText(errno)));
     SetNoDelay(fd);
+    SetNotSentLowat(fd, options_.notsent_lowat_bytes);
     if (connect(fd, op.sockaddr.get(), op.sockaddr.length) != 0 && errno != EINPROGRESS) {
       const int error = errno;
       close(fd);

@@ -14,6 +14,9 @@
 
 namespace tributary::dataplane {
 
+// TcpTransportOptions::notsent_lowat_bytes by default.
+inline constexpr uint32_t kDefaultNotSentLowat = 128 << 10;
+
 struct TcpTransportOptions {
   // Numeric IP (or resolvable name) to listen on; also the host part of Address(), so it must be
   // an address peers can dial (not 0.0.0.0).
@@ -34,6 +37,12 @@ struct TcpTransportOptions {
   // Bytes read from one connection per readable event before the loop serves the others (epoll
   // is level-triggered, so the rest is reported again); at least 1.
   size_t read_budget_bytes = 8 << 20;
+  // Outgoing connections take no more bytes while this many are still unsent in the kernel
+  // (TCP_NOTSENT_LOWAT), so that a send's completion means its bytes are about to leave, not
+  // that they joined up to 4 MiB queued in the socket: the sender then sees each connection's
+  // real progress (push/pull's per-server backlog, PushPullWorker::SetServerBacklog). 0: the
+  // kernel's default.
+  uint32_t notsent_lowat_bytes = kDefaultNotSentLowat;
 };
 
 // A Transport over TCP: one listening socket, one outgoing connection per peer address (cached),

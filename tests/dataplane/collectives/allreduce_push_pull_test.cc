@@ -732,6 +732,98 @@ TEST(PushPull, PushesAheadOfTheServersPlanAreParkedAndReplayed) {
   server_ep->Shutdown();
 }
 
+// SetServerBacklog: with the send completions held (no byte of any push has left) and the
+// servers frozen, the pump hands out exactly what the limit allows, one synchronous walk. Without
+// a limit each server gets its window (kPushPullAhead chunks); with a limit of one chunk, the
+// next chunk for a server with one unsent stops the job's walk, so neither server gets a second
+// before the first has gone; with two chunks, two each. Then everything completes, exactly.
+TEST(PushPull, ServerBacklogKeepsEveryServersPushesInStep) {
+  for (uint64_t backlog : {0, 400, 800}) {
+    SCOPED_TRACE(absl::StrCat("backlog ", backlog));
+    InProcessNetwork network;
+    auto worker_ep = network.CreateEndpoint("w");
+    std::vector<std::unique_ptr<InProcessTransport>> server_eps;
+    server_eps.push_back(network.CreateEndpoint("s0"));
+    server_eps.push_back(network.CreateEndpoint("s1"));
+    RecordingTransport recorder(worker_ep.get());
+    CpuReducer reducer{1, 1 << 20};
+    common::FakeClock clock;
+    DataPlaneNode worker(&recorder, &reducer, &clock);
+    std::vector<std::unique_ptr<DataPlaneNode>> servers;
+    JobView v = OneWorkerOneServer(400);  // 100 floats per chunk
+    v.server_addresses = {"s0", "s1"};
+    v.server_weights = {ChunkMap::kWeightTotal / 2,
+                        ChunkMap::kWeightTotal - ChunkMap::kWeightTotal / 2};
+    v.credit_bytes = 1 << 20;
+    worker.SetJob(v, Algorithm::kPushPull);
+    worker.push_pull().worker().SetServerBacklog(backlog);
+    for (int s = 0; s < 2; ++s) {
+      servers.push_back(std::make_unique<DataPlaneNode>(server_eps[s].get(), &reducer, &clock));
+      JobView sv = v;
+      sv.my_worker_rank = -1;
+      sv.my_server_index = s;
+      servers.back()->SetJob(sv, Algorithm::kPushPull);
+      network.SetFrozen(absl::StrCat("s", s), true);
+    }
+    constexpr uint64_t kCount = 2000;  // 20 chunks, 10 per server
+    std::vector<std::vector<std::byte>> buf(1, std::vector<std::byte>(kCount * 4));
+    for (uint64_t i = 0; i < kCount; ++i) PutValue(DataType::kFloat32, buf[0].data(), i, i % 7);
+    std::promise<absl::Status> done;
+    auto op = MakeOp("t", 0, DataType::kFloat32, kCount, Reduction::kSum, buf);
+    op.done = [&](absl::Status s) { done.set_value(s); };
+    ASSERT_TRUE(worker.push_pull().worker().Start("j", std::move(op)).ok());
+
+    auto map = ChunkMap::Create(v.server_weights);
+    ASSERT_TRUE(map.ok());
+    const uint64_t t = common::StableHash64("t");
+    std::map<uint32_t, int> per_server;
+    for (const auto& [tensor, chunk] : recorder.sent()) {
+      per_server[map->ServerOf(t, 20, chunk)]++;
+    }
+    const int want = backlog == 0 ? static_cast<int>(kPushPullAhead) : backlog / 400;
+    EXPECT_EQ(per_server[0], want);
+    EXPECT_EQ(per_server[1], want);
+    EXPECT_EQ(worker.push_pull().stats().backlog_waits.load() > 0, backlog > 0);
+
+    recorder.Release();
+    for (int s = 0; s < 2; ++s) network.SetFrozen(absl::StrCat("s", s), false);
+    auto f = done.get_future();
+    ASSERT_EQ(f.wait_for(kGuard), std::future_status::ready);
+    EXPECT_TRUE(f.get().ok());
+    int64_t wrong = 0;
+    for (uint64_t i = 0; i < kCount; ++i) {
+      wrong += GetValue(DataType::kFloat32, buf[0].data(), i) != static_cast<double>(i % 7);
+    }
+    EXPECT_EQ(wrong, 0);
+    EXPECT_EQ(recorder.sent().size(), 20u);
+    worker_ep->Shutdown();
+    for (auto& e : server_eps) e->Shutdown();
+  }
+}
+
+// The same many-iteration workload as below, with a backlog of one chunk per server on every
+// worker: the lockstep never stalls a job and every sum stays exact.
+TEST(PushPull, ServerBacklogOfOneChunkKeepsManyIterationsExact) {
+  Cluster cluster(PushPullCluster(3, 2, 2, 512, 2048));
+  for (int node = 0; node < 3; ++node) cluster.node(node).push_pull().worker().SetServerBacklog(1);
+  for (uint64_t it = 0; it < 30; ++it) {
+    const uint64_t count = 3001;
+    Buffers b = MakeBuffers(3, 2, DataType::kFloat32, count,
+                            [&](int g, uint64_t i) { return (g + 1) * ((i + it) % 5); });
+    std::vector<std::future<absl::Status>> f;
+    for (int node = 0; node < 3; ++node) {
+      f.push_back(cluster.Start(
+          node, MakeOp("w", it, DataType::kFloat32, count, Reduction::kSum, b[node])));
+    }
+    for (auto& x : f) ASSERT_TRUE(Await(x).ok());
+    ASSERT_EQ(
+        CountWrong(DataType::kFloat32, b, count, [&](uint64_t i) { return 21.0 * ((i + it) % 5); }),
+        0)
+        << "iteration " << it;
+  }
+  EXPECT_GT(cluster.node(0).push_pull().stats().backlog_waits.load(), 0u);
+}
+
 TEST(PushPull, HundredIterationsOfSeveralTensorsWithPriorities) {
   Cluster cluster(PushPullCluster(3, 2, 2, 512, 2048));
   const std::vector<std::pair<std::string, uint64_t>> tensors = {
