@@ -120,7 +120,8 @@ int main(int argc, char** argv) {
   app.add_option("--tcp-notsent-lowat-kib", tcp_notsent_lowat_kib,
                  "TCP data plane: unsent bytes a connection's socket holds at most "
                  "(TCP_NOTSENT_LOWAT), so that a send completes when its bytes are about to "
-                 "leave (0 = the kernel's default)")
+                 "leave and --push-backlog-kib binds early (0 = the kernel's default; 128-1024 "
+                 "speeds push/pull up and can slow the ring when the CPU is short)")
       ->capture_default_str()
       ->check(CLI::Range(uint32_t{0}, uint32_t{1} << 20));
   uint64_t staging_chunk_kib = tributary::agent::kDefaultMirrorStagingChunk >> 10;

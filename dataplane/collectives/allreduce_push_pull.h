@@ -246,9 +246,10 @@ class PushPullServer {
 // different orders never wait for each other's windows (each operation's first chunks always
 // go).
 inline constexpr uint32_t kPushPullAhead = 4;
-// The agent's PushPullWorker::SetServerBacklog: ResNet-50 with 4 spares at 125 Mbit/s took
-// 7.44-7.54 s per iteration without it, 7.23-7.38 s with 128-512 KiB
-// (bench/results/push_backlog_125mbit_s24/).
+// The agent's PushPullWorker::SetServerBacklog. ResNet-50 with 4 spares at 125 Mbit/s: 7.44-7.65 s
+// per iteration without it, 7.16-7.38 s with 128-512 KiB and the sockets' TCP_NOTSENT_LOWAT at
+// 64-128 KiB, 7.35-7.58 s with the sockets' default buffers, which let a flow queue ~2 MB before
+// the backlog binds (bench/results/push_backlog_125mbit_s24/).
 inline constexpr uint64_t kDefaultServerBacklog = 256 << 10;
 
 // Peer recovery: closes the "fan-out hole". A summation server that dies (or freezes) part-way
@@ -317,7 +318,9 @@ class PushPullWorker {
   // slowest flow into a server gates that server's sums for every worker, so its results, and
   // the iteration, end last. Chunks held by a full window (kPushPullAhead: the server's sums,
   // not this connection, are late) are still passed over. Needs a transport whose completions
-  // follow the wire (TcpTransportOptions::notsent_lowat_bytes). kDefaultServerBacklog for agents.
+  // follow the wire to bind early (TcpTransportOptions::notsent_lowat_bytes; with the kernel's
+  // default buffers it binds only once a flow's socket is full). kDefaultServerBacklog for
+  // agents.
   void SetServerBacklog(uint64_t bytes) {
     std::lock_guard lock(mu_);
     server_backlog_bytes_ = bytes;

@@ -14,8 +14,12 @@
 
 namespace tributary::dataplane {
 
-// TcpTransportOptions::notsent_lowat_bytes by default.
-inline constexpr uint32_t kDefaultNotSentLowat = 128 << 10;
+// TcpTransportOptions::notsent_lowat_bytes by default: off. 128 KiB made push/pull's per-server
+// backlog bind sooner (ResNet-50 with 4 spares at 125 Mbit/s 1.45x Gloo's ring instead of 1.37x)
+// but slowed the ring when the 2-core machine's scheduler left a socket with 8 ms of data
+// waiting (64 MiB k = 0: 7.8 s against 7.0 s); 1 MiB was between the two
+// (bench/results/push_backlog_125mbit_s24/).
+inline constexpr uint32_t kDefaultNotSentLowat = 0;
 
 struct TcpTransportOptions {
   // Numeric IP (or resolvable name) to listen on; also the host part of Address(), so it must be

@@ -1,5 +1,9 @@
 #include "dataplane/collectives/dataplane_metrics.h"
 
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
 #include <future>
 #include <memory>
 #include <vector>
@@ -7,10 +11,12 @@
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
 #include "common/metrics/metrics.h"
+#include "common/trace.h"
 #include "dataplane/collectives/data_plane_node.h"
 #include "dataplane/reduce/cpu/cpu_reducer.h"
 #include "dataplane/transport/inprocess/inprocess_transport.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "tests/util/cluster_harness.h"
 
 namespace tributary::dataplane {
@@ -141,6 +147,42 @@ TEST(DataPlaneMetricsTest, PushPullMovesByteAndOperationCounters) {
   ASSERT_EQ(obs.count("job-m"), 1u);
   EXPECT_EQ(obs.at("job-m").bytes, 4096u * 4);
   EXPECT_TRUE(cluster.node(0).TakeObservations().empty());
+}
+
+// With --trace, every operation the node runs is one span "<algorithm> <tensor>" from its start
+// to its completion, with its bytes, iteration and outcome (which algorithm ran each tensor of
+// an iteration, and when it finished).
+TEST(DataPlaneMetricsTest, TracedOperationsAreSpansNamedByAlgorithmAndTensor) {
+  const std::string path =
+      ::testing::TempDir() + "/dataplane-ops-" + std::to_string(::getpid()) + ".json";
+  ASSERT_TRUE(common::Trace::Start(path, "test").ok());
+  {
+    MetricsCluster cluster(2);
+    std::vector<float> a(4096, 1.0f), b(4096, 2.0f);
+    auto fa = cluster.Start(0, a, 5);
+    auto fb = cluster.Start(1, b, 5);
+    ASSERT_EQ(fa.wait_for(kMetricsGuard), std::future_status::ready);
+    ASSERT_EQ(fb.wait_for(kMetricsGuard), std::future_status::ready);
+    ASSERT_TRUE(fa.get().ok());
+    ASSERT_TRUE(fb.get().ok());
+  }
+  ASSERT_TRUE(common::Trace::Stop().ok());
+  std::ifstream in(path);
+  const nlohmann::json events = nlohmann::json::parse(in);
+  int begins = 0, ends = 0;
+  for (const nlohmann::json& e : events) {
+    if (e.value("name", "") != "push_pull grad") continue;
+    if (e["ph"] == "b") {
+      ++begins;
+      EXPECT_EQ(e["args"]["bytes"], 4096 * 4);
+      EXPECT_EQ(e["args"]["iteration"], 5);
+      EXPECT_EQ(e["args"]["ok"], 1);
+    }
+    ends += e["ph"] == "e";
+  }
+  EXPECT_EQ(begins, 2);  // one per worker node (both record into this process's trace)
+  EXPECT_EQ(ends, 2);
+  std::remove(path.c_str());
 }
 
 TEST(DataPlaneMetricsTest, StuckOperationAgesAndFailsWithReason) {

@@ -176,6 +176,39 @@ TEST(TcpTransportTest, SixtyFourMebibyteMessageArrivesIntact) {
   EXPECT_TRUE(result.get());
 }
 
+// With TCP_NOTSENT_LOWAT (notsent_lowat_bytes) the socket takes at most that much unsent at a
+// time: a large message and many small ones still arrive intact and in order, each send
+// completing once.
+TEST(TcpTransportTest, NotSentLowatKeepsMessagesIntactAndInOrder) {
+  TcpTransportOptions options;
+  options.notsent_lowat_bytes = 16 << 10;
+  auto a = Make(options);
+  auto b = Make();
+  ASSERT_TRUE(a && b);
+  Inbox inbox;
+  b->SetReceiveHandler(inbox.Handler());
+  StopOnExit stop{a.get(), b.get()};
+  std::vector<std::vector<std::byte>> payloads;
+  for (int i = 0; i < 20; ++i) payloads.push_back(Pattern(i == 0 ? 8 << 20 : 1000 * i, i));
+  std::vector<std::promise<absl::Status>> done(payloads.size());
+  for (size_t i = 0; i < payloads.size(); ++i) {
+    a->Send(b->Address(), Bytes(std::to_string(i)), payloads[i],
+            [&done, i](absl::Status s) { done[i].set_value(s); });
+  }
+  for (auto& d : done) {
+    std::future<absl::Status> f = d.get_future();
+    ASSERT_EQ(f.wait_for(kWait), std::future_status::ready);
+    EXPECT_TRUE(f.get().ok());
+  }
+  ASSERT_TRUE(inbox.WaitFor(payloads.size()));
+  const std::vector<Message> got = inbox.Take();
+  ASSERT_EQ(got.size(), payloads.size());
+  for (size_t i = 0; i < payloads.size(); ++i) {
+    EXPECT_EQ(Text(got[i].header), std::to_string(i));
+    EXPECT_TRUE(got[i].payload == payloads[i]) << "message " << i;
+  }
+}
+
 TEST(TcpTransportTest, PayloadOverTheLimitIsInvalidArgument) {
   TcpTransportOptions options;
   options.max_payload_bytes = 1000;
