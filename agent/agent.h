@@ -69,7 +69,7 @@ struct AgentOptions {
   // size while it fits); 0 = keep none.
   uint64_t peer_recovery_bytes = dataplane::kDefaultRetainBytes;
   // Push/pull: unsent pushes per summation server at most before the job's later chunks wait
-  // (PushPullWorker::SetServerBacklog); 0 = off.
+  // (PushPullWorker::SetServerBacklog); 0 = off (the default).
   uint64_t push_backlog_bytes = dataplane::kDefaultServerBacklog;
   // The TCP data plane's TCP_NOTSENT_LOWAT (TcpTransportOptions::notsent_lowat_bytes); 0 = the
   // kernel's default.

@@ -246,11 +246,12 @@ class PushPullServer {
 // different orders never wait for each other's windows (each operation's first chunks always
 // go).
 inline constexpr uint32_t kPushPullAhead = 4;
-// The agent's PushPullWorker::SetServerBacklog. ResNet-50 with 4 spares at 125 Mbit/s: 7.44-7.65 s
-// per iteration without it, 7.16-7.38 s with 128-512 KiB and the sockets' TCP_NOTSENT_LOWAT at
-// 64-128 KiB, 7.35-7.58 s with the sockets' default buffers, which let a flow queue ~2 MB before
-// the backlog binds (bench/results/push_backlog_125mbit_s24/).
-inline constexpr uint64_t kDefaultServerBacklog = 256 << 10;
+// The agent's PushPullWorker::SetServerBacklog by default: off. ResNet-50's gradients with 4
+// spares at 125 Mbit/s: 7.44-7.65 s per iteration without it, 7.16-7.38 s with 128-512 KiB and
+// the sockets' TCP_NOTSENT_LOWAT at 64-128 KiB (which slows the ring on a CPU-short machine),
+// 7.35-7.58 s with the kernel's buffers; PyTorch ResNet-50 iterations 8254-8291 ms without it,
+// 8435-8489 ms with 256 KiB and the kernel's buffers (bench/results/push_backlog_125mbit_s24/).
+inline constexpr uint64_t kDefaultServerBacklog = 0;
 
 // Peer recovery: closes the "fan-out hole". A summation server that dies (or freezes) part-way
 // through sending a chunk's sum to the workers leaves the collective complete on the workers that
