@@ -690,10 +690,15 @@ void PushPullWorker::RemoveJob(uint64_t job_hash) {
 void PushPullWorker::ReleaseCreditLocked(OpState& op, uint32_t chunk) {
   const uint64_t bytes = op.ChunkBytes(chunk);
   in_flight_bytes_[op.job_hash] -= bytes;
-  if (server_backlog_bytes_ > 0) {
+  // Counted only while a backlog was set (PumpLocked); looked up whatever the limit is now, so a
+  // limit set to 0 and back never leaves counts that no completion will take away.
+  if (!server_unsent_.empty()) {
     auto u = server_unsent_.find(
         op.job->server_addresses[op.map.ServerOf(op.tensor_hash, op.num_chunks, chunk)]);
-    if (u != server_unsent_.end()) u->second -= std::min(u->second, bytes);
+    if (u != server_unsent_.end()) {
+      u->second -= std::min(u->second, bytes);
+      if (u->second == 0) server_unsent_.erase(u);
+    }
   }
   AddInFlight(-static_cast<int64_t>(bytes));
 }
