@@ -149,7 +149,7 @@ absl::StatusOr<std::vector<FusionGroup>> DecodeFusionPlan(std::span<const int64_
 constexpr int64_t kDecisionMagic = 0x4e4f495349434544;  // "DECISION"
 
 std::vector<int64_t> EncodeFusionDecision(const FusionDecision& d) {
-  std::vector<int64_t> words(kFusionDecisionWords, 0);
+  std::vector<int64_t> words(kFusionDecisionHeaderWords + 2 * d.members.size(), 0);
   words[0] = kDecisionMagic;
   words[1] = static_cast<int64_t>(d.index);
   words[2] = static_cast<int64_t>(d.dtype);
@@ -167,7 +167,7 @@ absl::StatusOr<FusionDecision> DecodeFusionDecision(std::span<const int64_t> wor
   const auto bad = [](const std::string& what) {
     return absl::InvalidArgumentError(absl::StrCat("malformed fusion decision: ", what));
   };
-  if (words.size() < 5) return bad("shorter than its header");
+  if (words.size() < kFusionDecisionHeaderWords) return bad("shorter than its header");
   if (words[0] != kDecisionMagic) return bad("wrong magic");
   FusionDecision d;
   if (words[1] < 0) return bad("negative index");
@@ -182,14 +182,17 @@ absl::StatusOr<FusionDecision> DecodeFusionDecision(std::span<const int64_t> wor
   }
   d.reduction = static_cast<dataplane::Reduction>(words[3]);
   const int64_t n = words[4];
-  if (n < 1 || static_cast<uint64_t>(n) > kMaxGroupMembers ||
-      static_cast<size_t>(5 + 2 * n) > words.size()) {
+  if (n < 1 || static_cast<uint64_t>(n) > kMaxGroupMembers) {
     return bad(absl::StrCat(n, " members"));
+  }
+  if (kFusionDecisionHeaderWords + 2 * static_cast<size_t>(n) > words.size()) {
+    return bad(absl::StrCat(n, " members, past the end of the broadcast"));
   }
   std::set<std::pair<uint64_t, uint64_t>> seen;
   for (int64_t m = 0; m < n; ++m) {
-    FusionDecision::Member member{static_cast<uint64_t>(words[5 + 2 * m]),
-                                  static_cast<uint64_t>(words[6 + 2 * m])};
+    const size_t at = kFusionDecisionHeaderWords + 2 * static_cast<size_t>(m);
+    FusionDecision::Member member{static_cast<uint64_t>(words[at]),
+                                  static_cast<uint64_t>(words[at + 1])};
     if (!seen.insert({member.name_hash, member.iteration}).second) {
       return bad(absl::StrCat("member ", m, " is in it twice"));
     }
@@ -202,10 +205,9 @@ DecodedFusionDecisions DecodeFusionDecisions(std::span<const int64_t> words,
                                              uint64_t first_at_least) {
   DecodedFusionDecisions out;
   std::vector<FusionDecision>& ds = out.decisions;
-  for (size_t at = 0; at + kFusionDecisionWords <= words.size(); at += kFusionDecisionWords) {
+  for (size_t at = 0; at < words.size();) {
     if (words[at] == 0) break;  // no more decisions in this broadcast
-    absl::StatusOr<FusionDecision> d =
-        DecodeFusionDecision(words.subspan(at, kFusionDecisionWords));
+    absl::StatusOr<FusionDecision> d = DecodeFusionDecision(words.subspan(at));
     if (!d.ok()) {
       out.error = d.status();
       return out;
@@ -218,6 +220,7 @@ DecodedFusionDecisions DecodeFusionDecisions(std::span<const int64_t> words,
                        " was expected"));
       return out;
     }
+    at += kFusionDecisionHeaderWords + 2 * d->members.size();
     ds.push_back(*std::move(d));
   }
   if (ds.empty()) out.error = absl::InvalidArgumentError("malformed fusion decisions: none");
@@ -270,6 +273,11 @@ struct FusedState {
 
 enum class PlanState { kLearning, kPosted, kReady, kOff };
 
+struct InFused {
+  uint64_t index = 0;   // the decision's
+  size_t position = 0;  // the member's in it
+};
+
 std::shared_ptr<std::vector<std::vector<int64_t>>> WordBuffers(uint32_t procs, size_t words) {
   return std::make_shared<std::vector<std::vector<int64_t>>>(std::max<uint32_t>(1, procs),
                                                              std::vector<int64_t>(words, 0));
@@ -319,7 +327,8 @@ struct FusingRunner::Job {
   bool batch_posted = false;          // one of this node's decision broadcasts is running
   std::deque<FusionDecision> unsent;  // leader: made, in no broadcast yet
   std::map<uint64_t, Fused> fused;
-  std::map<Key, uint64_t> in_fused;    // member -> decision index, until it completes
+  // Member -> its decision's index and its position there, until the decision completes.
+  std::map<Key, InFused> in_fused;
   std::map<Key, absl::Status> failed;  // members of failed decisions not submitted yet
   // A follower's operations failed here before a decision named them: it keeps asking for
   // decisions until one does, so that the others learn of the failure.
@@ -456,7 +465,7 @@ void FusingRunner::ResetLocked(Job& job, const absl::Status& reason, After& afte
     }
   }
   std::erase_if(job.fused, [](const auto& kv) { return !kv.second.launched; });
-  std::erase_if(job.in_fused, [&](const auto& kv) { return !job.fused.contains(kv.second); });
+  std::erase_if(job.in_fused, [&](const auto& kv) { return !job.fused.contains(kv.second.index); });
   job.failed.clear();
   job.failed_undecided.clear();
 }
@@ -534,18 +543,16 @@ void FusingRunner::StartLocked(const std::string& job_id, Job& job, dataplane::O
   }
   if (auto in = job.in_fused.find(key); in != job.in_fused.end()) {
     // A decision named it before it came here.
-    auto found = job.fused.find(in->second);
+    auto found = job.fused.find(in->second.index);
     if (found == job.fused.end()) return;
     Fused& fused = found->second;
-    for (size_t m = 0; m < fused.decision.members.size(); ++m) {
-      const FusionDecision::Member& member = fused.decision.members[m];
-      if (Key{member.name_hash, member.iteration} == key && !fused.ops[m]) {
-        fused.ops[m] = std::move(op);
-        fused.present++;
-        taken = true;
-        MaybeLaunchLocked(job_id, job, in->second, after);
-        return;
-      }
+    std::optional<dataplane::Operation>& slot = fused.ops[in->second.position];
+    if (!slot) {
+      slot = std::move(op);
+      fused.present++;
+      taken = true;
+      MaybeLaunchLocked(job_id, job, in->second.index, after);
+      return;
     }
     return;  // a second submission of a running member: the inner runner refuses it
   }
@@ -682,7 +689,9 @@ void FusingRunner::MaybePostDecisionLocked(const std::string& job_id, Job& job, 
   if (job.unsent.empty()) return;
   std::vector<int64_t> words;
   std::vector<uint64_t> indexes;
-  while (!job.unsent.empty() && indexes.size() < kFusionDecisionsPerBroadcast) {
+  while (!job.unsent.empty() &&
+         words.size() + kFusionDecisionHeaderWords + 2 * job.unsent.front().members.size() <=
+             kFusionDecisionBroadcastWords) {
     const std::vector<int64_t> one = EncodeFusionDecision(job.unsent.front());
     words.insert(words.end(), one.begin(), one.end());
     indexes.push_back(job.unsent.front().index);
@@ -696,8 +705,7 @@ void FusingRunner::PostDecisionLocked(const std::string& job_id, Job& job,
                                       After& after) {
   job.batch_posted = true;
   const uint64_t batch = job.next_batch++;
-  auto buffers =
-      WordBuffers(job.view.procs_per_node, kFusionDecisionsPerBroadcast * kFusionDecisionWords);
+  auto buffers = WordBuffers(job.view.procs_per_node, kFusionDecisionBroadcastWords);
   std::copy(words.begin(), words.end(), (*buffers)[0].begin());  // the rest stays 0: no decision
   dataplane::Operation broadcast = WordBroadcast(kFusionDecisionTensor, batch, buffers);
   broadcast.done = [this, job_id, generation = job.view.generation, batch, buffers,
@@ -780,7 +788,7 @@ void FusingRunner::AdoptDecisionLocked(const std::string& job_id, Job& job, cons
   std::set<Key> failed_here;
   for (size_t m = 0; m < d.members.size(); ++m) {
     const Key key{d.members[m].name_hash, d.members[m].iteration};
-    job.in_fused[key] = d.index;
+    job.in_fused[key] = {d.index, m};
     if (auto held = job.undecided.find(key); held != job.undecided.end()) {
       fused.ops[m] = std::move(held->second.op);
       fused.present++;
@@ -933,7 +941,7 @@ void FusingRunner::StagedInputAdvanced(const std::string& job_id, const std::str
       Job& job = *it->second;
       const Key key{common::StableHash64(tensor), iteration};
       if (auto in = job.in_fused.find(key); in != job.in_fused.end()) {
-        MaybeLaunchLocked(job_id, job, in->second, after);
+        MaybeLaunchLocked(job_id, job, in->second.index, after);
         handled = true;
       }
       // Looked at again when it is decided or released.
@@ -989,7 +997,7 @@ void FusingRunner::Abort(const std::string& job_id, const std::string& tensor, u
         }
         fused = true;
       } else if (auto in = job.in_fused.find(key); in != job.in_fused.end()) {
-        FailFusedLocked(job_id, job, in->second, reason, after);
+        FailFusedLocked(job_id, job, in->second.index, reason, after);
         fused = true;
       } else if (job.state == PlanState::kReady && iteration >= kFirstFusedIteration &&
                  job.fusable.contains(key.first)) {

@@ -19,9 +19,9 @@
 // iteration all-reduces, within [kMinFusionCycle, kMaxFusionCycle]); then it makes decision k --
 // the members' (tensor, iteration) -- and runs fused collective k (FusedName(k), iteration
 // k / kFusedNames). Decisions reach the other worker nodes in decision broadcasts
-// (kFusionDecisionTensor, iteration b for the b-th; up to kFusionDecisionsPerBroadcast decisions
-// each: all those made while the previous one ran), which run on the ring among the workers
-// (Operation::control). A follower holds each fusable operation until a decision names it,
+// (kFusionDecisionTensor, iteration b for the b-th; each carries all the decisions made while the
+// previous one ran that fit in its kFusionDecisionBroadcastWords), which run on the ring among the
+// workers (Operation::control). A follower holds each fusable operation until a decision names it,
 // keeping one decision broadcast posted while it holds any; fused collective k runs there once
 // every member it names has been submitted. The leader only groups operations it has, and every
 // node submits the same collectives, so no node waits for a tensor that will not come.
@@ -60,14 +60,18 @@ inline constexpr char kFusedTensorPrefix[] = "__tributary/fused/";
 // Fused collective k runs as tensor kFusedTensorPrefix + (k % kFusedNames), iteration
 // k / kFusedNames: its home server (push/pull's chunk 0) rotates over the summation servers.
 inline constexpr uint64_t kFusedNames = 64;
-inline constexpr size_t kFusionDecisionWords = 128;  // 1 KiB: up to 61 members
-// Decisions per decision broadcast (16 KiB). The leader sends every decision made while its
-// previous broadcast ran in the next one, and a follower adopts them all on arrival: one
-// broadcast after another, each carried one decision, and each waited behind the gradients
-// queued on the links (0.3-1.6 s on ResNet-50 with 4 spares at 125 Mbit/s), so the followers'
-// last fused collectives of an iteration started at its very end.
-inline constexpr size_t kFusionDecisionsPerBroadcast = 16;
-inline constexpr size_t kMaxGroupMembers = (kFusionDecisionWords - 5) / 2;
+// A decision broadcast (16 KiB) carries the decisions made while the previous one ran, packed:
+// each takes kFusionDecisionHeaderWords + 2 words per member, and a first word 0 ends them.
+// One broadcast after another, each carrying one decision, waited behind the gradients queued on
+// the links (0.3-1.6 s on ResNet-50 with 4 spares at 125 Mbit/s), so the followers' last fused
+// collectives of an iteration started at its very end. Until session 25 each decision took a
+// fixed 1 KiB slot of the broadcast, at most 61 members: BERT-large's 243 small tensors needed at
+// least 4 fused collectives, each after a decision broadcast, where Gloo runs one bucket.
+inline constexpr size_t kFusionDecisionBroadcastWords = 2048;
+inline constexpr size_t kFusionDecisionHeaderWords = 5;
+// 1021: one decision fills a broadcast.
+inline constexpr size_t kMaxGroupMembers =
+    (kFusionDecisionBroadcastWords - kFusionDecisionHeaderWords) / 2;
 // Tensor names starting with this are the agent's own (LocalService refuses them).
 inline constexpr char kReservedTensorPrefix[] = "__tributary/";
 inline constexpr uint64_t kFirstFusedIteration = 1;
@@ -136,12 +140,14 @@ struct FusionDecision {
   std::vector<Member> members;  // 1 to kMaxGroupMembers
   friend bool operator==(const FusionDecision&, const FusionDecision&) = default;
 };
+// A decision as kFusionDecisionHeaderWords + 2 x members words, and back: DecodeFusionDecision
+// reads one decision from the start of `words` (which may go on past it) and validates it.
 std::vector<int64_t> EncodeFusionDecision(const FusionDecision& decision);
 absl::StatusOr<FusionDecision> DecodeFusionDecision(std::span<const int64_t> words);
-// The decisions of one decision broadcast: consecutive slots of kFusionDecisionWords, each a
-// decision or (first word 0) the end. At least one; consecutive indexes, the first
-// >= first_at_least (a failed broadcast before may have carried the ones in between).
-// `decisions` are the well-formed ones before the first slot that is not (`error`, else OK).
+// The decisions of one decision broadcast: encoded decisions one after another, up to the end of
+// `words` or a first word 0. At least one; consecutive indexes, the first >= first_at_least (a
+// failed broadcast before may have carried the ones in between). `decisions` are the well-formed
+// ones before the first that is not (`error`, else OK).
 struct DecodedFusionDecisions {
   std::vector<FusionDecision> decisions;
   absl::Status error;

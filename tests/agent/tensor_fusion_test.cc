@@ -159,21 +159,25 @@ TEST(FusionPlanCodingTest, RoundTripsAndRejectsMalformedPlans) {
   EXPECT_THAT(*back, IsEmpty());
 }
 
-// One decision broadcast carries consecutive decisions, each in its kFusionDecisionWords slot,
-// ended by an empty slot; the first may follow a gap (a failed broadcast's decisions).
+// One decision broadcast carries consecutive decisions packed one after another, ended by a
+// first word 0 or the broadcast's end; the first may follow a gap (a failed broadcast's
+// decisions).
 TEST(FusionPlanCodingTest, DecisionBroadcastsCarryConsecutiveDecisions) {
   std::vector<FusionDecision> decisions(3);
   for (uint64_t i = 0; i < decisions.size(); ++i) {
     decisions[i].index = 7 + i;
     decisions[i].members = {{H("a"), i}, {H("b"), i}};
   }
+  decisions[1].members.push_back({H("c"), 1});
   decisions[2].reduction = Reduction::kAverage;
   const auto encode = [](const std::vector<FusionDecision>& ds) {
-    std::vector<int64_t> words(kFusionDecisionsPerBroadcast * kFusionDecisionWords, 0);
-    for (size_t i = 0; i < ds.size(); ++i) {
-      const std::vector<int64_t> one = EncodeFusionDecision(ds[i]);
-      std::copy(one.begin(), one.end(), words.begin() + i * kFusionDecisionWords);
+    std::vector<int64_t> words;
+    for (const FusionDecision& d : ds) {
+      const std::vector<int64_t> one = EncodeFusionDecision(d);
+      EXPECT_EQ(one.size(), kFusionDecisionHeaderWords + 2 * d.members.size());
+      words.insert(words.end(), one.begin(), one.end());
     }
+    words.resize(kFusionDecisionBroadcastWords, 0);
     return words;
   };
   DecodedFusionDecisions back = DecodeFusionDecisions(encode(decisions), 7);
@@ -193,10 +197,39 @@ TEST(FusionPlanCodingTest, DecisionBroadcastsCarryConsecutiveDecisions) {
   EXPECT_THAT(back.decisions, SizeIs(1));  // the one before the problem
   EXPECT_THAT(DecodeFusionDecisions(encode({}), 0).error.message(), HasSubstr("none"));
   std::vector<int64_t> bad = encode(decisions);
-  bad[kFusionDecisionWords + 4] = 0;  // the second decision without members
+  const size_t second = kFusionDecisionHeaderWords + 2 * decisions[0].members.size();
+  bad[second + 4] = 0;  // the second decision without members
   back = DecodeFusionDecisions(bad, 7);
   EXPECT_EQ(back.error.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(back.decisions, SizeIs(1));
+  bad = encode(decisions);
+  bad[second + 4] = 1020;  // members past the broadcast's end (at most 1021 fit one)
+  back = DecodeFusionDecisions(bad, 7);
+  EXPECT_THAT(back.error.message(), HasSubstr("1020 members, past the end"));
+  EXPECT_THAT(back.decisions, SizeIs(1));
+  // A decision cut off by the end of the words, right after its header's first word.
+  bad = encode({decisions[0]});
+  bad.resize(2);
+  EXPECT_THAT(DecodeFusionDecisions(bad, 0).error.message(), HasSubstr("shorter than its header"));
+}
+
+// One decision can name as many members as fill a broadcast (BERT-large's 243 small tensors in
+// one fused collective), and no more.
+TEST(FusionPlanCodingTest, OneDecisionFillsABroadcast) {
+  FusionDecision d;
+  d.index = 3;
+  for (uint64_t m = 0; m < kMaxGroupMembers; ++m) d.members.push_back({m + 1, 2});
+  std::vector<int64_t> words = EncodeFusionDecision(d);
+  ASSERT_EQ(words.size(), kFusionDecisionBroadcastWords - 1);
+  DecodedFusionDecisions back = DecodeFusionDecisions(words, 3);
+  ASSERT_TRUE(back.error.ok()) << back.error;
+  ASSERT_THAT(back.decisions, SizeIs(1));
+  EXPECT_EQ(back.decisions[0], d);
+
+  d.members.push_back({kMaxGroupMembers + 1, 2});
+  words = EncodeFusionDecision(d);
+  EXPECT_THAT(DecodeFusionDecision(words).status().message(),
+              HasSubstr(absl::StrCat(kMaxGroupMembers + 1, " members")));
 }
 
 // --- N data planes behind FusingRunner ---
@@ -395,6 +428,24 @@ TEST(FusingRunnerTest, FusionOffRunsEveryTensorAlone) {
   for (uint64_t it = 0; it < 4; ++it) EXPECT_EQ(RunIteration(cluster, kModel, it), 0u);
   EXPECT_EQ(cluster.node(0).stats().fused_operations, 0u);
   EXPECT_EQ(cluster.node(0).stats().plans_adopted, 0u);
+}
+
+// BERT-large's 243 small tensors, submitted together, run as one fused collective per iteration
+// (no longer 61 at most: decisions are packed into the decision broadcast by their length).
+TEST(FusingRunnerTest, ManySmallTensorsRunAsOneFusedCollective) {
+  std::vector<Tensor> model = {{"first", 16}};
+  for (int t = 0; t < 243; ++t) model.push_back({absl::StrCat("bias", t), 8 + t % 5});
+  FusionCluster cluster(4, dataplane::Algorithm::kRing, 1 << 20);
+  for (uint64_t it = 0; it < 3; ++it) ASSERT_EQ(RunIteration(cluster, model, it), 0u);
+  for (int i = 0; i < cluster.size(); ++i) {
+    const std::vector<FusionGroup> groups = cluster.node(i).groups(kJob);
+    ASSERT_THAT(groups, SizeIs(1)) << "node " << i;
+    EXPECT_THAT(groups[0].members, SizeIs(243));
+    const FusingRunner::Stats stats = cluster.node(i).stats();
+    EXPECT_EQ(stats.fused_tensors, 243u * 2) << "node " << i;
+    EXPECT_EQ(stats.fused_operations, 2u) << "node " << i;  // iterations 1 and 2
+    EXPECT_EQ(stats.decisions, 2u) << "node " << i;
+  }
 }
 
 // The leader groups only what it holds: a fusable tensor that later comes alone, or with other
