@@ -12,6 +12,7 @@
 #include "common/hash.h"
 #include "common/logging.h"
 #include "common/metrics/metrics.h"
+#include "common/trace.h"
 
 namespace tributary::agent {
 namespace {
@@ -227,6 +228,11 @@ DecodedFusionDecisions DecodeFusionDecisions(std::span<const int64_t> words,
   return out;
 }
 
+size_t FusionDecisionBroadcastWords(size_t fusable) {
+  const size_t one = kFusionDecisionHeaderWords + 2 * std::min(fusable, kMaxGroupMembers);
+  return std::clamp<size_t>((one + 63) / 64 * 64, 64, kFusionDecisionBroadcastWords);
+}
+
 std::string FusedName(uint64_t index) {
   return absl::StrCat(kFusedTensorPrefix, index % kFusedNames);
 }
@@ -246,6 +252,7 @@ struct Fusable {
 struct Held {
   dataplane::Operation op;
   common::Clock::TimePoint since;
+  common::Trace::TimePoint arrived = std::chrono::steady_clock::now();  // for the trace
 };
 
 struct AbortedWaiting {
@@ -261,6 +268,13 @@ struct Fused {
   size_t present = 0;
   common::Clock::TimePoint since{};
   bool launched = false;
+  // For the trace: when its first and last members came to this node, and the decision.
+  std::optional<common::Trace::TimePoint> first_member, last_member;
+  common::Trace::TimePoint adopted{};
+  void MemberArrived(common::Trace::TimePoint t) {
+    first_member = first_member ? std::min(*first_member, t) : t;
+    last_member = last_member ? std::max(*last_member, t) : t;
+  }
 };
 
 // What a running fused operation keeps alive: its buffers and its members.
@@ -322,8 +336,10 @@ struct FusingRunner::Job {
   common::Clock::TimePoint open_since{};
   common::DataType open_dtype = common::DataType::kFloat32;
   dataplane::Reduction open_reduction = dataplane::Reduction::kSum;
-  uint64_t next_decision = 0;         // leader: the next to make; follower: the next to adopt
-  uint64_t next_batch = 0;            // the next decision broadcast (its iteration)
+  uint64_t next_decision = 0;  // leader: the next to make; follower: the next to adopt
+  uint64_t next_batch = 0;     // the next decision broadcast (its iteration)
+  size_t decision_words = kFusionDecisionBroadcastWords;  // of each decision broadcast
+  size_t max_members = kMaxGroupMembers;                  // of one decision
   bool batch_posted = false;          // one of this node's decision broadcasts is running
   std::deque<FusionDecision> unsent;  // leader: made, in no broadcast yet
   std::map<uint64_t, Fused> fused;
@@ -550,6 +566,7 @@ void FusingRunner::StartLocked(const std::string& job_id, Job& job, dataplane::O
     if (!slot) {
       slot = std::move(op);
       fused.present++;
+      fused.MemberArrived(std::chrono::steady_clock::now());
       taken = true;
       MaybeLaunchLocked(job_id, job, in->second.index, after);
       return;
@@ -566,7 +583,7 @@ void FusingRunner::StartLocked(const std::string& job_id, Job& job, dataplane::O
   const uint64_t bytes = f->second.count * common::DataTypeSize(f->second.dtype);
   if (!job.open.empty() &&
       (job.open_dtype != f->second.dtype || job.open_reduction != f->second.reduction ||
-       job.open_bytes + bytes > job.view.fusion_bytes || job.open.size() >= kMaxGroupMembers)) {
+       job.open_bytes + bytes > job.view.fusion_bytes || job.open.size() >= job.max_members)) {
     CloseGroupLocked(job_id, job, after);
   }
   if (job.open.empty()) {
@@ -577,7 +594,7 @@ void FusingRunner::StartLocked(const std::string& job_id, Job& job, dataplane::O
   }
   job.open.push_back(key);
   job.open_bytes += bytes;
-  if (job.open.size() >= kMaxGroupMembers) CloseGroupLocked(job_id, job, after);
+  if (job.open.size() >= job.max_members) CloseGroupLocked(job_id, job, after);
 }
 
 void FusingRunner::PostPlanLocked(const std::string& job_id, Job& job, After& after) {
@@ -621,8 +638,11 @@ void FusingRunner::OnPlan(const std::string& job_id, uint64_t generation,
         }
       }
       job.groups = *std::move(groups);
+      job.decision_words = FusionDecisionBroadcastWords(job.fusable.size());
+      job.max_members = (job.decision_words - kFusionDecisionHeaderWords) / 2;
       stats_.plans_adopted++;
-      Log()->info("job {}: tensor fusion: {} tensors may fuse{}", job_id, job.fusable.size(),
+      Log()->info("job {}: tensor fusion: {} tensors may fuse, decisions in {}-byte broadcasts{}",
+                  job_id, job.fusable.size(), job.decision_words * sizeof(int64_t),
                   job.leader ? absl::StrCat(", cycle ", job.cycle.count(), " us") : "");
     }
     // Aborted while they waited for the list: a fusable one fails in a decision, as if aborted
@@ -691,7 +711,7 @@ void FusingRunner::MaybePostDecisionLocked(const std::string& job_id, Job& job, 
   std::vector<uint64_t> indexes;
   while (!job.unsent.empty() &&
          words.size() + kFusionDecisionHeaderWords + 2 * job.unsent.front().members.size() <=
-             kFusionDecisionBroadcastWords) {
+             job.decision_words) {
     const std::vector<int64_t> one = EncodeFusionDecision(job.unsent.front());
     words.insert(words.end(), one.begin(), one.end());
     indexes.push_back(job.unsent.front().index);
@@ -705,7 +725,7 @@ void FusingRunner::PostDecisionLocked(const std::string& job_id, Job& job,
                                       After& after) {
   job.batch_posted = true;
   const uint64_t batch = job.next_batch++;
-  auto buffers = WordBuffers(job.view.procs_per_node, kFusionDecisionBroadcastWords);
+  auto buffers = WordBuffers(job.view.procs_per_node, job.decision_words);
   std::copy(words.begin(), words.end(), (*buffers)[0].begin());  // the rest stays 0: no decision
   dataplane::Operation broadcast = WordBroadcast(kFusionDecisionTensor, batch, buffers);
   broadcast.done = [this, job_id, generation = job.view.generation, batch, buffers,
@@ -784,6 +804,7 @@ void FusingRunner::AdoptDecisionLocked(const std::string& job_id, Job& job, cons
   fused.decision = d;
   fused.ops.resize(d.members.size());
   fused.since = clock_->Now();
+  fused.adopted = std::chrono::steady_clock::now();
   std::optional<absl::Status> failed;
   std::set<Key> failed_here;
   for (size_t m = 0; m < d.members.size(); ++m) {
@@ -792,6 +813,7 @@ void FusingRunner::AdoptDecisionLocked(const std::string& job_id, Job& job, cons
     if (auto held = job.undecided.find(key); held != job.undecided.end()) {
       fused.ops[m] = std::move(held->second.op);
       fused.present++;
+      fused.MemberArrived(held->second.arrived);
       job.undecided.erase(held);
     } else if (auto f = job.failed.find(key); f != job.failed.end()) {
       failed = f->second;  // failed here before the decision arrived
@@ -837,6 +859,21 @@ void FusingRunner::MaybeLaunchLocked(const std::string& job_id, Job& job, uint64
     state->offsets.push_back(total);
     total += op->count;
     priority = std::min(priority, op->priority);
+  }
+  if (common::Trace::enabled()) {
+    // "fusion <fused name>": from its first member's arrival here to its launch.
+    const common::Trace::TimePoint now = std::chrono::steady_clock::now();
+    const common::Trace::TimePoint first = fused.first_member.value_or(fused.adopted);
+    const auto us = [&](common::Trace::TimePoint t) {
+      return static_cast<int64_t>(
+          std::chrono::duration_cast<std::chrono::microseconds>(t - first).count());
+    };
+    common::Trace::Async(absl::StrCat("fusion ", FusedName(index)), index, first, now,
+                         {{"decision", static_cast<int64_t>(index)},
+                          {"members", static_cast<int64_t>(fused.ops.size())},
+                          {"bytes", static_cast<int64_t>(total * state->element)},
+                          {"decided_us", us(fused.adopted)},
+                          {"last_member_us", us(fused.last_member.value_or(first))}});
   }
   state->storage.assign(procs, std::vector<std::byte>(total * state->element));
   for (size_t m = 0; m < fused.ops.size(); ++m) {

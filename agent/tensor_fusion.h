@@ -67,11 +67,18 @@ inline constexpr uint64_t kFusedNames = 64;
 // collectives of an iteration started at its very end. Until session 25 each decision took a
 // fixed 1 KiB slot of the broadcast, at most 61 members: BERT-large's 243 small tensors needed at
 // least 4 fused collectives, each after a decision broadcast, where Gloo runs one bucket.
+// A job's broadcasts are sized by its fusable-tensor list (FusionDecisionBroadcastWords), at most
+// kFusionDecisionBroadcastWords: each is a broadcast on the ring that waits behind the gradients
+// on the links, and a fixed 16 KiB took 1 ms per hop at 125 Mbit/s.
 inline constexpr size_t kFusionDecisionBroadcastWords = 2048;
 inline constexpr size_t kFusionDecisionHeaderWords = 5;
-// 1021: one decision fills a broadcast.
+// 1021: one decision fills the largest broadcast.
 inline constexpr size_t kMaxGroupMembers =
     (kFusionDecisionBroadcastWords - kFusionDecisionHeaderWords) / 2;
+// The words of a job's decision broadcasts when `fusable` tensors may fuse: one decision naming
+// all of them fits (so does any group of one iteration), rounded up to 64 words (512 bytes),
+// within [64, kFusionDecisionBroadcastWords]. The same on every node: the list is broadcast.
+size_t FusionDecisionBroadcastWords(size_t fusable);
 // Tensor names starting with this are the agent's own (LocalService refuses them).
 inline constexpr char kReservedTensorPrefix[] = "__tributary/";
 inline constexpr uint64_t kFirstFusedIteration = 1;

@@ -181,6 +181,18 @@ void DataPlaneNode::SetMetrics(DataPlaneMetrics* metrics, const common::Clock* c
 }
 
 absl::Status DataPlaneNode::Start(const std::string& job_id, Operation op) {
+  if (op.control && common::Trace::enabled()) {
+    // The agent's own control operations (tensor fusion's list and decisions): outside the
+    // metrics, but spans "control <tensor>" in the trace.
+    op.done = [name = absl::StrCat("control ", op.tensor_name), iteration = op.iteration,
+               started = std::chrono::steady_clock::now(),
+               done = std::move(op.done)](absl::Status s) {
+      common::Trace::Async(
+          name, iteration, started, std::chrono::steady_clock::now(),
+          {{"iteration", static_cast<int64_t>(iteration)}, {"ok", s.ok() ? 1 : 0}});
+      done(std::move(s));
+    };
+  }
   if (metrics_ == nullptr || op.control) return StartUninstrumented(job_id, std::move(op));
   uint64_t bytes = 0;
   absl::StatusOr<Algorithm> algorithm = AlgorithmForOperation(job_id, op, &bytes);

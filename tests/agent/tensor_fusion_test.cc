@@ -4,22 +4,31 @@
 // group an error to every node, never a hang.
 #include "agent/tensor_fusion.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <fstream>
 #include <future>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "agent/data_plane_runner.h"
 #include "agent/fake_collective_runner.h"
 #include "common/clock.h"
 #include "common/hash.h"
 #include "common/metrics/metrics.h"
+#include "common/trace.h"
 #include "dataplane/schedule/chunk_map.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "prometheus/registry.h"
 
 namespace tributary::agent {
@@ -430,6 +439,19 @@ TEST(FusingRunnerTest, FusionOffRunsEveryTensorAlone) {
   EXPECT_EQ(cluster.node(0).stats().plans_adopted, 0u);
 }
 
+// A job's decision broadcasts hold one decision naming every fusable tensor, in 512-byte steps.
+TEST(FusionPlanCodingTest, DecisionBroadcastsAreSizedByTheFusableList) {
+  EXPECT_EQ(FusionDecisionBroadcastWords(0), 64u);
+  EXPECT_EQ(FusionDecisionBroadcastWords(29), 64u);  // 5 + 58 = 63 words
+  EXPECT_EQ(FusionDecisionBroadcastWords(30), 128u);
+  EXPECT_EQ(FusionDecisionBroadcastWords(243), 512u);  // BERT-large's: 4 KiB, not 16
+  EXPECT_EQ(FusionDecisionBroadcastWords(kMaxGroupMembers), kFusionDecisionBroadcastWords);
+  EXPECT_EQ(FusionDecisionBroadcastWords(100000), kFusionDecisionBroadcastWords);
+  for (size_t f : {1, 2, 61, 243, 500, 1000}) {
+    EXPECT_GE((FusionDecisionBroadcastWords(f) - kFusionDecisionHeaderWords) / 2, f) << f;
+  }
+}
+
 // BERT-large's 243 small tensors, submitted together, run as one fused collective per iteration
 // (no longer 61 at most: decisions are packed into the decision broadcast by their length).
 TEST(FusingRunnerTest, ManySmallTensorsRunAsOneFusedCollective) {
@@ -446,6 +468,39 @@ TEST(FusingRunnerTest, ManySmallTensorsRunAsOneFusedCollective) {
     EXPECT_EQ(stats.fused_operations, 2u) << "node " << i;  // iterations 1 and 2
     EXPECT_EQ(stats.decisions, 2u) << "node " << i;
   }
+}
+
+// With --trace each fused collective is a span "fusion <fused name>" from its first member's
+// arrival to its launch, and the list and decision broadcasts are "control <tensor>" spans.
+TEST(FusingRunnerTest, TracedFusedCollectivesAndBroadcastsAreSpans) {
+  const std::string path =
+      ::testing::TempDir() + "/fusion-trace-" + std::to_string(::getpid()) + ".json";
+  ASSERT_TRUE(common::Trace::Start(path, "test").ok());
+  {
+    FusionCluster cluster(3, dataplane::Algorithm::kRing, 64 << 10);
+    for (uint64_t it = 0; it < 2; ++it) ASSERT_EQ(RunIteration(cluster, kModel, it), 0u);
+  }
+  ASSERT_TRUE(common::Trace::Stop().ok());
+  std::ifstream in(path);
+  const nlohmann::json events = nlohmann::json::parse(in);
+  std::map<std::string, int> begins;
+  std::multiset<int64_t> members;
+  for (const nlohmann::json& e : events) {
+    if (e.value("ph", "") != "b") continue;
+    const std::string name = e.value("name", "");
+    begins[name]++;
+    if (absl::StartsWith(name, "fusion ")) {
+      members.insert(e["args"]["members"].get<int64_t>());
+      EXPECT_GT(e["args"]["bytes"].get<int64_t>(), 0);
+      EXPECT_TRUE(e["args"].contains("decided_us"));  // < 0: the decision came first
+      EXPECT_GE(e["args"]["last_member_us"].get<int64_t>(), 0);
+    }
+  }
+  // Iteration 1: a, b, c and d, e (another reduction) in two collectives, on each of 3 nodes.
+  EXPECT_EQ(members, (std::multiset<int64_t>{2, 2, 2, 3, 3, 3}));
+  EXPECT_EQ(begins["control __tributary/fusion-plan"], 3);
+  EXPECT_GE(begins["control __tributary/fusion-decision"], 3);
+  std::remove(path.c_str());
 }
 
 // The leader groups only what it holds: a fusable tensor that later comes alone, or with other
