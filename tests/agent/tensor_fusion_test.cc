@@ -456,7 +456,7 @@ TEST(FusionPlanCodingTest, DecisionBroadcastsAreSizedByTheFusableList) {
 // (no longer 61 at most: decisions are packed into the decision broadcast by their length).
 TEST(FusingRunnerTest, ManySmallTensorsRunAsOneFusedCollective) {
   std::vector<Tensor> model = {{"first", 16}};
-  for (int t = 0; t < 243; ++t) model.push_back({absl::StrCat("bias", t), 8 + t % 5});
+  for (uint64_t t = 0; t < 243; ++t) model.push_back({absl::StrCat("bias", t), 8 + t % 5});
   FusionCluster cluster(4, dataplane::Algorithm::kRing, 1 << 20);
   for (uint64_t it = 0; it < 3; ++it) ASSERT_EQ(RunIteration(cluster, model, it), 0u);
   for (int i = 0; i < cluster.size(); ++i) {
