@@ -402,9 +402,10 @@ class Suite:
                                open(logs[0]).read()[-2000:])
         return parse_result(open(logs[0]).read(), piece), spares_used
 
-    def torch_iteration(self, k):
+    def torch_iteration(self, k, overlap=False):
         """(rank 0's TORCHITER dict, spares used) of torch_iteration.py on every worker host:
-        tributary.torch with a push/pull job of at most k spares, or DDP over Gloo (k None)."""
+        tributary.torch with a push/pull job of at most k spares (`overlap`: with
+        --overlap-forward), or DDP over Gloo (k None)."""
         self.counter += 1
         job = f"suite-torch-{k}-{self.counter}"
         spares_used = 0
@@ -422,7 +423,7 @@ class Suite:
                 env += [f"TRIBUTARY_AGENT_ADDRESS=unix:{self.args.run_dir}/sock/h{i}.sock",
                         f"TRIBUTARY_JOB={job}", "TRIBUTARY_LOCAL_RANK=0",
                         "TRIBUTARY_LOCAL_SIZE=1"]
-                mode = ["--mode", "tributary"]
+                mode = ["--mode", "tributary"] + (["--overlap-forward"] if overlap else [])
             else:
                 mode = ["--mode", "ddp-gloo", "--rank", str(i), "--world", str(self.n),
                         "--master", f"{SUBNET}.1:{29500 + self.counter % 1000}",
@@ -1034,6 +1035,10 @@ def main():
                          "torchvision model (CPU compute, random data) with "
                          "tributary.torch.DistributedOptimizer at k = 0 and the largest --k, "
                          "against DDP over PyTorch's own Gloo backend")
+    ap.add_argument("--torch-overlap-forward", action="store_true",
+                    help="with --torch-iterations: one more configuration, tributary.torch at "
+                         "the largest --k with DistributedOptimizer(overlap_forward=model) (each "
+                         "layer's update applied as the next forward pass reaches it)")
     ap.add_argument("--torch-iters", type=int, default=3,
                     help="timed PyTorch iterations per run (after one warm-up)")
     ap.add_argument("--print-workload", default=None, choices=sorted(WORKLOADS),
@@ -1311,12 +1316,14 @@ def run_torch_iterations(suite, meter):
     args = suite.args
     if args.torch_iterations == "none":
         return [], False
-    configs = [(f"tributary.torch k={k}", k) for k in sorted({0, max(args.k)})]
-    configs.append(("PyTorch DDP + Gloo", None))
+    configs = [(f"tributary.torch k={k}", k, False) for k in sorted({0, max(args.k)})]
+    if args.torch_overlap_forward:
+        configs.append((f"tributary.torch k={max(args.k)} overlap", max(args.k), True))
+    configs.append(("PyTorch DDP + Gloo", None, False))
     samples, failed = [], False
-    for rep, (label, k) in interleave(configs, args.repeats):
+    for rep, (label, k, overlap) in interleave(configs, args.repeats):
         log(f"# run {rep + 1}/{args.repeats}: {args.torch_iterations} iteration, {label}")
-        measured = run_measured(meter, lambda _: suite.torch_iteration(k), label, None)
+        measured = run_measured(meter, lambda _: suite.torch_iteration(k, overlap), label, None)
         if measured is None:
             failed = True
             continue
@@ -1335,7 +1342,7 @@ def run_torch_iterations(suite, meter):
         samples.append(dict(config=label, k=k, spares_used=spares_used, cpu=cpu, wall=wall,
                             **got))
     rows = []
-    for label, k in configs:
+    for label, k, _ in configs:
         mine = [x for x in samples if x["config"] == label]
         if not mine:
             continue

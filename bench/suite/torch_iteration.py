@@ -5,6 +5,10 @@ parameters: 161 tensors, 25,557,032 floats), random data, CPU compute, SGD.
   --mode tributary   tributary.torch.DistributedOptimizer (gradient hooks start each all-reduce
                      as backward produces it, priorities by layer order); the process joins the
                      job named by TRIBUTARY_JOB through TRIBUTARY_AGENT_ADDRESS.
+                     With --overlap-forward, DistributedOptimizer(overlap_forward=model): step()
+                     returns at once and each layer's update is applied just before the next
+                     forward pass reaches it (the last timed iteration includes applying the
+                     last updates).
   --mode ddp-gloo    torch.nn.parallel.DistributedDataParallel over torch.distributed's own Gloo
                      backend (25 MiB buckets, overlapped with backward), rendezvous at --master.
 
@@ -40,6 +44,8 @@ def parse():
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--compute-iters", type=int, default=3)
+    ap.add_argument("--overlap-forward", action="store_true",
+                    help="tributary: overlap the next forward pass with the communication")
     ap.add_argument("--rank", type=int, default=0, help="ddp-gloo: this rank")
     ap.add_argument("--world", type=int, default=1, help="ddp-gloo: number of ranks")
     ap.add_argument("--master", default="127.0.0.1:29500", help="ddp-gloo: rendezvous HOST:PORT")
@@ -54,7 +60,9 @@ def batch_for(args, seed):
     return x, y
 
 
-def timed_iterations(model, optimizer, args, count, seed0):
+def timed_iterations(model, optimizer, args, count, seed0, finish=None):
+    """Per-iteration times; finish() (when given) runs at the end of the last iteration, inside
+    its time: the updates an overlapped step() left pending."""
     loss_fn = torch.nn.CrossEntropyLoss()
     times = []
     for i in range(count):
@@ -63,6 +71,8 @@ def timed_iterations(model, optimizer, args, count, seed0):
         optimizer.zero_grad()
         loss_fn(model(x), y).backward()
         optimizer.step()
+        if finish is not None and i == count - 1:
+            finish()
         times.append(time.perf_counter() - t0)
     return times
 
@@ -82,9 +92,11 @@ def main():
         trt.init(op_timeout=600.0)
         rank, world = trt.rank(), trt.size()
         trt.broadcast_parameters(model.state_dict(), root_rank=0)
-        optimizer = trt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
-                                             named_parameters=model.named_parameters())
+        optimizer = trt.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.0), named_parameters=model.named_parameters(),
+            overlap_forward=model if args.overlap_forward else None)
         net = model
+        finish = optimizer.synchronize if args.overlap_forward else None
 
         def checksum_sum(t):
             return trt.push_pull(t, average=False, name="checksum")
@@ -98,6 +110,7 @@ def main():
         rank, world = dist.get_rank(), dist.get_world_size()
         net = torch.nn.parallel.DistributedDataParallel(model)
         optimizer = torch.optim.SGD(net.parameters(), lr=0.0)
+        finish = None
 
         def checksum_sum(t):
             dist.all_reduce(t)
@@ -106,7 +119,7 @@ def main():
     timed_iterations(net, optimizer, args, args.warmup, 3000 + 100 * rank)
     # The timed iterations' window on CLOCK_MONOTONIC: the suite meters the hosts' CPU in it.
     timed_from = time.monotonic()
-    times = timed_iterations(net, optimizer, args, args.iters, 4000 + 100 * rank)
+    times = timed_iterations(net, optimizer, args, args.iters, 4000 + 100 * rank, finish)
     timed_to = time.monotonic()
     # lr = 0: the parameters must still be rank 0's (broadcast / DDP's initial sync), on every rank.
     mine = torch.tensor([sum(float(p.double().sum()) for p in model.parameters())],
@@ -115,7 +128,8 @@ def main():
     mismatch = int(abs(float(total[0]) - world * float(mine[0])) > 1e-6 * abs(world * float(mine[0])))
     it = statistics.median(times)
     if rank == 0:
-        print(f"TORCHITER,{args.mode},{world},{it * 1e3:.1f},{compute * 1e3:.1f},"
+        mode = args.mode + ("-overlap" if args.overlap_forward else "")
+        print(f"TORCHITER,{mode},{world},{it * 1e3:.1f},{compute * 1e3:.1f},"
               f"{max(0.0, it - compute) * 1e3:.1f},{args.iters},{mismatch}", flush=True)
         print(f"WTIMED,{timed_from:.6f},{timed_to:.6f}", flush=True)
     if args.mode == "tributary":

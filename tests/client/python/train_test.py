@@ -1,6 +1,7 @@
 """Exact equivalence of distributed training: an MLP and a small CNN trained for 20 SGD steps
 (momentum 0.9) on deterministic synthetic data, each of 4 ranks on its quarter of every batch,
-(a) with tributary.torch.DistributedOptimizer and (b) with DistributedDataParallel whose
+(a) with tributary.torch.DistributedOptimizer (also with overlap_forward, each update applied
+just before the next forward pass reaches its module) and (b) with DistributedDataParallel whose
 gradients travel through tributary.torch.ddp_comm_hook, end with the parameters of one process
 trained on the whole batches, and with identical parameters on every rank. Compression.fp16
 ends with a loss close to fp32's.
@@ -190,6 +191,80 @@ class ExactTrainingTest(unittest.TestCase):
             else:
                 optimizer.step()
         self.assertMatchesReference(model, ref)
+
+    def _overlap(self, model_fn, input_shape):
+        x, y = data(input_shape)
+        ref, ref_loss = reference(model_fn, x, y)
+        model = make(model_fn)
+        optimizer = trt.DistributedOptimizer(sgd(model.parameters()),
+                                             named_parameters=model.named_parameters(),
+                                             overlap_forward=model)
+        # train() ends with a forward pass on the last batch, which applies the last updates.
+        loss = train(model, optimizer, x, y, part=(trt.rank(), trt.size()))
+        self.assertAlmostEqual(loss, ref_loss, delta=10 * RTOL * abs(ref_loss))
+        return model, ref
+
+    def test_mlp_overlap_forward(self):
+        # Each update applied just before its module's next forward: the same training.
+        self.assertMatchesReference(*self._overlap(mlp, (16,)))
+
+    def test_cnn_overlap_forward(self):
+        self.assertMatchesReference(*self._overlap(cnn, (1, 8, 8)))
+
+    def test_overlap_forward_leaves_updates_pending_until_the_forward_pass(self):
+        x, y = data((16,))
+        ref, _ = reference(mlp, x, y)
+        model = make(mlp)
+        optimizer = trt.DistributedOptimizer(sgd(model.parameters()),
+                                             named_parameters=model.named_parameters(),
+                                             overlap_forward=model)
+        loss_fn = torch.nn.CrossEntropyLoss()
+        share = BATCH // trt.size()
+        for step in range(STEPS):
+            xs = x[step][trt.rank() * share:(trt.rank() + 1) * share]
+            ys = y[step][trt.rank() * share:(trt.rank() + 1) * share]
+            optimizer.zero_grad()  # pending gradients are left for their update
+            loss_fn(model(xs), ys).backward()
+            before = [p.detach().clone() for p in model.parameters()]
+            self.assertIsNone(optimizer.step())
+            # Nothing moved yet: every update waits for the next forward pass.
+            for p, q in zip(model.parameters(), before):
+                self.assertTrue(torch.equal(p.detach(), q))
+        optimizer.synchronize()  # applies the last step's updates without a forward pass
+        self.assertMatchesReference(model, ref)
+        self.assertTrue(all(float(p.grad.abs().sum()) == 0 for p in model.parameters()))
+
+    def test_overlap_forward_refuses_a_forward_pass_around_the_model(self):
+        x, y = data((16,))
+        model = make(mlp)
+        optimizer = trt.DistributedOptimizer(sgd(model.parameters()),
+                                             named_parameters=model.named_parameters(),
+                                             overlap_forward=model)
+        loss_fn = torch.nn.CrossEntropyLoss()
+        loss_fn(model(x[0]), y[0]).backward()
+        optimizer.step()
+        # The last layer by hand: its module's pre-hook never runs, its update is still
+        # pending when backward reaches its gradient.
+        last = model[-1]
+        hidden = model[:-1]
+        with torch.no_grad():
+            h = hidden(x[1])  # applies the other layers' updates
+        out = torch.nn.functional.linear(h, last.weight, last.bias)
+        with self.assertRaises(trt.TributaryError) as raised:
+            loss_fn(out, y[1]).backward()
+        self.assertEqual(raised.exception.code, "FAILED_PRECONDITION")
+        self.assertIn("overlap_forward", str(raised.exception))
+        optimizer.synchronize()  # every rank: the pending update, then the others (zeros)
+
+    def test_overlap_forward_is_sync_only_and_needs_a_module(self):
+        model = make(mlp)
+        with self.assertRaises(trt.TributaryError) as raised:
+            trt.DistributedOptimizer(sgd(model.parameters()), overlap_forward=model,
+                                     mode="async")
+        self.assertEqual(raised.exception.code, "INVALID_ARGUMENT")
+        with self.assertRaises(trt.TributaryError) as raised:
+            trt.DistributedOptimizer(sgd(model.parameters()), overlap_forward=[model])
+        self.assertEqual(raised.exception.code, "INVALID_ARGUMENT")
 
     def _ddp(self, model_fn, input_shape):
         x, y = data(input_shape)

@@ -7,6 +7,13 @@ named_parameters, i.e. the first layer, gets priority 0, which goes first), so t
 layers' gradients, needed first by the next forward pass, come back first. synchronize() (called
 by step() unless skipped) waits for every gradient and writes it back into .grad.
 
+With overlap_forward=model (BytePS's cross-iteration overlap, ByteScheduler's "cross barrier"),
+step() does not wait: it leaves every parameter's update pending, and a forward pre-hook on each
+module of `model` waits for that module's parameters' all-reduces and applies their update just
+before the module runs. The next iteration's forward pass then starts as soon as the first
+layers' gradients are back (they go first, by priority) and overlaps the rest of the
+communication. The updates are the same, in the same arithmetic, as without it.
+
 Zero copy: the gradients live in the agent's shared memory (one buffer per dtype, each .grad a
 view of it, allocated once by the constructor; autograd accumulates into an existing .grad in
 place and zero_grad() zeroes it in place), so their all-reduces run without staging copies. A
@@ -24,7 +31,8 @@ from tributary.torch.compression import Compression
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
-    def __init__(self, params, named_parameters, compression, backward_passes_per_step):
+    def __init__(self, params, named_parameters, compression, backward_passes_per_step,
+                 overlap_forward=None):
         super(self.__class__, self).__init__(params)
         if backward_passes_per_step < 1:
             raise TributaryError("DistributedOptimizer: backward_passes_per_step must be >= 1",
@@ -41,6 +49,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
         self._grad_accs = []
+        self._pending = {}  # overlap_forward: id(p) -> _handles' entry, update not applied yet
+        self._overlap = overlap_forward is not None
+        self._forward_hooks = []
+        if self._overlap:
+            if not isinstance(overlap_forward, torch.nn.Module):
+                raise TributaryError(
+                    "DistributedOptimizer: overlap_forward must be the model (a torch.nn.Module) "
+                    "whose forward pass uses the parameters", "INVALID_ARGUMENT")
+            self._register_forward_hooks(overlap_forward)
         if ops.size() > 1:
             self._share_gradients()
             self._register_hooks()
@@ -74,9 +91,27 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             grad_acc.register_hook(self._make_hook(p))
             self._grad_accs.append(grad_acc)
 
+    def _register_forward_hooks(self, model):
+        """overlap_forward: each module's pre-hook applies the pending updates of its own
+        parameters; the model's post-hook those of any parameter the forward did not reach,
+        so that none is pending when backward accumulates into .grad again."""
+        for module in model.modules():
+            own = [p for p in module.parameters(recurse=False)]
+            if own:
+                self._forward_hooks.append(module.register_forward_pre_hook(
+                    lambda _module, _inputs, own=own: self._apply_pending(own)))
+        self._forward_hooks.append(model.register_forward_hook(
+            lambda _module, _inputs, _output: self._apply_pending(None)))
+
     def _make_hook(self, p):
         def hook(*unused):
             key = id(p)
+            if key in self._pending:
+                raise TributaryError(
+                    "DistributedOptimizer: a gradient was computed while the previous step's "
+                    "update of its parameter was still pending; with overlap_forward every "
+                    "forward pass must run through the model given to it (or call "
+                    "synchronize() after step())", "FAILED_PRECONDITION")
             if key in self._handles:
                 raise TributaryError(
                     "DistributedOptimizer: a gradient was computed more than "
@@ -95,31 +130,90 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                      priority=self._priority[id(p)])
         self._handles[id(p)] = (p, handle, ctx, compressed)
 
+    def _submit_unfired(self):
+        """Gradients whose hook did not fire (parameters unused in this pass) are reduced now,
+        as zeros when they have none."""
+        for p in self._params:
+            if id(p) not in self._handles:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                self._submit(p)
+
+    def _wait(self, entries):
+        """Waits for every entry's all-reduce, even after one failed (none stays in flight;
+        after a membership change the rest fail at once too), writes the averages into .grad
+        and raises the first error."""
+        error = None
+        for p, handle, ctx, compressed in entries:
+            try:
+                result = ops.synchronize(handle)
+            except TributaryError as e:
+                error = error or e
+                continue
+            if error is None and (ctx is not None or result is not p.grad):
+                with torch.no_grad():
+                    p.grad.copy_(self._compression.decompress(result, ctx))
+        if error is not None:
+            raise error
+
+    def _apply_pending(self, params):
+        """overlap_forward: waits for the all-reduces of `params` (None: every parameter) whose
+        update is pending and applies it: the wrapped optimizer's step over those parameters
+        alone, then their gradients zeroed in place for the next backward pass. A failed
+        all-reduce drops every pending update and raises."""
+        if not self._pending:
+            return
+        keys = list(self._pending) if params is None else [id(p) for p in params
+                                                           if id(p) in self._pending]
+        if not keys:
+            return
+        entries = [self._pending.pop(k) for k in keys]
+        try:
+            self._wait(entries)
+        except TributaryError:
+            rest = list(self._pending.values())
+            self._pending.clear()
+            with contextlib.suppress(TributaryError):
+                self._wait(rest)
+            for p in self._params:
+                self._delay[id(p)] = self._passes
+            raise
+        self._step_only([p for p, _, _, _ in entries])
+        with torch.no_grad():
+            for p, _, _, _ in entries:
+                p.grad.zero_()
+                self._delay[id(p)] = self._passes
+
+    @contextlib.contextmanager
+    def _only(self, keep):
+        """Within it, the parameter groups hold only the parameters for which keep(p) holds
+        (the wrapped optimizer's state per parameter is untouched)."""
+        saved = [group["params"] for group in self.param_groups]
+        try:
+            for group in self.param_groups:
+                group["params"] = [p for p in group["params"] if keep(p)]
+            yield
+        finally:
+            for group, kept in zip(self.param_groups, saved):
+                group["params"] = kept
+
+    def _step_only(self, params):
+        """The wrapped optimizer's step over `params` alone."""
+        wanted = {id(p) for p in params}
+        with self._only(lambda p: id(p) in wanted):
+            super(self.__class__, self).step()
+
     def synchronize(self):
         """Waits for every gradient's all-reduce and writes the averages into .grad; gradients
         whose hook did not fire (parameters unused in this pass) are reduced now, as zeros
-        when they have none."""
+        when they have none. With overlap_forward it first applies every update still pending
+        from the last step() (call it before reading the parameters outside a forward pass:
+        checkpoints, optimizer state)."""
+        self._apply_pending(None)
         if ops.size() > 1:
-            for p in self._params:
-                if id(p) not in self._handles:
-                    if p.grad is None:
-                        p.grad = torch.zeros_like(p)
-                    self._submit(p)
-            error = None
+            self._submit_unfired()
             try:
-                # Every handle is waited for, even after one failed: none stays in flight (after a
-                # membership change the rest fail at once too), then the first error is raised.
-                for p, handle, ctx, compressed in self._handles.values():
-                    try:
-                        result = ops.synchronize(handle)
-                    except TributaryError as e:
-                        error = error or e
-                        continue
-                    if error is None and (ctx is not None or result is not p.grad):
-                        with torch.no_grad():
-                            p.grad.copy_(self._compression.decompress(result, ctx))
-                if error is not None:
-                    raise error
+                self._wait(list(self._handles.values()))
             finally:
                 self._handles.clear()
                 for p in self._params:
@@ -137,6 +231,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._should_synchronize = True
 
     def step(self, closure=None):
+        if (self._overlap and ops.size() > 1 and self._should_synchronize and
+                not self._synchronized):
+            if closure is not None:
+                raise TributaryError(
+                    "DistributedOptimizer: step(closure) with overlap_forward: the update is "
+                    "applied during the next forward pass, after the closure would run",
+                    "INVALID_ARGUMENT")
+            # Left pending: the next forward pass applies each parameter's update (above).
+            self._apply_pending(None)  # a step() without a forward pass since the last one
+            self._submit_unfired()
+            self._pending = dict(self._handles)
+            self._handles.clear()
+            return None
         if self._should_synchronize and not self._synchronized:
             self.synchronize()
         self._synchronized = False
@@ -147,7 +254,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             raise TributaryError(
                 "DistributedOptimizer: zero_grad() while gradient all-reduces are in flight; "
                 "call step() or synchronize() first", "FAILED_PRECONDITION")
-        return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
+        if not self._pending:
+            return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
+        # overlap_forward: a pending parameter's .grad is zeroed once its update is applied.
+        with self._only(lambda p: id(p) not in self._pending):
+            return super(self.__class__, self).zero_grad(set_to_none=set_to_none)
 
 
 def _named(params, named_parameters):
@@ -241,7 +352,8 @@ class _AsyncDistributedOptimizer(torch.optim.Optimizer):
 
 
 def DistributedOptimizer(optimizer, named_parameters=None, compression=Compression.none,
-                         backward_passes_per_step=1, mode="sync", staleness=None):
+                         backward_passes_per_step=1, mode="sync", staleness=None,
+                         overlap_forward=None):
     """Wraps `optimizer` (its class, parameter groups and hyper-parameters; not its state --
     use broadcast_optimizer_state) so that gradients are averaged over every process before
     each step. `named_parameters` (model.named_parameters()) gives the all-reduces stable names,
@@ -254,14 +366,21 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     parameters from rank 0; step() applies the wrapped optimizer locally, pushes each
     parameter's change and pulls the current parameters. `staleness` is the job's SSP bound
     (tributary-run --staleness / create-job --staleness, which the servers enforce); when
-    given, it must match the job's. compression and backward_passes_per_step are sync only."""
+    given, it must match the job's. compression and backward_passes_per_step are sync only.
+
+    overlap_forward=model (sync only): step() returns without waiting, and each parameter's
+    update is applied just before its module runs in the next forward pass of `model` (see the
+    module's docstring); synchronize() applies whatever is still pending. Every forward pass
+    must go through `model`."""
     if mode not in ("sync", "async"):
         raise TributaryError(f"DistributedOptimizer: mode {mode!r} is neither 'sync' nor 'async'",
                              "INVALID_ARGUMENT")
     if mode == "async":
-        if compression is not Compression.none or backward_passes_per_step != 1:
-            raise TributaryError("DistributedOptimizer: compression and backward_passes_per_step "
-                                 "apply to mode='sync' only", "INVALID_ARGUMENT")
+        if (compression is not Compression.none or backward_passes_per_step != 1 or
+                overlap_forward is not None):
+            raise TributaryError("DistributedOptimizer: compression, backward_passes_per_step "
+                                 "and overlap_forward apply to mode='sync' only",
+                                 "INVALID_ARGUMENT")
         cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                    dict(_AsyncDistributedOptimizer.__dict__))
         return cls(optimizer.param_groups, named_parameters, staleness)
@@ -270,4 +389,5 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
                              "INVALID_ARGUMENT")
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,),
                dict(_DistributedOptimizer.__dict__))
-    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step)
+    return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step,
+               overlap_forward)
