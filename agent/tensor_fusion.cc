@@ -150,7 +150,7 @@ absl::StatusOr<std::vector<FusionGroup>> DecodeFusionPlan(std::span<const int64_
 constexpr int64_t kDecisionMagic = 0x4e4f495349434544;  // "DECISION"
 
 std::vector<int64_t> EncodeFusionDecision(const FusionDecision& d) {
-  std::vector<int64_t> words(kFusionDecisionHeaderWords + 2 * d.members.size(), 0);
+  std::vector<int64_t> words(FusionDecisionWords(d.members.size()), 0);
   words[0] = kDecisionMagic;
   words[1] = static_cast<int64_t>(d.index);
   words[2] = static_cast<int64_t>(d.dtype);
@@ -186,12 +186,12 @@ absl::StatusOr<FusionDecision> DecodeFusionDecision(std::span<const int64_t> wor
   if (n < 1 || static_cast<uint64_t>(n) > kMaxGroupMembers) {
     return bad(absl::StrCat(n, " members"));
   }
-  if (kFusionDecisionHeaderWords + 2 * static_cast<size_t>(n) > words.size()) {
+  if (FusionDecisionWords(static_cast<size_t>(n)) > words.size()) {
     return bad(absl::StrCat(n, " members, past the end of the broadcast"));
   }
   std::set<std::pair<uint64_t, uint64_t>> seen;
   for (int64_t m = 0; m < n; ++m) {
-    const size_t at = kFusionDecisionHeaderWords + 2 * static_cast<size_t>(m);
+    const size_t at = FusionDecisionWords(static_cast<size_t>(m));
     FusionDecision::Member member{static_cast<uint64_t>(words[at]),
                                   static_cast<uint64_t>(words[at + 1])};
     if (!seen.insert({member.name_hash, member.iteration}).second) {
@@ -221,7 +221,7 @@ DecodedFusionDecisions DecodeFusionDecisions(std::span<const int64_t> words,
                        " was expected"));
       return out;
     }
-    at += kFusionDecisionHeaderWords + 2 * d->members.size();
+    at += FusionDecisionWords(d->members.size());
     ds.push_back(*std::move(d));
   }
   if (ds.empty()) out.error = absl::InvalidArgumentError("malformed fusion decisions: none");
@@ -229,7 +229,7 @@ DecodedFusionDecisions DecodeFusionDecisions(std::span<const int64_t> words,
 }
 
 size_t FusionDecisionBroadcastWords(size_t fusable) {
-  const size_t one = kFusionDecisionHeaderWords + 2 * std::min(fusable, kMaxGroupMembers);
+  const size_t one = FusionDecisionWords(std::min(fusable, kMaxGroupMembers));
   return std::clamp<size_t>((one + 63) / 64 * 64, 64, kFusionDecisionBroadcastWords);
 }
 
@@ -339,7 +339,6 @@ struct FusingRunner::Job {
   uint64_t next_decision = 0;  // leader: the next to make; follower: the next to adopt
   uint64_t next_batch = 0;     // the next decision broadcast (its iteration)
   size_t decision_words = kFusionDecisionBroadcastWords;  // of each decision broadcast
-  size_t max_members = kMaxGroupMembers;                  // of one decision
   bool batch_posted = false;          // one of this node's decision broadcasts is running
   std::deque<FusionDecision> unsent;  // leader: made, in no broadcast yet
   std::map<uint64_t, Fused> fused;
@@ -583,7 +582,8 @@ void FusingRunner::StartLocked(const std::string& job_id, Job& job, dataplane::O
   const uint64_t bytes = f->second.count * common::DataTypeSize(f->second.dtype);
   if (!job.open.empty() &&
       (job.open_dtype != f->second.dtype || job.open_reduction != f->second.reduction ||
-       job.open_bytes + bytes > job.view.fusion_bytes || job.open.size() >= job.max_members)) {
+       job.open_bytes + bytes > job.view.fusion_bytes ||
+       job.open.size() >= FusionDecisionMembers(job.decision_words))) {
     CloseGroupLocked(job_id, job, after);
   }
   if (job.open.empty()) {
@@ -594,7 +594,8 @@ void FusingRunner::StartLocked(const std::string& job_id, Job& job, dataplane::O
   }
   job.open.push_back(key);
   job.open_bytes += bytes;
-  if (job.open.size() >= job.max_members) CloseGroupLocked(job_id, job, after);
+  if (job.open.size() >= FusionDecisionMembers(job.decision_words))
+    CloseGroupLocked(job_id, job, after);
 }
 
 void FusingRunner::PostPlanLocked(const std::string& job_id, Job& job, After& after) {
@@ -639,7 +640,6 @@ void FusingRunner::OnPlan(const std::string& job_id, uint64_t generation,
       }
       job.groups = *std::move(groups);
       job.decision_words = FusionDecisionBroadcastWords(job.fusable.size());
-      job.max_members = (job.decision_words - kFusionDecisionHeaderWords) / 2;
       stats_.plans_adopted++;
       Log()->info("job {}: tensor fusion: {} tensors may fuse, decisions in {}-byte broadcasts{}",
                   job_id, job.fusable.size(), job.decision_words * sizeof(int64_t),
@@ -710,7 +710,7 @@ void FusingRunner::MaybePostDecisionLocked(const std::string& job_id, Job& job, 
   std::vector<int64_t> words;
   std::vector<uint64_t> indexes;
   while (!job.unsent.empty() &&
-         words.size() + kFusionDecisionHeaderWords + 2 * job.unsent.front().members.size() <=
+         words.size() + FusionDecisionWords(job.unsent.front().members.size()) <=
              job.decision_words) {
     const std::vector<int64_t> one = EncodeFusionDecision(job.unsent.front());
     words.insert(words.end(), one.begin(), one.end());

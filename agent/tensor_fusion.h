@@ -72,9 +72,16 @@ inline constexpr uint64_t kFusedNames = 64;
 // on the links, and a fixed 16 KiB took 1 ms per hop at 125 Mbit/s.
 inline constexpr size_t kFusionDecisionBroadcastWords = 2048;
 inline constexpr size_t kFusionDecisionHeaderWords = 5;
+// The words of an encoded decision of `members` members.
+constexpr size_t FusionDecisionWords(size_t members) {
+  return kFusionDecisionHeaderWords + 2 * members;
+}
+// The most members one decision in a broadcast of `words` can name.
+constexpr size_t FusionDecisionMembers(size_t words) {
+  return (words - kFusionDecisionHeaderWords) / 2;
+}
 // 1021: one decision fills the largest broadcast.
-inline constexpr size_t kMaxGroupMembers =
-    (kFusionDecisionBroadcastWords - kFusionDecisionHeaderWords) / 2;
+inline constexpr size_t kMaxGroupMembers = FusionDecisionMembers(kFusionDecisionBroadcastWords);
 // The words of a job's decision broadcasts when `fusable` tensors may fuse: one decision naming
 // all of them fits (so does any group of one iteration), rounded up to 64 words (512 bytes),
 // within [64, kFusionDecisionBroadcastWords]. The same on every node: the list is broadcast.

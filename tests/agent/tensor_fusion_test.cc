@@ -183,7 +183,7 @@ TEST(FusionPlanCodingTest, DecisionBroadcastsCarryConsecutiveDecisions) {
     std::vector<int64_t> words;
     for (const FusionDecision& d : ds) {
       const std::vector<int64_t> one = EncodeFusionDecision(d);
-      EXPECT_EQ(one.size(), kFusionDecisionHeaderWords + 2 * d.members.size());
+      EXPECT_EQ(one.size(), FusionDecisionWords(d.members.size()));
       words.insert(words.end(), one.begin(), one.end());
     }
     words.resize(kFusionDecisionBroadcastWords, 0);
@@ -206,7 +206,7 @@ TEST(FusionPlanCodingTest, DecisionBroadcastsCarryConsecutiveDecisions) {
   EXPECT_THAT(back.decisions, SizeIs(1));  // the one before the problem
   EXPECT_THAT(DecodeFusionDecisions(encode({}), 0).error.message(), HasSubstr("none"));
   std::vector<int64_t> bad = encode(decisions);
-  const size_t second = kFusionDecisionHeaderWords + 2 * decisions[0].members.size();
+  const size_t second = FusionDecisionWords(decisions[0].members.size());
   bad[second + 4] = 0;  // the second decision without members
   back = DecodeFusionDecisions(bad, 7);
   EXPECT_EQ(back.error.code(), absl::StatusCode::kInvalidArgument);
@@ -448,7 +448,7 @@ TEST(FusionPlanCodingTest, DecisionBroadcastsAreSizedByTheFusableList) {
   EXPECT_EQ(FusionDecisionBroadcastWords(kMaxGroupMembers), kFusionDecisionBroadcastWords);
   EXPECT_EQ(FusionDecisionBroadcastWords(100000), kFusionDecisionBroadcastWords);
   for (size_t f : {1, 2, 61, 243, 500, 1000}) {
-    EXPECT_GE((FusionDecisionBroadcastWords(f) - kFusionDecisionHeaderWords) / 2, f) << f;
+    EXPECT_GE(FusionDecisionMembers(FusionDecisionBroadcastWords(f)), f) << f;
   }
 }
 
