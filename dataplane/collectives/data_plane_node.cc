@@ -87,8 +87,12 @@ void DataPlaneNode::RemoveJob(const std::string& job_id) {
     std::lock_guard lock(pending_mu_);
     activity_.erase(job_id);
   }
-  std::lock_guard lock(mu_);
-  jobs_.erase(job_id);
+  {
+    std::lock_guard lock(mu_);
+    jobs_.erase(job_id);
+  }
+  // After jobs_: UpdatePendingMetrics no longer names the job, so its gauges stay removed.
+  if (metrics_ != nullptr) metrics_->RemoveJob(job_id);
 }
 
 void DataPlaneNode::SetMeasuredThresholds(const MeasuredThresholds& measured) {

@@ -29,6 +29,9 @@ struct JobPeerCounters {
   std::vector<prometheus::Counter*> pulled;  // by server index
   std::vector<prometheus::Counter*> summed;  // by worker rank
   std::vector<prometheus::Counter*> served;  // by worker rank
+  // Keeps the series behind these pointers registered while this is alive, even after the job
+  // was removed (DataPlaneMetrics::RemoveJob).
+  std::shared_ptr<const void> series;
 };
 
 // "<64KiB", "<1MiB", "<16MiB", ">=16MiB".
@@ -39,9 +42,15 @@ class DataPlaneMetrics {
  public:
   explicit DataPlaneMetrics(prometheus::Registry& registry);
 
-  // The peer counters of `view`'s job (series created at zero). Peer labels are the view's node
-  // ids, or the addresses when the view has none.
+  // The peer counters of `view`'s job (series created at zero, or continued from the job's
+  // earlier plans). Peer labels are the view's node ids, or the addresses when the view has
+  // none.
   std::shared_ptr<const JobPeerCounters> ForJob(const JobView& view);
+  // The job has ended on this node: its series leave the registry, the pending gauges at once
+  // and the peer byte counters once no JobPeerCounters of the job is left (a collective still
+  // holding its job's view counts into them until it ends). An agent that has run many jobs
+  // exports the live ones only. A later ForJob of the same job id starts its series at zero.
+  void RemoveJob(const std::string& job_id);
 
   void OperationStarted(Algorithm algorithm);
   // `status` OK: completed (duration observed); otherwise failed{reason}.
@@ -49,12 +58,18 @@ class DataPlaneMetrics {
                          const absl::Status& status);
   // A start refused before running (failed{reason}, not started).
   void OperationRefused(Algorithm algorithm, const absl::Status& status);
+  // Sets the job's pending gauges; ignored for a job without a live ForJob (never planned here,
+  // or removed), so a late update cannot bring back a removed job's series.
   void SetPending(const std::string& job_id, size_t pending, double oldest_age_seconds);
   // A job's collectives succeed again on this node `seconds` after the first of them failed
   // (recovery from a fault: a lost server, a re-plan, a membership change).
   void RecoveryObserved(double seconds);
 
  private:
+  // The per-job series' bookkeeping, shared with every JobPeerCounters (dataplane_metrics.cc).
+  struct JobSeriesBook;
+  class JobSeries;
+
   prometheus::Family<prometheus::Counter>& pushed_;
   prometheus::Family<prometheus::Counter>& pulled_;
   prometheus::Family<prometheus::Counter>& summed_;
@@ -70,6 +85,7 @@ class DataPlaneMetrics {
   // Indexed by Algorithm (kAuto's slot stays empty).
   prometheus::Counter* started_by_alg_[kAlgorithmValues] = {};
   prometheus::Counter* completed_by_alg_[kAlgorithmValues] = {};
+  std::shared_ptr<JobSeriesBook> book_;
 };
 
 // Scrape-time view of a node's push/pull and engine counters (flow control, malformed messages,

@@ -383,5 +383,90 @@ TEST(DataPlaneMetricsTest, ControlOperationsStayOutOfTheMetrics) {
   EXPECT_EQ(cluster.node(0).TakeObservations().at("job-m").collectives, 1u);
 }
 
+// Series labelled by job end with the job: an agent that has run many jobs exports the live
+// ones only. The byte counters outlive RemoveJob while a collective still holds the job's view
+// (it keeps counting into them), and end with the last holder.
+TEST(DataPlaneMetricsTest, RemovedJobsSeriesLeaveTheRegistry) {
+  MetricsCluster cluster(2);
+  std::vector<float> a(4096, 1.0f), b(4096, 2.0f);
+  auto fa = cluster.Start(0, a);
+  auto fb = cluster.Start(1, b);
+  ASSERT_EQ(fa.wait_for(kMetricsGuard), std::future_status::ready);
+  ASSERT_EQ(fb.wait_for(kMetricsGuard), std::future_status::ready);
+  ASSERT_TRUE(fa.get().ok());
+  const std::pair<std::string, std::string> job{"job", "job-m"};
+  const char* kJobFamilies[] = {"tributary_dataplane_pushed_bytes_total",
+                                "tributary_dataplane_pulled_bytes_total",
+                                "tributary_dataplane_summed_bytes_total",
+                                "tributary_dataplane_served_bytes_total",
+                                "tributary_dataplane_pending_operations",
+                                "tributary_dataplane_oldest_pending_operation_age_seconds"};
+  for (const char* family : kJobFamilies) {
+    EXPECT_NE(FindSample(cluster.Collect(0), family, {job}), nullptr) << family;
+  }
+  cluster.node(0).RemoveJob("job-m");
+  for (const char* family : kJobFamilies) {
+    EXPECT_EQ(FindSample(cluster.Collect(0), family, {job}), nullptr) << family;
+  }
+  // The node-level series stay.
+  EXPECT_EQ(Value(cluster.Collect(0), "tributary_dataplane_operations_completed_total",
+                  {{"algorithm", "push_pull"}}),
+            1);
+  // The other node still has the job.
+  EXPECT_EQ(Value(cluster.Collect(1), "tributary_dataplane_pushed_bytes_total",
+                  {job, {"peer_node", "node-0"}}) +
+                Value(cluster.Collect(1), "tributary_dataplane_pushed_bytes_total",
+                      {job, {"peer_node", "node-1"}}),
+            4096 * 4);
+}
+
+TEST(DataPlaneMetricsTest, ARemovedJobsCountersLiveOnWhileAViewHoldsThem) {
+  prometheus::Registry registry;
+  DataPlaneMetrics metrics(registry);
+  JobView view;
+  view.job_id = "j";
+  view.server_addresses = {"a:1", "b:1"};
+  view.server_node_ids = {"node-a", "node-b"};
+  view.worker_addresses = {"a:1"};
+  view.worker_node_ids = {"node-a"};
+  const std::pair<std::string, std::string> job{"job", "j"};
+  const std::pair<std::string, std::string> b{"peer_node", "node-b"};
+  std::shared_ptr<const JobPeerCounters> first = metrics.ForJob(view);
+  // A re-plan of the same job continues its series.
+  std::shared_ptr<const JobPeerCounters> second = metrics.ForJob(view);
+  EXPECT_EQ(first->pushed[1], second->pushed[1]);
+  first->pushed[1]->Increment(100);
+  metrics.SetPending("j", 2, 0.5);
+  EXPECT_EQ(Value(registry.Collect(), "tributary_dataplane_pending_operations", {job}), 2);
+
+  metrics.RemoveJob("j");
+  // Gauges at once; a late update does not bring them back.
+  metrics.SetPending("j", 1, 0.25);
+  EXPECT_EQ(FindSample(registry.Collect(), "tributary_dataplane_pending_operations", {job}),
+            nullptr);
+  // The counters while views hold them: a collective of the removed job still counts.
+  second.reset();
+  first->pushed[1]->Increment(28);
+  EXPECT_EQ(Value(registry.Collect(), "tributary_dataplane_pushed_bytes_total", {job, b}), 128);
+  // Planned again while the old view lives: the shared series is counted twice, so the old
+  // view's end does not take it from the new one.
+  std::shared_ptr<const JobPeerCounters> again = metrics.ForJob(view);
+  first.reset();
+  again->pushed[1]->Increment(1);
+  EXPECT_EQ(Value(registry.Collect(), "tributary_dataplane_pushed_bytes_total", {job, b}), 129);
+  metrics.RemoveJob("j");
+  again.reset();
+  for (const auto& family : registry.Collect()) {
+    for (const auto& metric : family.metric) {
+      for (const auto& label : metric.label) EXPECT_NE(label.name, "job") << family.name;
+    }
+  }
+  // A new life of the job starts at zero.
+  std::shared_ptr<const JobPeerCounters> fresh = metrics.ForJob(view);
+  EXPECT_EQ(Value(registry.Collect(), "tributary_dataplane_pushed_bytes_total", {job, b}), 0);
+  // Removing a job never planned here is a no-op.
+  metrics.RemoveJob("other");
+}
+
 }  // namespace
 }  // namespace tributary::dataplane
