@@ -69,8 +69,11 @@ struct AgentOptions {
   // size while it fits); 0 = keep none.
   uint64_t peer_recovery_bytes = dataplane::kDefaultRetainBytes;
   // Push/pull: unsent pushes per summation server at most before the job's later chunks wait
-  // (PushPullWorker::SetServerBacklog); 0 = off (the default).
+  // (PushPullWorker::SetServerBacklog); 0 = off.
   uint64_t push_backlog_bytes = dataplane::kDefaultServerBacklog;
+  // With a backlog: what a connection to a spare summation server holds unsent in the kernel at
+  // most (PushPullWorker::SetSpareServerUnsentLimit); 0 = the transport's default.
+  uint32_t push_spare_unsent_bytes = dataplane::kDefaultSpareServerUnsent;
   // The TCP data plane's TCP_NOTSENT_LOWAT (TcpTransportOptions::notsent_lowat_bytes); 0 = the
   // kernel's default.
   uint32_t tcp_notsent_lowat_bytes = dataplane::kDefaultNotSentLowat;

@@ -113,6 +113,7 @@ absl::StatusOr<std::unique_ptr<DataPlaneRunner>> DataPlaneRunner::Create(
   r->node_->SetMetrics(r->metrics_.get(), clock);
   r->node_->push_pull().worker().SetRetainBudget(options.peer_recovery_bytes);
   r->node_->push_pull().worker().SetServerBacklog(options.push_backlog_bytes);
+  r->node_->push_pull().worker().SetSpareServerUnsentLimit(options.push_spare_unsent_bytes);
   r->stats_collector_ = std::make_shared<dataplane::DataPlaneStatsCollector>(r->node_.get());
   return r;
 }

@@ -42,6 +42,9 @@ class DataPlaneRunner final : public CollectiveRunner {
     uint64_t peer_recovery_bytes = dataplane::kDefaultRetainBytes;
     // Push/pull's per-server backlog of unsent pushes (PushPullWorker::SetServerBacklog); 0 = off.
     uint64_t push_backlog_bytes = dataplane::kDefaultServerBacklog;
+    // What a connection to a spare summation server holds unsent with a backlog set
+    // (PushPullWorker::SetSpareServerUnsentLimit); 0 = the transport's default.
+    uint32_t push_spare_unsent_bytes = dataplane::kDefaultSpareServerUnsent;
     // The TCP transport's TCP_NOTSENT_LOWAT (TcpTransportOptions::notsent_lowat_bytes).
     uint32_t tcp_notsent_lowat_bytes = dataplane::kDefaultNotSentLowat;
   };

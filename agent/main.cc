@@ -113,16 +113,25 @@ int main(int argc, char** argv) {
   app.add_option("--push-backlog-kib", push_backlog_kib,
                  "Push/pull: unsent pushes per summation server at most; when the next chunk's "
                  "server is at it, the job's later chunks wait, so that the flows TCP favours "
-                 "cannot run ahead of the slowest (0 = off; 256 with --tcp-notsent-lowat-kib 128 "
-                 "sped push/pull up where the CPU is not short)")
+                 "cannot run ahead of the slowest (0 = off; binds early on the connections to "
+                 "spare servers, --push-spare-lowat-kib)")
       ->capture_default_str()
       ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 30));
+  uint32_t push_spare_lowat_kib = options.push_spare_unsent_bytes >> 10;
+  app.add_option("--push-spare-lowat-kib", push_spare_lowat_kib,
+                 "Push/pull with --push-backlog-kib: unsent bytes the socket of a connection to "
+                 "a spare summation server (not a worker of the job) holds at most "
+                 "(TCP_NOTSENT_LOWAT), so that the backlog binds on bytes about to leave; the "
+                 "connections among workers keep --tcp-notsent-lowat-kib (0 = that too)")
+      ->capture_default_str()
+      ->check(CLI::Range(uint32_t{0}, uint32_t{1} << 20));
   uint32_t tcp_notsent_lowat_kib = options.tcp_notsent_lowat_bytes >> 10;
   app.add_option("--tcp-notsent-lowat-kib", tcp_notsent_lowat_kib,
                  "TCP data plane: unsent bytes a connection's socket holds at most "
                  "(TCP_NOTSENT_LOWAT), so that a send completes when its bytes are about to "
-                 "leave and --push-backlog-kib binds early (0 = the kernel's default; 128-1024 "
-                 "speeds push/pull up and can slow the ring when the CPU is short)")
+                 "leave (0 = the kernel's default; on every connection, where 128-1024 can slow "
+                 "the ring when the CPU is short; --push-spare-lowat-kib sets the connections to "
+                 "spare summation servers)")
       ->capture_default_str()
       ->check(CLI::Range(uint32_t{0}, uint32_t{1} << 20));
   uint64_t staging_chunk_kib = tributary::agent::kDefaultMirrorStagingChunk >> 10;
@@ -165,6 +174,7 @@ int main(int argc, char** argv) {
   options.peer_recovery_bytes = peer_recovery_mib << 20;
   options.push_backlog_bytes = push_backlog_kib << 10;
   options.tcp_notsent_lowat_bytes = tcp_notsent_lowat_kib << 10;
+  options.push_spare_unsent_bytes = push_spare_lowat_kib << 10;
   options.nic_bytes_per_s = nic_gbps * 1e9 / 8;
   options.sum_bytes_per_s = sum_gbps * 1e9;
   options.offers_summation = !no_summation;

@@ -584,6 +584,7 @@ PushPullWorker::~PushPullWorker() = default;
 void PushPullWorker::SetJob(const JobView& view) {
   std::vector<std::function<void()>> sends;
   std::vector<Completion> done;
+  std::vector<std::string> limit_unsent;  // spare servers' connections (SetSpareServerUnsentLimit)
   {
     std::lock_guard lock(mu_);
     const uint64_t job_hash = view.job_hash();
@@ -652,7 +653,16 @@ void PushPullWorker::SetJob(const JobView& view) {
       recovering.push_back(it->first);
     }
     for (const CollectiveKey& key : recovering) MaybeEndRecoveryLocked(key, done);
+    if (server_backlog_bytes_ > 0 && spare_unsent_limit_ > 0) {
+      for (const std::string& server : view.server_addresses) {
+        if (!worker_set.contains(server)) limit_unsent.push_back(server);
+      }
+    }
     PumpLocked(sends);
+  }
+  // Before the pushes go: the transport sets a limit before it posts any later send.
+  for (const std::string& server : limit_unsent) {
+    transport_->SetPeerUnsentLimit(server, spare_unsent_limit_);
   }
   Flush(std::move(sends), std::move(done));
 }

@@ -246,12 +246,17 @@ class PushPullServer {
 // different orders never wait for each other's windows (each operation's first chunks always
 // go).
 inline constexpr uint32_t kPushPullAhead = 4;
-// The agent's PushPullWorker::SetServerBacklog by default: off. ResNet-50's gradients with 4
-// spares at 125 Mbit/s: 7.44-7.65 s per iteration without it, 7.16-7.38 s with 128-512 KiB and
-// the sockets' TCP_NOTSENT_LOWAT at 64-128 KiB (which slows the ring on a CPU-short machine),
-// 7.35-7.58 s with the kernel's buffers; PyTorch ResNet-50 iterations 8254-8291 ms without it,
-// 8435-8489 ms with 256 KiB and the kernel's buffers (bench/results/push_backlog_125mbit_s24/).
-inline constexpr uint64_t kDefaultServerBacklog = 0;
+// The agent's PushPullWorker::SetServerBacklog by default: 256 KiB, with the connections to spare
+// servers at kDefaultSpareServerUnsent. ResNet-50's gradients with 4 spares at 125 Mbit/s, one
+// cluster each, 3 runs: 7133 ms per iteration (runs 7082-7379) against 7357 ms (7332-7974)
+// without, 1.43x Gloo's ring against 1.38x; 64 MiB and every k = 0 config unchanged
+// (bench/results/spare_lowat_125mbit_s26/). Session 24 had found the same with the low-water
+// mark on every connection, which slowed the ring on this CPU-short machine, and the backlog with
+// the kernel's buffers alone gained less (bench/results/push_backlog_125mbit_s24/).
+inline constexpr uint64_t kDefaultServerBacklog = 256 << 10;
+// The agent's PushPullWorker::SetSpareServerUnsentLimit by default: 128 KiB, 8 ms at 125 Mbit/s
+// (64 KiB to 1 MiB measured alike in session 24).
+inline constexpr uint32_t kDefaultSpareServerUnsent = 128 << 10;
 
 // Peer recovery: closes the "fan-out hole". A summation server that dies (or freezes) part-way
 // through sending a chunk's sum to the workers leaves the collective complete on the workers that
@@ -312,19 +317,28 @@ class PushPullWorker {
   // kPeerQuery, kPeerAnswer and kPeerFetch (see kDefaultRetainBytes).
   void HandlePeer(const WireHeader& h, std::span<const std::byte> payload);
   // Per summation server's address, the bytes of pushes handed to the transport and not yet
-  // sent, at most (0: off, the default). When the queue's next chunk, in priority order, is for
-  // a server at its limit, its job hands nothing further down the queue until that connection
+  // sent, at most (0: off, the class's default). When the queue's next chunk, in priority order, is
+  // for a server at its limit, its job hands nothing further down the queue until that connection
   // drains: every server's pushes advance together. Left to TCP, the flows of one worker's
   // pushes to its servers share its link unevenly (25-36 Mbit/s each at 125 Mbit/s); the
   // slowest flow into a server gates that server's sums for every worker, so its results, and
   // the iteration, end last. Chunks held by a full window (kPushPullAhead: the server's sums,
   // not this connection, are late) are still passed over. Needs a transport whose completions
-  // follow the wire to bind early (TcpTransportOptions::notsent_lowat_bytes; with the kernel's
-  // default buffers it binds only once a flow's socket is full). kDefaultServerBacklog for
-  // agents.
+  // follow the wire to bind early (SetSpareServerUnsentLimit; with the kernel's default buffers
+  // it binds only once a flow's socket is full). kDefaultServerBacklog for agents.
   void SetServerBacklog(uint64_t bytes) {
     std::lock_guard lock(mu_);
     server_backlog_bytes_ = bytes;
+  }
+  // With a backlog set: the unsent bytes a connection to a spare summation server (one that is
+  // not a worker of the job) may hold in the kernel (Transport::SetPeerUnsentLimit, set by
+  // SetJob), so that the backlog binds on what is about to leave rather than on a full socket
+  // buffer. Only those connections: the ones among workers also carry the ring, which a small
+  // limit slows where the CPU is short (kDefaultSpareServerUnsent). 0: the transport's default.
+  // Takes effect at the next SetJob.
+  void SetSpareServerUnsentLimit(uint32_t bytes) {
+    std::lock_guard lock(mu_);
+    spare_unsent_limit_ = bytes;
   }
   // Bytes of sums kept for peer recovery at most (kDefaultRetainBytes); 0 keeps none.
   void SetRetainBudget(uint64_t bytes) {
@@ -446,6 +460,7 @@ class PushPullWorker {
   // Per summation server address: bytes handed to the transport whose send has not completed.
   std::map<std::string, uint64_t, std::less<>> server_unsent_;
   uint64_t server_backlog_bytes_ = 0;
+  uint32_t spare_unsent_limit_ = 0;
   uint64_t next_seq_ = 0;
   std::map<CollectiveKey, std::vector<Held>> held_;               // by the key they wait for
   std::map<std::pair<uint64_t, uint64_t>, TensorTuning> tuning_;  // by (job, tensor)

@@ -121,6 +121,9 @@ class AuthenticatingTransport final : public Transport {
   void SetReceiveHandler(ReceiveHandler handler) override;
   void Send(const std::string& peer_address, std::span<const std::byte> header,
             std::span<const std::byte> payload, SendCallback done) override;
+  void SetPeerUnsentLimit(const std::string& peer_address, uint32_t bytes) override {
+    inner_->SetPeerUnsentLimit(peer_address, bytes);
+  }
   void Shutdown() override { inner_->Shutdown(); }
 
   const MessageAuthStats& stats() const { return stats_; }

@@ -30,6 +30,9 @@ class CountingTransport : public Transport {
     sent_.fetch_add(header.size() + payload.size(), std::memory_order_relaxed);
     inner_->Send(peer_address, header, payload, std::move(done));
   }
+  void SetPeerUnsentLimit(const std::string& peer_address, uint32_t bytes) override {
+    inner_->SetPeerUnsentLimit(peer_address, bytes);
+  }
   void Shutdown() override { inner_->Shutdown(); }
 
   // Bytes handed to Send (whether or not they were delivered) and bytes received, since start.

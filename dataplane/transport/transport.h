@@ -43,6 +43,17 @@ class Transport {
   virtual void Send(const std::string& peer_address, std::span<const std::byte> header,
                     std::span<const std::byte> payload, SendCallback done) = 0;
 
+  // How many bytes the connection to `peer_address` may hold unsent in the kernel before it
+  // takes more (TCP_NOTSENT_LOWAT on TcpTransport): with a small limit a send completes when its
+  // bytes are about to leave, so a sender that paces its own flows (push/pull's per-server
+  // backlog) sees each one's progress on the wire. Applies to the connection now and to later
+  // ones; 0 returns the peer to the transport's default. A hint: the default ignores it
+  // (transports without a kernel send queue), wrappers pass it on.
+  virtual void SetPeerUnsentLimit(const std::string& peer_address, uint32_t bytes) {
+    (void)peer_address;
+    (void)bytes;
+  }
+
   // Stops the progress thread. Pending sends complete with CANCELLED; no handler runs after
   // Shutdown returns. Idempotent.
   virtual void Shutdown() = 0;

@@ -30,6 +30,9 @@ class PacedTransport final : public Transport {
   }
   void Send(const std::string& peer_address, std::span<const std::byte> header,
             std::span<const std::byte> payload, SendCallback done) override;
+  void SetPeerUnsentLimit(const std::string& peer_address, uint32_t bytes) override {
+    inner_->SetPeerUnsentLimit(peer_address, bytes);
+  }
   void Shutdown() override;
 
  private:

@@ -90,6 +90,13 @@ void SetNotSentLowat(int fd, uint32_t bytes) {
   setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &value, sizeof(value));
 }
 
+// As SetNotSentLowat on a connection that may have had a limit: 0 is the system's default
+// (net.ipv4.tcp_notsent_lowat), which the kernel reads when the socket's value is 0.
+void ResetNotSentLowat(int fd, uint32_t bytes) {
+  const int value = static_cast<int>(std::min<uint32_t>(bytes, INT32_MAX));
+  setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &value, sizeof(value));
+}
+
 }  // namespace
 
 // Everything below "progress thread only" is touched by the progress thread alone (and by
@@ -189,6 +196,15 @@ class TcpTransport::Impl {
     }
   }
 
+  void SetPeerUnsentLimit(const std::string& peer_address, uint32_t bytes) {
+    {
+      std::lock_guard lock(limits_mu_);
+      requested_limits_[peer_address] = bytes;
+      limits_changed_ = true;
+    }
+    Wake();
+  }
+
   void Shutdown() {
     sends_.RequestStop();
     Wake();
@@ -206,6 +222,7 @@ class TcpTransport::Impl {
   uint64_t rejected_connections() const { return rejected_.load(); }
   uint64_t protocol_errors() const { return protocol_errors_.load(); }
   uint64_t accepted_connections() const { return accepted_.load(); }
+  uint64_t peer_unsent_limits_applied() const { return limits_applied_.load(); }
 
  private:
   // One Send: the frame (frame header + copied user header) and the borrowed payload.
@@ -353,8 +370,39 @@ class TcpTransport::Impl {
 
   // Takes the sends queued by other threads and posts them; notices a stop request.
   void DrainQueue() {
-    for (auto& op : sends_.Take(&stopping_)) Post(std::move(op));
+    std::vector<std::unique_ptr<SendOp>> ops = sends_.Take(&stopping_);
+    // After the Take: a limit set before a send was handed is in place before that send posts.
+    ApplyUnsentLimits();
+    for (auto& op : ops) Post(std::move(op));
     FlushDirty();
+  }
+
+  // The limits SetPeerUnsentLimit asked for since the last call, on the connections open now
+  // (GetOrConnect sets them on new ones).
+  void ApplyUnsentLimits() {
+    std::unordered_map<std::string, uint32_t> changed;
+    {
+      std::lock_guard lock(limits_mu_);
+      if (!limits_changed_) return;
+      limits_changed_ = false;
+      for (const auto& [address, bytes] : requested_limits_) {
+        auto it = unsent_limits_.find(address);
+        if (it == unsent_limits_.end() || it->second != bytes) changed[address] = bytes;
+      }
+    }
+    for (const auto& [address, bytes] : changed) {
+      unsent_limits_[address] = bytes;
+      if (auto it = peers_.find(address); it != peers_.end()) {
+        ResetNotSentLowat(it->second->fd, UnsentLimitFor(address));
+        ++limits_applied_;
+      }
+    }
+  }
+
+  // The connection to `address`'s TCP_NOTSENT_LOWAT: its SetPeerUnsentLimit, else the options'.
+  uint32_t UnsentLimitFor(const std::string& address) const {
+    auto it = unsent_limits_.find(address);
+    return it != unsent_limits_.end() && it->second > 0 ? it->second : options_.notsent_lowat_bytes;
   }
 
   // Sends from handlers and completions, then the writes they made due.
@@ -415,7 +463,10 @@ class TcpTransport::Impl {
         socket(op.sockaddr.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) return unavailable(absl::StrCat("socket: ", ErrnoText(errno)));
     SetNoDelay(fd);
-    SetNotSentLowat(fd, options_.notsent_lowat_bytes);
+    SetNotSentLowat(fd, UnsentLimitFor(op.address));
+    if (auto it = unsent_limits_.find(op.address); it != unsent_limits_.end() && it->second > 0) {
+      ++limits_applied_;
+    }
     if (connect(fd, op.sockaddr.get(), op.sockaddr.length) != 0 && errno != EINPROGRESS) {
       const int error = errno;
       close(fd);
@@ -997,8 +1048,14 @@ class TcpTransport::Impl {
   std::atomic<uint64_t> rejected_ = 0;
   std::atomic<uint64_t> protocol_errors_ = 0;
   std::atomic<uint64_t> accepted_ = 0;
+  std::atomic<uint64_t> limits_applied_ = 0;
+
+  std::mutex limits_mu_;
+  std::unordered_map<std::string, uint32_t> requested_limits_;  // SetPeerUnsentLimit's, by peer
+  bool limits_changed_ = false;
 
   // --- Progress thread only. ---
+  std::unordered_map<std::string, uint32_t> unsent_limits_;  // requested_limits_ as applied
   bool stopping_ = false;
   uint64_t next_id_ = kFirstConnectionId;
   std::unordered_map<std::string, std::unique_ptr<Peer>> peers_;
@@ -1039,5 +1096,12 @@ void TcpTransport::Shutdown() { impl_->Shutdown(); }
 uint64_t TcpTransport::rejected_connections() const { return impl_->rejected_connections(); }
 uint64_t TcpTransport::protocol_errors() const { return impl_->protocol_errors(); }
 uint64_t TcpTransport::accepted_connections() const { return impl_->accepted_connections(); }
+uint64_t TcpTransport::peer_unsent_limits_applied() const {
+  return impl_->peer_unsent_limits_applied();
+}
+
+void TcpTransport::SetPeerUnsentLimit(const std::string& peer_address, uint32_t bytes) {
+  impl_->SetPeerUnsentLimit(peer_address, bytes);
+}
 
 }  // namespace tributary::dataplane

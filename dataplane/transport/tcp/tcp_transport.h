@@ -18,7 +18,8 @@ namespace tributary::dataplane {
 // backlog bind sooner (ResNet-50 with 4 spares at 125 Mbit/s 1.45x Gloo's ring instead of 1.37x)
 // but slowed the ring when the 2-core machine's scheduler left a socket with 8 ms of data
 // waiting (64 MiB k = 0: 7.8 s against 7.0 s); 1 MiB was between the two
-// (bench/results/push_backlog_125mbit_s24/).
+// (bench/results/push_backlog_125mbit_s24/). Push/pull sets it on the connections to spare
+// summation servers alone (SetPeerUnsentLimit), which the ring never uses.
 inline constexpr uint32_t kDefaultNotSentLowat = 0;
 
 struct TcpTransportOptions {
@@ -86,6 +87,9 @@ class TcpTransport final : public Transport {
   // connect_timeout. OK means every byte was handed to the kernel, not that the peer got it.
   void Send(const std::string& peer_address, std::span<const std::byte> header,
             std::span<const std::byte> payload, SendCallback done) override;
+  // TCP_NOTSENT_LOWAT of the connection to `peer_address` (0: notsent_lowat_bytes again), set
+  // on the progress thread before it posts any send made after this call.
+  void SetPeerUnsentLimit(const std::string& peer_address, uint32_t bytes) override;
   // Joins the progress thread, so it should not be called from a receive handler or completion;
   // there it only requests the stop, and a later call from another thread (or the destructor)
   // finishes it.
@@ -100,6 +104,9 @@ class TcpTransport final : public Transport {
   uint64_t protocol_errors() const;
   // Accepted connections that completed the handshake.
   uint64_t accepted_connections() const;
+  // Outgoing connections whose TCP_NOTSENT_LOWAT was set from a SetPeerUnsentLimit, at connect
+  // or later.
+  uint64_t peer_unsent_limits_applied() const;
 
  private:
   class Impl;

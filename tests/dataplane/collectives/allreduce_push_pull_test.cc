@@ -512,6 +512,14 @@ class RecordingTransport final : public Transport {
     });
   }
   void Shutdown() override { inner_->Shutdown(); }
+  void SetPeerUnsentLimit(const std::string& peer, uint32_t bytes) override {
+    std::lock_guard lock(mu_);
+    limits_[peer] = bytes;
+  }
+  std::map<std::string, uint32_t> limits() {
+    std::lock_guard lock(mu_);
+    return limits_;
+  }
   std::vector<std::pair<uint64_t, uint32_t>> sent() {
     std::lock_guard lock(mu_);
     return sent_;
@@ -531,6 +539,7 @@ class RecordingTransport final : public Transport {
   Transport* inner_;
   std::mutex mu_;
   std::vector<std::pair<uint64_t, uint32_t>> sent_;
+  std::map<std::string, uint32_t> limits_;
   bool holding_ = true;
   std::vector<std::function<void()>> held_;
 };
@@ -798,6 +807,36 @@ TEST(PushPull, ServerBacklogKeepsEveryServersPushesInStep) {
     EXPECT_EQ(recorder.sent().size(), 20u);
     worker_ep->Shutdown();
     for (auto& e : server_eps) e->Shutdown();
+  }
+}
+
+// With a backlog, a worker limits what its connections to the job's spare servers hold unsent
+// (so that the backlog binds on bytes about to leave), and leaves the connections to the other
+// workers, which the ring shares, alone. Without a backlog, or with no limit set, none.
+TEST(PushPull, BacklogLimitsUnsentBytesToSpareServersOnly) {
+  for (const auto& [backlog, limit] :
+       {std::pair<uint64_t, uint32_t>{0, 4096}, {800, 0}, {800, 4096}}) {
+    SCOPED_TRACE(absl::StrCat("backlog ", backlog, " limit ", limit));
+    InProcessNetwork network;
+    auto ep = network.CreateEndpoint("w0");
+    RecordingTransport recorder(ep.get());
+    recorder.Release();
+    CpuReducer reducer{1, 1 << 20};
+    common::FakeClock clock;
+    PushPullStats stats;
+    PushPullWorker worker(&recorder, &reducer, &clock, &stats);
+    worker.SetServerBacklog(backlog);
+    worker.SetSpareServerUnsentLimit(limit);
+    JobView v = OneWorkerOneServer(400);
+    v.worker_addresses = {"w0", "w1"};
+    v.server_addresses = {"w0", "w1", "s0", "s1"};
+    v.server_weights = {1, 1, ChunkMap::kWeightTotal / 2 - 1, ChunkMap::kWeightTotal / 2 - 1};
+    worker.SetJob(v);
+    const std::map<std::string, uint32_t> want =
+        backlog > 0 && limit > 0 ? std::map<std::string, uint32_t>{{"s0", limit}, {"s1", limit}}
+                                 : std::map<std::string, uint32_t>{};
+    EXPECT_EQ(recorder.limits(), want);
+    ep->Shutdown();
   }
 }
 

@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <future>
 #include <memory>
 #include <random>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "dataplane/transport/tcp/tcp_wire.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -112,6 +114,28 @@ std::unique_ptr<TcpTransport> Make(TcpTransportOptions options = {}) {
   absl::StatusOr<std::unique_ptr<TcpTransport>> transport = TcpTransport::Create(options);
   EXPECT_TRUE(transport.ok()) << transport.status();
   return transport.ok() ? *std::move(transport) : nullptr;
+}
+
+// TCP_NOTSENT_LOWAT of this process's socket connected to `peer` ("127.0.0.1:port"), found by
+// its remote address among the open descriptors; -1 when there is none.
+int NotSentLowatOfConnectionTo(const std::string& peer) {
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    const int fd = std::stoi(entry.path().filename().string());
+    sockaddr_in remote{};
+    socklen_t length = sizeof(remote);
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&remote), &length) != 0 ||
+        remote.sin_family != AF_INET) {
+      continue;
+    }
+    char host[INET_ADDRSTRLEN] = {};
+    inet_ntop(AF_INET, &remote.sin_addr, host, sizeof(host));
+    if (absl::StrCat(host, ":", ntohs(remote.sin_port)) != peer) continue;
+    int value = -1;
+    socklen_t size = sizeof(value);
+    if (getsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &value, &size) != 0) return -1;
+    return value;
+  }
+  return -1;
 }
 
 // --- Options, limits and connection reuse. ---
@@ -207,6 +231,42 @@ TEST(TcpTransportTest, NotSentLowatKeepsMessagesIntactAndInOrder) {
     EXPECT_EQ(Text(got[i].header), std::to_string(i));
     EXPECT_TRUE(got[i].payload == payloads[i]) << "message " << i;
   }
+}
+
+// SetPeerUnsentLimit sets TCP_NOTSENT_LOWAT on the connection to that peer only: on the open
+// one (before any send made after the call), on one opened later, and back to the options'
+// value with 0; the connections to other peers keep the options' value.
+TEST(TcpTransportTest, PeerUnsentLimitsApplyToThatPeersConnectionOnly) {
+  TcpTransportOptions options;
+  options.notsent_lowat_bytes = 64 << 10;
+  auto a = Make(options);
+  auto b = Make();
+  auto c = Make();
+  auto d = Make();
+  ASSERT_TRUE(a && b && c && d);
+  Inbox inbox;
+  for (TcpTransport* t : {b.get(), c.get(), d.get()}) t->SetReceiveHandler(inbox.Handler());
+  StopOnExit stop{a.get(), b.get(), c.get(), d.get()};
+  const std::vector<std::byte> payload = Pattern(1000, 1);
+  ASSERT_TRUE(SendAndWait(*a, b->Address(), Bytes("1"), payload).ok());
+  EXPECT_EQ(NotSentLowatOfConnectionTo(b->Address()), 64 << 10);
+
+  a->SetPeerUnsentLimit(b->Address(), 16 << 10);
+  a->SetPeerUnsentLimit(c->Address(), 32 << 10);
+  ASSERT_TRUE(SendAndWait(*a, b->Address(), Bytes("2"), payload).ok());
+  EXPECT_EQ(NotSentLowatOfConnectionTo(b->Address()), 16 << 10);
+  ASSERT_TRUE(SendAndWait(*a, c->Address(), Bytes("3"), payload).ok());
+  EXPECT_EQ(NotSentLowatOfConnectionTo(c->Address()), 32 << 10);
+  ASSERT_TRUE(SendAndWait(*a, d->Address(), Bytes("4"), payload).ok());
+  EXPECT_EQ(NotSentLowatOfConnectionTo(d->Address()), 64 << 10);
+  EXPECT_EQ(a->peer_unsent_limits_applied(), 2u);
+
+  a->SetPeerUnsentLimit(b->Address(), 0);
+  ASSERT_TRUE(SendAndWait(*a, b->Address(), Bytes("5"), payload).ok());
+  EXPECT_EQ(NotSentLowatOfConnectionTo(b->Address()), 64 << 10);
+  EXPECT_EQ(a->peer_unsent_limits_applied(), 3u);
+  ASSERT_TRUE(inbox.WaitFor(5));
+  for (const Message& m : inbox.Take()) EXPECT_TRUE(m.payload == payload);
 }
 
 TEST(TcpTransportTest, PayloadOverTheLimitIsInvalidArgument) {
