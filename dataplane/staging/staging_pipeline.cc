@@ -143,8 +143,13 @@ absl::Status StagingPipeline::Send(const void* src, size_t bytes, Sink sink,
       continue;
     }
     if (st.completed == chunks) break;
-    if (st.cv.wait_until(lock, deadline) == std::cv_status::timeout &&
-        std::chrono::steady_clock::now() >= deadline) {
+    // Woken by what the loop acts on. A copy's error can arrive while the copies above run
+    // unlocked, before this wait: checked here, not lost (it used to wait out the deadline).
+    if (!st.cv.wait_until(lock, deadline, [&] {
+          return !st.error.ok() || st.completed == chunks ||
+                 (next_deliver < next_copy && st.done[next_deliver]) ||
+                 (next_copy < chunks && !st.free_slots.empty());
+        })) {
       const size_t completed = st.completed;
       lock.unlock();
       return fail(Deadline("send", completed, chunks));
@@ -239,8 +244,11 @@ absl::Status StagingPipeline::Receive(void* dst, size_t bytes, Source source,
       continue;
     }
     if (st.completed == chunks) break;
-    if (st.cv.wait_until(lock, deadline) == std::cv_status::timeout &&
-        std::chrono::steady_clock::now() >= deadline) {
+    if (!st.cv.wait_until(lock, deadline, [&] {
+          return !st.error.ok() || st.completed == chunks ||
+                 (next_copy < next_fill && st.done[next_copy]) ||
+                 (next_fill < chunks && !st.free_slots.empty());
+        })) {
       const size_t completed = st.completed;
       lock.unlock();
       return fail(Deadline("receive", completed, chunks));

@@ -269,6 +269,41 @@ TEST(StagingPipeline, SendTimesOutWhenTheSinkNeverReleasesAndRecovers) {
   EXPECT_TRUE(s.ok()) << s;
 }
 
+// A copy's error reported while Send is still issuing copies (here: at once, on the sending
+// thread, with one slot so that no other notification follows) fails the transfer at once; it
+// was lost, and the transfer waited out its deadline (1 run in 300 of the test below).
+TEST(StagingPipeline, AnErrorReportedWhileCopiesAreIssuedIsNotLost) {
+  class FailingAtOnce final : public CopyEngine {
+   public:
+    const char* name() const override { return "failing at once"; }
+    absl::StatusOr<StagingMemory> AllocateStaging(size_t bytes) override {
+      return host_.AllocateStaging(bytes);
+    }
+    absl::Status CopyAsync(void* dst, const void* src, size_t bytes) override {
+      return host_.CopyAsync(dst, src, bytes);
+    }
+    absl::Status NotifyAsync(absl::AnyInvocable<void(absl::Status)> done) override {
+      if (notifies_++ == 0) {
+        done(absl::InternalError("injected stream failure"));
+        return absl::OkStatus();
+      }
+      return host_.NotifyAsync(std::move(done));
+    }
+    absl::Status Synchronize() override { return host_.Synchronize(); }
+
+   private:
+    int notifies_ = 0;
+    HostCopyEngine host_;
+  } engine;
+  auto p = StagingPipeline::Create(engine, {.chunk_bytes = 100, .slots = 1});
+  ASSERT_TRUE(p.ok());
+  const std::vector<uint8_t> tensor = Pattern(1000, 3);
+  auto sink = [](const StagingPipeline::Chunk&, absl::AnyInvocable<void()> release) { release(); };
+  const absl::Status s = (*p)->Send(tensor.data(), tensor.size(), sink, kTimeout);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_TRUE((*p)->Send(tensor.data(), tensor.size(), sink, kTimeout).ok());  // Slots free.
+}
+
 TEST(StagingPipeline, CopyErrorsFailTheTransferAndFreeTheSlots) {
   const std::vector<uint8_t> tensor = Pattern(1000, 9);
   std::vector<std::string> log;
