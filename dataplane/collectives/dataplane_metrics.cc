@@ -31,50 +31,62 @@ prometheus::Histogram::BucketBoundaries DurationBuckets() {
 
 }  // namespace
 
-// A series is a (family, label set); several JobSeries can hold the same one (a job removed and
-// planned again while a collective of its first life still holds the old view), so each is
-// counted and leaves its family when its last holder ends.
-struct DataPlaneMetrics::JobSeriesBook {
+namespace {
+
+// A series is a (family, label set). Several JobSeries can hold the same one: a job removed and
+// planned again while a collective of its first life still holds the old view, or nodes that
+// share one registry (tests, benches) and plan the same job. So each is counted, process-wide,
+// and leaves its family when its last holder ends.
+struct SeriesHolders {
   using Key = std::pair<const void*, prometheus::Labels>;
   std::mutex mu;
-  std::map<Key, int> holders;
-  // The jobs planned on this node and not removed: their series, held until RemoveJob.
-  std::map<std::string, std::shared_ptr<JobSeries>> live;
+  std::map<Key, int> count;
 };
 
-// The series of one life of a job on this node (ForJob to RemoveJob), alive while the book's
-// `live` entry or a JobPeerCounters holds it; its end removes the series no one else holds.
+SeriesHolders& Holders() {
+  static auto* holders = new SeriesHolders();  // Never destroyed: series may end at exit.
+  return *holders;
+}
+
+}  // namespace
+
+// The series of one life of a job on one node (ForJob to RemoveJob), alive while the node's
+// `live_` entry or a JobPeerCounters holds it; its end removes the series no one else holds.
+// Its families live in the registry, which outlives every view of the node.
 class DataPlaneMetrics::JobSeries {
  public:
-  explicit JobSeries(std::shared_ptr<JobSeriesBook> book) : book_(std::move(book)) {}
+  JobSeries() = default;
   JobSeries(const JobSeries&) = delete;
   JobSeries& operator=(const JobSeries&) = delete;
 
   ~JobSeries() {
-    std::lock_guard lock(book_->mu);
+    SeriesHolders& holders = Holders();
+    std::lock_guard lock(holders.mu);
     for (auto& [key, remove] : held_) {
-      auto it = book_->holders.find(key);
-      if (it != book_->holders.end() && --it->second > 0) continue;
-      if (it != book_->holders.end()) book_->holders.erase(it);
+      auto it = holders.count.find(key);
+      if (it != holders.count.end() && --it->second > 0) continue;
+      if (it != holders.count.end()) holders.count.erase(it);
       remove();
     }
   }
 
-  // The series `labels` of `family`, held by this life of the job. Under book_->mu.
+  // The series `labels` of `family`, held by this life of the job. Calls are serialised by the
+  // owner's live_mu_.
   template <typename T>
-  T& AddLocked(prometheus::Family<T>& family, const prometheus::Labels& labels) {
+  T& Add(prometheus::Family<T>& family, const prometheus::Labels& labels) {
+    SeriesHolders& holders = Holders();
+    std::lock_guard lock(holders.mu);
     T& metric = family.Add(labels);
-    JobSeriesBook::Key key{&family, labels};
+    SeriesHolders::Key key{&family, labels};
     if (!held_.contains(key)) {
-      ++book_->holders[key];
+      ++holders.count[key];
       held_.emplace(std::move(key), [&family, &metric] { family.Remove(&metric); });
     }
     return metric;
   }
 
  private:
-  const std::shared_ptr<JobSeriesBook> book_;
-  std::map<JobSeriesBook::Key, std::function<void()>> held_;
+  std::map<SeriesHolders::Key, std::function<void()>> held_;
 };
 
 const char* SizeClass(uint64_t bytes) {
@@ -109,8 +121,7 @@ DataPlaneMetrics::DataPlaneMetrics(prometheus::Registry& registry)
       pending_(GaugeFamily(registry, "tributary_dataplane_pending_operations",
                            "Operations started and not finished.")),
       oldest_(GaugeFamily(registry, "tributary_dataplane_oldest_pending_operation_age_seconds",
-                          "Age of the oldest pending operation; 0 when none.")),
-      book_(std::make_shared<JobSeriesBook>()) {
+                          "Age of the oldest pending operation; 0 when none.")) {
   for (Algorithm a : kAlgorithms) {
     const int i = static_cast<int>(a);
     started_by_alg_[i] = &started_.Add({{"algorithm", AlgName(a)}});
@@ -122,42 +133,46 @@ DataPlaneMetrics::DataPlaneMetrics(prometheus::Registry& registry)
   }
 }
 
+DataPlaneMetrics::~DataPlaneMetrics() {
+  std::map<std::string, std::shared_ptr<JobSeries>> live;  // ended after the lock
+  std::lock_guard lock(live_mu_);
+  live.swap(live_);
+}
+
 std::shared_ptr<const JobPeerCounters> DataPlaneMetrics::ForJob(const JobView& view) {
   auto c = std::make_shared<JobPeerCounters>();
   auto peer = [](const std::vector<std::string>& ids, const std::vector<std::string>& addrs,
                  size_t i) { return i < ids.size() && !ids[i].empty() ? ids[i] : addrs[i]; };
-  std::lock_guard lock(book_->mu);
-  std::shared_ptr<JobSeries>& series = book_->live[view.job_id];
-  if (series == nullptr) series = std::make_shared<JobSeries>(book_);
+  std::lock_guard lock(live_mu_);
+  std::shared_ptr<JobSeries>& series = live_[view.job_id];
+  if (series == nullptr) series = std::make_shared<JobSeries>();
   for (size_t s = 0; s < view.server_addresses.size(); ++s) {
     const prometheus::Labels l{{"job", view.job_id},
                                {"peer_node", peer(view.server_node_ids, view.server_addresses, s)}};
-    c->pushed.push_back(&series->AddLocked(pushed_, l));
-    c->pulled.push_back(&series->AddLocked(pulled_, l));
+    c->pushed.push_back(&series->Add(pushed_, l));
+    c->pulled.push_back(&series->Add(pulled_, l));
   }
   for (size_t w = 0; w < view.worker_addresses.size(); ++w) {
     const prometheus::Labels l{{"job", view.job_id},
                                {"peer_node", peer(view.worker_node_ids, view.worker_addresses, w)}};
-    c->summed.push_back(&series->AddLocked(summed_, l));
-    c->served.push_back(&series->AddLocked(served_, l));
+    c->summed.push_back(&series->Add(summed_, l));
+    c->served.push_back(&series->Add(served_, l));
   }
   c->series = series;
   return c;
 }
 
 void DataPlaneMetrics::RemoveJob(const std::string& job_id) {
-  std::shared_ptr<JobSeries> ended;  // released after the lock: its end takes the lock
-  {
-    std::lock_guard lock(book_->mu);
-    auto it = book_->live.find(job_id);
-    if (it == book_->live.end()) return;
-    ended = std::move(it->second);
-    book_->live.erase(it);
-    // The gauges go now, whoever still holds the counters.
-    for (prometheus::Family<prometheus::Gauge>* family : {&pending_, &oldest_}) {
-      const prometheus::Labels l{{"job", job_id}};
-      if (family->Has(l)) family->Remove(&family->Add(l));
-    }
+  std::shared_ptr<JobSeries> ended;  // released after the lock (declared before it)
+  std::lock_guard lock(live_mu_);
+  auto it = live_.find(job_id);
+  if (it == live_.end()) return;
+  ended = std::move(it->second);
+  live_.erase(it);
+  // The gauges go now, whoever still holds the counters.
+  for (prometheus::Family<prometheus::Gauge>* family : {&pending_, &oldest_}) {
+    const prometheus::Labels l{{"job", job_id}};
+    if (family->Has(l)) family->Remove(&family->Add(l));
   }
 }
 
@@ -186,8 +201,8 @@ void DataPlaneMetrics::OperationRefused(Algorithm algorithm, const absl::Status&
 
 void DataPlaneMetrics::SetPending(const std::string& job_id, size_t pending,
                                   double oldest_age_seconds) {
-  std::lock_guard lock(book_->mu);
-  if (!book_->live.contains(job_id)) return;
+  std::lock_guard lock(live_mu_);
+  if (!live_.contains(job_id)) return;
   pending_.Add({{"job", job_id}}).Set(static_cast<double>(pending));
   oldest_.Add({{"job", job_id}}).Set(oldest_age_seconds);
 }

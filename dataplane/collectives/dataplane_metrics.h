@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -41,6 +42,8 @@ const char* SizeClass(uint64_t bytes);
 class DataPlaneMetrics {
  public:
   explicit DataPlaneMetrics(prometheus::Registry& registry);
+  // Ends the live jobs' series (those still held by a view end with it).
+  ~DataPlaneMetrics();
 
   // The peer counters of `view`'s job (series created at zero, or continued from the job's
   // earlier plans). Peer labels are the view's node ids, or the addresses when the view has
@@ -49,7 +52,8 @@ class DataPlaneMetrics {
   // The job has ended on this node: its series leave the registry, the pending gauges at once
   // and the peer byte counters once no JobPeerCounters of the job is left (a collective still
   // holding its job's view counts into them until it ends). An agent that has run many jobs
-  // exports the live ones only. A later ForJob of the same job id starts its series at zero.
+  // exports the live ones only. A later ForJob of the same job id continues the series a view of
+  // the removed life still holds, and starts the others at zero.
   void RemoveJob(const std::string& job_id);
 
   void OperationStarted(Algorithm algorithm);
@@ -66,8 +70,7 @@ class DataPlaneMetrics {
   void RecoveryObserved(double seconds);
 
  private:
-  // The per-job series' bookkeeping, shared with every JobPeerCounters (dataplane_metrics.cc).
-  struct JobSeriesBook;
+  // One life of a job's series on this node (dataplane_metrics.cc).
   class JobSeries;
 
   prometheus::Family<prometheus::Counter>& pushed_;
@@ -85,7 +88,9 @@ class DataPlaneMetrics {
   // Indexed by Algorithm (kAuto's slot stays empty).
   prometheus::Counter* started_by_alg_[kAlgorithmValues] = {};
   prometheus::Counter* completed_by_alg_[kAlgorithmValues] = {};
-  std::shared_ptr<JobSeriesBook> book_;
+  // The jobs planned on this node and not removed, with their series.
+  std::mutex live_mu_;
+  std::map<std::string, std::shared_ptr<JobSeries>> live_;
 };
 
 // Scrape-time view of a node's push/pull and engine counters (flow control, malformed messages,

@@ -468,5 +468,36 @@ TEST(DataPlaneMetricsTest, ARemovedJobsCountersLiveOnWhileAViewHoldsThem) {
   metrics.RemoveJob("other");
 }
 
+// Nodes that share one registry (tests and benches run several in a process) share the series
+// of a job they both plan: one node removing the job leaves the other's counters registered.
+TEST(DataPlaneMetricsTest, NodesSharingARegistryKeepEachOthersSeries) {
+  prometheus::Registry registry;
+  auto first = std::make_unique<DataPlaneMetrics>(registry);
+  DataPlaneMetrics second(registry);
+  JobView view;
+  view.job_id = "j";
+  view.server_addresses = {"s:1"};
+  view.server_node_ids = {"node-s"};
+  const std::pair<std::string, std::string> job{"job", "j"};
+  const std::pair<std::string, std::string> s{"peer_node", "node-s"};
+  std::shared_ptr<const JobPeerCounters> a = first->ForJob(view);
+  std::shared_ptr<const JobPeerCounters> b = second.ForJob(view);
+  EXPECT_EQ(a->pushed[0], b->pushed[0]);
+  first->RemoveJob("j");
+  a.reset();
+  b->pushed[0]->Increment(5);
+  EXPECT_EQ(Value(registry.Collect(), "tributary_dataplane_pushed_bytes_total", {job, s}), 5);
+  // A node's metrics destroyed with a job still planned end its holds too.
+  std::shared_ptr<const JobPeerCounters> again = first->ForJob(view);
+  again.reset();
+  first.reset();
+  b->pushed[0]->Increment(1);
+  EXPECT_EQ(Value(registry.Collect(), "tributary_dataplane_pushed_bytes_total", {job, s}), 6);
+  second.RemoveJob("j");
+  b.reset();
+  EXPECT_EQ(FindSample(registry.Collect(), "tributary_dataplane_pushed_bytes_total", {job, s}),
+            nullptr);
+}
+
 }  // namespace
 }  // namespace tributary::dataplane
