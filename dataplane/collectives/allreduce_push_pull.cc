@@ -584,7 +584,6 @@ PushPullWorker::~PushPullWorker() = default;
 void PushPullWorker::SetJob(const JobView& view) {
   std::vector<std::function<void()>> sends;
   std::vector<Completion> done;
-  std::vector<std::string> limit_unsent;  // spare servers' connections (SetSpareServerUnsentLimit)
   {
     std::lock_guard lock(mu_);
     const uint64_t job_hash = view.job_hash();
@@ -653,18 +652,39 @@ void PushPullWorker::SetJob(const JobView& view) {
       recovering.push_back(it->first);
     }
     for (const CollectiveKey& key : recovering) MaybeEndRecoveryLocked(key, done);
-    if (server_backlog_bytes_ > 0 && spare_unsent_limit_ > 0) {
-      for (const std::string& server : view.server_addresses) {
-        if (!worker_set.contains(server)) limit_unsent.push_back(server);
-      }
-    }
+    // Before any push of the new view goes: the transport sets a limit before it posts any
+    // send made after the call.
+    UpdateUnsentLimitsLocked();
     PumpLocked(sends);
   }
-  // Before the pushes go: the transport sets a limit before it posts any later send.
-  for (const std::string& server : limit_unsent) {
-    transport_->SetPeerUnsentLimit(server, spare_unsent_limit_);
-  }
   Flush(std::move(sends), std::move(done));
+}
+
+void PushPullWorker::UpdateUnsentLimitsLocked() {
+  // The spare servers of every job, less every job's workers: a connection the ring may use
+  // keeps the transport's default.
+  std::set<std::string> spares, workers;
+  for (const auto& [hash, job] : jobs_) {
+    workers.insert(job->worker_addresses.begin(), job->worker_addresses.end());
+    spares.insert(job->server_addresses.begin(), job->server_addresses.end());
+  }
+  const uint32_t limit = server_backlog_bytes_ > 0 ? spare_unsent_limit_ : 0;
+  std::map<std::string, uint32_t> want;
+  if (limit > 0) {
+    for (const std::string& a : spares) {
+      if (!workers.contains(a)) want[a] = limit;
+    }
+  }
+  for (const auto& [address, bytes] : unsent_limits_) {
+    if (!want.contains(address)) transport_->SetPeerUnsentLimit(address, 0);
+  }
+  for (const auto& [address, bytes] : want) {
+    auto it = unsent_limits_.find(address);
+    if (it == unsent_limits_.end() || it->second != bytes) {
+      transport_->SetPeerUnsentLimit(address, bytes);
+    }
+  }
+  unsent_limits_ = std::move(want);
 }
 
 void PushPullWorker::RemoveJob(uint64_t job_hash) {
@@ -673,6 +693,7 @@ void PushPullWorker::RemoveJob(uint64_t job_hash) {
     std::lock_guard lock(mu_);
     jobs_.erase(job_hash);
     dedicated_servers_.erase(job_hash);
+    UpdateUnsentLimitsLocked();
     for (auto it = held_.begin(); it != held_.end();) {
       if (it->first.job != job_hash) {
         ++it;

@@ -334,8 +334,9 @@ class PushPullWorker {
   // not a worker of the job) may hold in the kernel (Transport::SetPeerUnsentLimit, set by
   // SetJob), so that the backlog binds on what is about to leave rather than on a full socket
   // buffer. Only those connections: the ones among workers also carry the ring, which a small
-  // limit slows where the CPU is short (kDefaultSpareServerUnsent). 0: the transport's default.
-  // Takes effect at the next SetJob.
+  // limit slows where the CPU is short (kDefaultSpareServerUnsent): an address that is a worker
+  // of any job here keeps the transport's default, and one that no job has as a spare any more
+  // goes back to it. 0: the transport's default. Takes effect at the next SetJob or RemoveJob.
   void SetSpareServerUnsentLimit(uint32_t bytes) {
     std::lock_guard lock(mu_);
     spare_unsent_limit_ = bytes;
@@ -412,6 +413,9 @@ class PushPullWorker {
 
   // Moves ready chunks into flight while the credit allows; returns the sends to make.
   void PumpLocked(std::vector<std::function<void()>>& sends);
+  // Sets the transport's per-peer unsent limits to what the jobs now want
+  // (SetSpareServerUnsentLimit).
+  void UpdateUnsentLimitsLocked();
   void FailLocked(const CollectiveKey& key, absl::Status status, std::vector<Completion>& done);
   void Flush(std::vector<std::function<void()>> sends, std::vector<Completion> done);
   void SendChunk(std::shared_ptr<OpState> op, uint32_t chunk);
@@ -461,6 +465,8 @@ class PushPullWorker {
   std::map<std::string, uint64_t, std::less<>> server_unsent_;
   uint64_t server_backlog_bytes_ = 0;
   uint32_t spare_unsent_limit_ = 0;
+  // The limits set on the transport (UpdateUnsentLimitsLocked), by peer address.
+  std::map<std::string, uint32_t> unsent_limits_;
   uint64_t next_seq_ = 0;
   std::map<CollectiveKey, std::vector<Held>> held_;               // by the key they wait for
   std::map<std::pair<uint64_t, uint64_t>, TensorTuning> tuning_;  // by (job, tensor)

@@ -200,7 +200,7 @@ class TcpTransport::Impl {
     {
       std::lock_guard lock(limits_mu_);
       requested_limits_[peer_address] = bytes;
-      limits_changed_ = true;
+      limits_changed_.store(true, std::memory_order_release);
     }
     Wake();
   }
@@ -370,10 +370,8 @@ class TcpTransport::Impl {
 
   // Takes the sends queued by other threads and posts them; notices a stop request.
   void DrainQueue() {
-    std::vector<std::unique_ptr<SendOp>> ops = sends_.Take(&stopping_);
-    // After the Take: a limit set before a send was handed is in place before that send posts.
-    ApplyUnsentLimits();
-    for (auto& op : ops) Post(std::move(op));
+    for (auto& op : sends_.Take(&stopping_)) Post(std::move(op));
+    ApplyUnsentLimits();  // Also when no send came: the open connections get theirs.
     FlushDirty();
   }
 
@@ -383,8 +381,8 @@ class TcpTransport::Impl {
     std::unordered_map<std::string, uint32_t> changed;
     {
       std::lock_guard lock(limits_mu_);
-      if (!limits_changed_) return;
-      limits_changed_ = false;
+      if (!limits_changed_.load(std::memory_order_relaxed)) return;
+      limits_changed_.store(false, std::memory_order_relaxed);
       for (const auto& [address, bytes] : requested_limits_) {
         auto it = unsent_limits_.find(address);
         if (it == unsent_limits_.end() || it->second != bytes) changed[address] = bytes;
@@ -414,6 +412,9 @@ class TcpTransport::Impl {
   }
 
   void Post(std::unique_ptr<SendOp> op) {
+    // A limit set before this send was made is in place before it goes, whichever thread made
+    // it (sends made on this thread do not pass DrainQueue).
+    if (limits_changed_.load(std::memory_order_acquire)) ApplyUnsentLimits();
     if (!op->status.ok()) {
       absl::Status status = op->status;
       Finish(std::move(op), std::move(status));
@@ -1052,7 +1053,7 @@ class TcpTransport::Impl {
 
   std::mutex limits_mu_;
   std::unordered_map<std::string, uint32_t> requested_limits_;  // SetPeerUnsentLimit's, by peer
-  bool limits_changed_ = false;
+  std::atomic<bool> limits_changed_ = false;
 
   // --- Progress thread only. ---
   std::unordered_map<std::string, uint32_t> unsent_limits_;  // requested_limits_ as applied

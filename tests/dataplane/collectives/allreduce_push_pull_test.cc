@@ -812,7 +812,8 @@ TEST(PushPull, ServerBacklogKeepsEveryServersPushesInStep) {
 
 // With a backlog, a worker limits what its connections to the job's spare servers hold unsent
 // (so that the backlog binds on bytes about to leave), and leaves the connections to the other
-// workers, which the ring shares, alone. Without a backlog, or with no limit set, none.
+// workers, which the ring shares, alone; a limit goes when no job has its address as a spare,
+// or one has it as a worker. Without a backlog, or with no limit set, none.
 TEST(PushPull, BacklogLimitsUnsentBytesToSpareServersOnly) {
   for (const auto& [backlog, limit] :
        {std::pair<uint64_t, uint32_t>{0, 4096}, {800, 0}, {800, 4096}}) {
@@ -832,10 +833,21 @@ TEST(PushPull, BacklogLimitsUnsentBytesToSpareServersOnly) {
     v.server_addresses = {"w0", "w1", "s0", "s1"};
     v.server_weights = {1, 1, ChunkMap::kWeightTotal / 2 - 1, ChunkMap::kWeightTotal / 2 - 1};
     worker.SetJob(v);
-    const std::map<std::string, uint32_t> want =
-        backlog > 0 && limit > 0 ? std::map<std::string, uint32_t>{{"s0", limit}, {"s1", limit}}
-                                 : std::map<std::string, uint32_t>{};
-    EXPECT_EQ(recorder.limits(), want);
+    const bool on = backlog > 0 && limit > 0;
+    using Limits = std::map<std::string, uint32_t>;
+    EXPECT_EQ(recorder.limits(), (on ? Limits{{"s0", limit}, {"s1", limit}} : Limits{}));
+    // Another job has s1 as a worker: its connection goes back to the default (0), since the
+    // ring may use it; s0 keeps its limit.
+    JobView other = v;
+    other.job_id = "k";
+    other.worker_addresses = {"w0", "s1"};
+    other.server_addresses = {"w0", "s1"};
+    other.server_weights = {ChunkMap::kWeightTotal / 2, ChunkMap::kWeightTotal / 2};
+    worker.SetJob(other);
+    EXPECT_EQ(recorder.limits(), (on ? Limits{{"s0", limit}, {"s1", 0}} : Limits{}));
+    // The first job ends: no job has s0 as a spare any more.
+    worker.RemoveJob(v.job_hash());
+    EXPECT_EQ(recorder.limits(), (on ? Limits{{"s0", 0}, {"s1", 0}} : Limits{}));
     ep->Shutdown();
   }
 }
