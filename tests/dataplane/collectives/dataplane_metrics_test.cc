@@ -48,6 +48,19 @@ class MetricsCluster : public testing::Cluster {
     return Cluster::Start(rank, std::move(op));
   }
 
+  // Both ranks' all-reduce of `a` and `b`, waited for: the first error, or OK.
+  absl::Status AllReduce(std::vector<float>& a, std::vector<float>& b) {
+    auto fa = Start(0, a);
+    auto fb = Start(1, b);
+    if (fa.wait_for(kMetricsGuard) != std::future_status::ready ||
+        fb.wait_for(kMetricsGuard) != std::future_status::ready) {
+      return absl::DeadlineExceededError("the all-reduce did not finish in time");
+    }
+    const absl::Status sa = fa.get();
+    const absl::Status sb = fb.get();
+    return sa.ok() ? sb : sa;
+  }
+
   std::vector<prometheus::MetricFamily> Collect(int rank) {
     node(rank).UpdatePendingMetrics();
     return registry(rank).Collect();
@@ -93,12 +106,7 @@ TEST(DataPlaneMetricsTest, PushPullMovesByteAndOperationCounters) {
   MetricsCluster cluster(2);
   // 4096 floats = 16 KiB = 16 chunks of 1 KiB, split over two servers.
   std::vector<float> a(4096, 1.0f), b(4096, 2.0f);
-  auto fa = cluster.Start(0, a);
-  auto fb = cluster.Start(1, b);
-  ASSERT_EQ(fa.wait_for(kMetricsGuard), std::future_status::ready);
-  ASSERT_EQ(fb.wait_for(kMetricsGuard), std::future_status::ready);
-  ASSERT_TRUE(fa.get().ok());
-  ASSERT_TRUE(fb.get().ok());
+  ASSERT_TRUE(cluster.AllReduce(a, b).ok());
   EXPECT_EQ(a[0], 3.0f);
 
   double pushed = 0, pulled = 0, summed_total = 0, served_total = 0;
@@ -389,11 +397,7 @@ TEST(DataPlaneMetricsTest, ControlOperationsStayOutOfTheMetrics) {
 TEST(DataPlaneMetricsTest, RemovedJobsSeriesLeaveTheRegistry) {
   MetricsCluster cluster(2);
   std::vector<float> a(4096, 1.0f), b(4096, 2.0f);
-  auto fa = cluster.Start(0, a);
-  auto fb = cluster.Start(1, b);
-  ASSERT_EQ(fa.wait_for(kMetricsGuard), std::future_status::ready);
-  ASSERT_EQ(fb.wait_for(kMetricsGuard), std::future_status::ready);
-  ASSERT_TRUE(fa.get().ok());
+  ASSERT_TRUE(cluster.AllReduce(a, b).ok());
   const std::pair<std::string, std::string> job{"job", "job-m"};
   const char* kJobFamilies[] = {"tributary_dataplane_pushed_bytes_total",
                                 "tributary_dataplane_pulled_bytes_total",
