@@ -82,17 +82,10 @@ void SetNoDelay(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
-// TCP_NOTSENT_LOWAT: the socket takes no more bytes while this many are still unsent (0 leaves
-// the kernel's default, a send buffer of up to tcp_wmem's 4 MiB).
+// TCP_NOTSENT_LOWAT: the socket takes no more bytes while this many are still unsent. 0 is the
+// system's default (net.ipv4.tcp_notsent_lowat: a send buffer of up to tcp_wmem's 4 MiB), also on
+// a socket that had a limit before.
 void SetNotSentLowat(int fd, uint32_t bytes) {
-  if (bytes == 0) return;
-  const int value = static_cast<int>(std::min<uint32_t>(bytes, INT32_MAX));
-  setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &value, sizeof(value));
-}
-
-// As SetNotSentLowat on a connection that may have had a limit: 0 is the system's default
-// (net.ipv4.tcp_notsent_lowat), which the kernel reads when the socket's value is 0.
-void ResetNotSentLowat(int fd, uint32_t bytes) {
   const int value = static_cast<int>(std::min<uint32_t>(bytes, INT32_MAX));
   setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &value, sizeof(value));
 }
@@ -199,7 +192,7 @@ class TcpTransport::Impl {
   void SetPeerUnsentLimit(const std::string& peer_address, uint32_t bytes) {
     {
       std::lock_guard lock(limits_mu_);
-      requested_limits_[peer_address] = bytes;
+      pending_limits_[peer_address] = bytes;
       limits_changed_.store(true, std::memory_order_release);
     }
     Wake();
@@ -376,22 +369,23 @@ class TcpTransport::Impl {
   }
 
   // The limits SetPeerUnsentLimit asked for since the last call, on the connections open now
-  // (GetOrConnect sets them on new ones).
+  // (GetOrConnect sets them on new ones). One atomic load when there are none.
   void ApplyUnsentLimits() {
-    std::unordered_map<std::string, uint32_t> changed;
+    if (!limits_changed_.load(std::memory_order_acquire)) return;
+    std::unordered_map<std::string, uint32_t> pending;
     {
       std::lock_guard lock(limits_mu_);
-      if (!limits_changed_.load(std::memory_order_relaxed)) return;
       limits_changed_.store(false, std::memory_order_relaxed);
-      for (const auto& [address, bytes] : requested_limits_) {
-        auto it = unsent_limits_.find(address);
-        if (it == unsent_limits_.end() || it->second != bytes) changed[address] = bytes;
-      }
+      pending.swap(pending_limits_);
     }
-    for (const auto& [address, bytes] : changed) {
-      unsent_limits_[address] = bytes;
+    for (const auto& [address, bytes] : pending) {
+      if (bytes > 0) {
+        unsent_limits_[address] = bytes;
+      } else {
+        unsent_limits_.erase(address);
+      }
       if (auto it = peers_.find(address); it != peers_.end()) {
-        ResetNotSentLowat(it->second->fd, UnsentLimitFor(address));
+        SetNotSentLowat(it->second->fd, UnsentLimitFor(address));
         ++limits_applied_;
       }
     }
@@ -400,7 +394,7 @@ class TcpTransport::Impl {
   // The connection to `address`'s TCP_NOTSENT_LOWAT: its SetPeerUnsentLimit, else the options'.
   uint32_t UnsentLimitFor(const std::string& address) const {
     auto it = unsent_limits_.find(address);
-    return it != unsent_limits_.end() && it->second > 0 ? it->second : options_.notsent_lowat_bytes;
+    return it != unsent_limits_.end() ? it->second : options_.notsent_lowat_bytes;
   }
 
   // Sends from handlers and completions, then the writes they made due.
@@ -414,7 +408,7 @@ class TcpTransport::Impl {
   void Post(std::unique_ptr<SendOp> op) {
     // A limit set before this send was made is in place before it goes, whichever thread made
     // it (sends made on this thread do not pass DrainQueue).
-    if (limits_changed_.load(std::memory_order_acquire)) ApplyUnsentLimits();
+    ApplyUnsentLimits();
     if (!op->status.ok()) {
       absl::Status status = op->status;
       Finish(std::move(op), std::move(status));
@@ -465,9 +459,7 @@ class TcpTransport::Impl {
     if (fd < 0) return unavailable(absl::StrCat("socket: ", ErrnoText(errno)));
     SetNoDelay(fd);
     SetNotSentLowat(fd, UnsentLimitFor(op.address));
-    if (auto it = unsent_limits_.find(op.address); it != unsent_limits_.end() && it->second > 0) {
-      ++limits_applied_;
-    }
+    if (unsent_limits_.contains(op.address)) ++limits_applied_;
     if (connect(fd, op.sockaddr.get(), op.sockaddr.length) != 0 && errno != EINPROGRESS) {
       const int error = errno;
       close(fd);
@@ -1052,11 +1044,11 @@ class TcpTransport::Impl {
   std::atomic<uint64_t> limits_applied_ = 0;
 
   std::mutex limits_mu_;
-  std::unordered_map<std::string, uint32_t> requested_limits_;  // SetPeerUnsentLimit's, by peer
+  std::unordered_map<std::string, uint32_t> pending_limits_;  // SetPeerUnsentLimit's, not applied
   std::atomic<bool> limits_changed_ = false;
 
   // --- Progress thread only. ---
-  std::unordered_map<std::string, uint32_t> unsent_limits_;  // requested_limits_ as applied
+  std::unordered_map<std::string, uint32_t> unsent_limits_;  // by peer; none: the options' value
   bool stopping_ = false;
   uint64_t next_id_ = kFirstConnectionId;
   std::unordered_map<std::string, std::unique_ptr<Peer>> peers_;
