@@ -154,7 +154,7 @@ std::vector<int64_t> EncodeFusionDecision(const FusionDecision& d) {
   words[0] = kDecisionMagic;
   words[1] = static_cast<int64_t>(d.index);
   words[2] = static_cast<int64_t>(d.dtype);
-  words[3] = static_cast<int64_t>(d.reduction);
+  words[3] = static_cast<int64_t>(d.reduction) | (int64_t{d.lone} << kFusionDecisionLoneBit);
   words[4] = static_cast<int64_t>(d.members.size());
   size_t at = 5;
   for (const FusionDecision::Member& m : d.members) {
@@ -177,11 +177,14 @@ absl::StatusOr<FusionDecision> DecodeFusionDecision(std::span<const int64_t> wor
     return bad(absl::StrCat("unknown dtype ", words[2]));
   }
   d.dtype = static_cast<common::DataType>(words[2]);
-  if (words[3] != static_cast<int64_t>(dataplane::Reduction::kSum) &&
-      words[3] != static_cast<int64_t>(dataplane::Reduction::kAverage)) {
+  const int64_t lone = int64_t{1} << kFusionDecisionLoneBit;
+  const int64_t reduction = words[3] & ~lone;
+  if (reduction != static_cast<int64_t>(dataplane::Reduction::kSum) &&
+      reduction != static_cast<int64_t>(dataplane::Reduction::kAverage)) {
     return bad(absl::StrCat("not a sum or average (", words[3], ")"));
   }
-  d.reduction = static_cast<dataplane::Reduction>(words[3]);
+  d.reduction = static_cast<dataplane::Reduction>(reduction);
+  d.lone = (words[3] & lone) != 0;
   const int64_t n = words[4];
   if (n < 1 || static_cast<uint64_t>(n) > kMaxGroupMembers) {
     return bad(absl::StrCat(n, " members"));
@@ -264,6 +267,7 @@ struct AbortedWaiting {
 // One decision's fused collective on this node.
 struct Fused {
   FusionDecision decision;
+  uint64_t bytes = 0;                                    // the members' (per process)
   std::vector<std::optional<dataplane::Operation>> ops;  // by member position
   size_t present = 0;
   common::Clock::TimePoint since{};
@@ -286,6 +290,10 @@ struct FusedState {
 };
 
 enum class PlanState { kLearning, kPosted, kReady, kOff };
+
+uint64_t OperationBytes(const dataplane::Operation& op) {
+  return op.count * common::DataTypeSize(op.dtype);
+}
 
 struct InFused {
   uint64_t index = 0;   // the decision's
@@ -348,6 +356,8 @@ struct FusingRunner::Job {
   // A follower's operations failed here before a decision named them: it keeps asking for
   // decisions until one does, so that the others learn of the failure.
   std::set<Key> failed_undecided;
+  // Bytes of the operations passed through to the inner runner and not complete yet (leader).
+  uint64_t passing_bytes = 0;
 };
 
 FusingRunner::FusingRunner(std::unique_ptr<CollectiveRunner> inner, const common::Clock* clock,
@@ -393,6 +403,11 @@ std::shared_ptr<prometheus::Collectable> FusingRunner::stats_collector() {
                              "Fused collectives started (tensor fusion).",
                              prometheus::MetricType::Counter));
     AddSample(out.back(), static_cast<double>(s.fused_operations));
+    out.push_back(MakeFamily("tributary_agent_fusion_lone_operations_total",
+                             "Fused collectives started lone: decided with little else of the "
+                             "job in flight, and cut finer by push/pull.",
+                             prometheus::MetricType::Counter));
+    AddSample(out.back(), static_cast<double>(s.lone_operations));
     out.push_back(MakeFamily("tributary_agent_fusion_tensors_total",
                              "Tensors that ran inside a fused collective.",
                              prometheus::MetricType::Counter));
@@ -488,16 +503,41 @@ void FusingRunner::ResetLocked(Job& job, const absl::Status& reason, After& afte
 absl::Status FusingRunner::Start(const std::string& job_id, dataplane::Operation op) {
   After after;
   bool taken = false;
+  bool counted = false;
+  uint64_t generation = 0;
+  uint64_t bytes = 0;
   {
     std::lock_guard lock(mu_);
     auto it = jobs_.find(job_id);
     if (!shut_down_ && it != jobs_.end() && it->second->enabled) {
       StartLocked(job_id, *it->second, op, taken, after);
+      if (!taken && it->second->leader) {
+        bytes = OperationBytes(op);
+        it->second->passing_bytes += bytes;
+        counted = true;
+        generation = it->second->view.generation;
+      }
     }
   }
   Run(after);
   if (taken) return absl::OkStatus();
-  return inner_->Start(job_id, std::move(op));
+  if (!counted) return inner_->Start(job_id, std::move(op));
+  // Counted while it runs: the leader decides whether a group runs lone by what is in flight.
+  op.done = [this, job_id, generation, bytes, done = std::move(op.done)](absl::Status s) {
+    PassedThroughDone(job_id, generation, bytes);
+    if (done) done(std::move(s));
+  };
+  absl::Status started = inner_->Start(job_id, std::move(op));
+  if (!started.ok()) PassedThroughDone(job_id, generation, bytes);  // its done never runs
+  return started;
+}
+
+void FusingRunner::PassedThroughDone(const std::string& job_id, uint64_t generation,
+                                     uint64_t bytes) {
+  std::lock_guard lock(mu_);
+  if (Job* job = FindJobLocked(job_id, generation); job != nullptr) {
+    job->passing_bytes -= std::min(job->passing_bytes, bytes);
+  }
 }
 
 void FusingRunner::StartLocked(const std::string& job_id, Job& job, dataplane::Operation& op,
@@ -690,6 +730,9 @@ void FusingRunner::CloseGroupLocked(const std::string& job_id, Job& job, After& 
   d.index = job.next_decision++;
   d.dtype = job.open_dtype;
   d.reduction = job.open_reduction;
+  uint64_t running = job.passing_bytes;
+  for (const auto& [index, f] : job.fused) running += f.bytes;
+  d.lone = running + job.open_bytes < kLoneFusionBytes;
   for (const Key& key : job.open) d.members.push_back({key.first, key.second});
   job.open.clear();
   job.open_bytes = 0;
@@ -802,6 +845,11 @@ void FusingRunner::AdoptDecisionLocked(const std::string& job_id, Job& job, cons
                                        After& after) {
   Fused& fused = job.fused[d.index];
   fused.decision = d;
+  for (const FusionDecision::Member& m : d.members) {
+    if (auto f = job.fusable.find(m.name_hash); f != job.fusable.end()) {
+      fused.bytes += f->second.count * common::DataTypeSize(f->second.dtype);
+    }
+  }
   fused.ops.resize(d.members.size());
   fused.since = clock_->Now();
   fused.adopted = std::chrono::steady_clock::now();
@@ -892,6 +940,7 @@ void FusingRunner::MaybeLaunchLocked(const std::string& job_id, Job& job, uint64
   op.reduction = fused.decision.reduction;
   for (auto& b : state->storage) op.buffers.push_back(b.data());
   op.priority = priority;
+  op.lone = fused.decision.lone;
   op.keepalive = state;
   op.done = [this, job_id, index, generation = job.view.generation, state](absl::Status s) {
     if (s.ok()) {
@@ -922,6 +971,7 @@ void FusingRunner::MaybeLaunchLocked(const std::string& job_id, Job& job, uint64
     }
   };
   stats_.fused_operations++;
+  if (op.lone) stats_.lone_operations++;
   stats_.fused_tensors += state->members.size();
   StartLater(job_id, std::move(op), after);
 }

@@ -152,8 +152,18 @@ struct FusionDecision {
     friend bool operator==(const Member&, const Member&) = default;
   };
   std::vector<Member> members;  // 1 to kMaxGroupMembers
+  // When the leader decided, this group and the job's other operations in flight there -- those
+  // passed through and the fused collectives still running -- held under kLoneFusionBytes: too
+  // little to hide a pipeline's fill and drain behind, so every node launches the fused
+  // collective with Operation::lone (push/pull then cuts it finer; dataplane/schedule/
+  // chunk_map.h). Travels as bit kFusionDecisionLoneBit of the reduction's word.
+  bool lone = false;
   friend bool operator==(const FusionDecision&, const FusionDecision&) = default;
 };
+inline constexpr int kFusionDecisionLoneBit = 8;
+// With 64 KiB chunks and 4 workers, push/pull's fill and drain cost about 2 x 4 x 64 KiB of link
+// time, an eighth of 4 MiB.
+inline constexpr uint64_t kLoneFusionBytes = uint64_t{4} << 20;
 // A decision as kFusionDecisionHeaderWords + 2 x members words, and back: DecodeFusionDecision
 // reads one decision from the start of `words` (which may go on past it) and validates it.
 std::vector<int64_t> EncodeFusionDecision(const FusionDecision& decision);
@@ -183,6 +193,7 @@ class FusingRunner final : public CollectiveRunner {
   };
   struct Stats {
     uint64_t fused_operations = 0;  // fused collectives started
+    uint64_t lone_operations = 0;   // of them, lone (FusionDecision::lone)
     uint64_t fused_tensors = 0;     // member operations they carried
     uint64_t plans_adopted = 0;     // fusable-tensor lists received
     uint64_t decisions = 0;         // decisions made (leader) or received (follower)
@@ -267,6 +278,8 @@ class FusingRunner final : public CollectiveRunner {
   // in `words`, their indexes in `indexes`), or nothing on a follower.
   void PostDecisionLocked(const std::string& job_id, Job& job, std::vector<int64_t> words,
                           std::vector<uint64_t> indexes, After& after);
+  // An operation Start passed through to the inner runner completed (or was refused).
+  void PassedThroughDone(const std::string& job_id, uint64_t generation, uint64_t bytes);
   // Starts `op` on the inner runner once mu_ is released; a refused start goes to its done.
   void StartLater(const std::string& job_id, dataplane::Operation op, After& after);
   static void Run(After& after);

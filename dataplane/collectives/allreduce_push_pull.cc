@@ -872,7 +872,8 @@ absl::Status PushPullWorker::StartLocked(const std::string& job_id, Operation& o
     state->tuned = tuned;
     state->partition = partition;
     state->measure_start = clock_->Now();
-    state->num_chunks = PushPullChunks(op.count, element_size, partition, state->map.num_servers());
+    state->num_chunks =
+        PushPullChunks(op.count, element_size, partition, state->map.num_servers(), op.lone);
     state->chunk_state.assign(state->num_chunks, 0);
     state->outstanding.assign(state->map.num_servers(), 0);
     state->queued.assign(state->map.num_servers(), {});

@@ -137,6 +137,13 @@ struct Operation {
   // observations (collectives, busy time, iterations), and, in a job of several worker nodes, on
   // the ring among them whatever the job's algorithm (never through a summation server).
   bool control = false;
+
+  // Nothing else of the job runs while it does (tensor fusion's leader says so of a fused
+  // collective it decided with nothing in flight): the collective's time is its pipeline's fill
+  // and drain, not its share of a busy link, so push/pull cuts it into chunks of down to
+  // kMinLoneChunkBytes instead of kMinPipelineChunkBytes (dataplane/schedule/chunk_map.h). Every
+  // node must pass the same value for the same collective.
+  bool lone = false;
 };
 
 }  // namespace tributary::dataplane

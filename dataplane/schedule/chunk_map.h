@@ -30,11 +30,21 @@ uint32_t NumChunks(uint64_t count, size_t element_size, uint64_t partition_bytes
 // pipeline_chunks_125mbit/). A tensor
 // too small for that is still spread over every server in chunks of >= kMinSpreadChunkBytes:
 // one server taking a whole tensor from every worker would see n times the traffic.
+//
+// A lone collective (Operation::lone: nothing else of its job in flight) pays the fill and the
+// drain in full: a server can return its first chunk only after every worker has pushed it,
+// about n x chunk / B after the start, and the last sums leave as long after the last push. With
+// 64 KiB chunks, BERT-large's 243 small tensors fused into one 1.29 MB collective took 158 ms
+// where its model is 83 ms (4 spares, 125 Mbit/s). With `lone` its chunks go down to
+// kMinLoneChunkBytes: 4 KiB took 102 ms, 8 KiB 106 ms, 16 KiB 117 ms. Busy tensors keep 64 KiB:
+// there the fill hides behind the other tensors, and 8 KiB chunks throughout cost ResNet-50's
+// worker hosts 1.6x the CPU for the same time (bench/results/lone_chunks_125mbit_s27/).
 inline constexpr uint64_t kMinPipelineChunkBytes = 64 << 10;
+inline constexpr uint64_t kMinLoneChunkBytes = 4 << 10;
 inline constexpr uint32_t kPipelineChunksPerServer = 64;
 inline constexpr uint64_t kMinSpreadChunkBytes = 8 << 10;
 uint32_t PushPullChunks(uint64_t count, size_t element_size, uint64_t partition_bytes,
-                        size_t num_servers);
+                        size_t num_servers, bool lone = false);
 
 // Chunk `index` of `num_chunks` near-equal chunks over `count` elements: elements
 // [floor(index*count/num_chunks), floor((index+1)*count/num_chunks)).

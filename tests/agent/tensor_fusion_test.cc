@@ -179,6 +179,7 @@ TEST(FusionPlanCodingTest, DecisionBroadcastsCarryConsecutiveDecisions) {
   }
   decisions[1].members.push_back({H("c"), 1});
   decisions[2].reduction = Reduction::kAverage;
+  decisions[2].lone = true;
   const auto encode = [](const std::vector<FusionDecision>& ds) {
     std::vector<int64_t> words;
     for (const FusionDecision& d : ds) {
@@ -216,6 +217,11 @@ TEST(FusionPlanCodingTest, DecisionBroadcastsCarryConsecutiveDecisions) {
   back = DecodeFusionDecisions(bad, 7);
   EXPECT_THAT(back.error.message(), HasSubstr("1020 members, past the end"));
   EXPECT_THAT(back.decisions, SizeIs(1));
+  bad = encode(decisions);
+  bad[3] |= int64_t{1} << (kFusionDecisionLoneBit + 1);  // an unknown flag
+  back = DecodeFusionDecisions(bad, 7);
+  EXPECT_THAT(back.error.message(), HasSubstr("not a sum or average"));
+  EXPECT_THAT(back.decisions, IsEmpty());
   // A decision cut off by the end of the words, right after its header's first word.
   bad = encode({decisions[0]});
   bad.resize(2);
@@ -466,7 +472,61 @@ TEST(FusingRunnerTest, ManySmallTensorsRunAsOneFusedCollective) {
     const FusingRunner::Stats stats = cluster.node(i).stats();
     EXPECT_EQ(stats.fused_tensors, 243u * 2) << "node " << i;
     EXPECT_EQ(stats.fused_operations, 2u) << "node " << i;  // iterations 1 and 2
+    EXPECT_EQ(stats.lone_operations, 2u) << "node " << i;   // nothing else ran
     EXPECT_EQ(stats.decisions, 2u) << "node " << i;
+  }
+}
+
+// The leader marks a group lone when it and the job's other operations in flight there hold
+// under kLoneFusionBytes; every node then launches the fused collective lone (push/pull cuts it
+// finer), with exact results either way.
+TEST(FusingRunnerTest, AGroupDecidedWithLittleElseInFlightRunsLone) {
+  const std::vector<Tensor> model = {
+      {"first", 4}, {"a", 10}, {"b", 20}, {"c", 30}, {"big", kLoneFusionBytes / 4}};
+  FusionCluster cluster(3, dataplane::Algorithm::kPushPull, 64 << 10);
+  for (uint64_t it = 0; it < 2; ++it) ASSERT_EQ(RunIteration(cluster, model, it), 0u);
+  const auto stats = [&] {
+    std::vector<FusingRunner::Stats> s;
+    for (int i = 0; i < cluster.size(); ++i) s.push_back(cluster.node(i).stats());
+    return s;
+  };
+  std::vector<std::vector<float>> big(3);
+  std::vector<std::future<absl::Status>> big_done(3);
+  const auto run_small = [&](uint64_t it) {
+    std::vector<std::vector<std::vector<float>>> out(3, std::vector<std::vector<float>>(4));
+    std::vector<std::future<absl::Status>> futures;
+    for (int i = 0; i < 3; ++i) {
+      for (size_t t = 0; t < 4; ++t)
+        futures.push_back(cluster.Start(i, t, model[t], it, out[i][t]));
+    }
+    for (int i = 0; i < 3; ++i) {
+      for (size_t t = 0; t < 4; ++t) {
+        absl::Status s = cluster.Await(futures[i * 4 + t]);
+        ASSERT_TRUE(s.ok()) << "node " << i << " " << model[t].name << ": " << s;
+        EXPECT_EQ(cluster.CountWrong(t, model[t], it, out[i][t]), 0u);
+      }
+    }
+  };
+  // Iteration 2: the leader's 4 MiB "big" is in flight (it waits for the others') while the
+  // group a, b, c is decided: not lone.
+  const std::vector<FusingRunner::Stats> before = stats();
+  big_done[0] = cluster.Start(0, 4, model[4], 2, big[0]);
+  run_small(2);
+  const std::vector<FusingRunner::Stats> busy = stats();
+  for (int i = 1; i < 3; ++i) big_done[i] = cluster.Start(i, 4, model[4], 2, big[i]);
+  for (int i = 0; i < 3; ++i) {
+    absl::Status s = cluster.Await(big_done[i]);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(cluster.CountWrong(4, model[4], 2, big[i]), 0u);
+  }
+  // Iteration 3: nothing else runs.
+  run_small(3);
+  const std::vector<FusingRunner::Stats> after = stats();
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(busy[i].fused_operations, before[i].fused_operations + 1) << "node " << i;
+    EXPECT_EQ(busy[i].lone_operations, before[i].lone_operations) << "node " << i;
+    EXPECT_EQ(after[i].fused_operations, busy[i].fused_operations + 1) << "node " << i;
+    EXPECT_EQ(after[i].lone_operations, busy[i].lone_operations + 1) << "node " << i;
   }
 }
 

@@ -181,6 +181,52 @@ TEST(PushPull, MismatchedSizesFailEveryWorkerWithoutADeadline) {
   }
 }
 
+// Operation::lone cuts a collective into chunks of down to 4 KiB (its fill and drain are its
+// time): the sums stay exact, and nodes that disagree on it disagree on the chunks, which fails
+// every worker as any other layout mismatch does.
+TEST(PushPull, ALoneCollectiveIsCutFinerWithExactSums) {
+  const uint64_t partition = 1 << 20, credit = 1 << 20;
+  Cluster cluster(PushPullCluster(3, 1, 1, partition, credit));
+  const uint64_t count = 64 << 10;  // 256 KiB of float32 over 4 servers
+  const size_t servers = cluster.view().server_weights.size();
+  const uint32_t busy = PushPullChunks(count, 4, partition, servers);
+  const uint32_t lone = PushPullChunks(count, 4, partition, servers, /*lone=*/true);
+  ASSERT_EQ(busy, 4u);
+  ASSERT_EQ(lone, 64u);
+  for (uint64_t it = 0; it < 2; ++it) {
+    Buffers b = MakeBuffers(3, 1, DataType::kFloat32, count,
+                            [it](int g, uint64_t i) { return g + i % 7 + it; });
+    std::vector<std::future<absl::Status>> f;
+    for (int node = 0; node < 3; ++node) {
+      Operation op = MakeOp("fused", it, DataType::kFloat32, count, Reduction::kSum, b[node]);
+      op.lone = it == 1;
+      f.push_back(cluster.Start(node, std::move(op)));
+    }
+    for (auto& x : f) ASSERT_TRUE(Await(x).ok());
+    EXPECT_EQ(CountWrong(DataType::kFloat32, b, count,
+                         [it](uint64_t i) { return 3.0 + 3.0 * (i % 7 + it); }),
+              0)
+        << "iteration " << it;
+    for (int node = 0; node < 3; ++node) {
+      EXPECT_EQ(cluster.node(node).push_pull().stats().chunks_pushed.load(),
+                it == 0 ? busy : busy + lone)
+          << "node " << node << " iteration " << it;
+    }
+  }
+  Buffers b = MakeBuffers(3, 1, DataType::kFloat32, count, [](int g, uint64_t) { return g; });
+  std::vector<std::future<absl::Status>> f;
+  for (int node = 0; node < 3; ++node) {
+    Operation op = MakeOp("fused", 2, DataType::kFloat32, count, Reduction::kSum, b[node]);
+    op.lone = node == 1;
+    f.push_back(cluster.Start(node, std::move(op)));
+  }
+  for (auto& x : f) {
+    absl::Status s = Await(x);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_THAT(s.message(), HasSubstr("disagree"));
+  }
+}
+
 TEST(PushPull, MismatchedDtypesFailEveryWorker) {
   Cluster cluster(PushPullCluster(2, 1, 2));
   Buffers b = MakeBuffers(2, 2, DataType::kFloat32, 500, [](int, uint64_t) { return 1; });

@@ -82,6 +82,26 @@ TEST(ChunkMap, PushPullChunksPipelineEveryServer) {
   EXPECT_EQ(next, count);
 }
 
+// A lone collective (nothing else in flight to hide its fill behind) goes down to 4 KiB chunks,
+// up to the same 64 per server; a busy one keeps the 64 KiB floor.
+TEST(ChunkMap, LoneCollectivesAreCutFiner) {
+  constexpr uint64_t kMiB = 1 << 20;
+  // BERT-large's 243 small tensors fused: 1.29 MB over 4 servers. 19 chunks busy (64 KiB); lone,
+  // 315 of 4 KiB would be more than 64 per server, so 256 of ~5 KiB.
+  const uint64_t bert_1d = 1290240 / 4;
+  EXPECT_EQ(PushPullChunks(bert_1d, 4, kMiB, 4), 19u);
+  EXPECT_EQ(PushPullChunks(bert_1d, 4, kMiB, 4, /*lone=*/true), 256u);
+  // 256 KiB: 4 chunks busy, 64 of 4 KiB lone.
+  EXPECT_EQ(PushPullChunks(64 << 10, 4, kMiB, 4), 4u);
+  EXPECT_EQ(PushPullChunks(64 << 10, 4, kMiB, 4, true), 64u);
+  // 16 KiB: two chunks of 8 KiB busy, four of 4 KiB lone; 4 KiB stays one chunk.
+  EXPECT_EQ(PushPullChunks(4096, 4, kMiB, 4), 2u);
+  EXPECT_EQ(PushPullChunks(4096, 4, kMiB, 4, true), 4u);
+  EXPECT_EQ(PushPullChunks(1024, 4, kMiB, 4, true), 1u);
+  // From 16 MiB on the 64-per-server cap decides, lone or not.
+  EXPECT_EQ(PushPullChunks(4 * kMiB, 4, kMiB, 4, true), PushPullChunks(4 * kMiB, 4, kMiB, 4));
+}
+
 TEST(ChunkMap, RejectsBadWeights) {
   EXPECT_FALSE(ChunkMap::Create(std::vector<uint64_t>{}).ok());
   EXPECT_FALSE(ChunkMap::Create(std::vector<uint64_t>{1, 2}).ok());
