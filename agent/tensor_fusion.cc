@@ -512,8 +512,7 @@ absl::Status FusingRunner::Start(const std::string& job_id, dataplane::Operation
     if (!shut_down_ && it != jobs_.end() && it->second->enabled) {
       StartLocked(job_id, *it->second, op, taken, after);
       if (!taken && it->second->leader) {
-        bytes = OperationBytes(op);
-        it->second->passing_bytes += bytes;
+        bytes = CountPassingLocked(job_id, *it->second, op);
         counted = true;
         generation = it->second->view.generation;
       }
@@ -521,15 +520,21 @@ absl::Status FusingRunner::Start(const std::string& job_id, dataplane::Operation
   }
   Run(after);
   if (taken) return absl::OkStatus();
-  if (!counted) return inner_->Start(job_id, std::move(op));
-  // Counted while it runs: the leader decides whether a group runs lone by what is in flight.
-  op.done = [this, job_id, generation, bytes, done = std::move(op.done)](absl::Status s) {
+  absl::Status started = inner_->Start(job_id, std::move(op));
+  if (!started.ok() && counted) PassedThroughDone(job_id, generation, bytes);  // no done runs
+  return started;
+}
+
+uint64_t FusingRunner::CountPassingLocked(const std::string& job_id, Job& job,
+                                          dataplane::Operation& op) {
+  const uint64_t bytes = OperationBytes(op);
+  job.passing_bytes += bytes;
+  op.done = [this, job_id, generation = job.view.generation, bytes,
+             done = std::move(op.done)](absl::Status s) {
     PassedThroughDone(job_id, generation, bytes);
     if (done) done(std::move(s));
   };
-  absl::Status started = inner_->Start(job_id, std::move(op));
-  if (!started.ok()) PassedThroughDone(job_id, generation, bytes);  // its done never runs
-  return started;
+  return bytes;
 }
 
 void FusingRunner::PassedThroughDone(const std::string& job_id, uint64_t generation,
@@ -706,6 +711,7 @@ void FusingRunner::OnPlan(const std::string& job_id, uint64_t generation,
       bool taken = false;
       StartLocked(job_id, job, w.op, taken, after);
       if (taken) continue;
+      if (job.leader) CountPassingLocked(job_id, job, w.op);  // a refused start runs its done
       after.push_back([this, job_id, op = std::move(w.op)]() mutable {
         const std::string tensor = op.tensor_name;
         const uint64_t iteration = op.iteration;
@@ -1007,6 +1013,7 @@ void FusingRunner::FailUnsubmittedLocked(const std::string& job_id, Job& job, co
     CloseGroupLocked(job_id, job, after);
     const Fusable& f = job.fusable.at(key.first);
     job.open = {key};
+    job.open_bytes = f.count * common::DataTypeSize(f.dtype);
     job.open_dtype = f.dtype;
     job.open_reduction = f.reduction;
     job.open_since = clock_->Now();

@@ -278,7 +278,10 @@ class FusingRunner final : public CollectiveRunner {
   // in `words`, their indexes in `indexes`), or nothing on a follower.
   void PostDecisionLocked(const std::string& job_id, Job& job, std::vector<int64_t> words,
                           std::vector<uint64_t> indexes, After& after);
-  // An operation Start passed through to the inner runner completed (or was refused).
+  // Leader: counts `op`, about to be passed through to the inner runner, in the job's bytes in
+  // flight until its done runs (which it wraps). Returns its bytes.
+  uint64_t CountPassingLocked(const std::string& job_id, Job& job, dataplane::Operation& op);
+  // An operation passed through to the inner runner completed (or was refused).
   void PassedThroughDone(const std::string& job_id, uint64_t generation, uint64_t bytes);
   // Starts `op` on the inner runner once mu_ is released; a refused start goes to its done.
   void StartLater(const std::string& job_id, dataplane::Operation op, After& after);

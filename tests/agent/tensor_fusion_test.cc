@@ -262,12 +262,13 @@ struct Tensor {
 // (Await).
 class FusionCluster {
  public:
-  FusionCluster(int nodes, dataplane::Algorithm algorithm, uint64_t fusion_bytes) {
+  FusionCluster(int nodes, dataplane::Algorithm algorithm, uint64_t fusion_bytes,
+                uint64_t partition_bytes = 4096) {
     dataplane::JobView view;
     view.job_id = kJob;
     view.plan_version = 1;
     view.procs_per_node = 1;
-    view.partition_bytes = 4096;
+    view.partition_bytes = partition_bytes;
     view.tune_partition = false;
     view.credit_bytes = 1 << 20;
     view.op_timeout = 20s;
@@ -478,12 +479,13 @@ TEST(FusingRunnerTest, ManySmallTensorsRunAsOneFusedCollective) {
 }
 
 // The leader marks a group lone when it and the job's other operations in flight there hold
-// under kLoneFusionBytes; every node then launches the fused collective lone (push/pull cuts it
-// finer), with exact results either way.
+// under kLoneFusionBytes; every node then launches the fused collective lone, with exact results
+// either way. With 1 MiB partitions push/pull cuts the 64 KiB group into 3 chunks busy and 16
+// lone, so a node that disagreed would fail it.
 TEST(FusingRunnerTest, AGroupDecidedWithLittleElseInFlightRunsLone) {
   const std::vector<Tensor> model = {
-      {"first", 4}, {"a", 10}, {"b", 20}, {"c", 30}, {"big", kLoneFusionBytes / 4}};
-  FusionCluster cluster(3, dataplane::Algorithm::kPushPull, 64 << 10);
+      {"first", 4}, {"a", 4096}, {"b", 8192}, {"c", 4096}, {"big", kLoneFusionBytes / 4}};
+  FusionCluster cluster(3, dataplane::Algorithm::kPushPull, 256 << 10, 1 << 20);
   for (uint64_t it = 0; it < 2; ++it) ASSERT_EQ(RunIteration(cluster, model, it), 0u);
   const auto stats = [&] {
     std::vector<FusingRunner::Stats> s;
