@@ -138,11 +138,12 @@ struct Operation {
   // the ring among them whatever the job's algorithm (never through a summation server).
   bool control = false;
 
-  // Nothing else of the job runs while it does (tensor fusion's leader says so of a fused
-  // collective it decided with nothing in flight): the collective's time is its pipeline's fill
-  // and drain, not its share of a busy link, so push/pull cuts it into chunks of down to
-  // kMinLoneChunkBytes instead of kMinPipelineChunkBytes (dataplane/schedule/chunk_map.h). Every
-  // node must pass the same value for the same collective.
+  // Little else of the job runs while it does (tensor fusion's leader says so of a fused
+  // collective it decided with under kLoneFusionBytes of the job in flight, agent/
+  // tensor_fusion.h): the collective's time is its pipeline's fill and drain, not its share of
+  // a busy link, so push/pull cuts it into chunks of down to kMinLoneChunkBytes instead of
+  // kMinPipelineChunkBytes (dataplane/schedule/chunk_map.h). Every node must pass the same value
+  // for the same collective.
   bool lone = false;
 };
 
