@@ -54,4 +54,27 @@ std::vector<ScheduleStep> RingBroadcastSchedule(uint64_t count, int n, int rank,
   return steps;
 }
 
+std::vector<ScheduleStep> StarBroadcastSchedule(uint64_t count, int n, int rank, int root) {
+  std::vector<ScheduleStep> steps;
+  if (n <= 1) return steps;
+  const int position = ((rank - root) % n + n) % n;
+  for (int s = 0; s < n - 1; ++s) {
+    ScheduleStep step;
+    if (position == 0) {
+      step.send_peer = (root + 1 + s) % n;
+      step.send_offset = 0;
+      step.send_count = count;
+      step.send_after = ScheduleStep::SendAfter::kStart;
+    } else if (position == s + 1) {
+      step.recv_peer = root;
+      step.recv_offset = 0;
+      step.recv_count = count;
+      step.action = ScheduleStep::Action::kCopy;
+    }
+    step.apply_early = true;
+    steps.push_back(step);
+  }
+  return steps;
+}
+
 }  // namespace tributary::dataplane

@@ -1,5 +1,5 @@
-// Ring all-reduce (reduce-scatter + all-gather) and ring (chain) broadcast as schedules for
-// CollectiveEngine. Pure index math.
+// Ring all-reduce (reduce-scatter + all-gather), ring (chain) broadcast and star broadcast as
+// schedules for CollectiveEngine. Pure index math.
 //
 // All-reduce over n ranks splits the tensor into n near-equal blocks (empty ones when count < n).
 // Reduce-scatter step s (0 <= s < n-1): rank r sends block (r - s) mod n to r + 1 and adds block
@@ -24,5 +24,12 @@ std::vector<ScheduleStep> RingAllReduceSchedule(uint64_t count, int n, int rank)
 // One step along the chain root, root + 1, ..., root - 1: each rank forwards sub-chunk c to its
 // successor once it has it (none for n == 1).
 std::vector<ScheduleStep> RingBroadcastSchedule(uint64_t count, int n, int rank, int root);
+
+// n - 1 steps: in step s the root sends the whole buffer to rank root + 1 + s, which receives it
+// there; nobody forwards (none for n == 1). For small control messages (the agent's tensor fusion
+// decisions): every rank is one hop from the root, and a rank that posts late delays nobody else
+// (the root's message waits in its early buffer), where the chain puts n - 1 hops, each waiting
+// for its rank to post, between the root and the last rank.
+std::vector<ScheduleStep> StarBroadcastSchedule(uint64_t count, int n, int rank, int root);
 
 }  // namespace tributary::dataplane

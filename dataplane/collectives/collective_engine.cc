@@ -368,7 +368,11 @@ absl::Status CollectiveEngine::Post(const std::string& job_id, Algorithm algorit
     }
     const bool hd = algorithm == Algorithm::kHalvingDoubling;
     if (broadcast) {
-      state->steps = RingBroadcastSchedule(op.count, n, rank, static_cast<int>(op.root_node));
+      // The agent's own control broadcasts (tensor fusion's list and decisions) go straight from
+      // the root to every rank: one hop, and none waits for another rank to post.
+      state->steps = op.control
+                         ? StarBroadcastSchedule(op.count, n, rank, static_cast<int>(op.root_node))
+                         : RingBroadcastSchedule(op.count, n, rank, static_cast<int>(op.root_node));
     } else if (op.reduction == Reduction::kAllGather) {
       state->steps = hd ? HalvingDoublingAllGatherSchedule(super_block, n, rank)
                         : RingAllGatherSchedule(super_block, n, rank);

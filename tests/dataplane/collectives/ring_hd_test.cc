@@ -137,17 +137,36 @@ void CheckPairing(const std::vector<std::vector<ScheduleStep>>& s, int n) {
 TEST(ScheduleTest, RingHalvingDoublingAndRecursiveDoublingPairUp) {
   for (int n = 1; n <= 12; ++n) {
     for (uint64_t count : {1, 5, 64, 1000}) {
-      std::vector<std::vector<ScheduleStep>> ring, hd, rd, bcast;
+      std::vector<std::vector<ScheduleStep>> ring, hd, rd, bcast, star;
       for (int r = 0; r < n; ++r) {
         ring.push_back(RingAllReduceSchedule(count, n, r));
         hd.push_back(HalvingDoublingSchedule(count, n, r));
         rd.push_back(RecursiveDoublingSchedule(count, n, r));
         bcast.push_back(RingBroadcastSchedule(count, n, r, n / 2));
+        star.push_back(StarBroadcastSchedule(count, n, r, n / 2));
       }
       CheckPairing(ring, n);
       CheckPairing(hd, n);
       CheckPairing(rd, n);
       CheckPairing(bcast, n);
+      CheckPairing(star, n);
+      // The star: every other rank receives the whole buffer once, straight from the root.
+      for (int r = 0; r < n; ++r) {
+        int received = 0, sent = 0;
+        for (const ScheduleStep& step : star[r]) {
+          if (step.recv_peer >= 0) {
+            EXPECT_EQ(step.recv_peer, n / 2);
+            EXPECT_EQ(step.recv_count, count);
+            ++received;
+          }
+          if (step.send_peer >= 0) {
+            EXPECT_EQ(step.send_after, ScheduleStep::SendAfter::kStart);
+            ++sent;
+          }
+        }
+        EXPECT_EQ(received, r == n / 2 ? 0 : 1) << "n " << n << " rank " << r;
+        EXPECT_EQ(sent, r == n / 2 ? n - 1 : 0) << "n " << n << " rank " << r;
+      }
       EXPECT_EQ(ring[0].size(), n == 1 ? 0u : 2u * (n - 1));
       int levels = 0;
       while ((2 << levels) <= n) ++levels;
@@ -272,6 +291,44 @@ TEST(BroadcastTest, FromSeveralRootsEveryDtype) {
         }
       }
     }
+  }
+}
+
+// The agent's control broadcasts (Operation::control) go straight from the root to every rank:
+// nobody forwards, and the root completes before the others have posted (its messages wait in
+// their early buffers).
+TEST(BroadcastTest, ControlBroadcastGoesStraightFromTheRootToEveryRank) {
+  for (int n : {2, 3, 5, 8}) {
+    Ring ring(n, /*partition_bytes=*/64);
+    const uint32_t root = static_cast<uint32_t>(n / 2);
+    const uint64_t count = 100;  // 400 bytes: 7 messages per receiver
+    std::vector<std::vector<std::byte>> bufs(n, std::vector<std::byte>(count * 4));
+    for (uint64_t i = 0; i < count; ++i) {
+      PutValue(DataType::kInt32, bufs[root].data(), i, 3 + static_cast<double>(i));
+    }
+    const auto control_op = [&](int r) {
+      Operation op =
+          MakeRingOp("decisions", 0, DataType::kInt32, count, Reduction::kBroadcast, bufs[r], root);
+      op.control = true;
+      return op;
+    };
+    // The root alone first: its sends need no receiver to have posted.
+    std::future<absl::Status> at_root =
+        ring.Post(static_cast<int>(root), Algorithm::kRing, control_op(root));
+    EXPECT_TRUE(Await(at_root).ok());
+    for (int r = 0; r < n; ++r) {
+      if (r == static_cast<int>(root)) continue;
+      std::future<absl::Status> at_rank = ring.Post(r, Algorithm::kRing, control_op(r));
+      absl::Status s = Await(at_rank);
+      ASSERT_TRUE(s.ok()) << "n " << n << " rank " << r << ": " << s;
+      for (uint64_t i = 0; i < count; ++i) {
+        ASSERT_EQ(GetValue(DataType::kInt32, bufs[r].data(), i), 3 + static_cast<double>(i))
+            << "n " << n << " rank " << r << " element " << i;
+      }
+      EXPECT_EQ(ring.engine(r).stats().messages_sent, 0u) << "n " << n << " rank " << r;
+      EXPECT_EQ(ring.engine(r).stats().messages_received, 7u) << "n " << n << " rank " << r;
+    }
+    EXPECT_EQ(ring.engine(static_cast<int>(root)).stats().messages_sent, 7u * (n - 1));
   }
 }
 
