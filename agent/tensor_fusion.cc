@@ -154,8 +154,7 @@ std::vector<int64_t> EncodeFusionDecision(const FusionDecision& d) {
   words[0] = kDecisionMagic;
   words[1] = static_cast<int64_t>(d.index);
   words[2] = static_cast<int64_t>(d.dtype);
-  words[3] = static_cast<int64_t>(d.reduction) | (int64_t{d.lone} << kFusionDecisionLoneBit) |
-             (int64_t{d.predicted} << kFusionDecisionPredictedBit);
+  words[3] = static_cast<int64_t>(d.reduction) | (int64_t{d.lone} << kFusionDecisionLoneBit);
   words[4] = static_cast<int64_t>(d.members.size());
   size_t at = 5;
   for (const FusionDecision::Member& m : d.members) {
@@ -179,15 +178,13 @@ absl::StatusOr<FusionDecision> DecodeFusionDecision(std::span<const int64_t> wor
   }
   d.dtype = static_cast<common::DataType>(words[2]);
   const int64_t lone = int64_t{1} << kFusionDecisionLoneBit;
-  const int64_t predicted = int64_t{1} << kFusionDecisionPredictedBit;
-  const int64_t reduction = words[3] & ~lone & ~predicted;
+  const int64_t reduction = words[3] & ~lone;
   if (reduction != static_cast<int64_t>(dataplane::Reduction::kSum) &&
       reduction != static_cast<int64_t>(dataplane::Reduction::kAverage)) {
     return bad(absl::StrCat("not a sum or average (", words[3], ")"));
   }
   d.reduction = static_cast<dataplane::Reduction>(reduction);
   d.lone = (words[3] & lone) != 0;
-  d.predicted = (words[3] & predicted) != 0;
   const int64_t n = words[4];
   if (n < 1 || static_cast<uint64_t>(n) > kMaxGroupMembers) {
     return bad(absl::StrCat(n, " members"));
@@ -235,10 +232,8 @@ DecodedFusionDecisions DecodeFusionDecisions(std::span<const int64_t> words,
 }
 
 size_t FusionDecisionBroadcastWords(size_t fusable) {
-  const size_t f = std::min(fusable, kMaxGroupMembers);
-  const size_t words =
-      2 * f + kFusionDecisionHeaderWords * std::clamp<size_t>(f, 1, kPredictedGroupsPerBroadcast);
-  return std::clamp<size_t>((words + 63) / 64 * 64, 64, kFusionDecisionBroadcastWords);
+  const size_t one = FusionDecisionWords(std::min(fusable, kMaxGroupMembers));
+  return std::clamp<size_t>((one + 63) / 64 * 64, 64, kFusionDecisionBroadcastWords);
 }
 
 std::string FusedName(uint64_t index) {
@@ -363,40 +358,7 @@ struct FusingRunner::Job {
   std::set<Key> failed_undecided;
   // Bytes of the operations passed through to the inner runner and not complete yet (leader).
   uint64_t passing_bytes = 0;
-  // Predicted decisions (leader; the header's "Predicted decisions").
-  uint64_t max_iteration = 0;  // the highest iteration of a fusable operation taken here
-  // The decisions made as groups closed, by their members' iteration; an iteration with a
-  // decision that named members of another is left out (in `mixed`).
-  std::map<uint64_t, std::vector<FusionDecision>> decided;
-  std::set<uint64_t> mixed;
-  // The last iteration's decisions that ended, and which iteration that was.
-  std::optional<std::pair<uint64_t, std::vector<FusionDecision>>> last_pattern;
-  bool predicting = false;
-  bool prediction_off = false;          // stopped for good (this generation)
-  std::vector<FusionDecision> pattern;  // while predicting: the groups of every iteration
-  uint64_t predicted_through = 0;       // the last iteration predicted
-  std::map<uint64_t, size_t> predicted_unlaunched;  // iteration -> its groups not launched here
 };
-
-namespace {
-
-// The same tensors (name, dtype, reduction), however grouped and in whatever order: the leader
-// closes groups by a cycle, so the same tensors submitted at slightly different times are grouped
-// differently from one iteration to the next.
-bool SameTensors(const std::vector<FusionDecision>& a, const std::vector<FusionDecision>& b) {
-  const auto tensors = [](const std::vector<FusionDecision>& ds) {
-    std::vector<std::tuple<uint64_t, common::DataType, dataplane::Reduction>> out;
-    for (const FusionDecision& d : ds) {
-      for (const FusionDecision::Member& m : d.members)
-        out.emplace_back(m.name_hash, d.dtype, d.reduction);
-    }
-    std::sort(out.begin(), out.end());
-    return out;
-  };
-  return tensors(a) == tensors(b);
-}
-
-}  // namespace
 
 FusingRunner::FusingRunner(std::unique_ptr<CollectiveRunner> inner, const common::Clock* clock,
                            Options options)
@@ -454,11 +416,6 @@ std::shared_ptr<prometheus::Collectable> FusingRunner::stats_collector() {
                              "Fusion decisions made (worker rank 0) or received (other nodes).",
                              prometheus::MetricType::Counter));
     AddSample(out.back(), static_cast<double>(s.decisions));
-    out.push_back(MakeFamily("tributary_agent_fusion_predicted_decisions_total",
-                             "Of the fusion decisions, those worker rank 0 predicted from the "
-                             "job's earlier iterations, before their tensors were submitted.",
-                             prometheus::MetricType::Counter));
-    AddSample(out.back(), static_cast<double>(s.predicted_decisions));
     out.push_back(MakeFamily("tributary_agent_fusion_lists_total",
                              "Fusable-tensor lists adopted (one per job and membership "
                              "generation).",
@@ -638,7 +595,6 @@ void FusingRunner::StartLocked(const std::string& job_id, Job& job, dataplane::O
     return;
   }
   const Key key{hash, op.iteration};
-  if (job.leader) NoteIterationLocked(job_id, job, op.iteration, after);
   if (auto failed = job.failed.find(key); failed != job.failed.end()) {
     after.push_back([done = std::move(op.done), s = failed->second] { done(s); });
     job.failed.erase(failed);
@@ -653,7 +609,7 @@ void FusingRunner::StartLocked(const std::string& job_id, Job& job, dataplane::O
     std::optional<dataplane::Operation>& slot = fused.ops[in->second.position];
     if (!slot) {
       slot = std::move(op);
-      if (fused.present++ == 0 && fused.decision.predicted) fused.since = clock_->Now();
+      fused.present++;
       fused.MemberArrived(std::chrono::steady_clock::now());
       taken = true;
       MaybeLaunchLocked(job_id, job, in->second.index, after);
@@ -781,116 +737,15 @@ void FusingRunner::CloseGroupLocked(const std::string& job_id, Job& job, After& 
   d.dtype = job.open_dtype;
   d.reduction = job.open_reduction;
   uint64_t running = job.passing_bytes;
-  for (const auto& [index, f] : job.fused) {
-    if (f.launched) running += f.bytes;  // not a predicted group still waiting for its members
-  }
+  for (const auto& [index, f] : job.fused) running += f.bytes;
   d.lone = running + job.open_bytes < kLoneFusionBytes;
   for (const Key& key : job.open) d.members.push_back({key.first, key.second});
   job.open.clear();
   job.open_bytes = 0;
   stats_.decisions++;
-  if (!job.predicting && !job.prediction_off) {
-    const uint64_t iteration = d.members[0].iteration;
-    const bool one = std::all_of(d.members.begin(), d.members.end(),
-                                 [&](const auto& m) { return m.iteration == iteration; });
-    if (one) {
-      job.decided[iteration].push_back(d);
-    } else {
-      for (const auto& m : d.members) job.mixed.insert(m.iteration);
-    }
-  }
   job.unsent.push_back(d);
   MaybePostDecisionLocked(job_id, job, after);
   AdoptDecisionLocked(job_id, job, d, after);
-}
-
-void FusingRunner::NoteIterationLocked(const std::string& job_id, Job& job, uint64_t iteration,
-                                       After& after) {
-  if (iteration <= job.max_iteration) return;
-  const uint64_t previous = job.max_iteration;
-  job.max_iteration = iteration;
-  if (job.prediction_off) return;
-  if (job.predicting) {
-    if (iteration <= job.predicted_through) return;
-    // An earlier iteration's predicted group is still incomplete here, yet the process has gone
-    // on: it no longer submits what it did.
-    if (!job.predicted_unlaunched.empty()) {
-      StopPredictingLocked(job_id, job,
-                           absl::StrCat("iteration ", job.predicted_unlaunched.begin()->first,
-                                        " did not submit every predicted tensor before iteration ",
-                                        iteration, " began"));
-      return;
-    }
-    PredictLocked(job_id, job, iteration, after);
-    return;
-  }
-  // The previous iteration is over here: what it left open closes now, not a cycle later.
-  CloseGroupLocked(job_id, job, after);
-  std::vector<FusionDecision> now;
-  if (auto d = job.decided.find(previous);
-      d != job.decided.end() && !job.mixed.contains(previous)) {
-    now = std::move(d->second);
-  }
-  const bool repeated = !now.empty() && job.last_pattern &&
-                        job.last_pattern->first + 1 == previous &&
-                        SameTensors(job.last_pattern->second, now);
-  job.decided.erase(job.decided.begin(), job.decided.upper_bound(previous));
-  job.mixed.erase(job.mixed.begin(), job.mixed.upper_bound(previous));
-  if (repeated) {
-    job.predicting = true;
-    job.pattern = std::move(now);
-    job.last_pattern.reset();
-    Log()->info("job {}: tensor fusion predicts its {} groups from iteration {} on", job_id,
-                job.pattern.size(), iteration);
-    PredictLocked(job_id, job, iteration, after);
-    return;
-  }
-  job.last_pattern.emplace(previous, std::move(now));
-}
-
-void FusingRunner::PredictLocked(const std::string& job_id, Job& job, uint64_t iteration,
-                                 After& after) {
-  job.predicted_through = iteration;
-  // Lone as at a close: the job's operations in flight here, and the groups before it in this
-  // iteration, which will be by the time it runs.
-  uint64_t running = job.passing_bytes;
-  for (const auto& [index, f] : job.fused) {
-    if (f.launched) running += f.bytes;
-  }
-  for (const FusionDecision& g : job.pattern) {
-    FusionDecision d = g;
-    d.index = job.next_decision++;
-    d.predicted = true;
-    for (const FusionDecision::Member& m : d.members) {
-      if (auto f = job.fusable.find(m.name_hash); f != job.fusable.end()) {
-        running += f->second.count * common::DataTypeSize(f->second.dtype);
-      }
-    }
-    d.lone = running < kLoneFusionBytes;
-    for (FusionDecision::Member& m : d.members) m.iteration = iteration;
-    stats_.decisions++;
-    stats_.predicted_decisions++;
-    job.predicted_unlaunched[iteration]++;
-    job.unsent.push_back(d);
-    AdoptDecisionLocked(job_id, job, d, after);
-  }
-  MaybePostDecisionLocked(job_id, job, after);
-}
-
-void FusingRunner::StopPredictingLocked(const std::string& job_id, Job& job,
-                                        const std::string& why) {
-  if (job.prediction_off) return;
-  Log()->warn(
-      "job {}: tensor fusion stops predicting its groups ({}); from here on worker rank 0 "
-      "decides each group as its tensors come",
-      job_id, why);
-  job.prediction_off = true;
-  job.predicting = false;
-  job.pattern.clear();
-  job.predicted_unlaunched.clear();
-  job.decided.clear();
-  job.mixed.clear();
-  job.last_pattern.reset();
 }
 
 void FusingRunner::MaybePostDecisionLocked(const std::string& job_id, Job& job, After& after) {
@@ -970,7 +825,6 @@ void FusingRunner::OnDecision(const std::string& job_id, uint64_t generation, ui
           continue;
         }
         stats_.decisions++;
-        if (d.predicted) stats_.predicted_decisions++;
         AdoptDecisionLocked(job_id, job, d, after);
       }
       if (!failed.ok()) {
@@ -1051,13 +905,6 @@ void FusingRunner::MaybeLaunchLocked(const std::string& job_id, Job& job, uint64
     }
   }
   fused.launched = true;
-  if (job.leader && fused.decision.predicted) {
-    const uint64_t iteration = fused.decision.members[0].iteration;
-    if (auto p = job.predicted_unlaunched.find(iteration);
-        p != job.predicted_unlaunched.end() && --p->second == 0) {
-      job.predicted_unlaunched.erase(p);
-    }
-  }
   auto state = std::make_shared<FusedState>();
   state->element = common::DataTypeSize(fused.decision.dtype);
   uint64_t total = 0;
@@ -1080,7 +927,6 @@ void FusingRunner::MaybeLaunchLocked(const std::string& job_id, Job& job, uint64
                           {"members", static_cast<int64_t>(fused.ops.size())},
                           {"bytes", static_cast<int64_t>(total * state->element)},
                           {"decided_us", us(fused.adopted)},
-                          {"predicted", fused.decision.predicted ? 1 : 0},
                           {"last_member_us", us(fused.last_member.value_or(first))}});
   }
   state->storage.assign(procs, std::vector<std::byte>(total * state->element));
@@ -1140,11 +986,6 @@ void FusingRunner::FailFusedLocked(const std::string& job_id, Job& job, uint64_t
                                    const absl::Status& reason, After& after,
                                    const std::set<std::pair<uint64_t, uint64_t>>& done_here) {
   auto found = job.fused.find(index);
-  if (job.leader && found != job.fused.end() && found->second.decision.predicted) {
-    StopPredictingLocked(
-        job_id, job,
-        absl::StrCat("predicted fused collective ", index, " failed: ", reason.ToString()));
-  }
   if (found != job.fused.end() && !found->second.launched) {
     Fused& fused = found->second;
     for (size_t m = 0; m < fused.ops.size(); ++m) {
@@ -1169,9 +1010,6 @@ void FusingRunner::FailUnsubmittedLocked(const std::string& job_id, Job& job, co
   // its own and fails that; a follower waits for the decision that names it.
   job.failed[key] = reason;
   if (job.leader) {
-    // A later prediction must not name it again.
-    StopPredictingLocked(job_id, job,
-                         absl::StrCat("a tensor of iteration ", key.second, " was aborted"));
     CloseGroupLocked(job_id, job, after);
     const Fusable& f = job.fusable.at(key.first);
     job.open = {key};
@@ -1351,9 +1189,7 @@ void FusingRunner::Tick() {
       }
       std::vector<uint64_t> expired;
       for (const auto& [index, f] : job->fused) {
-        // A predicted group waits from its first member's arrival (none came: nothing waits).
-        if (f.launched || (f.decision.predicted && f.present == 0)) continue;
-        if (now - f.since > timeout) expired.push_back(index);
+        if (!f.launched && now - f.since > timeout) expired.push_back(index);
       }
       for (uint64_t index : expired) {
         const Fused& f = job->fused[index];
@@ -1367,11 +1203,8 @@ void FusingRunner::Tick() {
                 "fused collective ", index, " of job ", job_id, ": only ", f.present, " of its ",
                 f.ops.size(), " tensors (", present,
                 ") were submitted on this node within the job's op timeout (", timeout.count(),
-                f.decision.predicted
-                    ? " ms) after the first of them; worker rank 0 predicted the group from the "
-                      "job's earlier iterations, which submitted all of them"
-                    : " ms) after worker rank 0 fused them",
-                "; every node must submit the same collectives")),
+                " ms) after worker rank 0 fused them; every node must submit the same "
+                "collectives")),
             after);
       }
     }

@@ -26,24 +26,6 @@
 // every member it names has been submitted. The leader only groups operations it has, and every
 // node submits the same collectives, so no node waits for a tensor that will not come.
 //
-// Predicted decisions. A training job submits the same tensors every iteration, yet each
-// follower waited for each group's decision: milliseconds per group (the leader's cycle, then the
-// broadcast), on BERT-large's small tensors with 4 spares a tenth of the iteration. So once the
-// leader's decisions have named the same tensors (name, dtype, reduction; grouped alike or not:
-// the cycle cuts groups by timing) in two iterations in a row -- every decision naming members of
-// one iteration only -- it predicts: at the first fusable operation of each later iteration i it
-// makes the decisions of iteration i at once, the groups of the last of those two iterations
-// (members, dtype, reduction) with iteration i (FusionDecision::predicted; lone as at a close,
-// counting the iteration's groups before it as in flight), and sends them in one broadcast. Every
-// node, the leader included, then launches each group as soon as its members are all submitted
-// there: no cycle, no broadcast between a member's arrival and the collective. A fusable tensor of
-// iteration i that no predicted group names is decided as before. If the job stops submitting the
-// same tensors -- a predicted group still incomplete on the leader when iteration i + 1 begins
-// there, or one that fails -- the leader stops predicting for the job's generation; a predicted
-// group's members that came wait, like any decided group's, at most the job's op timeout after the
-// first of them came (a predicted group none of whose members ever came holds nothing and never
-// fails).
-//
 // Failures reach every member with the fused operation's status unchanged (a plan epoch
 // included, so that a retry of the iteration is grouped again). A member aborted, or waiting past
 // the job's op timeout, fails its fused collective on this node and aborts it for the others: an
@@ -100,12 +82,9 @@ constexpr size_t FusionDecisionMembers(size_t words) {
 }
 // 1021: one decision fills the largest broadcast.
 inline constexpr size_t kMaxGroupMembers = FusionDecisionMembers(kFusionDecisionBroadcastWords);
-// The words of a job's decision broadcasts when `fusable` tensors may fuse: the members of
-// decisions naming all of them plus the headers of kPredictedGroupsPerBroadcast decisions (so
-// one iteration's predicted decisions travel in one broadcast when they are that few), rounded up
-// to 64 words (512 bytes), within [64, kFusionDecisionBroadcastWords]. The same on every node: the
-// list is broadcast.
-inline constexpr size_t kPredictedGroupsPerBroadcast = 16;
+// The words of a job's decision broadcasts when `fusable` tensors may fuse: one decision naming
+// all of them fits (so does any group of one iteration), rounded up to 64 words (512 bytes),
+// within [64, kFusionDecisionBroadcastWords]. The same on every node: the list is broadcast.
 size_t FusionDecisionBroadcastWords(size_t fusable);
 // Tensor names starting with this are the agent's own (LocalService refuses them).
 inline constexpr char kReservedTensorPrefix[] = "__tributary/";
@@ -179,14 +158,9 @@ struct FusionDecision {
   // collective with Operation::lone (push/pull then cuts it finer; dataplane/schedule/
   // chunk_map.h). Travels as bit kFusionDecisionLoneBit of the reduction's word.
   bool lone = false;
-  // Made before its members were submitted, from the job's earlier iterations (see "Predicted
-  // decisions" above): its op timeout counts from its first member's arrival on each node. Bit
-  // kFusionDecisionPredictedBit of the reduction's word.
-  bool predicted = false;
   friend bool operator==(const FusionDecision&, const FusionDecision&) = default;
 };
 inline constexpr int kFusionDecisionLoneBit = 8;
-inline constexpr int kFusionDecisionPredictedBit = 9;
 // With 64 KiB chunks and 4 workers, push/pull's fill and drain cost about 2 x 4 x 64 KiB of link
 // time, an eighth of 4 MiB.
 inline constexpr uint64_t kLoneFusionBytes = uint64_t{4} << 20;
@@ -218,12 +192,11 @@ class FusingRunner final : public CollectiveRunner {
     bool timer_thread = true;
   };
   struct Stats {
-    uint64_t fused_operations = 0;     // fused collectives started
-    uint64_t lone_operations = 0;      // of them, lone (FusionDecision::lone)
-    uint64_t fused_tensors = 0;        // member operations they carried
-    uint64_t plans_adopted = 0;        // fusable-tensor lists received
-    uint64_t decisions = 0;            // decisions made (leader) or received (follower)
-    uint64_t predicted_decisions = 0;  // of them, predicted (FusionDecision::predicted)
+    uint64_t fused_operations = 0;  // fused collectives started
+    uint64_t lone_operations = 0;   // of them, lone (FusionDecision::lone)
+    uint64_t fused_tensors = 0;     // member operations they carried
+    uint64_t plans_adopted = 0;     // fusable-tensor lists received
+    uint64_t decisions = 0;         // decisions made (leader) or received (follower)
   };
 
   FusingRunner(std::unique_ptr<CollectiveRunner> inner, const common::Clock* clock,
@@ -273,13 +246,6 @@ class FusingRunner final : public CollectiveRunner {
               std::shared_ptr<std::vector<std::vector<int64_t>>> buffers);
   // Leader: closes the open group (decision, fused collective).
   void CloseGroupLocked(const std::string& job_id, Job& job, After& after);
-  // Leader: a fusable operation of `iteration` is about to be taken. At the first of an
-  // iteration: the previous one is over here (its open group closes), and the groups are
-  // predicted for this one if the last two iterations' decisions were the same.
-  void NoteIterationLocked(const std::string& job_id, Job& job, uint64_t iteration, After& after);
-  // Leader: decides iteration `iteration`'s groups from the job's pattern (predicted decisions).
-  void PredictLocked(const std::string& job_id, Job& job, uint64_t iteration, After& after);
-  void StopPredictingLocked(const std::string& job_id, Job& job, const std::string& why);
   // Posts the next decision broadcast unless this node has one running or has nothing for it
   // (leader: no decision not yet sent; follower: nothing waits for a decision).
   void MaybePostDecisionLocked(const std::string& job_id, Job& job, After& after);

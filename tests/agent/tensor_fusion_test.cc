@@ -218,7 +218,7 @@ TEST(FusionPlanCodingTest, DecisionBroadcastsCarryConsecutiveDecisions) {
   EXPECT_THAT(back.error.message(), HasSubstr("1020 members, past the end"));
   EXPECT_THAT(back.decisions, SizeIs(1));
   bad = encode(decisions);
-  bad[3] |= int64_t{1} << (kFusionDecisionPredictedBit + 1);  // an unknown flag
+  bad[3] |= int64_t{1} << (kFusionDecisionLoneBit + 1);  // an unknown flag
   back = DecodeFusionDecisions(bad, 7);
   EXPECT_THAT(back.error.message(), HasSubstr("not a sum or average"));
   EXPECT_THAT(back.decisions, IsEmpty());
@@ -446,22 +446,16 @@ TEST(FusingRunnerTest, FusionOffRunsEveryTensorAlone) {
   EXPECT_EQ(cluster.node(0).stats().plans_adopted, 0u);
 }
 
-// A job's decision broadcasts hold decisions naming every fusable tensor in up to
-// kPredictedGroupsPerBroadcast groups (one iteration's predicted decisions), in 512-byte steps.
+// A job's decision broadcasts hold one decision naming every fusable tensor, in 512-byte steps.
 TEST(FusionPlanCodingTest, DecisionBroadcastsAreSizedByTheFusableList) {
   EXPECT_EQ(FusionDecisionBroadcastWords(0), 64u);
-  EXPECT_EQ(FusionDecisionBroadcastWords(1), 64u);    // 2 + 5 words
-  EXPECT_EQ(FusionDecisionBroadcastWords(10), 128u);  // 20 + 50
-  EXPECT_EQ(FusionDecisionBroadcastWords(24), 128u);  // 48 + 80
-  EXPECT_EQ(FusionDecisionBroadcastWords(25), 192u);
-  EXPECT_EQ(FusionDecisionBroadcastWords(243), 576u);  // BERT-large's: 4.5 KiB, not 16
+  EXPECT_EQ(FusionDecisionBroadcastWords(29), 64u);  // 5 + 58 = 63 words
+  EXPECT_EQ(FusionDecisionBroadcastWords(30), 128u);
+  EXPECT_EQ(FusionDecisionBroadcastWords(243), 512u);  // BERT-large's: 4 KiB, not 16
   EXPECT_EQ(FusionDecisionBroadcastWords(kMaxGroupMembers), kFusionDecisionBroadcastWords);
   EXPECT_EQ(FusionDecisionBroadcastWords(100000), kFusionDecisionBroadcastWords);
-  for (size_t f : {1, 2, 16, 17, 61, 243, 500, 900}) {
-    const size_t words = FusionDecisionBroadcastWords(f);
-    EXPECT_GE(FusionDecisionMembers(words), f) << f;
-    // min(f, 16) decisions naming f members in all.
-    EXPECT_GE(words, 2 * f + kFusionDecisionHeaderWords * std::min<size_t>(f, 16)) << f;
+  for (size_t f : {1, 2, 61, 243, 500, 1000}) {
+    EXPECT_GE(FusionDecisionMembers(FusionDecisionBroadcastWords(f)), f) << f;
   }
 }
 
@@ -492,7 +486,6 @@ TEST(FusingRunnerTest, AGroupDecidedWithLittleElseInFlightRunsLone) {
   const std::vector<Tensor> model = {
       {"first", 4}, {"a", 4096}, {"b", 8192}, {"c", 4096}, {"big", kLoneFusionBytes / 4}};
   FusionCluster cluster(3, dataplane::Algorithm::kPushPull, 256 << 10, 1 << 20);
-  // Iterations 1 and 2 name the same tensors: 3 is predicted, lone as at a close.
   for (uint64_t it = 0; it < 2; ++it) ASSERT_EQ(RunIteration(cluster, model, it), 0u);
   const auto stats = [&] {
     std::vector<FusingRunner::Stats> s;
@@ -536,7 +529,6 @@ TEST(FusingRunnerTest, AGroupDecidedWithLittleElseInFlightRunsLone) {
     EXPECT_EQ(busy[i].lone_operations, before[i].lone_operations) << "node " << i;
     EXPECT_EQ(after[i].fused_operations, busy[i].fused_operations + 1) << "node " << i;
     EXPECT_EQ(after[i].lone_operations, busy[i].lone_operations + 1) << "node " << i;
-    EXPECT_EQ(after[i].predicted_decisions, busy[i].predicted_decisions + 1) << "node " << i;
   }
 }
 
@@ -575,118 +567,6 @@ TEST(FusingRunnerTest, TracedFusedCollectivesAndBroadcastsAreSpans) {
 
 // The leader groups only what it holds: a fusable tensor that later comes alone, or with other
 // partners, runs (fused with what came), never waits for partners that do not come.
-// Starts `which` (default all) of the model's tensors of `iteration` on every node and waits for
-// them WITHOUT moving the clock or flushing the leader's groups: only predicted groups (and
-// tensors that run alone) can complete. Returns the wrong elements; a tensor that does not
-// complete within 20 s fails the test.
-size_t RunPredictedIteration(FusionCluster& cluster, const std::vector<Tensor>& model,
-                             uint64_t iteration, std::vector<size_t> which = {}) {
-  if (which.empty()) {
-    for (size_t t = 0; t < model.size(); ++t) which.push_back(t);
-  }
-  const int n = cluster.size();
-  std::vector<std::vector<std::vector<float>>> out(n,
-                                                   std::vector<std::vector<float>>(model.size()));
-  std::vector<std::vector<std::future<absl::Status>>> futures(n);
-  for (int i = n - 1; i >= 0; --i) {  // the followers first: they wait for the predictions
-    futures[i].resize(model.size());
-    for (size_t t : which) futures[i][t] = cluster.Start(i, t, model[t], iteration, out[i][t]);
-  }
-  size_t wrong = 0;
-  for (int i = 0; i < n; ++i) {
-    for (size_t t : which) {
-      if (futures[i][t].wait_for(20s) != std::future_status::ready) {
-        ADD_FAILURE() << "node " << i << " " << model[t].name << " iteration " << iteration
-                      << " waits for a decision";
-        return model[t].count;
-      }
-      absl::Status s = futures[i][t].get();
-      EXPECT_TRUE(s.ok()) << "node " << i << " " << model[t].name << ": " << s;
-      if (s.ok()) wrong += cluster.CountWrong(t, model[t], iteration, out[i][t]);
-    }
-  }
-  return wrong;
-}
-
-// Two iterations that the leader grouped alike: from the third on it predicts each iteration's
-// groups at its first fusable tensor, and every node launches a group once its members are
-// there -- no cycle, no flush.
-TEST(FusingRunnerTest, RepeatedGroupsArePredictedAndRunOnceTheirTensorsAreThere) {
-  for (dataplane::Algorithm algorithm :
-       {dataplane::Algorithm::kRing, dataplane::Algorithm::kPushPull}) {
-    FusionCluster cluster(4, algorithm, 64 << 10);
-    for (uint64_t it = 0; it < 3; ++it) ASSERT_EQ(RunIteration(cluster, kModel, it), 0u);
-    for (int i = 0; i < cluster.size(); ++i) {
-      EXPECT_EQ(cluster.node(i).stats().predicted_decisions, 0u) << "node " << i;
-    }
-    for (uint64_t it = 3; it < 6; ++it) {
-      EXPECT_EQ(RunPredictedIteration(cluster, kModel, it), 0u) << "iteration " << it;
-    }
-    for (int i = 0; i < cluster.size(); ++i) {
-      const FusingRunner::Stats stats = cluster.node(i).stats();
-      // Iterations 3 to 5: a, b, c and d, e (another reduction), predicted.
-      EXPECT_EQ(stats.predicted_decisions, 2u * 3) << "node " << i;
-      EXPECT_EQ(stats.fused_tensors, 5u * 5) << "node " << i;
-      EXPECT_EQ(stats.decisions, stats.fused_operations) << "node " << i;
-      const prometheus::ClientMetric* predicted =
-          common::metrics::FindSample(cluster.node(i).stats_collector()->Collect(),
-                                      "tributary_agent_fusion_predicted_decisions_total");
-      ASSERT_NE(predicted, nullptr);
-      EXPECT_EQ(predicted->counter.value, 6);
-    }
-  }
-}
-
-// A predicted group none of whose tensors come holds nothing and fails nothing; the leader stops
-// predicting when the next iteration begins, and the job goes on with decisions as they come.
-TEST(FusingRunnerTest, APredictedGroupWhoseTensorsStopComingEndsThePrediction) {
-  FusionCluster cluster(3, dataplane::Algorithm::kRing, 64 << 10);
-  for (uint64_t it = 0; it < 3; ++it) ASSERT_EQ(RunIteration(cluster, kModel, it), 0u);
-  ASSERT_EQ(RunPredictedIteration(cluster, kModel, 3), 0u);
-  // Iteration 4 without d and e: a, b, c still run as predicted.
-  ASSERT_EQ(RunPredictedIteration(cluster, kModel, 4, {0, 1, 2, 3, 4, 7}), 0u);
-  for (uint64_t it = 5; it < 8; ++it) ASSERT_EQ(RunIteration(cluster, kModel, it), 0u);
-  for (int i = 0; i < 3; ++i) {
-    const FusingRunner::Stats stats = cluster.node(i).stats();
-    EXPECT_EQ(stats.predicted_decisions, 4u) << "node " << i;  // iterations 3 and 4
-    EXPECT_EQ(stats.fused_tensors, 5u * 6 + 3) << "node " << i;
-  }
-}
-
-// A predicted group that some of its tensors join but not all: they wait the op timeout from the
-// first one's arrival, then fail on every node with the reason; the leader stops predicting.
-TEST(FusingRunnerTest, APredictedGroupMissingATensorFailsOnEveryNodeAtTheDeadline) {
-  FusionCluster cluster(3, dataplane::Algorithm::kRing, 64 << 10);
-  for (uint64_t it = 0; it < 3; ++it) ASSERT_EQ(RunIteration(cluster, kModel, it), 0u);
-  ASSERT_EQ(RunPredictedIteration(cluster, kModel, 3), 0u);
-  // Iteration 4: every node submits a and c, not b. The clock moves on before they come: the
-  // predicted group waits from its first member's arrival, not from the prediction.
-  cluster.clock().Advance(30s);
-  std::vector<std::vector<float>> out(6);
-  std::vector<std::future<absl::Status>> futures;
-  for (int i = 0; i < 3; ++i) {
-    futures.push_back(cluster.Start(i, 1, kModel[1], 4, out[2 * i]));
-    futures.push_back(cluster.Start(i, 3, kModel[3], 4, out[2 * i + 1]));
-  }
-  for (int i = 0; i < 3; ++i) cluster.node(i).Tick();
-  for (auto& f : futures) EXPECT_EQ(f.wait_for(50ms), std::future_status::timeout);
-  cluster.clock().Advance(21s);
-  for (int i = 0; i < 3; ++i) cluster.node(i).Tick();
-  for (size_t k = 0; k < futures.size(); ++k) {
-    ASSERT_EQ(futures[k].wait_for(20s), std::future_status::ready) << k;
-    absl::Status s = futures[k].get();
-    EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << k << ": " << s;
-    EXPECT_THAT(s.message(), HasSubstr("only 2 of its 3 tensors ('a', 'c')")) << k;
-    EXPECT_THAT(s.message(), HasSubstr("predicted the group")) << k;
-  }
-  // Iterations 5 and on: decided as they come, exact.
-  const uint64_t predicted = cluster.node(0).stats().predicted_decisions;
-  for (uint64_t it = 5; it < 8; ++it) ASSERT_EQ(RunIteration(cluster, kModel, it), 0u);
-  for (int i = 0; i < 3; ++i) {
-    EXPECT_EQ(cluster.node(i).stats().predicted_decisions, predicted) << "node " << i;
-  }
-}
-
 TEST(FusingRunnerTest, AFusableTensorThatComesAloneRunsWithoutItsPartners) {
   FusionCluster cluster(3, dataplane::Algorithm::kRing, 64 << 10);
   for (uint64_t it = 0; it < 2; ++it) ASSERT_EQ(RunIteration(cluster, kModel, it), 0u);
