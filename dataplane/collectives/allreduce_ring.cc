@@ -31,24 +31,40 @@ std::vector<ScheduleStep> RingAllReduceSchedule(uint64_t count, int n, int rank)
   return steps;
 }
 
+namespace {
+
+// Rank's place after the root, in [0, n).
+int BroadcastPosition(int rank, int root, int n) { return ((rank - root) % n + n) % n; }
+
+// The step sends the whole buffer to `peer`.
+void SendWhole(ScheduleStep& step, int peer, uint64_t count, ScheduleStep::SendAfter after) {
+  step.send_peer = peer;
+  step.send_offset = 0;
+  step.send_count = count;
+  step.send_after = after;
+}
+
+// The step receives the whole buffer from `peer`, copied over it.
+void ReceiveWhole(ScheduleStep& step, int peer, uint64_t count) {
+  step.recv_peer = peer;
+  step.recv_offset = 0;
+  step.recv_count = count;
+  step.action = ScheduleStep::Action::kCopy;
+}
+
+}  // namespace
+
 std::vector<ScheduleStep> RingBroadcastSchedule(uint64_t count, int n, int rank, int root) {
   std::vector<ScheduleStep> steps;
   if (n <= 1) return steps;
-  const int position = ((rank - root) % n + n) % n;
+  const int position = BroadcastPosition(rank, root, n);
   ScheduleStep step;
   if (position < n - 1) {
-    step.send_peer = (rank + 1) % n;
-    step.send_offset = 0;
-    step.send_count = count;
-    step.send_after = position == 0 ? ScheduleStep::SendAfter::kStart
-                                    : ScheduleStep::SendAfter::kThisStepSameChunk;
+    SendWhole(step, (rank + 1) % n, count,
+              position == 0 ? ScheduleStep::SendAfter::kStart
+                            : ScheduleStep::SendAfter::kThisStepSameChunk);
   }
-  if (position > 0) {
-    step.recv_peer = (rank + n - 1) % n;
-    step.recv_offset = 0;
-    step.recv_count = count;
-    step.action = ScheduleStep::Action::kCopy;
-  }
+  if (position > 0) ReceiveWhole(step, (rank + n - 1) % n, count);
   step.apply_early = true;
   steps.push_back(step);
   return steps;
@@ -57,19 +73,13 @@ std::vector<ScheduleStep> RingBroadcastSchedule(uint64_t count, int n, int rank,
 std::vector<ScheduleStep> StarBroadcastSchedule(uint64_t count, int n, int rank, int root) {
   std::vector<ScheduleStep> steps;
   if (n <= 1) return steps;
-  const int position = ((rank - root) % n + n) % n;
+  const int position = BroadcastPosition(rank, root, n);
   for (int s = 0; s < n - 1; ++s) {
     ScheduleStep step;
     if (position == 0) {
-      step.send_peer = (root + 1 + s) % n;
-      step.send_offset = 0;
-      step.send_count = count;
-      step.send_after = ScheduleStep::SendAfter::kStart;
+      SendWhole(step, (root + 1 + s) % n, count, ScheduleStep::SendAfter::kStart);
     } else if (position == s + 1) {
-      step.recv_peer = root;
-      step.recv_offset = 0;
-      step.recv_count = count;
-      step.action = ScheduleStep::Action::kCopy;
+      ReceiveWhole(step, root, count);
     }
     step.apply_early = true;
     steps.push_back(step);

@@ -1,26 +1,23 @@
-import json,collections
-def load(h):
-    ev=[]
-    for line in open(f"/tmp/trace-{h}.json"):
-        line=line.strip().rstrip(",")
-        if not line.startswith("{"): continue
-        try: e=json.loads(line)
-        except ValueError: continue
-        if "ts" in e: ev.append(e)
-    return ev
-for h in ["h0","h2"]:
-    ev=load(h)
-    bar=[e["ts"] for e in ev if e["ph"]=="e" and e["name"]=="push_pull bench.iteration-barrier"]
-    i=5; be,nx=bar[i],bar[i+1]
-    win=[e for e in ev if be<=e["ts"]<nx]
-    opens={}
-    spans=collections.defaultdict(list)
-    for e in win:
-        n=e["name"]
-        if any(n.startswith(p) for p in ("credit wait s4","push s4","wait for sum s4")):
-            k=(n,e["id"],e.get("args",{}).get("chunk"))
-            if e["ph"]=="b": opens[(n,e["id"])]=(e["ts"]-be)/1000
-            elif (n,e["id"]) in opens: spans[n].append((opens.pop((n,e["id"])),(e["ts"]-be)/1000))
-    for n,l in spans.items():
-        l.sort()
-        print(h,n,len(l),"first",l[:3],"last",l[-3:], "mean dur %.2f"%(sum(b-a for a,b in l)/len(l)))
+"""Workers h0 and h2, timed iteration 5: the chunks for server s4 -- how long each waited for the
+window ("credit wait"), was sent ("push") and waited for its sum (ms after the barrier)."""
+import collections
+
+from trace_events import barriers, load, window
+
+for h in ["h0", "h2"]:
+    ev = load(h)
+    bar = barriers(ev)
+    begun, spans = {}, collections.defaultdict(list)
+    for e in window(ev, bar, 5):
+        n = e["name"]
+        if n not in ("credit wait s4", "push s4", "wait for sum s4"):
+            continue
+        t = (e["ts"] - bar[5]) / 1000
+        if e["ph"] == "b":
+            begun[(n, e["id"])] = t
+        elif (n, e["id"]) in begun:
+            spans[n].append((begun.pop((n, e["id"])), t))
+    for n, s in spans.items():
+        s.sort()
+        print(h, n, len(s), "first", s[:3], "last", s[-3:],
+              "mean dur %.2f" % (sum(b - a for a, b in s) / len(s)))
