@@ -1,7 +1,10 @@
 """Workers h0 and h2, timed iteration 5: the chunks for server s4 -- how long each waited for the
 window ("credit wait"), was sent ("push") and waited for its sum (ms after the barrier)."""
 import collections
+import os
+import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../../suite"))
 from trace_events import barriers, load, window
 
 for h in ["h0", "h2"]:

@@ -1,7 +1,10 @@
 """Per worker and timed iteration 4-6: per summation server, when the pushes to it began and ended
 and the last sum came back (ms after the barrier), and the bytes pushed."""
 import collections
+import os
+import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../../suite"))
 from trace_events import barriers, load, window
 
 for h in ["h0", "h1", "h2", "h3"]:

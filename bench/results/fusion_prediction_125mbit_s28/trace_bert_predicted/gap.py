@@ -1,8 +1,10 @@
 """One worker's events of one timed iteration's first 12 ms, in ms after its barrier (usage:
 gap.py HOST ITERATION); the per-chunk spans are counted per millisecond instead."""
 import collections
+import os
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../../suite"))
 from trace_events import barriers, load
 
 host, it = sys.argv[1], int(sys.argv[2])

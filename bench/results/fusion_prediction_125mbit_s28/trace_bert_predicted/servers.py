@@ -1,8 +1,11 @@
 """Per summation server (spare hosts h4-h7), over the whole run: how long each chunk's sum waited
 from the first worker's push to the last one's, and which worker rank was last how often."""
 import collections
+import os
 import statistics
+import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../../suite"))
 from trace_events import load
 
 for h in ["h4", "h5", "h6", "h7"]:

@@ -3,30 +3,21 @@ bert-large-1d run and prints, for timed iterations 3-7 on each worker node, in m
 iteration's barrier: each fused group (first member, decided_us and last_member_us after it,
 bytes), each fused push/pull collective's begin and end (with its chunk count), and the fusion
 decision broadcasts ('control')."""
-import json
+import os
 import sys
 
-d = sys.argv[1] if len(sys.argv) > 1 else "/tmp"
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../../suite"))
+os.environ.setdefault("TRACE_DIR", sys.argv[1] if len(sys.argv) > 1 else "/tmp")
+from trace_events import barriers, load, window  # noqa: E402
+
 for h in ["h0", "h1", "h2", "h3"]:
-    ev = []
-    for line in open(f"{d}/trace-{h}.json"):
-        line = line.strip().rstrip(",")
-        if not line.startswith("{"):
-            continue
-        try:
-            e = json.loads(line)
-        except ValueError:
-            continue
-        if "ts" in e:
-            ev.append(e)
-    bar = [e["ts"] for e in ev if e["ph"] == "e" and e["name"] == "push_pull bench.iteration-barrier"]
+    ev = load(h)
+    bar = barriers(ev)
     print(h)
-    for i, be in enumerate(bar[3:8], 3):
-        nxt = bar[i + 1] if i + 1 < len(bar) else 1e30
-        win = [e for e in ev if be <= e["ts"] < nxt]
-        r = lambda t: round((t - be) / 1000, 1)
+    for i in range(3, 8):
+        r = lambda t, i=i: round((t - bar[i]) / 1000, 1)
         out = []
-        for e in win:
+        for e in window(ev, bar, i):
             n = e["name"]
             if n.startswith("fusion ") and e["ph"] == "b":
                 a = e["args"]

@@ -1,5 +1,6 @@
-"""Reads one agent's Chrome trace (--agent-arg=--trace --agent-arg=DIR/trace-{node}.json) and the
-ends of its timed iterations' barriers, for the scripts next to this one."""
+"""Reads one agent's Chrome trace (run.py --agent-arg=--trace --agent-arg=DIR/trace-{node}.json)
+and the ends of its iterations' barriers: for the analysis scripts kept with results
+(bench/results/*/trace_*/), which add this folder to sys.path. DIR: TRACE_DIR, default /tmp."""
 import json
 import os
 import sys
@@ -36,4 +37,4 @@ def window(events, bars, i):
 
 
 if __name__ == "__main__":
-    sys.exit("a module: run breakdown.py, flows.py, credit.py, servers.py or gap.py")
+    sys.exit("a module for the analysis scripts under bench/results/")
