@@ -20,11 +20,12 @@
 // the members' (tensor, iteration) -- and runs fused collective k (FusedName(k), iteration
 // k / kFusedNames). Decisions reach the other worker nodes in decision broadcasts
 // (kFusionDecisionTensor, iteration b for the b-th; each carries all the decisions made while the
-// previous one ran that fit in its kFusionDecisionBroadcastWords), which run on the ring among the
-// workers (Operation::control). A follower holds each fusable operation until a decision names it,
-// keeping one decision broadcast posted while it holds any; fused collective k runs there once
-// every member it names has been submitted. The leader only groups operations it has, and every
-// node submits the same collectives, so no node waits for a tensor that will not come.
+// previous one ran that fit in its kFusionDecisionBroadcastWords), which go from the leader
+// straight to each worker (Operation::control). A follower holds each fusable operation until a
+// decision names it, keeping one decision broadcast posted while it holds any; fused collective k
+// runs there once every member it names has been submitted. The leader only groups operations it
+// has, and every node submits the same collectives, so no node waits for a tensor that will not
+// come.
 //
 // Failures reach every member with the fused operation's status unchanged (a plan epoch
 // included, so that a retry of the iteration is grouped again). A member aborted, or waiting past

@@ -134,8 +134,9 @@ struct Operation {
 
   // The agent's own coordination (tensor fusion's list and decisions, agent/tensor_fusion.h):
   // runs like any other operation but stays out of the operation metrics and the job's
-  // observations (collectives, busy time, iterations), and, in a job of several worker nodes, on
-  // the ring among them whatever the job's algorithm (never through a summation server).
+  // observations (collectives, busy time, iterations), and, in a job of several worker nodes,
+  // among them whatever the job's algorithm (never through a summation server): a broadcast
+  // straight from the root to each (StarBroadcastSchedule), anything else on the ring.
   bool control = false;
 
   // Little else of the job runs while it does (tensor fusion's leader says so of a fused
