@@ -354,7 +354,8 @@ TEST(DataPlaneMetricsTest, ObservationsCountBusyTimeAsAUnionAndIterationsOfTheFi
 
 // The agent's own coordination (Operation::control, tensor fusion's broadcasts) runs but is no
 // operation of the job's: not in the counters, the pending gauges or the observations. It runs
-// on the ring among the workers even in this push/pull job: no summation server sees it.
+// among the workers on the collective engine even in this push/pull job: no summation server
+// sees it.
 TEST(DataPlaneMetricsTest, ControlOperationsStayOutOfTheMetrics) {
   MetricsCluster cluster(2);
   std::vector<std::vector<float>> data = {std::vector<float>(64, 1.0f),
