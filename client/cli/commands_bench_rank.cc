@@ -1,6 +1,8 @@
 // `tributary bench-rank`: one training process of an nccl-tests-style sweep through the local
 // agent. Start one per process of the job (every rank with the same sizes, dtype, op); global
 // rank 0 prints the table.
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -126,6 +128,9 @@ absl::Status RunWorkload(Client& client, const BenchFlags& flags,
                                                        tensors[j].count, dtype, reduce,
                                                        /*priority=*/n - 1 - j));
       handles.push_back(std::move(h));
+    }
+    if (common::Trace::enabled()) {
+      common::Trace::Span("iterations", "submissions", start, std::chrono::steady_clock::now());
     }
     for (int j = 0; j < n; ++j) {
       absl::Status status = handles[j].Wait(std::chrono::milliseconds(flags.op_timeout_ms));
@@ -388,10 +393,14 @@ void AddBenchRankCommand(CLI::App& app, GlobalOptions& global) {
       ->capture_default_str();
   command->add_option("--trace", flags->trace,
                       "write a Chrome trace (chrome://tracing, ui.perfetto.dev) of every iteration "
-                      "and tensor to this file");
+                      "and tensor to this file (\"{pid}\" in it: this process's id)");
   SetAction(command, global, [flags]() -> absl::Status {
     if (flags->trace.empty()) return RunBenchRank(*flags);
-    RETURN_IF_ERROR(common::Trace::Start(flags->trace, absl::StrCat("bench-rank ", flags->job)));
+    std::string path = flags->trace;
+    if (size_t at = path.find("{pid}"); at != std::string::npos) {
+      path.replace(at, 5, std::to_string(getpid()));
+    }
+    RETURN_IF_ERROR(common::Trace::Start(path, absl::StrCat("bench-rank ", flags->job)));
     absl::Status status = RunBenchRank(*flags);
     absl::Status stopped = common::Trace::Stop();
     return status.ok() ? stopped : status;
