@@ -4,6 +4,7 @@
 // local path).
 #pragma once
 
+#include <condition_variable>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -33,6 +34,18 @@ class FakeCollectiveRunner final : public CollectiveRunner {
     absl::Status reason;
   };
 
+  // While held, Start waits (on the starting thread) until ReleaseStarts.
+  void HoldStarts() {
+    std::lock_guard lock(mu_);
+    hold_starts_ = true;
+  }
+  void ReleaseStarts() {
+    {
+      std::lock_guard lock(mu_);
+      hold_starts_ = false;
+    }
+    released_.notify_all();
+  }
   // Start returns `status` from now on (OK: the operation is kept pending).
   void FailStartWith(absl::Status status) {
     std::lock_guard lock(mu_);
@@ -118,7 +131,8 @@ class FakeCollectiveRunner final : public CollectiveRunner {
   }
   absl::Status Start(const std::string& job_id, dataplane::Operation op) override {
     {
-      std::lock_guard lock(mu_);
+      std::unique_lock lock(mu_);
+      released_.wait(lock, [&] { return !hold_starts_; });
       if (!start_error_.ok()) return start_error_;
       if (!complete_on_start_) {
         starts_.push_back({job_id, std::move(op)});
@@ -240,6 +254,8 @@ class FakeCollectiveRunner final : public CollectiveRunner {
   }
 
   mutable std::mutex mu_;
+  std::condition_variable released_;
+  bool hold_starts_ = false;
   bool complete_on_start_ = false;
   size_t completed_on_start_ = 0;
   std::vector<dataplane::Operation> staged_;  // completing on start, waiting for their input

@@ -264,6 +264,8 @@ struct AbortedWaiting {
   absl::Status reason;
 };
 
+struct FusedState;
+
 // One decision's fused collective on this node.
 struct Fused {
   FusionDecision decision;
@@ -272,6 +274,7 @@ struct Fused {
   size_t present = 0;
   common::Clock::TimePoint since{};
   bool launched = false;
+  std::shared_ptr<FusedState> state;  // once launched
   // For the trace: when its first and last members came to this node, and the decision.
   std::optional<common::Trace::TimePoint> first_member, last_member;
   common::Trace::TimePoint adopted{};
@@ -283,11 +286,33 @@ struct Fused {
 
 // What a running fused operation keeps alive: its buffers and its members.
 struct FusedState {
-  std::vector<std::vector<std::byte>> storage;  // one per local process
+  // One per local process; empty when the collective runs in place on its members' buffers.
+  std::vector<std::unique_ptr<std::byte[]>> storage;
   std::vector<dataplane::Operation> members;
   std::vector<uint64_t> offsets;  // elements
   size_t element = 0;
+  // Launched under mu_, started on the inner runner later (FusingRunner::Options::
+  // launcher_thread): a failure in between is kept here, and the start then fails the members
+  // with it instead. Guarded by mu_.
+  std::optional<absl::Status> aborted;
+  bool started = false;
+  bool in_place() const { return storage.empty(); }
 };
+
+// Whether every process's buffers of `ops` (in this order) follow one another without a gap,
+// as a process that keeps its gradients in one buffer (DDP's bucket views, the bench's
+// workloads) submits them: then the fused collective runs on them in place, with no copy in and
+// none out.
+bool Adjacent(const std::vector<std::optional<dataplane::Operation>>& ops, size_t element) {
+  for (size_t m = 1; m < ops.size(); ++m) {
+    for (size_t p = 0; p < ops[m]->buffers.size(); ++p) {
+      if (ops[m]->buffers[p] != ops[m - 1]->buffers[p] + ops[m - 1]->count * element) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
 
 enum class PlanState { kLearning, kPosted, kReady, kOff };
 
@@ -344,6 +369,8 @@ struct FusingRunner::Job {
   common::Clock::TimePoint open_since{};
   common::DataType open_dtype = common::DataType::kFloat32;
   dataplane::Reduction open_reduction = dataplane::Reduction::kSum;
+  // Leader: per iteration, its fusable tensors held here so far (the last few iterations).
+  std::map<uint64_t, size_t> arrived;
   uint64_t next_decision = 0;  // leader: the next to make; follower: the next to adopt
   uint64_t next_batch = 0;     // the next decision broadcast (its iteration)
   size_t decision_words = kFusionDecisionBroadcastWords;  // of each decision broadcast
@@ -364,6 +391,7 @@ FusingRunner::FusingRunner(std::unique_ptr<CollectiveRunner> inner, const common
                            Options options)
     : clock_(clock), inner_(std::move(inner)) {
   if (options.timer_thread) timer_ = std::thread([this] { TimerLoop(); });
+  if (options.launcher_thread) launcher_ = std::thread([this] { LauncherLoop(); });
 }
 
 FusingRunner::~FusingRunner() {
@@ -388,6 +416,33 @@ void FusingRunner::Run(After& after) {
   after.clear();
 }
 
+void FusingRunner::Launch(After& after) {
+  if (after.empty()) return;
+  if (!launcher_.joinable()) {
+    Run(after);
+    return;
+  }
+  {
+    std::lock_guard lock(launch_mu_);
+    launches_.push_back(std::move(after));
+  }
+  after.clear();
+  launch_cv_.notify_one();
+}
+
+void FusingRunner::LauncherLoop() {
+  std::unique_lock lock(launch_mu_);
+  while (true) {
+    launch_cv_.wait(lock, [&] { return launcher_stop_ || !launches_.empty(); });
+    if (launches_.empty()) return;  // stopping, and everything queued has run
+    After after = std::move(launches_.front());
+    launches_.pop_front();
+    lock.unlock();
+    Run(after);
+    lock.lock();
+  }
+}
+
 FusingRunner::Stats FusingRunner::stats() const {
   std::lock_guard lock(mu_);
   return stats_;
@@ -408,6 +463,11 @@ std::shared_ptr<prometheus::Collectable> FusingRunner::stats_collector() {
                              "job in flight, and cut finer by push/pull.",
                              prometheus::MetricType::Counter));
     AddSample(out.back(), static_cast<double>(s.lone_operations));
+    out.push_back(MakeFamily("tributary_agent_fusion_in_place_operations_total",
+                             "Fused collectives run in place on their tensors' buffers (adjacent "
+                             "in every process's buffer), with no copy in or out.",
+                             prometheus::MetricType::Counter));
+    AddSample(out.back(), static_cast<double>(s.in_place_operations));
     out.push_back(MakeFamily("tributary_agent_fusion_tensors_total",
                              "Tensors that ran inside a fused collective.",
                              prometheus::MetricType::Counter));
@@ -488,8 +548,13 @@ void FusingRunner::ResetLocked(Job& job, const absl::Status& reason, After& afte
   for (auto& [key, held] : job.undecided) fail(held.op);
   job.undecided.clear();
   job.open.clear();
+  job.arrived.clear();
   for (auto& [index, f] : job.fused) {
-    if (f.launched) continue;  // the inner runner fails it
+    if (f.launched) {
+      // The inner runner fails it, or, not started there yet, its start does.
+      if (!f.state->started) f.state->aborted = reason;
+      continue;
+    }
     for (auto& op : f.ops) {
       if (op) fail(*op);
     }
@@ -518,7 +583,7 @@ absl::Status FusingRunner::Start(const std::string& job_id, dataplane::Operation
       }
     }
   }
-  Run(after);
+  Launch(after);
   if (taken) return absl::OkStatus();
   absl::Status started = inner_->Start(job_id, std::move(op));
   if (!started.ok() && counted) PassedThroughDone(job_id, generation, bytes);  // no done runs
@@ -639,8 +704,18 @@ void FusingRunner::StartLocked(const std::string& job_id, Job& job, dataplane::O
   }
   job.open.push_back(key);
   job.open_bytes += bytes;
-  if (job.open.size() >= FusionDecisionMembers(job.decision_words))
+  // The last fusable tensor of its iteration: nothing more can join the group, which is decided
+  // now rather than a cycle after its first member (BERT-large's 243 small tensors, all
+  // submitted at once, waited a cycle for nothing).
+  bool last = false;
+  if (size_t& n = job.arrived[key.second]; ++n >= job.fusable.size()) {
+    job.arrived.erase(key.second);
+    last = true;
+  }
+  while (job.arrived.size() > kArrivalsKept) job.arrived.erase(job.arrived.begin());
+  if (last || job.open.size() >= FusionDecisionMembers(job.decision_words)) {
     CloseGroupLocked(job_id, job, after);
+  }
 }
 
 void FusingRunner::PostPlanLocked(const std::string& job_id, Job& job, After& after) {
@@ -906,6 +981,7 @@ void FusingRunner::MaybeLaunchLocked(const std::string& job_id, Job& job, uint64
   }
   fused.launched = true;
   auto state = std::make_shared<FusedState>();
+  fused.state = state;
   state->element = common::DataTypeSize(fused.decision.dtype);
   uint64_t total = 0;
   int32_t priority = std::numeric_limits<int32_t>::max();
@@ -929,32 +1005,32 @@ void FusingRunner::MaybeLaunchLocked(const std::string& job_id, Job& job, uint64
                           {"decided_us", us(fused.adopted)},
                           {"last_member_us", us(fused.last_member.value_or(first))}});
   }
-  state->storage.assign(procs, std::vector<std::byte>(total * state->element));
-  for (size_t m = 0; m < fused.ops.size(); ++m) {
-    dataplane::Operation& op = *fused.ops[m];
-    for (size_t p = 0; p < procs; ++p) {
-      std::memcpy(state->storage[p].data() + state->offsets[m] * state->element, op.buffers[p],
-                  op.count * state->element);
-    }
-    state->members.push_back(std::move(op));
-  }
   dataplane::Operation op;
+  if (Adjacent(fused.ops, state->element)) {
+    op.buffers = fused.ops[0]->buffers;
+  } else {
+    // Allocated here, filled from the members once mu_ is released (below).
+    for (size_t p = 0; p < procs; ++p) {
+      state->storage.push_back(std::make_unique_for_overwrite<std::byte[]>(total * state->element));
+      op.buffers.push_back(state->storage.back().get());
+    }
+  }
+  for (auto& member : fused.ops) state->members.push_back(std::move(*member));
   op.tensor_name = FusedName(index);
   op.iteration = index / kFusedNames;
   op.dtype = fused.decision.dtype;
   op.count = total;
   op.reduction = fused.decision.reduction;
-  for (auto& b : state->storage) op.buffers.push_back(b.data());
   op.priority = priority;
   op.lone = fused.decision.lone;
   op.keepalive = state;
   op.done = [this, job_id, index, generation = job.view.generation, state](absl::Status s) {
-    if (s.ok()) {
+    if (s.ok() && !state->in_place()) {
       for (size_t m = 0; m < state->members.size(); ++m) {
         const dataplane::Operation& member = state->members[m];
         for (size_t p = 0; p < member.buffers.size(); ++p) {
           std::memcpy(member.buffers[p],
-                      state->storage[p].data() + state->offsets[m] * state->element,
+                      state->storage[p].get() + state->offsets[m] * state->element,
                       member.count * state->element);
         }
       }
@@ -978,8 +1054,32 @@ void FusingRunner::MaybeLaunchLocked(const std::string& job_id, Job& job, uint64
   };
   stats_.fused_operations++;
   if (op.lone) stats_.lone_operations++;
+  if (state->in_place()) stats_.in_place_operations++;
   stats_.fused_tensors += state->members.size();
-  StartLater(job_id, std::move(op), after);
+  if (!state->in_place()) {
+    // The copy in runs after the decision broadcasts queued before it (the leader's), and
+    // without mu_: submissions and decisions go on meanwhile. The members are the state's.
+    after.push_back([state] {
+      for (size_t m = 0; m < state->members.size(); ++m) {
+        const dataplane::Operation& member = state->members[m];
+        for (size_t p = 0; p < member.buffers.size(); ++p) {
+          std::memcpy(state->storage[p].get() + state->offsets[m] * state->element,
+                      member.buffers[p], member.count * state->element);
+        }
+      }
+    });
+  }
+  after.push_back([this, job_id, state, op = std::move(op)]() mutable {
+    std::optional<absl::Status> aborted;
+    {
+      std::lock_guard lock(mu_);
+      aborted = state->aborted;
+      state->started = !aborted;
+    }
+    std::function<void(absl::Status)> done = op.done;
+    absl::Status started = aborted ? *aborted : inner_->Start(job_id, std::move(op));
+    if (!started.ok()) done(started);  // refused, or failed before it started: done is ours
+  });
 }
 
 void FusingRunner::FailFusedLocked(const std::string& job_id, Job& job, uint64_t index,
@@ -998,6 +1098,8 @@ void FusingRunner::FailFusedLocked(const std::string& job_id, Job& job, uint64_t
       }
     }
     job.fused.erase(found);
+  } else if (found != job.fused.end() && !found->second.state->started) {
+    found->second.state->aborted = reason;  // its start fails it
   }
   after.push_back([this, job_id, index, reason] {
     inner_->Abort(job_id, FusedName(index), index / kFusedNames, reason);
@@ -1224,6 +1326,12 @@ void FusingRunner::Shutdown() {
   }
   timer_cv_.notify_all();
   if (timer_.joinable()) timer_.join();
+  {
+    std::lock_guard lock(launch_mu_);
+    launcher_stop_ = true;
+  }
+  launch_cv_.notify_all();
+  if (launcher_.joinable()) launcher_.join();  // after what was queued has run
   Run(after);
   inner_->Shutdown();
 }

@@ -313,6 +313,11 @@ class FusionCluster {
   std::future<absl::Status> Start(int i, size_t t, const Tensor& tensor, uint64_t iteration,
                                   std::vector<float>& out) {
     out.assign(tensor.count, 0);
+    return Start(i, t, tensor, iteration, out.data());
+  }
+  // The same in place on `out` (tensor.count elements).
+  std::future<absl::Status> Start(int i, size_t t, const Tensor& tensor, uint64_t iteration,
+                                  float* out) {
     for (uint64_t e = 0; e < tensor.count; ++e) out[e] = Input(i, t, e, iteration);
     auto promise = std::make_shared<std::promise<absl::Status>>();
     std::future<absl::Status> future = promise->get_future();
@@ -322,7 +327,7 @@ class FusionCluster {
     op.dtype = DataType::kFloat32;
     op.count = tensor.count;
     op.reduction = tensor.reduction;
-    op.buffers = {reinterpret_cast<std::byte*>(out.data())};
+    op.buffers = {reinterpret_cast<std::byte*>(out)};
     op.priority = static_cast<int32_t>(t);
     op.done = [promise](absl::Status s) { promise->set_value(std::move(s)); };
     absl::Status started = runners_[i]->Start(kJob, std::move(op));
@@ -332,18 +337,26 @@ class FusionCluster {
 
   // Waits for `f` (at most 30 s), closing the leader's groups meanwhile: every 1 ms the clock
   // moves by the automatic cycle's upper bound and the leader flushes.
+  // Without `flush`, nothing closes the leader's groups but what comes (a group's size, another
+  // reduction, the last fusable tensor of an iteration).
   absl::Status Await(std::future<absl::Status>& f) {
     for (int i = 0; i < 30000; ++i) {
       if (f.wait_for(1ms) == std::future_status::ready) return f.get();
+      if (!flush_) continue;
       clock_.Advance(kMaxFusionCycle);
       runners_[0]->FlushExpiredGroups();
     }
     return absl::DeadlineExceededError("the collective did not complete within 30 s");
   }
 
+  void set_flush(bool flush) { flush_ = flush; }
+
   // Every element of node i's result of tensor t.
   size_t CountWrong(size_t t, const Tensor& tensor, uint64_t iteration,
                     const std::vector<float>& result) const {
+    return CountWrong(t, tensor, iteration, result.data());
+  }
+  size_t CountWrong(size_t t, const Tensor& tensor, uint64_t iteration, const float* result) const {
     size_t wrong = 0;
     for (uint64_t e = 0; e < tensor.count; ++e) {
       float sum = 0;
@@ -358,6 +371,7 @@ class FusionCluster {
  private:
   prometheus::Registry registry_;
   common::FakeClock clock_;
+  bool flush_ = true;
   std::vector<std::unique_ptr<FusingRunner>> runners_;
 };
 
@@ -403,6 +417,44 @@ size_t RunIteration(FusionCluster& cluster, const std::vector<Tensor>& model, ui
   return wrong;
 }
 
+// RunIteration with every node's tensors in one buffer, one after another in the model's order
+// (node `reversed_layout`: in the reverse order), as a process keeping its gradients in one
+// buffer submits them.
+size_t RunIterationInOneBuffer(FusionCluster& cluster, const std::vector<Tensor>& model,
+                               uint64_t iteration, int reversed_layout = -1) {
+  const int n = cluster.size();
+  std::vector<std::vector<float>> buffer(n);
+  std::vector<std::vector<size_t>> offset(n, std::vector<size_t>(model.size()));
+  for (int i = 0; i < n; ++i) {
+    size_t at = 0;
+    for (size_t k = 0; k < model.size(); ++k) {
+      const size_t t = i == reversed_layout ? model.size() - 1 - k : k;
+      offset[i][t] = at;
+      at += model[t].count;
+    }
+    buffer[i].assign(at, 0);
+  }
+  std::vector<std::vector<std::future<absl::Status>>> futures(n);
+  for (int i = 0; i < n; ++i) {
+    for (size_t t = 0; t < model.size(); ++t) {
+      futures[i].push_back(
+          cluster.Start(i, t, model[t], iteration, buffer[i].data() + offset[i][t]));
+    }
+  }
+  size_t wrong = 0;
+  for (int i = 0; i < n; ++i) {
+    for (size_t t = 0; t < model.size(); ++t) {
+      absl::Status s = cluster.Await(futures[i][t]);
+      EXPECT_TRUE(s.ok()) << "node " << i << " " << model[t].name << " iteration " << iteration
+                          << ": " << s;
+      if (s.ok()) {
+        wrong += cluster.CountWrong(t, model[t], iteration, buffer[i].data() + offset[i][t]);
+      }
+    }
+  }
+  return wrong;
+}
+
 TEST(FusingRunnerTest, EveryNodeRunsTheLeadersDecisionsWithExactResults) {
   for (dataplane::Algorithm algorithm :
        {dataplane::Algorithm::kRing, dataplane::Algorithm::kPushPull}) {
@@ -427,6 +479,7 @@ TEST(FusingRunnerTest, EveryNodeRunsTheLeadersDecisionsWithExactResults) {
       EXPECT_EQ(stats.fused_tensors, 5u * 4) << "node " << i;
       EXPECT_GE(stats.fused_operations, 2u * 4) << "node " << i;
       EXPECT_EQ(stats.decisions, stats.fused_operations) << "node " << i;
+      EXPECT_EQ(stats.in_place_operations, 0u) << "node " << i;  // each tensor its own buffer
       const std::vector<prometheus::MetricFamily> metrics =
           cluster.node(i).stats_collector()->Collect();
       const prometheus::ClientMetric* tensors =
@@ -475,6 +528,50 @@ TEST(FusingRunnerTest, ManySmallTensorsRunAsOneFusedCollective) {
     EXPECT_EQ(stats.fused_operations, 2u) << "node " << i;  // iterations 1 and 2
     EXPECT_EQ(stats.lone_operations, 2u) << "node " << i;   // nothing else ran
     EXPECT_EQ(stats.decisions, 2u) << "node " << i;
+  }
+}
+
+// Tensors that lie one after another in a process's buffer, in the leader's order, run in place:
+// the fused collective works on that buffer, with no copy in or out, exactly. A node whose
+// buffer holds them in another order copies them, and every node's results are exact alike.
+TEST(FusingRunnerTest, AdjacentTensorsRunInPlace) {
+  for (dataplane::Algorithm algorithm :
+       {dataplane::Algorithm::kRing, dataplane::Algorithm::kPushPull}) {
+    FusionCluster cluster(4, algorithm, 64 << 10);
+    for (uint64_t it = 0; it < 4; ++it) {
+      EXPECT_EQ(RunIterationInOneBuffer(cluster, kModel, it, /*reversed_layout=*/2), 0u)
+          << "iteration " << it;
+    }
+    for (int i = 0; i < cluster.size(); ++i) {
+      const FusingRunner::Stats stats = cluster.node(i).stats();
+      EXPECT_EQ(stats.fused_tensors, 5u * 3) << "node " << i;  // a, b, c; d, e
+      EXPECT_GE(stats.fused_operations, 2u * 3) << "node " << i;
+      EXPECT_EQ(stats.in_place_operations, i == 2 ? 0u : stats.fused_operations) << "node " << i;
+      const std::vector<prometheus::MetricFamily> metrics =
+          cluster.node(i).stats_collector()->Collect();
+      const prometheus::ClientMetric* in_place =
+          common::metrics::FindSample(metrics, "tributary_agent_fusion_in_place_operations_total");
+      ASSERT_NE(in_place, nullptr);
+      EXPECT_EQ(in_place->counter.value, static_cast<double>(stats.in_place_operations));
+    }
+  }
+}
+
+// The leader decides its open group when the last fusable tensor of the iteration comes: with
+// no cycle ever ending (no flush, the clock still), every iteration completes, in one fused
+// collective per reduction.
+TEST(FusingRunnerTest, TheLeaderDecidesAtTheLastFusableTensorOfTheIteration) {
+  FusionCluster cluster(3, dataplane::Algorithm::kRing, 64 << 10);
+  ASSERT_EQ(RunIteration(cluster, kModel, 0), 0u);  // observed: the cycles end here
+  cluster.set_flush(false);
+  for (uint64_t it = 1; it < 4; ++it) {
+    EXPECT_EQ(RunIteration(cluster, kModel, it, /*reversed=*/it == 2 ? 1 : -1), 0u)
+        << "iteration " << it;
+  }
+  for (int i = 0; i < cluster.size(); ++i) {
+    const FusingRunner::Stats stats = cluster.node(i).stats();
+    EXPECT_EQ(stats.fused_tensors, 5u * 3) << "node " << i;
+    EXPECT_EQ(stats.fused_operations, 2u * 3) << "node " << i;  // {a, b, c} and {d, e}
   }
 }
 
@@ -770,6 +867,7 @@ TEST(FusingRunnerTest, AnOperationWaitingForThePlanFailsAtTheDeadline) {
   common::FakeClock clock;
   FusingRunner::Options options;
   options.timer_thread = false;
+  options.launcher_thread = false;
   FusingRunner runner(std::move(fake), &clock, options);
   dataplane::JobView view;
   view.job_id = kJob;
@@ -806,6 +904,78 @@ TEST(FusingRunnerTest, AnOperationWaitingForThePlanFailsAtTheDeadline) {
   ASSERT_TRUE(runner.Start(kJob, op("x", 2)).ok());
   EXPECT_EQ(inner->num_starts(), 3u);
   EXPECT_EQ(inner->start(2).op.tensor_name, "x");
+}
+
+// With the launcher thread, a fused collective is launched under the runner's lock and started
+// on the inner runner later: an abort of a member in between fails it there, with the abort's
+// reason, and it never starts.
+TEST(FusingRunnerTest, AnAbortBeforeTheLaunchedCollectiveStartsFailsItUnstarted) {
+  auto fake = std::make_unique<FakeCollectiveRunner>();
+  FakeCollectiveRunner* inner = fake.get();
+  common::FakeClock clock;
+  FusingRunner::Options options;
+  options.timer_thread = false;
+  FusingRunner runner(std::move(fake), &clock, options);
+  dataplane::JobView view;
+  view.job_id = kJob;
+  view.worker_addresses = {"n0", "n1"};
+  view.my_worker_rank = 0;  // the leader
+  view.op_timeout = 5s;
+  view.fusion_bytes = 1 << 16;
+  runner.SetJob(view, dataplane::Algorithm::kRing);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<std::string, absl::Status> results;
+  const auto op = [&](const std::string& name, uint64_t iteration) {
+    dataplane::Operation o;
+    o.tensor_name = name;
+    o.iteration = iteration;
+    o.count = 1;
+    o.done = [&, key = absl::StrCat(name, iteration)](absl::Status s) {
+      std::lock_guard lock(mu);
+      results[key] = s;
+      cv.notify_all();
+    };
+    return o;
+  };
+  const auto await_starts = [&](size_t n) {
+    for (int i = 0; i < 5000 && inner->num_starts() < n; ++i) std::this_thread::sleep_for(1ms);
+    ASSERT_EQ(inner->num_starts(), n);
+  };
+  // Iteration 0: observed; a and b, submitted together, may fuse.
+  for (const char* name : {"x", "a", "b"}) ASSERT_TRUE(runner.Start(kJob, op(name, 0)).ok());
+  for (size_t i = 0; i < 3; ++i) inner->Complete(i, absl::OkStatus());
+  // Iteration 1: x waits for the list's broadcast (started by the launcher thread), then passes
+  // through.
+  ASSERT_TRUE(runner.Start(kJob, op("x", 1)).ok());
+  await_starts(4);
+  ASSERT_EQ(inner->start(3).op.tensor_name, kFusionPlanTensor);
+  inner->Complete(3, absl::OkStatus());
+  await_starts(5);
+  EXPECT_EQ(inner->start(4).op.tensor_name, "x");
+  ASSERT_EQ(runner.groups(kJob).size(), 1u);
+  // b is the iteration's last fusable tensor: the group is decided, and the launcher thread
+  // starts the decision broadcast -- held there -- before the fused collective.
+  inner->HoldStarts();
+  ASSERT_TRUE(runner.Start(kJob, op("a", 1)).ok());
+  ASSERT_TRUE(runner.Start(kJob, op("b", 1)).ok());
+  runner.Abort(kJob, "a", 1, absl::CancelledError("the process gave up on a"));
+  inner->ReleaseStarts();
+  {
+    std::unique_lock lock(mu);
+    ASSERT_TRUE(
+        cv.wait_for(lock, 10s, [&] { return results.contains("a1") && results.contains("b1"); }));
+    EXPECT_EQ(results["a1"].code(), absl::StatusCode::kCancelled);
+    EXPECT_EQ(results["b1"].code(), absl::StatusCode::kCancelled);
+    EXPECT_THAT(results["b1"].message(), HasSubstr("gave up on a"));
+  }
+  // Only the decision broadcast started; the fused collective's abort still reached the others.
+  ASSERT_EQ(inner->num_starts(), 6u);
+  EXPECT_EQ(inner->start(5).op.tensor_name, kFusionDecisionTensor);
+  const std::vector<FakeCollectiveRunner::AbortCall> aborts = inner->aborts();
+  ASSERT_THAT(aborts, SizeIs(1));
+  EXPECT_EQ(aborts[0].tensor, FusedName(0));
+  runner.Shutdown();
 }
 
 }  // namespace
