@@ -93,7 +93,7 @@ struct SpecFlags {
       AddSizeOption(command, "--fusion-bytes", fusion_bytes,
                     "tensor fusion: all-reduces smaller than this run fused, up to this much "
                     "per fused collective; 0 turns fusion off (default: one partition, at "
-                    "least 1 MiB)");
+                    "least 4 MiB)");
       command
           ->add_option("--fusion-cycle-us", fusion_cycle_us,
                        "tensor fusion: the longest a fused group's first tensor may wait for "

@@ -24,7 +24,7 @@ constexpr uint64_t kMaxAutoCreditBytes = uint64_t{256} << 20;
 constexpr uint64_t kMinCreditPerServer = uint64_t{2} << 20;
 constexpr uint64_t kDefaultModelBytes = 64 << 20;
 constexpr uint32_t kDefaultTimeoutMs = 30000;
-constexpr uint64_t kMinAutoFusion = 1 << 20;  // automatic fusion_bytes, at least
+constexpr uint64_t kMinAutoFusion = 4 << 20;  // automatic fusion_bytes, at least
 // A spare machine left with less than this fraction of its NIC is not worth a connection.
 constexpr double kMinUsefulNicFraction = 0.05;
 
@@ -329,10 +329,14 @@ absl::StatusOr<tributary::v1::JobPlan> PlanJob(const std::string& job_id,
   plan.set_credit_bytes(spec.credit_bytes() != 0 ? spec.credit_bytes()
                                                  : AutoCreditBytes(partition, active_servers));
   plan.set_op_timeout_ms(spec.op_timeout_ms());
-  // Tensor fusion: by default the tensors smaller than one chunk and than 1 MiB (BERT-large's 243
-  // biases and LayerNorm tensors at 125 Mbit/s, bench/results/fusion_125mbit/: Tributary's
-  // ring at 0.94x Gloo ring's speed with 1 MiB against 0.86x with 64 KiB; ResNet-50 the same
-  // within the runs' spread), never in asynchronous jobs (each process's own operations).
+  // Tensor fusion: by default the tensors smaller than one chunk and than 4 MiB, never in
+  // asynchronous jobs (each process's own operations). At 125 Mbit/s with 4 workers
+  // (bench/results/fusion_125mbit/, bench/results/fusion_in_place_125mbit_s29/): BERT-large's 243
+  // biases and LayerNorm tensors (1.29 MB) ran Tributary's ring at 0.86x Gloo ring's speed with
+  // 64 KiB and 0.94x with 1 MiB; once fused collectives ran in place and the leader decided at
+  // the iteration's last tensor, 4 MiB (one fused collective, one decision) took push/pull with
+  // 4 spares from 101 ms to 96-97 and the ring from 132-133 to 130-132. ResNet-50 alike
+  // (push/pull 4 spares 7033 ms against 7074).
   if (spec.mode() == tributary::v1::JOB_MODE_SYNC) {
     plan.set_fusion_bytes(spec.has_fusion_bytes() ? spec.fusion_bytes()
                                                   : std::max<uint64_t>(partition, kMinAutoFusion));

@@ -210,7 +210,7 @@ TEST(JobPlannerTest, IntraNodePlansAreCachedByTopologyContent) {
             absl::StatusCode::kInvalidArgument);
 }
 
-// Tensor fusion: by default tensors below one partition (at least 1 MiB) fuse, at most one
+// Tensor fusion: by default tensors below one partition (at least 4 MiB) fuse, at most one
 // partition at a time, with the automatic cycle; a spec may set both or turn fusion off, and
 // asynchronous jobs never fuse.
 TEST(JobPlannerTest, TensorFusionDefaultsToOnePartitionAndCanBeTurnedOff) {
@@ -228,12 +228,12 @@ TEST(JobPlannerTest, TensorFusionDefaultsToOnePartitionAndCanBeTurnedOff) {
     return *p;
   };
   tributary::v1::JobPlan p = plan(spec);
-  EXPECT_EQ(p.fusion_bytes(), std::max<uint64_t>(p.partition_bytes(), 1 << 20));
+  EXPECT_EQ(p.fusion_bytes(), std::max<uint64_t>(p.partition_bytes(), 4 << 20));
   EXPECT_EQ(p.fusion_cycle_us(), 0u);
-  spec.set_partition_bytes(4 << 20);
-  EXPECT_EQ(plan(spec).fusion_bytes(), 4u << 20);
+  spec.set_partition_bytes(8 << 20);
+  EXPECT_EQ(plan(spec).fusion_bytes(), 8u << 20);
   spec.set_partition_bytes(4096);
-  EXPECT_EQ(plan(spec).fusion_bytes(), 1u << 20);
+  EXPECT_EQ(plan(spec).fusion_bytes(), 4u << 20);
   spec.set_fusion_bytes(0);
   EXPECT_EQ(plan(spec).fusion_bytes(), 0u);
   spec.set_fusion_bytes(300 << 10);
