@@ -4,6 +4,7 @@
 // local path).
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <map>
@@ -45,6 +46,12 @@ class FakeCollectiveRunner final : public CollectiveRunner {
       hold_starts_ = false;
     }
     released_.notify_all();
+  }
+  // Waits until Start has been called `n` times (num_starts), at most `timeout`; false if not.
+  bool WaitForStarts(size_t n, std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mu_);
+    return started_.wait_for(lock, timeout,
+                             [&] { return starts_.size() + completed_on_start_ >= n; });
   }
   // Start returns `status` from now on (OK: the operation is kept pending).
   void FailStartWith(absl::Status status) {
@@ -136,9 +143,11 @@ class FakeCollectiveRunner final : public CollectiveRunner {
       if (!start_error_.ok()) return start_error_;
       if (!complete_on_start_) {
         starts_.push_back({job_id, std::move(op)});
+        started_.notify_all();
         return absl::OkStatus();
       }
       ++completed_on_start_;
+      started_.notify_all();
       if (op.staged != nullptr && !op.staged->complete()) {
         // Computed once its whole input is there (StagedInputAdvanced).
         staged_.push_back(std::move(op));
@@ -255,6 +264,7 @@ class FakeCollectiveRunner final : public CollectiveRunner {
 
   mutable std::mutex mu_;
   std::condition_variable released_;
+  std::condition_variable started_;
   bool hold_starts_ = false;
   bool complete_on_start_ = false;
   size_t completed_on_start_ = 0;

@@ -391,7 +391,10 @@ FusingRunner::FusingRunner(std::unique_ptr<CollectiveRunner> inner, const common
                            Options options)
     : clock_(clock), inner_(std::move(inner)) {
   if (options.timer_thread) timer_ = std::thread([this] { TimerLoop(); });
-  if (options.launcher_thread) launcher_ = std::thread([this] { LauncherLoop(); });
+  if (options.launcher_thread) {
+    launcher_ready_ = true;
+    launcher_ = std::thread([this] { LauncherLoop(); });
+  }
 }
 
 FusingRunner::~FusingRunner() {
@@ -418,13 +421,17 @@ void FusingRunner::Run(After& after) {
 
 void FusingRunner::Launch(After& after) {
   if (after.empty()) return;
-  if (!launcher_.joinable()) {
-    Run(after);
-    return;
-  }
+  bool queued = false;
   {
     std::lock_guard lock(launch_mu_);
-    launches_.push_back(std::move(after));
+    if (launcher_ready_ && !launcher_stop_) {  // else none, or stopped: run it here
+      launches_.push_back(std::move(after));
+      queued = true;
+    }
+  }
+  if (!queued) {
+    Run(after);
+    return;
   }
   after.clear();
   launch_cv_.notify_one();
@@ -706,7 +713,9 @@ void FusingRunner::StartLocked(const std::string& job_id, Job& job, dataplane::O
   job.open_bytes += bytes;
   // The last fusable tensor of its iteration: nothing more can join the group, which is decided
   // now rather than a cycle after its first member (BERT-large's 243 small tensors, all
-  // submitted at once, waited a cycle for nothing).
+  // submitted at once, waited a cycle for nothing). The count is not per attempt: a retry of an
+  // iteration in the same generation may reach it early and split its group, which costs the
+  // rest a cycle, never a result.
   bool last = false;
   if (size_t& n = job.arrived[key.second]; ++n >= job.fusable.size()) {
     job.arrived.erase(key.second);

@@ -16,7 +16,7 @@
 // Which fuse together: the leader decides, from what it holds. It collects its fusable operations
 // into a group until the group reaches fusion_bytes or kMaxGroupMembers, the last fusable tensor
 // of its iteration joins it, or its first member has waited one cycle (the job's fusion_cycle;
-// automatic: the median time of the leader's first- iteration all-reduces, within [kMinFusionCycle,
+// automatic: the median time of the leader's first-iteration all-reduces, within [kMinFusionCycle,
 // kMaxFusionCycle]); then it makes decision k -- the members' (tensor, iteration) -- and runs fused
 // collective k (FusedName(k), iteration k / kFusedNames). Decisions reach the other worker nodes in
 // decision broadcasts (kFusionDecisionTensor, iteration b for the b-th; each carries all the
@@ -316,8 +316,9 @@ class FusingRunner final : public CollectiveRunner {
   std::thread timer_;
   std::mutex launch_mu_;
   std::condition_variable launch_cv_;
-  std::deque<After> launches_;  // guarded by launch_mu_
-  bool launcher_stop_ = false;  // guarded by launch_mu_
+  std::deque<After> launches_;   // guarded by launch_mu_
+  bool launcher_ready_ = false;  // a launcher thread runs; guarded by launch_mu_
+  bool launcher_stop_ = false;   // guarded by launch_mu_
   std::thread launcher_;
   // Last: destroyed first, while the operations it fails can still reach the state above.
   std::unique_ptr<CollectiveRunner> inner_;

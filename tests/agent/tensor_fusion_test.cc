@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "agent/data_plane_runner.h"
@@ -910,6 +911,10 @@ TEST(FusingRunnerTest, AnOperationWaitingForThePlanFailsAtTheDeadline) {
 // on the inner runner later: an abort of a member in between fails it there, with the abort's
 // reason, and it never starts.
 TEST(FusingRunnerTest, AnAbortBeforeTheLaunchedCollectiveStartsFailsItUnstarted) {
+  // Before the runner: its shutdown may still complete operations into them.
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<std::string, absl::Status> results;
   auto fake = std::make_unique<FakeCollectiveRunner>();
   FakeCollectiveRunner* inner = fake.get();
   common::FakeClock clock;
@@ -923,9 +928,6 @@ TEST(FusingRunnerTest, AnAbortBeforeTheLaunchedCollectiveStartsFailsItUnstarted)
   view.op_timeout = 5s;
   view.fusion_bytes = 1 << 16;
   runner.SetJob(view, dataplane::Algorithm::kRing);
-  std::mutex mu;
-  std::condition_variable cv;
-  std::map<std::string, absl::Status> results;
   const auto op = [&](const std::string& name, uint64_t iteration) {
     dataplane::Operation o;
     o.tensor_name = name;
@@ -938,25 +940,22 @@ TEST(FusingRunnerTest, AnAbortBeforeTheLaunchedCollectiveStartsFailsItUnstarted)
     };
     return o;
   };
-  const auto await_starts = [&](size_t n) {
-    for (int i = 0; i < 5000 && inner->num_starts() < n; ++i) std::this_thread::sleep_for(1ms);
-    ASSERT_EQ(inner->num_starts(), n);
-  };
   // Iteration 0: observed; a and b, submitted together, may fuse.
   for (const char* name : {"x", "a", "b"}) ASSERT_TRUE(runner.Start(kJob, op(name, 0)).ok());
   for (size_t i = 0; i < 3; ++i) inner->Complete(i, absl::OkStatus());
   // Iteration 1: x waits for the list's broadcast (started by the launcher thread), then passes
   // through.
   ASSERT_TRUE(runner.Start(kJob, op("x", 1)).ok());
-  await_starts(4);
+  ASSERT_TRUE(inner->WaitForStarts(4, 10s));
   ASSERT_EQ(inner->start(3).op.tensor_name, kFusionPlanTensor);
   inner->Complete(3, absl::OkStatus());
-  await_starts(5);
+  ASSERT_TRUE(inner->WaitForStarts(5, 10s));
   EXPECT_EQ(inner->start(4).op.tensor_name, "x");
   ASSERT_EQ(runner.groups(kJob).size(), 1u);
   // b is the iteration's last fusable tensor: the group is decided, and the launcher thread
   // starts the decision broadcast -- held there -- before the fused collective.
   inner->HoldStarts();
+  absl::Cleanup release = [inner] { inner->ReleaseStarts(); };  // also when an ASSERT fails
   ASSERT_TRUE(runner.Start(kJob, op("a", 1)).ok());
   ASSERT_TRUE(runner.Start(kJob, op("b", 1)).ok());
   runner.Abort(kJob, "a", 1, absl::CancelledError("the process gave up on a"));
