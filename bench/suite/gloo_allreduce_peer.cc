@@ -30,6 +30,13 @@ namespace {
 
 using tributary::bench::PeerFlags;
 
+// Every rank waits here for the others before any of them tears its connections down.
+void FinalBarrier(const std::shared_ptr<gloo::rendezvous::Context>& context) {
+  gloo::BarrierOptions barrier(context);
+  barrier.setTag((1u << 30) + 1);
+  gloo::barrier(barrier);
+}
+
 // The DDP-style workload (see peer_common.h): one all-reduce per bucket, in backward order.
 int RunWorkload(const PeerFlags& f, const std::shared_ptr<gloo::rendezvous::Context>& context,
                 int rank, int world) {
@@ -60,6 +67,10 @@ int RunWorkload(const PeerFlags& f, const std::shared_ptr<gloo::rendezvous::Cont
         opts.setTag(tag++);
         gloo::allreduce(opts);
       });
+  // No rank tears down (the halving-doubling algorithms, the context) while another still runs
+  // its last collective: a closed connection is an error to a peer whose pair still reads
+  // (session 28's suite lost one Gloo halving-doubling run in three so).
+  FinalBarrier(context);
   if (!r.ok) {
     std::fprintf(stderr, "gloo_allreduce_peer: cannot read %s\n", f.tensors.c_str());
     return 2;
@@ -148,6 +159,7 @@ int Run(int argc, char** argv) {
         barrier.setTag(1u << 30);
         gloo::barrier(barrier);
       });
+  FinalBarrier(context);
   if (rank == 0)
     std::printf("# wrong elements on rank 0: %zu %s\n", total_wrong, total_wrong ? "FAILED" : "OK");
   return total_wrong == 0 ? 0 : 1;
