@@ -297,6 +297,27 @@ struct FusedState {
   std::optional<absl::Status> aborted;
   bool started = false;
   bool in_place() const { return storage.empty(); }
+  // Copies the members' inputs into the storage, or (after the collective) its result back.
+  void CopyIn() {
+    EachMember(
+        [](std::byte* slice, std::byte* member, size_t n) { std::memcpy(slice, member, n); });
+  }
+  void CopyOut() {
+    EachMember(
+        [](std::byte* slice, std::byte* member, size_t n) { std::memcpy(member, slice, n); });
+  }
+
+ private:
+  // f(storage slice, member buffer, bytes) for every member and local process.
+  template <typename F>
+  void EachMember(F f) {
+    for (size_t m = 0; m < members.size(); ++m) {
+      for (size_t p = 0; p < members[m].buffers.size(); ++p) {
+        f(storage[p].get() + offsets[m] * element, members[m].buffers[p],
+          members[m].count * element);
+      }
+    }
+  }
 };
 
 // Whether every process's buffers of `ops` (in this order) follow one another without a gap,
@@ -389,12 +410,9 @@ struct FusingRunner::Job {
 
 FusingRunner::FusingRunner(std::unique_ptr<CollectiveRunner> inner, const common::Clock* clock,
                            Options options)
-    : clock_(clock), inner_(std::move(inner)) {
+    : clock_(clock), use_launcher_(options.launcher_thread), inner_(std::move(inner)) {
   if (options.timer_thread) timer_ = std::thread([this] { TimerLoop(); });
-  if (options.launcher_thread) {
-    launcher_ready_ = true;
-    launcher_ = std::thread([this] { LauncherLoop(); });
-  }
+  if (use_launcher_) launcher_ = std::thread([this] { LauncherLoop(); });
 }
 
 FusingRunner::~FusingRunner() {
@@ -424,7 +442,7 @@ void FusingRunner::Launch(After& after) {
   bool queued = false;
   {
     std::lock_guard lock(launch_mu_);
-    if (launcher_ready_ && !launcher_stop_) {  // else none, or stopped: run it here
+    if (use_launcher_ && !launcher_stop_) {  // else none, or stopped: run it here
       launches_.push_back(std::move(after));
       queued = true;
     }
@@ -1034,16 +1052,7 @@ void FusingRunner::MaybeLaunchLocked(const std::string& job_id, Job& job, uint64
   op.lone = fused.decision.lone;
   op.keepalive = state;
   op.done = [this, job_id, index, generation = job.view.generation, state](absl::Status s) {
-    if (s.ok() && !state->in_place()) {
-      for (size_t m = 0; m < state->members.size(); ++m) {
-        const dataplane::Operation& member = state->members[m];
-        for (size_t p = 0; p < member.buffers.size(); ++p) {
-          std::memcpy(member.buffers[p],
-                      state->storage[p].get() + state->offsets[m] * state->element,
-                      member.count * state->element);
-        }
-      }
-    }
+    if (s.ok() && !state->in_place()) state->CopyOut();
     {
       std::lock_guard lock(mu_);
       if (Job* job = FindJobLocked(job_id, generation); job != nullptr) {
@@ -1068,15 +1077,7 @@ void FusingRunner::MaybeLaunchLocked(const std::string& job_id, Job& job, uint64
   if (!state->in_place()) {
     // The copy in runs after the decision broadcasts queued before it (the leader's), and
     // without mu_: submissions and decisions go on meanwhile. The members are the state's.
-    after.push_back([state] {
-      for (size_t m = 0; m < state->members.size(); ++m) {
-        const dataplane::Operation& member = state->members[m];
-        for (size_t p = 0; p < member.buffers.size(); ++p) {
-          std::memcpy(state->storage[p].get() + state->offsets[m] * state->element,
-                      member.buffers[p], member.count * state->element);
-        }
-      }
-    });
+    after.push_back([state] { state->CopyIn(); });
   }
   after.push_back([this, job_id, state, op = std::move(op)]() mutable {
     std::optional<absl::Status> aborted;

@@ -200,7 +200,7 @@ class FusingRunner final : public CollectiveRunner {
     // the fused collectives whose last member it was, their copies in, the fusable-tensor
     // list's broadcast -- so that the thread submitting (a process's control ring) takes the
     // next tensor at once. BERT-large's 243 small tensors reached the leader over 2-16 ms where
-    // the process submitted them in under 1 ms: each launch held the ring's thread up to 1.4 ms,
+    // the process submitted them in under 1 ms: each launch held the ring's thread 1-7 ms,
     // and the leader's cycle cut the iteration into 2-5 groups, each a decision broadcast
     // behind the last. Off: Start runs it before it returns (tests that look at the inner
     // runner right after a Start).
@@ -307,6 +307,7 @@ class FusingRunner final : public CollectiveRunner {
   void LauncherLoop();
 
   const common::Clock* clock_;
+  const bool use_launcher_;  // Options::launcher_thread
   mutable std::mutex mu_;
   std::condition_variable timer_cv_;
   std::map<std::string, std::unique_ptr<Job>> jobs_;  // guarded by mu_
@@ -316,9 +317,8 @@ class FusingRunner final : public CollectiveRunner {
   std::thread timer_;
   std::mutex launch_mu_;
   std::condition_variable launch_cv_;
-  std::deque<After> launches_;   // guarded by launch_mu_
-  bool launcher_ready_ = false;  // a launcher thread runs; guarded by launch_mu_
-  bool launcher_stop_ = false;   // guarded by launch_mu_
+  std::deque<After> launches_;  // guarded by launch_mu_
+  bool launcher_stop_ = false;  // guarded by launch_mu_
   std::thread launcher_;
   // Last: destroyed first, while the operations it fails can still reach the state above.
   std::unique_ptr<CollectiveRunner> inner_;

@@ -30,10 +30,13 @@ namespace {
 
 using tributary::bench::PeerFlags;
 
-// Every rank waits here for the others before any of them tears its connections down.
-void FinalBarrier(const std::shared_ptr<gloo::rendezvous::Context>& context) {
+// Tags of the peer's own barriers, apart from the collectives' (which count up from 0).
+constexpr uint32_t kStepBarrierTag = 1u << 30;         // between iterations, sizes
+constexpr uint32_t kFinalBarrierTag = (1u << 30) + 1;  // before any rank tears down
+
+void Barrier(const std::shared_ptr<gloo::rendezvous::Context>& context, uint32_t tag) {
   gloo::BarrierOptions barrier(context);
-  barrier.setTag((1u << 30) + 1);
+  barrier.setTag(tag);
   gloo::barrier(barrier);
 }
 
@@ -49,11 +52,7 @@ int RunWorkload(const PeerFlags& f, const std::shared_ptr<gloo::rendezvous::Cont
         std::vector<float*> ptrs{data};
         hd.push_back(std::make_unique<gloo::AllreduceHalvingDoubling<float>>(context, ptrs, count));
       },
-      [&] {
-        gloo::BarrierOptions barrier(context);
-        barrier.setTag(1u << 30);
-        gloo::barrier(barrier);
-      },
+      [&] { Barrier(context, kStepBarrierTag); },
       [&](size_t i, float* data, size_t count) {
         if (!hd.empty()) {
           hd[i]->run();
@@ -70,7 +69,7 @@ int RunWorkload(const PeerFlags& f, const std::shared_ptr<gloo::rendezvous::Cont
   // No rank tears down (the halving-doubling algorithms, the context) while another still runs
   // its last collective: a closed connection is an error to a peer whose pair still reads
   // (session 28's suite lost one Gloo halving-doubling run in three so).
-  FinalBarrier(context);
+  Barrier(context, kFinalBarrierTag);
   if (!r.ok) {
     std::fprintf(stderr, "gloo_allreduce_peer: cannot read %s\n", f.tensors.c_str());
     return 2;
@@ -155,11 +154,9 @@ int Run(int argc, char** argv) {
       [](size_t wrong) { return wrong; },  // Rank 0 reports its own.
       [&] {
         // Keep ranks in step between sizes (the class algorithms' pairs are per instance).
-        gloo::BarrierOptions barrier(context);
-        barrier.setTag(1u << 30);
-        gloo::barrier(barrier);
+        Barrier(context, kStepBarrierTag);
       });
-  FinalBarrier(context);
+  Barrier(context, kFinalBarrierTag);
   if (rank == 0)
     std::printf("# wrong elements on rank 0: %zu %s\n", total_wrong, total_wrong ? "FAILED" : "OK");
   return total_wrong == 0 ? 0 : 1;
