@@ -15,6 +15,7 @@ import torch
 
 import tributary
 import tributary.torch as trt
+from rendezvous import rendezvous
 from tributary import TributaryError
 
 # The job's op deadline (tributary-run --timeout-ms) plus slack: a mismatch must fail by then.
@@ -364,6 +365,7 @@ class BadInputTest(unittest.TestCase):
 
 if __name__ == "__main__":
     trt.init()
+    rendezvous(trt.rank(), trt.size())
     result = unittest.main(exit=False, verbosity=1).result
     trt.shutdown()
     trt.shutdown()  # idempotent

@@ -12,6 +12,7 @@ import unittest
 import torch
 
 import tributary.torch as trt
+from rendezvous import rendezvous
 from tributary import TributaryError
 
 N = 5000  # float32 elements: several chunks over the job's summation servers
@@ -123,6 +124,7 @@ class AsyncTest(unittest.TestCase):
 if __name__ == "__main__":
     assert os.environ.get("TRIBUTARY_MODE") == "async", "run through tributary-run --mode async"
     trt.init()
+    rendezvous(trt.rank(), trt.size())
     result = unittest.main(exit=False, verbosity=1).result
     trt.shutdown()
     os._exit(0 if result.wasSuccessful() else 1)

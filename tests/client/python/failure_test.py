@@ -5,6 +5,7 @@ Run by ctest through the launcher with a short op deadline:
   tributary-run --np 4 --procs-per-node 2 --spares 2 --timeout-ms 3000 -- python3 failure_test.py
 Rank 3 exits with status 0 after 3 steps (so that the launcher lets the others go on); every
 other rank exits 0 only if it saw the error in time.
+The ranks meet at a rendezvous outside Tributary before step 0 (rendezvous.py says why).
 """
 
 import os
@@ -14,6 +15,7 @@ import time
 import torch
 
 import tributary.torch as trt
+from rendezvous import rendezvous
 from tributary import TributaryError
 
 OP_DEADLINE_S = float(os.environ.get("TEST_OP_DEADLINE_S", "3"))
@@ -25,9 +27,13 @@ def main():
     trt.init()
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))
+    x, y = torch.randn(8, 8), torch.randint(0, 2, (8,))
+    # Local warm-up (autograd's first pass) before the optimizer hooks the gradients.
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    model.zero_grad(set_to_none=True)
     optimizer = trt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                          named_parameters=model.named_parameters())
-    x, y = torch.randn(8, 8), torch.randint(0, 2, (8,))
+    rendezvous(trt.rank(), trt.size())
     for step in range(100):
         if trt.rank() == DYING_RANK and step == DIES_AFTER:
             print(f"rank {DYING_RANK} exits at step {step}", flush=True)

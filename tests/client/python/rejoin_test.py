@@ -18,6 +18,7 @@ import time
 import torch
 
 import tributary.torch as trt
+from rendezvous import rendezvous
 from tributary import MembershipChanged, TributaryError
 
 N = 3000  # float32 elements: several chunks on every summation server
@@ -48,6 +49,7 @@ def sync(step, x):
 def main():
     trt.init()
     rank, world = trt.rank(), trt.size()
+    rendezvous(rank, world)
     step, x = 0, torch.zeros(N)
     need_sync = True
     changes = 0

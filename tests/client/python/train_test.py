@@ -18,6 +18,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 import tributary.torch as trt
+from rendezvous import rendezvous
 
 STEPS = 20
 BATCH = 32
@@ -300,6 +301,7 @@ def _completed(tensor):
 
 if __name__ == "__main__":
     trt.init()
+    rendezvous(trt.rank(), trt.size())
     dist.init_process_group("gloo")  # DDP's required process group (env:// from the launcher)
     result = unittest.main(exit=False, verbosity=1).result
     dist.destroy_process_group()
