@@ -156,9 +156,10 @@ class ControlRings::Host : public std::enable_shared_from_this<Host> {
                              ring::kMaxTensorName, "] (longer names go through the Submit RPC)")));
       return;
     }
-    tributary::v1::SubmitRequest req;
-    req.set_session_id(session_id_);
-    req.set_tensor_name(std::string(e.name, e.name_bytes));
+    // One request, reused: its strings keep their capacity, so a submission allocates none.
+    tributary::v1::SubmitRequest& req = request_;
+    if (req.session_id() != session_id_) req.set_session_id(session_id_);
+    req.mutable_tensor_name()->assign(e.name, e.name_bytes);
     req.set_buffer_id(e.buffer_id);
     req.set_offset_bytes(e.offset_bytes);
     req.set_count(e.count);
@@ -218,6 +219,7 @@ class ControlRings::Host : public std::enable_shared_from_this<Host> {
   const Options options_;
   ring::SpinPolicy spin_;                         // the ring thread only
   ring::RingConsumer<ring::SubmissionEntry> sq_;  // the ring thread only
+  tributary::v1::SubmitRequest request_;          // the ring thread only (HandleEntry)
   std::thread thread_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> finished_{false};

@@ -100,7 +100,6 @@ void LocalGather::Add(const LocalJob& job, const GatherKey& key, Submission sub,
   auto& gather = gathers_[key];
   if (!gather) {
     gather = std::make_unique<Gather>();
-    gather->job = job;
     gather->slots.resize(job.procs_per_node);
     gather->created = clock_->Now();
   }
@@ -181,8 +180,8 @@ void LocalGather::Start(const GatherKey& key, std::unique_ptr<Gather> gather, De
     }
   }
   op.keepalive = mappings;
-  std::shared_ptr<GpuAggregationSlot> gpu = GpuSlot(key, *gather);
-  op.done = [handles, key, session_ids, on_retriable = on_retriable_](absl::Status s) {
+  op.done = [handles, key, session_ids = std::move(session_ids),
+             on_retriable = on_retriable_](absl::Status s) {
     // Recorded before the handles complete, so that the process's resubmission (which may
     // follow at once) finds it.
     if (std::optional<uint64_t> epoch = dataplane::EpochOf(s);
@@ -192,6 +191,21 @@ void LocalGather::Start(const GatherKey& key, std::unique_ptr<Gather> gather, De
     }
     for (const auto& h : handles) h->Complete(s);
   };
+  if (mirrored.empty()) {
+    // Host memory only (the common case): straight to the runner, with none of the staging
+    // path's closures to build.
+    after.Add([runner = runner_, job_id = key.job_id, op = std::move(op),
+               handles = std::move(handles)]() mutable {
+      const std::string tensor = op.tensor_name;
+      const uint64_t iteration = op.iteration;
+      absl::Status started = runner->Start(job_id, std::move(op));
+      if (started.ok()) return;
+      for (const auto& h : handles) h->Complete(started);
+      runner->Abort(job_id, tensor, iteration, started);
+    });
+    return;
+  }
+  std::shared_ptr<GpuAggregationSlot> gpu = GpuSlot(key, *gather);
   after.Add([runner = runner_, stager = stager_, job_id = key.job_id, op = std::move(op), handles,
              mirrored = std::move(mirrored), timeout = gather->job.op_timeout,
              gpu = std::move(gpu)]() mutable {

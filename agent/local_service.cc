@@ -173,16 +173,16 @@ void LocalService::SetMembershipChangeCallback(std::function<void()> callback) {
 }
 
 absl::Status LocalService::CheckMembershipLocked(const Session& session, const LocalJob& job,
-                                                 const std::string& what) const {
+                                                 absl::FunctionRef<std::string()> what) const {
   if (auto p = pending_.find(job.job_id); p != pending_.end()) {
     return absl::AbortedError(absl::StrCat(
-        kMembershipChangedMarker, "] ", what, ": local rank ", p->second.local_rank,
+        kMembershipChangedMarker, "] ", what(), ": local rank ", p->second.local_rank,
         " of this node was taken by a new process; the controller moves the job to a new "
         "membership generation, then call Resync and restart the iteration from a sync point"));
   }
   if (session.generation < job.generation) {
     return absl::AbortedError(
-        absl::StrCat(kMembershipChangedMarker, ", generation ", job.generation, "] ", what,
+        absl::StrCat(kMembershipChangedMarker, ", generation ", job.generation, "] ", what(),
                      ": the job's membership changed (generation ", session.generation, " -> ",
                      job.generation, "); call Resync and restart the iteration from a sync point"));
   }
@@ -374,34 +374,36 @@ absl::Status LocalService::SubmitInternal(const tributary::v1::SubmitRequest& re
   absl::Status result = [&]() -> absl::Status {
     std::lock_guard lock(mu_);
     ASSIGN_OR_RETURN(std::shared_ptr<Session> session, sessions_.Find(req.session_id()));
-    const std::string what =
-        absl::StrCat("job '", session->job_id, "' tensor '", req.tensor_name(), "'");
+    // Built only for an error or a log line: the per-operation path makes no string.
+    const auto what = [&] {
+      return absl::StrCat("job '", session->job_id, "' tensor '", req.tensor_name(), "'");
+    };
     const LocalJob* job = sessions_.FindJob(session->job_id);
     if (job == nullptr) {
       return absl::FailedPreconditionError(
-          absl::StrCat(what, ": the job is no longer planned on this node"));
+          absl::StrCat(what(), ": the job is no longer planned on this node"));
     }
     if (req.tensor_name().empty() || req.tensor_name().size() > kMaxTensorName) {
       return absl::InvalidArgumentError(
-          absl::StrCat(what, ": tensor names must have 1 to ", kMaxTensorName, " bytes"));
+          absl::StrCat(what(), ": tensor names must have 1 to ", kMaxTensorName, " bytes"));
     }
     if (absl::StartsWith(req.tensor_name(), kReservedTensorPrefix)) {
       return absl::InvalidArgumentError(
-          absl::StrCat(what, ": names starting with '", kReservedTensorPrefix,
+          absl::StrCat(what(), ": names starting with '", kReservedTensorPrefix,
                        "' are reserved for the agent's own collectives"));
     }
     if (!common::IsValidDataType(req.dtype())) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": unknown dtype ", req.dtype()));
+      return absl::InvalidArgumentError(absl::StrCat(what(), ": unknown dtype ", req.dtype()));
     }
     absl::StatusOr<dataplane::Reduction> reduction = ToReduction(req.op());
     if (!reduction.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": ", reduction.status().message()));
+      return absl::InvalidArgumentError(absl::StrCat(what(), ": ", reduction.status().message()));
     }
     if (!job->down_workers.empty() && !dataplane::IsParameterServer(*reduction)) {
       // Every collective needs every worker node: fail now, not at the deadline (an
       // asynchronous parameter-server job goes on without them).
       return absl::UnavailableError(absl::StrCat(
-          what, ": the job is degraded: worker node", job->down_workers.size() > 1 ? "s " : " ",
+          what(), ": the job is degraded: worker node", job->down_workers.size() > 1 ? "s " : " ",
           absl::StrJoin(job->down_workers, ", "), job->down_workers.size() > 1 ? " are" : " is",
           " down; its collectives cannot complete until the controller sees them back"));
     }
@@ -417,33 +419,33 @@ absl::Status LocalService::SubmitInternal(const tributary::v1::SubmitRequest& re
     const uint64_t blocks = blockwise ? std::max<uint32_t>(world, 1) : 1;
     if (req.count() == 0 || req.count() > kMaxTensorBytes / esize / blocks) {
       return absl::InvalidArgumentError(
-          blockwise ? absl::StrCat(what, ": block count ", req.count(), " x world size ", world,
+          blockwise ? absl::StrCat(what(), ": block count ", req.count(), " x world size ", world,
                                    " must be in [1, 2^40 bytes / element]")
-                    : absl::StrCat(what, ": count ", req.count(),
+                    : absl::StrCat(what(), ": count ", req.count(),
                                    " must be in [1, 2^40 bytes / element]"));
     }
     auto buf_it = session->buffers.find(req.buffer_id());
     if (buf_it == session->buffers.end()) {
       return absl::InvalidArgumentError(
-          absl::StrCat(what, ": buffer ", req.buffer_id(), " is not registered in this session"));
+          absl::StrCat(what(), ": buffer ", req.buffer_id(), " is not registered in this session"));
     }
     const uint64_t bytes = req.count() * blocks * esize;
     const std::shared_ptr<SharedMemoryMapping>& mapping = buf_it->second;
     if (req.offset_bytes() > mapping->size() || bytes > mapping->size() - req.offset_bytes()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          what, ": bytes [", req.offset_bytes(), ", ", req.offset_bytes() + bytes, ")",
+          what(), ": bytes [", req.offset_bytes(), ", ", req.offset_bytes() + bytes, ")",
           blockwise
               ? absl::StrCat(" (world size ", world, " x block of ", req.count(), " elements)")
               : "",
           " do not fit buffer ", req.buffer_id(), " of ", mapping->size(), " bytes"));
     }
     if (*reduction == dataplane::Reduction::kBroadcast && req.root_rank() >= world) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ": root rank ", req.root_rank(), " is not below world size ", world));
+      return absl::InvalidArgumentError(absl::StrCat(what(), ": root rank ", req.root_rank(),
+                                                     " is not below world size ", world));
     }
     if (resp != nullptr && session->handles.size() >= kMaxHandlesPerSession) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          what, ": ", kMaxHandlesPerSession, " operations not yet waited for; call Wait"));
+          what(), ": ", kMaxHandlesPerSession, " operations not yet waited for; call Wait"));
     }
 
     Submission sub;
@@ -516,7 +518,7 @@ absl::Status LocalService::SubmitInternal(const tributary::v1::SubmitRequest& re
       failed->second.erase(failed->second.begin());
       if (failed->second.empty()) session->failed.erase(failed);
       resubmissions_++;
-      Log()->info("{} iteration {} submitted again by local rank {} (failed on plan v{})", what,
+      Log()->info("{} iteration {} submitted again by local rank {} (failed on plan v{})", what(),
                   iteration, session->local_rank, *sub.retry_of_epoch);
     } else {
       iteration = session->iterations[req.tensor_name()]++;

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "agent/collective_runner.h"
 #include "agent/local_gather.h"
@@ -150,8 +151,9 @@ class LocalService {
   absl::Status JoinInternal(const tributary::v1::JoinJobRequest& req,
                             tributary::v1::JoinJobResponse* resp, std::function<void()>& notify);
   // The job's membership refusal for `session`'s collectives, or OK. mu_ held.
+  // `what` names the operation in the refusal (called only then).
   absl::Status CheckMembershipLocked(const Session& session, const LocalJob& job,
-                                     const std::string& what) const;
+                                     absl::FunctionRef<std::string()> what) const;
   // Ends a session; gathers still missing its rank fail with ABORTED. mu_ held.
   void EndSessionLocked(const std::string& session_id, const std::string& why, Deferred& after);
 

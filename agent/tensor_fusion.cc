@@ -1012,6 +1012,7 @@ void FusingRunner::MaybeLaunchLocked(const std::string& job_id, Job& job, uint64
   state->element = common::DataTypeSize(fused.decision.dtype);
   uint64_t total = 0;
   int32_t priority = std::numeric_limits<int32_t>::max();
+  state->offsets.reserve(fused.ops.size());
   for (const auto& op : fused.ops) {
     state->offsets.push_back(total);
     total += op->count;
@@ -1042,6 +1043,7 @@ void FusingRunner::MaybeLaunchLocked(const std::string& job_id, Job& job, uint64
       op.buffers.push_back(state->storage.back().get());
     }
   }
+  state->members.reserve(fused.ops.size());  // moved, never copied on growth
   for (auto& member : fused.ops) state->members.push_back(std::move(*member));
   op.tensor_name = FusedName(index);
   op.iteration = index / kFusedNames;
