@@ -196,14 +196,14 @@ class FusingRunner final : public CollectiveRunner {
     // A thread closes the leader's groups when their cycle ends. Off: only FlushExpiredGroups
     // does (tests, with a FakeClock).
     bool timer_thread = true;
-    // A thread runs what a submission (Start) sets off -- the leader's decision broadcasts and
-    // the fused collectives whose last member it was, their copies in, the fusable-tensor
-    // list's broadcast -- so that the thread submitting (a process's control ring) takes the
-    // next tensor at once. BERT-large's 243 small tensors reached the leader over 2-16 ms where
-    // the process submitted them in under 1 ms: each launch held the ring's thread 1-7 ms,
-    // and the leader's cycle cut the iteration into 2-5 groups, each a decision broadcast
-    // behind the last. Off: Start runs it before it returns (tests that look at the inner
-    // runner right after a Start).
+    // A thread runs what a submission (Start) sets off when that includes a copy into a fused
+    // buffer -- the copy, with the decision broadcasts and launches queued with it -- so that
+    // the thread submitting (a process's control ring) takes the next tensor at once.
+    // BERT-large's 243 small tensors reached the leader over 2-16 ms where the process
+    // submitted them in under 1 ms: each launch (a 1 MiB copy then) held the ring's thread
+    // 1-7 ms, and the leader's cycle cut the iteration into 2-5 groups. Without a copy Start
+    // runs it all before it returns: the hop cost the decision 0.2-2.3 ms. Off: Start always
+    // runs it before it returns (tests that look at the inner runner right after a Start).
     bool launcher_thread = true;
   };
   struct Stats {
@@ -314,6 +314,8 @@ class FusingRunner final : public CollectiveRunner {
   uint64_t seq_ = 0;                                  // guarded by mu_
   Stats stats_;                                       // guarded by mu_
   bool shut_down_ = false;                            // guarded by mu_
+  // A copy into a fused buffer was queued since Start last looked: its work goes to the launcher.
+  bool copy_in_queued_ = false;  // guarded by mu_
   std::thread timer_;
   std::mutex launch_mu_;
   std::condition_variable launch_cv_;
