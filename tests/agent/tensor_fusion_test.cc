@@ -861,6 +861,18 @@ TEST(FusingRunnerTest, AnAbortBeforeTheListArrivesFailsTheTensorOnEveryNode) {
   }
 }
 
+// A 2-node ring job with 64 KiB fusion, seen from worker rank `my_worker_rank` (0: the leader),
+// for the tests that drive one FusingRunner over a FakeCollectiveRunner.
+dataplane::JobView TwoNodeJob(int my_worker_rank) {
+  dataplane::JobView view;
+  view.job_id = kJob;
+  view.worker_addresses = {"n0", "n1"};
+  view.my_worker_rank = my_worker_rank;
+  view.op_timeout = 5s;
+  view.fusion_bytes = 1 << 16;
+  return view;
+}
+
 // Before the plan has arrived, an operation of iteration >= 2 waits for it (here: forever, as
 // no other node joins the plan's broadcast), and fails at the job's deadline.
 TEST(FusingRunnerTest, AnOperationWaitingForThePlanFailsAtTheDeadline) {
@@ -871,13 +883,7 @@ TEST(FusingRunnerTest, AnOperationWaitingForThePlanFailsAtTheDeadline) {
   options.timer_thread = false;
   options.launcher_thread = false;
   FusingRunner runner(std::move(fake), &clock, options);
-  dataplane::JobView view;
-  view.job_id = kJob;
-  view.worker_addresses = {"n0", "n1"};
-  view.my_worker_rank = 1;
-  view.op_timeout = 5s;
-  view.fusion_bytes = 1 << 16;
-  runner.SetJob(view, dataplane::Algorithm::kRing);
+  runner.SetJob(TwoNodeJob(/*my_worker_rank=*/1), dataplane::Algorithm::kRing);
   std::vector<absl::Status> results;
   const auto op = [&](const std::string& name, uint64_t iteration) {
     dataplane::Operation o;
@@ -922,13 +928,7 @@ TEST(FusingRunnerTest, AnAbortBeforeTheLaunchedCollectiveStartsFailsItUnstarted)
   FusingRunner::Options options;
   options.timer_thread = false;
   FusingRunner runner(std::move(fake), &clock, options);
-  dataplane::JobView view;
-  view.job_id = kJob;
-  view.worker_addresses = {"n0", "n1"};
-  view.my_worker_rank = 0;  // the leader
-  view.op_timeout = 5s;
-  view.fusion_bytes = 1 << 16;
-  runner.SetJob(view, dataplane::Algorithm::kRing);
+  runner.SetJob(TwoNodeJob(/*my_worker_rank=*/0), dataplane::Algorithm::kRing);  // the leader
   // Each tensor in its own float, a gap between them: a fused group is copied in, which is what
   // the launcher thread runs (a group in place starts on the submitting thread).
   std::map<std::string, std::array<float, 2>> memory;
@@ -992,13 +992,7 @@ TEST(FusingRunnerTest, AGroupInPlaceStartsOnTheSubmittingThread) {
   FusingRunner::Options options;
   options.timer_thread = false;  // the launcher thread stays on
   FusingRunner runner(std::move(fake), &clock, options);
-  dataplane::JobView view;
-  view.job_id = kJob;
-  view.worker_addresses = {"n0", "n1"};
-  view.my_worker_rank = 0;  // the leader
-  view.op_timeout = 5s;
-  view.fusion_bytes = 1 << 16;
-  runner.SetJob(view, dataplane::Algorithm::kRing);
+  runner.SetJob(TwoNodeJob(/*my_worker_rank=*/0), dataplane::Algorithm::kRing);  // the leader
   std::array<float, 3> memory{};  // x, a, b one after another
   const auto op = [&](size_t index, uint64_t iteration) {
     dataplane::Operation o;
