@@ -10,6 +10,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -27,6 +28,7 @@ class FakeCollectiveRunner final : public CollectiveRunner {
   struct StartCall {
     std::string job_id;
     dataplane::Operation op;
+    std::thread::id thread;  // the thread that called Start
   };
   struct AbortCall {
     std::string job_id;
@@ -35,10 +37,13 @@ class FakeCollectiveRunner final : public CollectiveRunner {
     absl::Status reason;
   };
 
-  // While held, Start waits (on the starting thread) until ReleaseStarts.
+  // While held, Start waits (on the starting thread) until ReleaseStarts -- except on the
+  // thread that called HoldStarts, whose starts go through (recorded with their thread), so that
+  // a test expecting its starts on another thread fails rather than blocks itself.
   void HoldStarts() {
     std::lock_guard lock(mu_);
     hold_starts_ = true;
+    holder_ = std::this_thread::get_id();
   }
   void ReleaseStarts() {
     {
@@ -139,10 +144,10 @@ class FakeCollectiveRunner final : public CollectiveRunner {
   absl::Status Start(const std::string& job_id, dataplane::Operation op) override {
     {
       std::unique_lock lock(mu_);
-      released_.wait(lock, [&] { return !hold_starts_; });
+      released_.wait(lock, [&] { return !hold_starts_ || std::this_thread::get_id() == holder_; });
       if (!start_error_.ok()) return start_error_;
       if (!complete_on_start_) {
-        starts_.push_back({job_id, std::move(op)});
+        starts_.push_back({job_id, std::move(op), std::this_thread::get_id()});
         started_.notify_all();
         return absl::OkStatus();
       }
@@ -266,6 +271,7 @@ class FakeCollectiveRunner final : public CollectiveRunner {
   std::condition_variable released_;
   std::condition_variable started_;
   bool hold_starts_ = false;
+  std::thread::id holder_;  // HoldStarts' caller, whose starts are not held
   bool complete_on_start_ = false;
   size_t completed_on_start_ = 0;
   std::vector<dataplane::Operation> staged_;  // completing on start, waiting for their input

@@ -601,8 +601,11 @@ absl::Status FusingRunner::Start(const std::string& job_id, dataplane::Operation
     std::lock_guard lock(mu_);
     auto it = jobs_.find(job_id);
     if (!shut_down_ && it != jobs_.end() && it->second->enabled) {
+      // Only this call's copies count: the other paths that launch (decisions, the timer's
+      // flush, aborts) run their copies where they are and leave the flag behind.
+      copy_in_queued_ = false;
       StartLocked(job_id, *it->second, op, taken, after);
-      copy_in = std::exchange(copy_in_queued_, false);
+      copy_in = copy_in_queued_;
       if (!taken && it->second->leader) {
         bytes = CountPassingLocked(job_id, *it->second, op);
         counted = true;
@@ -1053,7 +1056,7 @@ void FusingRunner::MaybeLaunchLocked(const std::string& job_id, Job& job, uint64
       op.buffers.push_back(state->storage.back().get());
     }
   }
-  state->members.reserve(fused.ops.size());  // moved, never copied on growth
+  state->members.reserve(fused.ops.size());  // each member moved once, not at every doubling
   for (auto& member : fused.ops) state->members.push_back(std::move(*member));
   op.tensor_name = FusedName(index);
   op.iteration = index / kFusedNames;

@@ -314,7 +314,8 @@ class FusingRunner final : public CollectiveRunner {
   uint64_t seq_ = 0;                                  // guarded by mu_
   Stats stats_;                                       // guarded by mu_
   bool shut_down_ = false;                            // guarded by mu_
-  // A copy into a fused buffer was queued since Start last looked: its work goes to the launcher.
+  // A copy into a fused buffer was queued (MaybeLaunchLocked); Start clears it before its
+  // StartLocked and sends the work to the launcher when it is set after.
   bool copy_in_queued_ = false;  // guarded by mu_
   std::thread timer_;
   std::mutex launch_mu_;

@@ -16,6 +16,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
@@ -922,6 +923,9 @@ TEST(FusingRunnerTest, AnAbortBeforeTheLaunchedCollectiveStartsFailsItUnstarted)
   std::mutex mu;
   std::condition_variable cv;
   std::map<std::string, absl::Status> results;
+  // Each tensor in its own float, a gap between them: a fused group is copied in, which is what
+  // the launcher thread runs (a group in place starts on the submitting thread).
+  std::map<std::string, std::array<float, 2>> memory;
   auto fake = std::make_unique<FakeCollectiveRunner>();
   FakeCollectiveRunner* inner = fake.get();
   common::FakeClock clock;
@@ -929,9 +933,6 @@ TEST(FusingRunnerTest, AnAbortBeforeTheLaunchedCollectiveStartsFailsItUnstarted)
   options.timer_thread = false;
   FusingRunner runner(std::move(fake), &clock, options);
   runner.SetJob(TwoNodeJob(/*my_worker_rank=*/0), dataplane::Algorithm::kRing);  // the leader
-  // Each tensor in its own float, a gap between them: a fused group is copied in, which is what
-  // the launcher thread runs (a group in place starts on the submitting thread).
-  std::map<std::string, std::array<float, 2>> memory;
   const auto op = [&](const std::string& name, uint64_t iteration) {
     dataplane::Operation o;
     o.tensor_name = name;
@@ -958,6 +959,8 @@ TEST(FusingRunnerTest, AnAbortBeforeTheLaunchedCollectiveStartsFailsItUnstarted)
   ASSERT_EQ(runner.groups(kJob).size(), 1u);
   // b is the iteration's last fusable tensor: the group is decided, and the launcher thread
   // starts the decision broadcast -- held there -- before the copy in and the fused collective.
+  // (Starts on this thread are not held: run here, they would show below as a collective that
+  // started.)
   inner->HoldStarts();
   absl::Cleanup release = [inner] { inner->ReleaseStarts(); };  // also when an ASSERT fails
   ASSERT_TRUE(runner.Start(kJob, op("a", 1)).ok());
@@ -972,9 +975,11 @@ TEST(FusingRunnerTest, AnAbortBeforeTheLaunchedCollectiveStartsFailsItUnstarted)
     EXPECT_EQ(results["b1"].code(), absl::StatusCode::kCancelled);
     EXPECT_THAT(results["b1"].message(), HasSubstr("gave up on a"));
   }
-  // Only the decision broadcast started; the fused collective's abort still reached the others.
+  // Only the decision broadcast started, on the launcher thread; the fused collective's abort
+  // still reached the others.
   ASSERT_EQ(inner->num_starts(), 6u);
   EXPECT_EQ(inner->start(5).op.tensor_name, kFusionDecisionTensor);
+  EXPECT_NE(inner->start(5).thread, std::this_thread::get_id());
   const std::vector<FakeCollectiveRunner::AbortCall> aborts = inner->aborts();
   ASSERT_THAT(aborts, SizeIs(1));
   EXPECT_EQ(aborts[0].tensor, FusedName(0));
@@ -986,6 +991,7 @@ TEST(FusingRunnerTest, AnAbortBeforeTheLaunchedCollectiveStartsFailsItUnstarted)
 // thread, which sat 0.2-2.3 ms between the leader's decision and its broadcast at
 // BERT-large's start on a busy machine.
 TEST(FusingRunnerTest, AGroupInPlaceStartsOnTheSubmittingThread) {
+  std::array<float, 3> memory{};  // x, a, b one after another (before the runner: it uses it)
   auto fake = std::make_unique<FakeCollectiveRunner>();
   FakeCollectiveRunner* inner = fake.get();
   common::FakeClock clock;
@@ -993,7 +999,6 @@ TEST(FusingRunnerTest, AGroupInPlaceStartsOnTheSubmittingThread) {
   options.timer_thread = false;  // the launcher thread stays on
   FusingRunner runner(std::move(fake), &clock, options);
   runner.SetJob(TwoNodeJob(/*my_worker_rank=*/0), dataplane::Algorithm::kRing);  // the leader
-  std::array<float, 3> memory{};  // x, a, b one after another
   const auto op = [&](size_t index, uint64_t iteration) {
     dataplane::Operation o;
     o.tensor_name = std::string(1, "xab"[index]);
@@ -1013,12 +1018,64 @@ TEST(FusingRunnerTest, AGroupInPlaceStartsOnTheSubmittingThread) {
   ASSERT_TRUE(runner.Start(kJob, op(1, 1)).ok());
   ASSERT_EQ(inner->num_starts(), 5u);  // a waits for b
   ASSERT_TRUE(runner.Start(kJob, op(2, 1)).ok());
-  // b was the iteration's last fusable tensor: both started before its Start returned.
+  // b was the iteration's last fusable tensor: both started on this thread, before its Start
+  // returned.
   ASSERT_EQ(inner->num_starts(), 7u);
   EXPECT_EQ(inner->start(5).op.tensor_name, kFusionDecisionTensor);
+  EXPECT_EQ(inner->start(5).thread, std::this_thread::get_id());
   EXPECT_EQ(inner->start(6).op.tensor_name, FusedName(0));
+  EXPECT_EQ(inner->start(6).thread, std::this_thread::get_id());
   EXPECT_EQ(inner->start(6).op.buffers[0], reinterpret_cast<std::byte*>(&memory[1]));  // in place
   EXPECT_EQ(runner.stats().in_place_operations, 1u);
+  runner.Shutdown();
+}
+
+// A copied group launched outside Start (here the leader's flush of an expired cycle) runs its
+// copy where it is; the next Start, whose group is in place, still starts it on its own thread
+// rather than on the launcher.
+TEST(FusingRunnerTest, ACopyLaunchedElsewhereDoesNotSendTheNextGroupToTheLauncher) {
+  std::map<std::string, std::array<float, 2>> memory;  // a gap after each tensor: copied
+  auto fake = std::make_unique<FakeCollectiveRunner>();
+  FakeCollectiveRunner* inner = fake.get();
+  common::FakeClock clock;
+  FusingRunner::Options options;
+  options.timer_thread = false;  // the launcher thread stays on
+  FusingRunner runner(std::move(fake), &clock, options);
+  runner.SetJob(TwoNodeJob(/*my_worker_rank=*/0), dataplane::Algorithm::kRing);  // the leader
+  const auto op = [&](const std::string& name, uint64_t iteration) {
+    dataplane::Operation o;
+    o.tensor_name = name;
+    o.iteration = iteration;
+    o.count = 1;
+    o.buffers = {reinterpret_cast<std::byte*>(memory[name].data())};
+    o.done = [](absl::Status) {};
+    return o;
+  };
+  for (const char* name : {"x", "a", "b", "c"}) ASSERT_TRUE(runner.Start(kJob, op(name, 0)).ok());
+  for (size_t i = 0; i < 4; ++i) inner->Complete(i, absl::OkStatus());
+  ASSERT_TRUE(runner.Start(kJob, op("x", 1)).ok());  // the list's broadcast, then x itself
+  ASSERT_EQ(inner->num_starts(), 5u);
+  ASSERT_EQ(inner->start(4).op.tensor_name, kFusionPlanTensor);
+  inner->Complete(4, absl::OkStatus());
+  ASSERT_TRUE(inner->WaitForStarts(6, 10s));
+  // a and b wait for c; their cycle ends first, and the flush decides them: copied, started here.
+  ASSERT_TRUE(runner.Start(kJob, op("a", 1)).ok());
+  ASSERT_TRUE(runner.Start(kJob, op("b", 1)).ok());
+  ASSERT_EQ(inner->num_starts(), 6u);
+  clock.Advance(1s);
+  runner.FlushExpiredGroups();
+  ASSERT_EQ(inner->num_starts(), 8u);
+  EXPECT_EQ(inner->start(6).op.tensor_name, kFusionDecisionTensor);
+  EXPECT_EQ(inner->start(7).op.tensor_name, FusedName(0));
+  EXPECT_EQ(runner.stats().in_place_operations, 0u);
+  inner->Complete(6, absl::OkStatus());  // the decision broadcast: the next one may go
+  // c alone is in place: its decision and collective start on this thread, before Start returns.
+  ASSERT_TRUE(runner.Start(kJob, op("c", 1)).ok());
+  ASSERT_EQ(inner->num_starts(), 10u);
+  EXPECT_EQ(inner->start(8).op.tensor_name, kFusionDecisionTensor);
+  EXPECT_EQ(inner->start(8).thread, std::this_thread::get_id());
+  EXPECT_EQ(inner->start(9).op.tensor_name, FusedName(1));
+  EXPECT_EQ(inner->start(9).thread, std::this_thread::get_id());
   runner.Shutdown();
 }
 

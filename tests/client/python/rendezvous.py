@@ -23,7 +23,9 @@ def rendezvous(rank, size):
     launch = re.sub(r"[^0-9A-Za-z]", "_", os.environ.get("TRIBUTARY_CONTROLLER", "local"))
     path = os.path.join(tempfile.gettempdir(), f"tributary-test-rendezvous-{launch}-{os.getppid()}")
     store = torch.distributed.FileStore(path, size)
-    store.set_timeout(datetime.timedelta(seconds=DEADLINE_S))
-    store.set(f"rank-{rank}", "ready")
-    store.wait([f"rank-{r}" for r in range(size)])
-    del store  # the last rank to let go removes the file
+    try:
+        store.set_timeout(datetime.timedelta(seconds=DEADLINE_S))
+        store.set(f"rank-{rank}", "ready")
+        store.wait([f"rank-{r}" for r in range(size)])
+    finally:
+        del store  # the last rank to let go removes the file
