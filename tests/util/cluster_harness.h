@@ -131,6 +131,19 @@ class Cluster {
     for (auto& n : nodes_) n->transport->Shutdown();
   }
 
+  // Returns true once every node's transport has run what was queued on it, twice over (a
+  // completion on one node may still deliver to another), or false after `timeout` per flush.
+  // After a collective completed everywhere, its last send completions have then released their
+  // state.
+  bool Settle(std::chrono::milliseconds timeout) {
+    for (int round = 0; round < 2; ++round) {
+      for (auto& n : nodes_) {
+        if (!n->transport->Flush(timeout)) return false;
+      }
+    }
+    return true;
+  }
+
   // The job's view as node `i` holds it.
   dataplane::JobView ViewOf(int i) const {
     dataplane::JobView v = view_;

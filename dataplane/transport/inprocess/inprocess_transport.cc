@@ -1,5 +1,7 @@
 #include "dataplane/transport/inprocess/inprocess_transport.h"
 
+#include <future>
+
 #include "absl/strings/str_cat.h"
 
 namespace tributary::dataplane {
@@ -60,6 +62,14 @@ void InProcessTransport::Post(std::function<void()> task) {
     tasks_.push_back(std::move(task));
   }
   cv_.notify_one();
+}
+
+bool InProcessTransport::Flush(std::chrono::milliseconds timeout) {
+  auto reached = std::make_shared<std::promise<void>>();
+  std::future<void> future = reached->get_future();
+  // Tasks run in order, each destroyed before the next starts: this one runs after the rest.
+  Post([reached] { reached->set_value(); });
+  return future.wait_for(timeout) == std::future_status::ready;
 }
 
 void InProcessTransport::Deliver(std::vector<std::byte> header, std::vector<std::byte> payload) {

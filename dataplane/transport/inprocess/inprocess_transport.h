@@ -1,6 +1,7 @@
 // A Transport whose endpoints live in one process: N ranks as threads in unit tests.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -54,6 +55,11 @@ class InProcessTransport final : public Transport {
   void Send(const std::string& peer_address, std::span<const std::byte> header,
             std::span<const std::byte> payload, SendCallback done) override;
   void Shutdown() override;
+  // Returns true once every task queued here before the call (deliveries to this endpoint and
+  // completions of its sends) has run and been destroyed, or false after `timeout` (or when the
+  // endpoint is shut down). Not from this endpoint's own thread. For tests that look at state a
+  // completion releases.
+  bool Flush(std::chrono::milliseconds timeout);
 
  private:
   friend class InProcessNetwork;

@@ -399,6 +399,9 @@ TEST(DataPlaneMetricsTest, RemovedJobsSeriesLeaveTheRegistry) {
   MetricsCluster cluster(2);
   std::vector<float> a(4096, 1.0f), b(4096, 2.0f);
   ASSERT_TRUE(cluster.AllReduce(a, b).ok());
+  // The last send completions (which hold the job's view until they have run) are done: they
+  // come on the senders' threads after the results, and a CI run once saw the series still held.
+  ASSERT_TRUE(cluster.Settle(kMetricsGuard));
   const std::pair<std::string, std::string> job{"job", "job-m"};
   const char* kJobFamilies[] = {"tributary_dataplane_pushed_bytes_total",
                                 "tributary_dataplane_pulled_bytes_total",
