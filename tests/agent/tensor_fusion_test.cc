@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <map>
 #include <memory>
@@ -874,6 +875,35 @@ dataplane::JobView TwoNodeJob(int my_worker_rank) {
   return view;
 }
 
+// The leader of TwoNodeJob on a FakeCollectiveRunner, with the launcher thread and without the
+// timer thread. Buffers the runner reads must be declared before it (they outlive it).
+struct FakeLeader {
+  FakeLeader() {
+    auto fake = std::make_unique<FakeCollectiveRunner>();
+    inner = fake.get();
+    FusingRunner::Options options;
+    options.timer_thread = false;
+    runner = std::make_unique<FusingRunner>(std::move(fake), &clock, options);
+    runner->SetJob(TwoNodeJob(/*my_worker_rank=*/0), dataplane::Algorithm::kRing);
+  }
+  common::FakeClock clock;
+  FakeCollectiveRunner* inner = nullptr;
+  std::unique_ptr<FusingRunner> runner;
+};
+
+// A one-float all-reduce of `name` at `at`.
+dataplane::Operation OneFloat(
+    const std::string& name, uint64_t iteration, float* at,
+    std::function<void(absl::Status)> done = [](absl::Status) {}) {
+  dataplane::Operation o;
+  o.tensor_name = name;
+  o.iteration = iteration;
+  o.count = 1;
+  o.buffers = {reinterpret_cast<std::byte*>(at)};
+  o.done = std::move(done);
+  return o;
+}
+
 // Before the plan has arrived, an operation of iteration >= 2 waits for it (here: forever, as
 // no other node joins the plan's broadcast), and fails at the job's deadline.
 TEST(FusingRunnerTest, AnOperationWaitingForThePlanFailsAtTheDeadline) {
@@ -926,25 +956,16 @@ TEST(FusingRunnerTest, AnAbortBeforeTheLaunchedCollectiveStartsFailsItUnstarted)
   // Each tensor in its own float, a gap between them: a fused group is copied in, which is what
   // the launcher thread runs (a group in place starts on the submitting thread).
   std::map<std::string, std::array<float, 2>> memory;
-  auto fake = std::make_unique<FakeCollectiveRunner>();
-  FakeCollectiveRunner* inner = fake.get();
-  common::FakeClock clock;
-  FusingRunner::Options options;
-  options.timer_thread = false;
-  FusingRunner runner(std::move(fake), &clock, options);
-  runner.SetJob(TwoNodeJob(/*my_worker_rank=*/0), dataplane::Algorithm::kRing);  // the leader
+  FakeLeader leader;
+  FusingRunner& runner = *leader.runner;
+  FakeCollectiveRunner* inner = leader.inner;
   const auto op = [&](const std::string& name, uint64_t iteration) {
-    dataplane::Operation o;
-    o.tensor_name = name;
-    o.iteration = iteration;
-    o.count = 1;
-    o.buffers = {reinterpret_cast<std::byte*>(memory[name].data())};
-    o.done = [&, key = absl::StrCat(name, iteration)](absl::Status s) {
-      std::lock_guard lock(mu);
-      results[key] = s;
-      cv.notify_all();
-    };
-    return o;
+    return OneFloat(name, iteration, memory[name].data(),
+                    [&, key = absl::StrCat(name, iteration)](absl::Status s) {
+                      std::lock_guard lock(mu);
+                      results[key] = s;
+                      cv.notify_all();
+                    });
   };
   // Iteration 0: observed; a and b, submitted together, may fuse.
   for (const char* name : {"x", "a", "b"}) ASSERT_TRUE(runner.Start(kJob, op(name, 0)).ok());
@@ -991,22 +1012,12 @@ TEST(FusingRunnerTest, AnAbortBeforeTheLaunchedCollectiveStartsFailsItUnstarted)
 // thread, which sat 0.2-2.3 ms between the leader's decision and its broadcast at
 // BERT-large's start on a busy machine.
 TEST(FusingRunnerTest, AGroupInPlaceStartsOnTheSubmittingThread) {
-  std::array<float, 3> memory{};  // x, a, b one after another (before the runner: it uses it)
-  auto fake = std::make_unique<FakeCollectiveRunner>();
-  FakeCollectiveRunner* inner = fake.get();
-  common::FakeClock clock;
-  FusingRunner::Options options;
-  options.timer_thread = false;  // the launcher thread stays on
-  FusingRunner runner(std::move(fake), &clock, options);
-  runner.SetJob(TwoNodeJob(/*my_worker_rank=*/0), dataplane::Algorithm::kRing);  // the leader
+  std::array<float, 3> memory{};  // x, a, b one after another
+  FakeLeader leader;
+  FusingRunner& runner = *leader.runner;
+  FakeCollectiveRunner* inner = leader.inner;
   const auto op = [&](size_t index, uint64_t iteration) {
-    dataplane::Operation o;
-    o.tensor_name = std::string(1, "xab"[index]);
-    o.iteration = iteration;
-    o.count = 1;
-    o.buffers = {reinterpret_cast<std::byte*>(&memory[index])};
-    o.done = [](absl::Status) {};
-    return o;
+    return OneFloat(std::string(1, "xab"[index]), iteration, &memory[index]);
   };
   for (size_t t = 0; t < 3; ++t) ASSERT_TRUE(runner.Start(kJob, op(t, 0)).ok());
   for (size_t i = 0; i < 3; ++i) inner->Complete(i, absl::OkStatus());
@@ -1035,21 +1046,11 @@ TEST(FusingRunnerTest, AGroupInPlaceStartsOnTheSubmittingThread) {
 // rather than on the launcher.
 TEST(FusingRunnerTest, ACopyLaunchedElsewhereDoesNotSendTheNextGroupToTheLauncher) {
   std::map<std::string, std::array<float, 2>> memory;  // a gap after each tensor: copied
-  auto fake = std::make_unique<FakeCollectiveRunner>();
-  FakeCollectiveRunner* inner = fake.get();
-  common::FakeClock clock;
-  FusingRunner::Options options;
-  options.timer_thread = false;  // the launcher thread stays on
-  FusingRunner runner(std::move(fake), &clock, options);
-  runner.SetJob(TwoNodeJob(/*my_worker_rank=*/0), dataplane::Algorithm::kRing);  // the leader
+  FakeLeader leader;
+  FusingRunner& runner = *leader.runner;
+  FakeCollectiveRunner* inner = leader.inner;
   const auto op = [&](const std::string& name, uint64_t iteration) {
-    dataplane::Operation o;
-    o.tensor_name = name;
-    o.iteration = iteration;
-    o.count = 1;
-    o.buffers = {reinterpret_cast<std::byte*>(memory[name].data())};
-    o.done = [](absl::Status) {};
-    return o;
+    return OneFloat(name, iteration, memory[name].data());
   };
   for (const char* name : {"x", "a", "b", "c"}) ASSERT_TRUE(runner.Start(kJob, op(name, 0)).ok());
   for (size_t i = 0; i < 4; ++i) inner->Complete(i, absl::OkStatus());
@@ -1062,7 +1063,7 @@ TEST(FusingRunnerTest, ACopyLaunchedElsewhereDoesNotSendTheNextGroupToTheLaunche
   ASSERT_TRUE(runner.Start(kJob, op("a", 1)).ok());
   ASSERT_TRUE(runner.Start(kJob, op("b", 1)).ok());
   ASSERT_EQ(inner->num_starts(), 6u);
-  clock.Advance(1s);
+  leader.clock.Advance(1s);
   runner.FlushExpiredGroups();
   ASSERT_EQ(inner->num_starts(), 8u);
   EXPECT_EQ(inner->start(6).op.tensor_name, kFusionDecisionTensor);
