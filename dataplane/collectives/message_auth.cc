@@ -1,9 +1,7 @@
 #include "dataplane/collectives/message_auth.h"
 
-#include <openssl/core_names.h>
 #include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/params.h>
+#include <openssl/sha.h>
 
 #include <algorithm>
 #include <cstring>
@@ -12,82 +10,57 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 
+// SHA256_Init/Update/Final are deprecated in OpenSSL 3 but kept: they are the one interface whose
+// hash state is a plain struct, copied without an allocation (HeaderMac).
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+
 namespace tributary::dataplane {
 namespace {
 
 constexpr auto Log = common::ComponentLog<"auth">;
-// Keyed contexts kept per secret for reuse: about one per thread that signs or verifies at once.
-constexpr size_t kMaxPooledContexts = 8;
-
-// The HMAC algorithm, fetched once (a fetch per message took a lock and a property query).
-EVP_MAC* HmacAlgorithm() {
-  static EVP_MAC* const mac = EVP_MAC_fetch(nullptr, "HMAC", nullptr);
-  return mac;
-}
-
-// Whether a used HMAC context can start again with its key (EVP_MAC_init with a null key):
-// before OpenSSL 3.0.3 that call succeeded and did nothing (openssl#17811), so the next MAC would
-// continue a finished one. There every message takes a fresh copy of the keyed context instead.
-bool ReusesContexts() {
-  static const bool reuses = OpenSSL_version_num() >= 0x30000030L;
-  return reuses;
-}
 
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<const HeaderMac>> HeaderMac::Create(std::string_view secret) {
   if (secret.empty()) return absl::InvalidArgumentError("empty data-plane secret");
-  EVP_MAC* algorithm = HmacAlgorithm();
-  EVP_MAC_CTX* ctx = algorithm != nullptr ? EVP_MAC_CTX_new(algorithm) : nullptr;
-  char digest[] = "SHA256";
-  const OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_DIGEST, digest, 0),
-                               OSSL_PARAM_END};
-  if (ctx == nullptr || EVP_MAC_init(ctx, reinterpret_cast<const unsigned char*>(secret.data()),
-                                     secret.size(), params) != 1) {
-    EVP_MAC_CTX_free(ctx);
-    return absl::InternalError("OpenSSL could not key HMAC-SHA256 for the data-plane secret");
+  // RFC 2104: a key longer than the hash's block is hashed first; then zero-padded to the block.
+  unsigned char key[SHA256_CBLOCK] = {};
+  if (secret.size() > sizeof(key)) {
+    SHA256(reinterpret_cast<const unsigned char*>(secret.data()), secret.size(), key);
+  } else {
+    std::memcpy(key, secret.data(), secret.size());
   }
-  return std::shared_ptr<const HeaderMac>(new HeaderMac(ctx));
+  auto mac = std::shared_ptr<HeaderMac>(new HeaderMac());
+  unsigned char pad[SHA256_CBLOCK];
+  bool ok = true;
+  for (auto [state, byte] : {std::pair{&mac->inner_, 0x36}, std::pair{&mac->outer_, 0x5c}}) {
+    for (size_t i = 0; i < sizeof(pad); ++i) pad[i] = key[i] ^ byte;
+    ok = ok && SHA256_Init(state) == 1 && SHA256_Update(state, pad, sizeof(pad)) == 1;
+  }
+  OPENSSL_cleanse(key, sizeof(key));
+  OPENSSL_cleanse(pad, sizeof(pad));
+  if (!ok)
+    return absl::InternalError("OpenSSL could not key HMAC-SHA256 for the data-plane secret");
+  return mac;
 }
 
 HeaderMac::~HeaderMac() {
-  for (EVP_MAC_CTX* ctx : pool_) EVP_MAC_CTX_free(ctx);
-  EVP_MAC_CTX_free(keyed_);
+  OPENSSL_cleanse(&inner_, sizeof(inner_));
+  OPENSSL_cleanse(&outer_, sizeof(outer_));
 }
 
 bool HeaderMac::Compute(const WireHeader& header, uint8_t (&mac)[WireHeader::kMacBytes]) const {
-  EVP_MAC_CTX* ctx = nullptr;
-  bool fresh = false;  // a copy of keyed_, ready for its first message
-  {
-    std::lock_guard lock(mu_);
-    if (ReusesContexts() && !pool_.empty()) {
-      ctx = pool_.back();
-      pool_.pop_back();
-    } else {
-      ctx = EVP_MAC_CTX_dup(keyed_);  // under mu_: OpenSSL does not promise a concurrent dup
-      fresh = true;
-    }
-  }
-  if (ctx == nullptr) return false;
   WireHeader unsigned_header = header;
   std::memset(unsigned_header.mac, 0, sizeof(unsigned_header.mac));
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  size_t length = 0;
-  // A used context starts again with no key: the one it was keyed with (its pads' hash states
-  // are kept and copied).
-  const bool ok = (fresh || EVP_MAC_init(ctx, nullptr, 0, nullptr) == 1) &&
-                  EVP_MAC_update(ctx, reinterpret_cast<const unsigned char*>(&unsigned_header),
-                                 sizeof(unsigned_header)) == 1 &&
-                  EVP_MAC_final(ctx, digest, &length, sizeof(digest)) == 1 && length >= sizeof(mac);
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  // H((K ^ opad) || H((K ^ ipad) || header)), from the pads' states hashed at Create.
+  SHA256_CTX ctx = inner_;
+  bool ok = SHA256_Update(&ctx, &unsigned_header, sizeof(unsigned_header)) == 1 &&
+            SHA256_Final(digest, &ctx) == 1;
+  ctx = outer_;
+  ok = ok && SHA256_Update(&ctx, digest, sizeof(digest)) == 1 && SHA256_Final(digest, &ctx) == 1;
+  OPENSSL_cleanse(&ctx, sizeof(ctx));
   if (ok) std::memcpy(mac, digest, sizeof(mac));
-  if (ReusesContexts()) {
-    std::lock_guard lock(mu_);
-    if (pool_.size() < kMaxPooledContexts) {
-      pool_.push_back(ctx);
-      ctx = nullptr;
-    }
-  }
-  EVP_MAC_CTX_free(ctx);
   return ok;
 }
 

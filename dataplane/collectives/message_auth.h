@@ -30,7 +30,7 @@
 // the handler are called outside it. Parked messages are delivered from SetJobSecret's thread.
 #pragma once
 
-#include <openssl/types.h>
+#include <openssl/sha.h>
 
 #include <atomic>
 #include <chrono>
@@ -65,15 +65,16 @@ struct MessageAuthStats {
   std::atomic<uint64_t> old_instance{0};    // a sender process the plan does not name: dropped
 };
 
-// HMAC-SHA256 of headers under one job secret (OpenSSL's EVP_MAC), keyed once: the key's inner
-// and outer pads are hashed when it is made, not per message, and no algorithm is looked up per
-// message (OpenSSL's one-shot HMAC() did both: 2.5 us a header against 0.45 us here, and 9% of
-// the agents' CPU in a 4 KiB all-reduce loop). Thread-safe: each call takes a keyed context from
-// a small pool (a copy of the keyed one when the pool is empty; always a fresh copy before
-// OpenSSL 3.0.3, which cannot restart a used context with its key).
+// HMAC-SHA256 of headers under one job secret, keyed once: the hash states after the key's inner
+// and outer pad blocks are computed when it is made, and each message starts from copies of them
+// (plain structs: OpenSSL's SHA256_CTX). OpenSSL's one-shot HMAC() hashed the pads and looked up
+// the algorithm per message: 2.5 us a header, 9% of the agents' CPU in a 4 KiB all-reduce loop.
+// EVP_MAC keyed once (until session 31) still duplicated provider contexts per message, with an
+// allocation and a cleanse each: libcrypto was 8% of a worker agent's CPU and 14% of a summation
+// server's on BERT-large's small tensors. Immutable after Create: thread-safe without a lock.
 class HeaderMac {
  public:
-  // INVALID_ARGUMENT for an empty secret; INTERNAL when OpenSSL cannot make the context.
+  // INVALID_ARGUMENT for an empty secret; INTERNAL when OpenSSL fails to hash the pads.
   static absl::StatusOr<std::shared_ptr<const HeaderMac>> Create(std::string_view secret);
   ~HeaderMac();
   HeaderMac(const HeaderMac&) = delete;
@@ -86,12 +87,11 @@ class HeaderMac {
   bool Verify(const WireHeader& header) const;
 
  private:
-  explicit HeaderMac(EVP_MAC_CTX* keyed) : keyed_(keyed) {}
+  HeaderMac() = default;
   bool Compute(const WireHeader& header, uint8_t (&mac)[WireHeader::kMacBytes]) const;
 
-  EVP_MAC_CTX* const keyed_;  // keyed, never used directly: the pool's copies are
-  mutable std::mutex mu_;
-  mutable std::vector<EVP_MAC_CTX*> pool_;
+  SHA256_CTX inner_;  // after (key ^ ipad)
+  SHA256_CTX outer_;  // after (key ^ opad)
 };
 
 // One-off forms of HeaderMac::Sign / Verify (they key a HeaderMac per call). SignHeader leaves

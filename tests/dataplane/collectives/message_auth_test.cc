@@ -162,38 +162,42 @@ TEST(MessageAuth, ASignedHeaderMovedToAnotherIterationOrEpochFailsTheCheck) {
   EXPECT_FALSE(VerifyHeader(h, "s3cret "));
 }
 
-// The keyed contexts, reused from a pool by several threads at once, give exactly OpenSSL's
-// one-shot HMAC-SHA256 of the header with its mac zeroed (truncated to kMacBytes).
+// A keyed MAC, used by several threads at once, gives exactly OpenSSL's one-shot HMAC-SHA256 of
+// the header with its mac zeroed (truncated to kMacBytes), for secrets shorter than, as long as
+// and longer than SHA-256's 64-byte block (hashed first).
 TEST(MessageAuth, AKeyedMacMatchesOneShotHmacFromManyThreads) {
-  const std::string secret = "a job secret of some length, longer than nothing";
-  absl::StatusOr<std::shared_ptr<const HeaderMac>> mac = HeaderMac::Create(secret);
-  ASSERT_TRUE(mac.ok()) << mac.status();
-  const auto one_shot = [&](WireHeader h) {
-    std::memset(h.mac, 0, sizeof(h.mac));
-    unsigned char digest[EVP_MAX_MD_SIZE];
-    unsigned int length = 0;
-    HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
-         reinterpret_cast<const unsigned char*>(&h), sizeof(h), digest, &length);
-    return std::string(reinterpret_cast<const char*>(digest), WireHeader::kMacBytes);
-  };
-  std::vector<std::future<int>> threads;
-  for (int t = 0; t < 4; ++t) {
-    threads.push_back(std::async(std::launch::async, [&, t] {
-      int wrong = 0;
-      for (uint64_t i = 0; i < 500; ++i) {
-        WireHeader h = Push("job-a", t * 1000 + i, static_cast<uint32_t>(i % 7));
-        if (!(*mac)->Sign(h) ||
-            std::string(reinterpret_cast<const char*>(h.mac), sizeof(h.mac)) != one_shot(h) ||
-            !(*mac)->Verify(h)) {
-          ++wrong;
+  for (const size_t length : {1, 32, 48, 63, 64, 65, 200}) {
+    std::string secret;
+    for (size_t i = 0; i < length; ++i) secret.push_back(static_cast<char>('a' + (i * 7) % 26));
+    absl::StatusOr<std::shared_ptr<const HeaderMac>> mac = HeaderMac::Create(secret);
+    ASSERT_TRUE(mac.ok()) << mac.status();
+    const auto one_shot = [&](WireHeader h) {
+      std::memset(h.mac, 0, sizeof(h.mac));
+      unsigned char digest[EVP_MAX_MD_SIZE];
+      unsigned int digest_length = 0;
+      HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
+           reinterpret_cast<const unsigned char*>(&h), sizeof(h), digest, &digest_length);
+      return std::string(reinterpret_cast<const char*>(digest), WireHeader::kMacBytes);
+    };
+    std::vector<std::future<int>> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.push_back(std::async(std::launch::async, [&, t] {
+        int wrong = 0;
+        for (uint64_t i = 0; i < 500; ++i) {
+          WireHeader h = Push("job-a", t * 1000 + i, static_cast<uint32_t>(i % 7));
+          if (!(*mac)->Sign(h) ||
+              std::string(reinterpret_cast<const char*>(h.mac), sizeof(h.mac)) != one_shot(h) ||
+              !(*mac)->Verify(h)) {
+            ++wrong;
+          }
+          h.iteration++;
+          if ((*mac)->Verify(h)) ++wrong;
         }
-        h.iteration++;
-        if ((*mac)->Verify(h)) ++wrong;
-      }
-      return wrong;
-    }));
+        return wrong;
+      }));
+    }
+    for (auto& t : threads) EXPECT_EQ(t.get(), 0) << "secret of " << length << " bytes";
   }
-  for (auto& t : threads) EXPECT_EQ(t.get(), 0);
   EXPECT_EQ(HeaderMac::Create("").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
