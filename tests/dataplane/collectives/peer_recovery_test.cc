@@ -302,6 +302,35 @@ TEST(PeerRecovery, RetryHoldingBackMostOfItsChunksFetchesThemAllFromAPeer) {
       PushPullChunks(kBigCount, 4, 1024, 3));
 }
 
+// Tensor fusion's collectives take kFusedNames names in turn (Operation::rotating_name): their
+// sums are kept for the job's last kRetainedRotating of them, not the last of each name, and the
+// buffers of those let go hold the later ones' sums. Twenty, each under a new name, end with
+// kRetainedRotating + 1 buffers on a worker (the kept ones and one spare) where one per name
+// would be twenty; every result is exact.
+TEST(PeerRecovery, RotatingNamesKeepTheLastFewSumsAndReuseTheirBuffers) {
+  Cluster cluster(RecoveryJob());
+  constexpr uint64_t kCollectives = 20;
+  for (uint64_t k = 0; k < kCollectives; ++k) {
+    Iteration run;
+    for (int r = 0; r < 3; ++r) {
+      run.buffers.push_back(RecoveryInput(r));
+      Operation op = MakeOp(absl::StrCat("fused/", k), 0, DataType::kFloat32, kRecoveryCount,
+                            Reduction::kSum, run.buffers[r]);
+      op.rotating_name = true;
+      run.done.push_back(cluster.Start(r, std::move(op)));
+    }
+    for (int r = 0; r < 3; ++r) {
+      ASSERT_TRUE(Await(run.done[r]).ok()) << "collective " << k << " rank " << r;
+      EXPECT_EQ(Wrong(run.buffers[r]), 0) << "collective " << k << " rank " << r;
+    }
+  }
+  const uint64_t held = (kRetainedRotating + 1) * kRecoveryCount * 4;
+  EXPECT_TRUE(RecoveryEventually([&] {
+    return Stats(cluster, 1).worker_retained_bytes.load() == held;
+  })) << Stats(cluster, 1).worker_retained_bytes.load()
+      << " bytes held, expected " << held;
+}
+
 TEST(PeerRecovery, SumsOfAnEarlierMembershipGenerationAreNeverGiven) {
   // Every worker completed iteration 0, then the job moved to a new membership generation, which
   // counts its iterations from 0 again: the same number is another collective.
