@@ -1065,7 +1065,6 @@ void FusingRunner::MaybeLaunchLocked(const std::string& job_id, Job& job, uint64
   op.reduction = fused.decision.reduction;
   op.priority = priority;
   op.lone = fused.decision.lone;
-  op.rotating_name = true;
   op.keepalive = state;
   op.done = [this, job_id, index, generation = job.view.generation, state](absl::Status s) {
     if (s.ok() && !state->in_place()) state->CopyOut();

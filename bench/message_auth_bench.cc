@@ -8,20 +8,19 @@
 //    EVP_MAC_init(ctx, nullptr, ...) per message, which duplicates provider contexts);
 //  * one-shot HMAC(): OpenSSL's HMAC() per message (hashes the key's pads every time).
 //
-// Flags: --headers=N (headers per timed pass; default 200000), --reps=N (default 5).
+// Flags: --headers N (headers per timed pass; default 200000), --reps N (default 5).
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
-#include <string_view>
 #include <vector>
 
+#include "CLI/CLI.hpp"
 #include "dataplane/collectives/message_auth.h"
 #include "dataplane/collectives/wire.h"
 
@@ -54,21 +53,14 @@ double NsPerHeader(const std::function<void(uint64_t)>& one, uint64_t headers) {
 int Main(int argc, char** argv) {
   uint64_t headers = 200000;
   int reps = 5;
-  for (int i = 1; i < argc; ++i) {
-    const std::string_view arg = argv[i];
-    if (arg.starts_with("--headers=")) {
-      headers = std::strtoull(argv[i] + 10, nullptr, 10);
-    } else if (arg.starts_with("--reps=")) {
-      reps = std::atoi(argv[i] + 7);
-    } else {
-      std::fprintf(stderr, "usage: message_auth_bench [--headers=N] [--reps=N]\n");
-      return 2;
-    }
-  }
-  if (headers == 0 || reps <= 0) {
-    std::fprintf(stderr, "message_auth_bench: --headers and --reps must be positive\n");
-    return 2;
-  }
+  CLI::App app{"HMAC-SHA256 of one data-plane header: HeaderMac against OpenSSL's other ways"};
+  app.add_option("--headers", headers, "headers per timed pass")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 32))
+      ->capture_default_str();
+  app.add_option("--reps", reps, "timed passes per method, best one reported")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
   const std::string secret(32, 's');  // a job secret's length (controller: 32 random bytes)
 
   absl::StatusOr<std::shared_ptr<const HeaderMac>> mac = HeaderMac::Create(secret);

@@ -594,7 +594,6 @@ void PushPullWorker::SetJob(const JobView& view) {
       // collectives no one will ask about.
       retained_.erase(retained_.lower_bound({job_hash, 0}),
                       retained_.lower_bound({job_hash + 1, 0}));
-      rotating_retained_.erase(job_hash);
     }
     jobs_[job_hash] = std::make_shared<const JobView>(view);
     const std::set<std::string> worker_set(view.worker_addresses.begin(),
@@ -709,8 +708,7 @@ void PushPullWorker::RemoveJob(uint64_t job_hash) {
     }
     tuning_.erase(tuning_.lower_bound({job_hash, 0}), tuning_.lower_bound({job_hash + 1, 0}));
     retained_.erase(retained_.lower_bound({job_hash, 0}), retained_.lower_bound({job_hash + 1, 0}));
-    rotating_retained_.erase(job_hash);
-    spare_sums_.clear();
+    DropSparesLocked(0);
     std::vector<CollectiveKey> keys;
     for (auto& [key, op] : ops_) {
       if (key.job == job_hash) keys.push_back(key);
@@ -903,14 +901,12 @@ absl::Status PushPullWorker::StartLocked(const std::string& job_id, Operation& o
     const uint64_t bytes = op.count * element_size;
     if (job->num_workers() > 1 && dedicated_servers_[job_hash]) {
       // Peer recovery keeps a copy of the sums (see kDefaultRetainBytes).
-      if (auto spare = spare_sums_.find(bytes); spare != spare_sums_.end()) {
-        state->sums = std::move(spare->second);
-        spare_sums_.erase(spare);
-      }
-      // Spares of other sizes give way to a new buffer, the largest first.
-      while (!state->sums && !spare_sums_.empty() &&
-             stats_->worker_retained_bytes.load() + bytes > retain_budget_) {
-        spare_sums_.erase(std::prev(spare_sums_.end()));
+      state->sums = TakeSpareLocked(bytes);
+      // Spares of other sizes give way to a new buffer, the oldest first, where that makes room.
+      if (!state->sums && stats_->worker_retained_bytes.load() + bytes > retain_budget_ &&
+          stats_->worker_retained_bytes.load() - spare_bytes_ + bytes <= retain_budget_) {
+        DropSparesLocked(retain_budget_ - bytes -
+                         (stats_->worker_retained_bytes.load() - spare_bytes_));
       }
       if (!state->sums && stats_->worker_retained_bytes.load() + bytes <= retain_budget_) {
         stats_->worker_retained_bytes += bytes;
@@ -1327,8 +1323,27 @@ void PushPullWorker::KeepSpareLocked(Retained& retained) {
   std::shared_ptr<std::byte[]> sums = std::move(retained.sums);
   // Not while a copy is still being sent from them (a peer's fetch).
   if (!sums || sums.use_count() != 1) return;
-  spare_sums_.emplace(retained.count * DataTypeSize(static_cast<DataType>(retained.dtype)),
-                      std::move(sums));
+  const uint64_t bytes = retained.count * DataTypeSize(static_cast<DataType>(retained.dtype));
+  spare_sums_.push_back({bytes, std::move(sums)});
+  spare_bytes_ += bytes;
+  DropSparesLocked(stats_->worker_retained_bytes.load() - spare_bytes_);
+}
+
+std::shared_ptr<std::byte[]> PushPullWorker::TakeSpareLocked(uint64_t bytes) {
+  auto it = std::find_if(spare_sums_.begin(), spare_sums_.end(),
+                         [bytes](const SpareSums& s) { return s.bytes == bytes; });
+  if (it == spare_sums_.end()) return nullptr;
+  std::shared_ptr<std::byte[]> sums = std::move(it->sums);
+  spare_bytes_ -= bytes;
+  spare_sums_.erase(it);
+  return sums;
+}
+
+void PushPullWorker::DropSparesLocked(uint64_t limit) {
+  while (spare_bytes_ > limit && !spare_sums_.empty()) {
+    spare_bytes_ -= spare_sums_.front().bytes;
+    spare_sums_.pop_front();  // frees it (the deleter counts it out of worker_retained_bytes)
+  }
 }
 
 void PushPullWorker::ChunkDoneLocked(const std::shared_ptr<OpState>& op, uint32_t chunk,
@@ -1364,20 +1379,6 @@ void PushPullWorker::ChunkDoneLocked(const std::shared_ptr<OpState>& op, uint32_
     r = Retained{op->op.iteration, op->op.count,     static_cast<uint8_t>(op->op.dtype),
                  op->num_chunks,   op->decision_kib, op->job,
                  op->sums};
-    if (op->op.rotating_name) {
-      auto& recent = rotating_retained_[op->job_hash];
-      recent.emplace_back(op->tensor_hash, op->op.iteration);
-      while (recent.size() > kRetainedRotating) {
-        const auto [tensor, iteration] = recent.front();
-        recent.pop_front();
-        // Unless its name came round again since (then it keeps the later collective's sums).
-        if (auto old = retained_.find({op->job_hash, tensor});
-            old != retained_.end() && old->second.iteration == iteration) {
-          KeepSpareLocked(old->second);
-          retained_.erase(old);
-        }
-      }
-    }
   }
   if (op->recovering) {
     stats_->peer_recoveries++;

@@ -72,6 +72,8 @@ struct MessageAuthStats {
 // EVP_MAC keyed once (until session 31) still duplicated provider contexts per message, with an
 // allocation and a cleanse each: libcrypto was 8% of a worker agent's CPU and 14% of a summation
 // server's on BERT-large's small tensors. Immutable after Create: thread-safe without a lock.
+// SHA256_CTX and its functions are deprecated in OpenSSL 3 (still there): a build with
+// OPENSSL_NO_DEPRECATED_3_0 or OPENSSL_API_COMPAT >= 30000 would need another way in.
 class HeaderMac {
  public:
   // INVALID_ARGUMENT for an empty secret; INTERNAL when OpenSSL fails to hash the pads.

@@ -146,13 +146,6 @@ struct Operation {
   // kMinPipelineChunkBytes (dataplane/schedule/chunk_map.h). Every node must pass the same value
   // for the same collective.
   bool lone = false;
-
-  // The name is one of a few that the job's collectives take in turn (tensor fusion's fused
-  // collectives, kFusedNames of them, agent/tensor_fusion.h), so the next collective of this
-  // name may come long after this one: push/pull keeps the sums of the job's last
-  // kRetainedRotating such collectives for peer recovery, not the last of each name
-  // (dataplane/collectives/allreduce_push_pull.h).
-  bool rotating_name = false;
 };
 
 }  // namespace tributary::dataplane

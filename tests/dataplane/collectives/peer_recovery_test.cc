@@ -302,29 +302,44 @@ TEST(PeerRecovery, RetryHoldingBackMostOfItsChunksFetchesThemAllFromAPeer) {
       PushPullChunks(kBigCount, 4, 1024, 3));
 }
 
-// Tensor fusion's collectives take kFusedNames names in turn (Operation::rotating_name): their
-// sums are kept for the job's last kRetainedRotating of them, not the last of each name, and the
-// buffers of those let go hold the later ones' sums. Twenty, each under a new name, end with
-// kRetainedRotating + 1 buffers on a worker (the kept ones and one spare) where one per name
-// would be twenty; every result is exact.
-TEST(PeerRecovery, RotatingNamesKeepTheLastFewSumsAndReuseTheirBuffers) {
-  Cluster cluster(RecoveryJob());
-  constexpr uint64_t kCollectives = 20;
-  for (uint64_t k = 0; k < kCollectives; ++k) {
-    Iteration run;
-    for (int r = 0; r < 3; ++r) {
-      run.buffers.push_back(RecoveryInput(r));
-      Operation op = MakeOp(absl::StrCat("fused/", k), 0, DataType::kFloat32, kRecoveryCount,
-                            Reduction::kSum, run.buffers[r]);
-      op.rotating_name = true;
-      run.done.push_back(cluster.Start(r, std::move(op)));
-    }
-    for (int r = 0; r < 3; ++r) {
-      ASSERT_TRUE(Await(run.done[r]).ok()) << "collective " << k << " rank " << r;
-      EXPECT_EQ(Wrong(run.buffers[r]), 0) << "collective " << k << " rank " << r;
-    }
+// Runs collective `iteration` of `tensor` (`count` elements) on every worker; every element exact.
+void RunExact(Cluster& cluster, const std::string& tensor, uint64_t iteration, uint64_t count) {
+  Iteration run;
+  for (int r = 0; r < 3; ++r) {
+    run.buffers.push_back(RecoveryInput(r, count));
+    run.done.push_back(cluster.Start(
+        r, MakeOp(tensor, iteration, DataType::kFloat32, count, Reduction::kSum, run.buffers[r])));
   }
-  const uint64_t held = (kRetainedRotating + 1) * kRecoveryCount * 4;
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(Await(run.done[r]).ok()) << tensor << " " << iteration << " rank " << r;
+    EXPECT_EQ(Wrong(run.buffers[r]), 0) << tensor << " " << iteration << " rank " << r;
+  }
+}
+
+// The sums a later collective of their tensor replaced are a spare buffer for the next
+// collective of the same size, whatever its tensor (tensor fusion's collectives take 64 names in
+// turn): after "a" twice and "b" once, a worker holds a's and b's kept sums and nothing else,
+// where a spare kept per tensor would make three buffers.
+TEST(PeerRecovery, ReplacedSumsServeTheNextCollectiveOfTheSameSize) {
+  Cluster cluster(RecoveryJob());
+  RunExact(cluster, "a", 0, kRecoveryCount);
+  RunExact(cluster, "a", 1, kRecoveryCount);
+  RunExact(cluster, "b", 0, kRecoveryCount);
+  const uint64_t held = 2 * kRecoveryCount * 4;
+  EXPECT_TRUE(RecoveryEventually([&] {
+    return Stats(cluster, 1).worker_retained_bytes.load() == held;
+  })) << Stats(cluster, 1).worker_retained_bytes.load()
+      << " bytes held, expected " << held;
+}
+
+// Spares hold at most as many bytes as the sums kept and in use, the oldest dropped first: a
+// tensor whose size changes at every collective leaves one spare (its previous size), not one
+// per size it had.
+TEST(PeerRecovery, SparesOfSizesThatDoNotComeBackAreBounded) {
+  Cluster cluster(RecoveryJob());
+  constexpr uint64_t kCollectives = 10;
+  for (uint64_t k = 0; k < kCollectives; ++k) RunExact(cluster, "f", k, kRecoveryCount + k);
+  const uint64_t held = (2 * kRecoveryCount + 2 * kCollectives - 3) * 4;  // the last two sizes
   EXPECT_TRUE(RecoveryEventually([&] {
     return Stats(cluster, 1).worker_retained_bytes.load() == held;
   })) << Stats(cluster, 1).worker_retained_bytes.load()
