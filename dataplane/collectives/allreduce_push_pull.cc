@@ -903,10 +903,9 @@ absl::Status PushPullWorker::StartLocked(const std::string& job_id, Operation& o
       // Peer recovery keeps a copy of the sums (see kDefaultRetainBytes).
       state->sums = TakeSpareLocked(bytes);
       // Spares of other sizes give way to a new buffer, the oldest first, where that makes room.
-      if (!state->sums && stats_->worker_retained_bytes.load() + bytes > retain_budget_ &&
-          stats_->worker_retained_bytes.load() - spare_bytes_ + bytes <= retain_budget_) {
-        DropSparesLocked(retain_budget_ - bytes -
-                         (stats_->worker_retained_bytes.load() - spare_bytes_));
+      if (const uint64_t others = stats_->worker_retained_bytes.load() - spare_bytes_;
+          !state->sums && others + bytes <= retain_budget_) {
+        DropSparesLocked(retain_budget_ - bytes - others);
       }
       if (!state->sums && stats_->worker_retained_bytes.load() + bytes <= retain_budget_) {
         stats_->worker_retained_bytes += bytes;

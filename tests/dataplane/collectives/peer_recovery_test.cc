@@ -86,6 +86,15 @@ bool RecoveryEventually(const std::function<bool()>& done) {
 
 const PushPullStats& Stats(Cluster& cluster, int i) { return cluster.node(i).push_pull().stats(); }
 
+// Worker 1 comes to hold exactly `bytes` of kept and spare sums (a completed operation's state
+// can outlive its caller's Await by a moment on the engine's thread).
+void ExpectWorkerOneHolds(Cluster& cluster, uint64_t bytes) {
+  EXPECT_TRUE(RecoveryEventually([&] {
+    return Stats(cluster, 1).worker_retained_bytes.load() == bytes;
+  })) << Stats(cluster, 1).worker_retained_bytes.load()
+      << " bytes held, expected " << bytes;
+}
+
 // The chunks of "grad" the spare owns under plan v7.
 uint64_t SpareChunks(const Cluster& cluster) {
   auto map = ChunkMap::Create(cluster.view().server_weights);
@@ -325,11 +334,7 @@ TEST(PeerRecovery, ReplacedSumsServeTheNextCollectiveOfTheSameSize) {
   RunExact(cluster, "a", 0, kRecoveryCount);
   RunExact(cluster, "a", 1, kRecoveryCount);
   RunExact(cluster, "b", 0, kRecoveryCount);
-  const uint64_t held = 2 * kRecoveryCount * 4;
-  EXPECT_TRUE(RecoveryEventually([&] {
-    return Stats(cluster, 1).worker_retained_bytes.load() == held;
-  })) << Stats(cluster, 1).worker_retained_bytes.load()
-      << " bytes held, expected " << held;
+  ExpectWorkerOneHolds(cluster, 2 * kRecoveryCount * 4);
 }
 
 // Spares hold at most as many bytes as the sums kept and in use, the oldest dropped first: a
@@ -339,11 +344,8 @@ TEST(PeerRecovery, SparesOfSizesThatDoNotComeBackAreBounded) {
   Cluster cluster(RecoveryJob());
   constexpr uint64_t kCollectives = 10;
   for (uint64_t k = 0; k < kCollectives; ++k) RunExact(cluster, "f", k, kRecoveryCount + k);
-  const uint64_t held = (2 * kRecoveryCount + 2 * kCollectives - 3) * 4;  // the last two sizes
-  EXPECT_TRUE(RecoveryEventually([&] {
-    return Stats(cluster, 1).worker_retained_bytes.load() == held;
-  })) << Stats(cluster, 1).worker_retained_bytes.load()
-      << " bytes held, expected " << held;
+  // The last two sizes: the kept sums and one spare.
+  ExpectWorkerOneHolds(cluster, (2 * kRecoveryCount + 2 * kCollectives - 3) * 4);
 }
 
 TEST(PeerRecovery, SumsOfAnEarlierMembershipGenerationAreNeverGiven) {
@@ -356,12 +358,8 @@ TEST(PeerRecovery, SumsOfAnEarlierMembershipGenerationAreNeverGiven) {
     v.generation = 1;
     cluster.SetJob(i, v);
   }
-  // Nothing kept, nothing spare: the sums go once the last reference to them does (a completed
-  // operation's state can outlive its caller's Await by a moment on the engine's thread).
-  EXPECT_TRUE(RecoveryEventually([&] {
-    return Stats(cluster, 1).worker_retained_bytes.load() == 0;
-  })) << Stats(cluster, 1).worker_retained_bytes.load()
-      << " bytes still retained";
+  // Nothing kept, nothing spare: the sums go once the last reference to them does.
+  ExpectWorkerOneHolds(cluster, 0);
   // Worker 0 runs the new generation's iteration 0 alone; its servers time it out, and the
   // others, who kept the old iteration 0's sums, say no.
   auto pushes = [&] { return PushesAtWorkerServers(cluster); };
