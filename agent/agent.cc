@@ -14,6 +14,7 @@
 #include "agent/node_discovery.h"
 #include "agent/plan_view.h"
 #include "agent/tensor_fusion.h"
+#include "common/allocator.h"
 #include "common/buffer_socket_protocol.h"
 #include "common/logging.h"
 #include "common/metrics/metrics.h"
@@ -142,9 +143,9 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& in) {
   rings.spin = options.ring_spin;
   RETURN_IF_ERROR(agent->ServeLocal(options.local_address, options.socket_access, rings));
   agent->StartLoops();
-  Log()->info("agent {} up: data plane {}, local service {}, nic {:.0f} MB/s, sum {:.0f} MB/s",
+  Log()->info("agent {} up: data plane {}, local service {}, nic {:.0f} MB/s, sum {:.0f} MB/s, {}",
               options.node_id, inv.data_plane_address(), options.local_address,
-              inv.nic_bytes_per_s() / 1e6, inv.sum_bytes_per_s() / 1e6);
+              inv.nic_bytes_per_s() / 1e6, inv.sum_bytes_per_s() / 1e6, common::AllocatorName());
   return agent;
 }
 

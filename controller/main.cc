@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "CLI/CLI.hpp"
+#include "common/allocator.h"
 #include "common/logging.h"
 #include "common/metrics/metrics.h"
 #include "common/process_flags.h"
@@ -162,6 +163,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   tributary::common::SetServing(server.get(), "tributary.v1.Controller");
+  log->info("controller on {}", tributary::common::AllocatorName());
   if (store) {
     log->info(
         "controller serving on {} (port {}); state in {} (SQLite, WAL, synchronous=FULL): "

@@ -6,7 +6,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler zlib1g-dev
   libucx-dev ucx-utils prometheus-cpp-dev libspdlog-dev libabsl-dev
   libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev
-  libtinyxml2-dev libyaml-cpp-dev libcpp-httplib-dev prometheus libsqlite3-dev
+  libtinyxml2-dev libyaml-cpp-dev libcpp-httplib-dev prometheus libsqlite3-dev libjemalloc-dev
   pybind11-dev python3-pybind11 python3-torch libtorch-dev python3-torchvision unzip
   clang-16 libfuzzer-16-dev libclang-rt-16-dev
 )
