@@ -46,6 +46,9 @@ struct BenchFlags {
   std::string workload_name = "workload";
   // Chrome trace of this process's iterations and tensors (common/trace.h).
   std::string trace;
+  // With --trace and --tensors: a span per tensor too (each costs the waiting thread a trace
+  // write, which delays its sight of the next completion).
+  bool trace_tensors = true;
 };
 
 struct WorkloadTensor {
@@ -138,7 +141,7 @@ absl::Status RunWorkload(Client& client, const BenchFlags& flags,
         return absl::Status(status.code(), absl::StrCat(flags.workload_name, " tensor ",
                                                         tensors[j].name, ": ", status.message()));
       }
-      if (common::Trace::enabled()) {
+      if (common::Trace::enabled() && flags.trace_tensors) {
         // Seen done by this thread, which waits in submission order: an upper bound for all but
         // the tensor it waited on.
         common::Trace::Async(
@@ -394,6 +397,12 @@ void AddBenchRankCommand(CLI::App& app, GlobalOptions& global) {
   command->add_option("--trace", flags->trace,
                       "write a Chrome trace (chrome://tracing, ui.perfetto.dev) of every iteration "
                       "and tensor to this file (\"{pid}\" in it: this process's id)");
+  command
+      ->add_flag("--trace-tensors,!--no-trace-tensors", flags->trace_tensors,
+                 "with --trace and --tensors, a span per tensor (--no-trace-tensors: the "
+                 "iterations and submissions only; a tensor's span costs the waiting thread a "
+                 "trace write before it sees the next completion)")
+      ->capture_default_str();
   SetAction(command, global, [flags]() -> absl::Status {
     if (flags->trace.empty()) return RunBenchRank(*flags);
     std::string path = flags->trace;

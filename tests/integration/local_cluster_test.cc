@@ -10,6 +10,7 @@
 
 #include <condition_variable>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -453,6 +454,55 @@ TEST_F(LocalClusterTest, ModelWorkloadWithPrioritiesIsExact) {
                   "(.|\n)*# mini iterations \\(ms, 1 warm-up first\\):( [0-9.e+]+){4}\n(.|\n)*"));
   EXPECT_THAT(results[0].output,
               ::testing::MatchesRegex("(.|\n)*WTIMED,[0-9]+\\.[0-9]+,[0-9]+\\.[0-9]+\n(.|\n)*"));
+}
+
+// `bench-rank --trace` on a workload: each process's Chrome trace has its iterations and
+// submissions, and a span per tensor unless --no-trace-tensors.
+TEST_F(LocalClusterTest, WorkloadTraceHasTensorSpansUnlessTurnedOff) {
+  const std::string path = absl::StrCat(cluster_->run_dir(), "/traced.tensors");
+  {
+    std::ofstream f(path);
+    f << "head.bias 10\nhead.weight 5000\nstem.weight 300\n";
+  }
+  // Every trace the job's processes wrote, concatenated, and how many there were.
+  auto traces = [&](const std::string& job) {
+    std::string all;
+    int files = 0;
+    for (const auto& entry : std::filesystem::directory_iterator(cluster_->run_dir())) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind("trace-" + job + "-", 0) != 0) continue;
+      std::ifstream f(entry.path());
+      std::stringstream ss;
+      ss << f.rdbuf();
+      all += ss.str();
+      files++;
+    }
+    return std::make_pair(all, files);
+  };
+  for (const bool per_tensor : {true, false}) {
+    const std::string job = per_tensor ? "traced" : "traced-iterations";
+    ASSERT_NO_FATAL_FAILURE(CreateJob(job));
+    std::vector<std::string> args = {
+        "--tensors",       path,
+        "--workload-name", "mini",
+        "--iters",         "2",
+        "--warmup",        "0",
+        "--trace",         absl::StrCat(cluster_->run_dir(), "/trace-", job, "-{pid}.json"),
+        "--log-level",     "warn"};
+    if (!per_tensor) args.push_back("--no-trace-tensors");
+    auto results =
+        RunProcesses(std::string(TRIBUTARY_BIN_DIR) + "/tributary", {"bench-rank"}, job, args);
+    ExpectAllPassed(results);
+    const auto [trace, files] = traces(job);
+    EXPECT_EQ(files, static_cast<int>(results.size())) << job;
+    EXPECT_THAT(trace, ::testing::HasSubstr("\"submissions\"")) << job;
+    EXPECT_THAT(trace, ::testing::HasSubstr("mini iteration 1")) << job;
+    if (per_tensor) {
+      EXPECT_THAT(trace, ::testing::HasSubstr("\"head.weight\"")) << job;
+    } else {
+      EXPECT_THAT(trace, ::testing::Not(::testing::HasSubstr("head.weight"))) << job;
+    }
+  }
 }
 
 TEST_F(LocalClusterTest, WorkloadFileErrorsNameTheLine) {
