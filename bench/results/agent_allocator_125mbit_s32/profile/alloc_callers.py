@@ -1,15 +1,9 @@
-import collections, sys, re
-stacks=[]; cur=[]
-for line in open(sys.argv[1]):
-    line=line.rstrip('\n')
-    if not line.strip():
-        if cur: stacks.append(cur); cur=[]
-        continue
-    if not line.startswith('\t') and not line.startswith(' '):
-        cur=[line]; continue
-    parts=line.strip().split(' ',1)
-    cur.append(parts[1] if len(parts)>1 else parts[0])
-if cur: stacks.append(cur)
+"""perf script output (argv[1]) -> the malloc family's share of the samples, by thread and by
+the first two tributary frames above it."""
+import collections, os, re, sys
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from perf_stacks import load
+stacks = load(sys.argv[1])
 total=len(stacks)
 M=('malloc','_int_malloc','_int_free','cfree','free','malloc_consolidate','unlink_chunk','operator new','operator delete','tcache','__libc_free','__GI___libc_malloc','_int_realloc','realloc')
 def ismalloc(f): return any(f.startswith(m) for m in M)
