@@ -16,7 +16,7 @@ std::string AllocatorName() {
     }
     return "jemalloc";
   }
-  return "glibc malloc";
+  return "system malloc";
 }
 
 }  // namespace tributary::common

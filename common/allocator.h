@@ -7,7 +7,8 @@
 
 namespace tributary::common {
 
-// "jemalloc <version>" when jemalloc serves this process's malloc, else "glibc malloc".
+// "jemalloc <version>" when jemalloc's mallctl is linked into the process (the daemons: it then
+// serves their malloc), else "system malloc" (the C library's, or a sanitizer's).
 std::string AllocatorName();
 
 }  // namespace tributary::common

@@ -6,8 +6,8 @@ namespace tributary::common {
 namespace {
 
 // The test binaries keep the process's own malloc (only the daemons link jemalloc).
-TEST(AllocatorNameTest, IsGlibcMallocWithoutJemalloc) {
-  EXPECT_EQ(AllocatorName(), "glibc malloc");
+TEST(AllocatorNameTest, IsTheSystemMallocWithoutJemalloc) {
+  EXPECT_EQ(AllocatorName(), "system malloc");
 }
 
 }  // namespace

@@ -502,6 +502,8 @@ TEST_F(LocalClusterTest, WorkloadTraceHasTensorSpansUnlessTurnedOff) {
     } else {
       EXPECT_THAT(trace, ::testing::Not(::testing::HasSubstr("head.weight"))) << job;
     }
+    TearDown();  // deletes this job
+    job_id_.clear();
   }
 }
 
