@@ -1,12 +1,11 @@
 // Built only with TRIBUTARY_HAVE_JEMALLOC, linked as the daemons are (tests/CMakeLists.txt).
 #include <gtest/gtest.h>
+#include <jemalloc/jemalloc.h>
 
 #include <cstdlib>
 #include <string>
 
 #include "common/allocator.h"
-
-extern "C" int mallctl(const char* name, void* oldp, size_t* oldlenp, void* newp, size_t newlen);
 
 namespace tributary::common {
 namespace {
