@@ -113,6 +113,26 @@ TEST(DataPlaneRunnerTransportTest, TcpRunnerCountsHostileConnectionsAsMetrics) {
   (*runner)->Shutdown();
 }
 
+// The default congestion control falls back to the host's where it cannot be set; one the
+// operator asked for (--tcp-congestion) must work.
+TEST(DataPlaneRunnerTransportTest, ACongestionControlThatCannotBeSetIsAnErrorOnlyWhenRequired) {
+  prometheus::Registry registry;
+  DataPlaneRunner::Options options;
+  options.transport = DataPlaneTransport::kTcp;
+  options.reducer_threads = 1;
+  options.tcp_congestion_control = "nosuchcc";
+  absl::StatusOr<std::unique_ptr<DataPlaneRunner>> runner =
+      DataPlaneRunner::Create(options, registry, common::SystemClock::Get());
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  (*runner)->Shutdown();
+  options.tcp_congestion_control_required = true;
+  prometheus::Registry second_registry;
+  runner = DataPlaneRunner::Create(options, second_registry, common::SystemClock::Get());
+  ASSERT_FALSE(runner.ok());
+  EXPECT_EQ(runner.status().code(), absl::StatusCode::kInvalidArgument) << runner.status();
+  EXPECT_THAT(std::string(runner.status().message()), ::testing::HasSubstr("nosuchcc"));
+}
+
 TEST(DataPlaneRunnerTransportTest, UcxRunnerExportsZeroCounters) {
   setenv("UCX_NET_DEVICES", "lo", 0);
   setenv("UCX_TLS", "tcp", 0);

@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <mutex>
 #include <new>
 #include <optional>
@@ -90,7 +91,53 @@ void SetNotSentLowat(int fd, uint32_t bytes) {
   setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &value, sizeof(value));
 }
 
+// TCP_CONGESTION on `fd`; true when the socket reads back `name`.
+bool SetCongestionControl(int fd, const std::string& name) {
+  if (setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name.data(),
+                 static_cast<socklen_t>(name.size())) != 0) {
+    return false;
+  }
+  char set[kTcpCongestionNameMax] = {};
+  socklen_t length = sizeof(set);
+  if (getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, set, &length) != 0) return false;
+  return name == std::string(set, strnlen(set, std::min<size_t>(length, sizeof(set))));
+}
+
+// A /proc/sys/net/ipv4 list of congestion controls, or "unknown".
+std::string ReadCongestionControlList(const char* file) {
+  std::ifstream in(absl::StrCat("/proc/sys/net/ipv4/", file));
+  std::string list;
+  if (!std::getline(in, list) || list.empty()) return "unknown";
+  return list;
+}
+
 }  // namespace
+
+absl::Status CheckTcpCongestionControl(const std::string& name) {
+  if (name.empty() || name.size() >= kTcpCongestionNameMax) {
+    return absl::InvalidArgumentError(absl::StrCat("TCP congestion control '", name,
+                                                   "': a name of 1 to ", kTcpCongestionNameMax - 1,
+                                                   " characters"));
+  }
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return ErrnoStatus("socket", errno);
+  const int result =
+      setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name.data(), static_cast<socklen_t>(name.size()));
+  const int error = errno;
+  close(fd);
+  if (result == 0) return absl::OkStatus();
+  std::string why = ErrnoText(error);
+  if (error == EPERM) {
+    why = absl::StrCat("not in net.ipv4.tcp_allowed_congestion_control (",
+                       ReadCongestionControlList("tcp_allowed_congestion_control"),
+                       "), which binds without CAP_NET_ADMIN");
+  } else if (error == ENOENT) {
+    why = absl::StrCat("this kernel does not have it (net.ipv4.tcp_available_congestion_control: ",
+                       ReadCongestionControlList("tcp_available_congestion_control"), ")");
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("TCP congestion control '", name, "' cannot be used: ", why));
+}
 
 // Everything below "progress thread only" is touched by the progress thread alone (and by
 // Teardown on it), so it needs no lock.
@@ -113,6 +160,12 @@ class TcpTransport::Impl {
     }
     if (options_.read_budget_bytes == 0) {
       return absl::InvalidArgumentError("read_budget_bytes must be at least 1");
+    }
+    if (!options_.congestion_control.empty()) {
+      if (absl::Status usable = CheckTcpCongestionControl(options_.congestion_control);
+          !usable.ok()) {
+        return usable;
+      }
     }
     absl::StatusOr<SocketAddress> listen_address =
         ResolveListenAddress(options_.listen_host, options_.port);
@@ -216,6 +269,7 @@ class TcpTransport::Impl {
   uint64_t protocol_errors() const { return protocol_errors_.load(); }
   uint64_t accepted_connections() const { return accepted_.load(); }
   uint64_t peer_unsent_limits_applied() const { return limits_applied_.load(); }
+  uint64_t congestion_controls_applied() const { return congestion_controls_applied_.load(); }
 
  private:
   // One Send: the frame (frame header + copied user header) and the borrowed payload.
@@ -460,6 +514,16 @@ class TcpTransport::Impl {
     SetNoDelay(fd);
     SetNotSentLowat(fd, UnsentLimitFor(op.address));
     if (unsent_limits_.contains(op.address)) ++limits_applied_;
+    if (!options_.congestion_control.empty()) {
+      if (SetCongestionControl(fd, options_.congestion_control)) {
+        ++congestion_controls_applied_;
+      } else {
+        Log()->warn(
+            "tcp transport {}: the connection to {} keeps the host's congestion control: "
+            "setting {} failed: {}",
+            address_, op.address, options_.congestion_control, ErrnoText(errno));
+      }
+    }
     if (connect(fd, op.sockaddr.get(), op.sockaddr.length) != 0 && errno != EINPROGRESS) {
       const int error = errno;
       close(fd);
@@ -1042,6 +1106,7 @@ class TcpTransport::Impl {
   std::atomic<uint64_t> protocol_errors_ = 0;
   std::atomic<uint64_t> accepted_ = 0;
   std::atomic<uint64_t> limits_applied_ = 0;
+  std::atomic<uint64_t> congestion_controls_applied_ = 0;
 
   std::mutex limits_mu_;
   std::unordered_map<std::string, uint32_t> pending_limits_;  // SetPeerUnsentLimit's, not applied
@@ -1091,6 +1156,10 @@ uint64_t TcpTransport::protocol_errors() const { return impl_->protocol_errors()
 uint64_t TcpTransport::accepted_connections() const { return impl_->accepted_connections(); }
 uint64_t TcpTransport::peer_unsent_limits_applied() const {
   return impl_->peer_unsent_limits_applied();
+}
+
+uint64_t TcpTransport::congestion_controls_applied() const {
+  return impl_->congestion_controls_applied();
 }
 
 void TcpTransport::SetPeerUnsentLimit(const std::string& peer_address, uint32_t bytes) {

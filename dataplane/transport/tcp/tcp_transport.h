@@ -9,6 +9,7 @@
 #include <span>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "dataplane/transport/transport.h"
 
@@ -21,6 +22,24 @@ namespace tributary::dataplane {
 // (bench/results/push_backlog_125mbit_s24/). Push/pull sets it on the connections to spare
 // summation servers alone (SetPeerUnsentLimit), which the ring never uses.
 inline constexpr uint32_t kDefaultNotSentLowat = 0;
+
+// TcpTransportOptions::congestion_control by default: cubic, whatever the host's default is. The
+// data plane's connections live as long as the agents and carry back-to-back collectives, and
+// BBR (the default of many hosts, this one's included) drops such a connection's window to 4
+// segments for at least 200 ms every 10 s to re-measure its minimum RTT (PROBE_RTT). A ring
+// moves at its slowest connection's pace, so each probe stalls every rank: at 125 Mbit/s, 16 MiB
+// all-reduces on Tributary's ring took either the model's 1.63 s or 1.78 s, run by run, under
+// BBR, and 1.62-1.64 s in every run under cubic (bench/results/congestion_control_ring_s33/).
+// Processes that connect afresh for each run (Gloo's, MPI's) do not live to their first probe.
+inline constexpr const char* kDefaultCongestionControl = "cubic";
+
+// Bytes of a congestion control's name with its NUL, at most (Linux's TCP_CA_NAME_MAX).
+inline constexpr size_t kTcpCongestionNameMax = 16;
+
+// OK when this process may set `name` as a TCP socket's congestion control (TCP_CONGESTION):
+// the kernel has it and, without CAP_NET_ADMIN, net.ipv4.tcp_allowed_congestion_control lists
+// it. Otherwise INVALID_ARGUMENT naming the algorithm, why, and what the kernel offers.
+absl::Status CheckTcpCongestionControl(const std::string& name);
 
 struct TcpTransportOptions {
   // Numeric IP (or resolvable name) to listen on; also the host part of Address(), so it must be
@@ -48,6 +67,11 @@ struct TcpTransportOptions {
   // real progress (push/pull's per-server backlog, PushPullWorker::SetServerBacklog). 0: the
   // kernel's default.
   uint32_t notsent_lowat_bytes = kDefaultNotSentLowat;
+  // The congestion control of outgoing connections (TCP_CONGESTION, set before connect; the
+  // sender's algorithm is the one that paces a flow). Empty: the host's default
+  // (net.ipv4.tcp_congestion_control). Create fails with INVALID_ARGUMENT when it cannot be set
+  // (CheckTcpCongestionControl).
+  std::string congestion_control = kDefaultCongestionControl;
 };
 
 // A Transport over TCP: one listening socket, one outgoing connection per peer address (cached),
@@ -107,6 +131,8 @@ class TcpTransport final : public Transport {
   // Outgoing connections whose TCP_NOTSENT_LOWAT was set from a SetPeerUnsentLimit, at connect
   // or later.
   uint64_t peer_unsent_limits_applied() const;
+  // Outgoing connections that run options.congestion_control (set and read back), at connect.
+  uint64_t congestion_controls_applied() const;
 
  private:
   class Impl;

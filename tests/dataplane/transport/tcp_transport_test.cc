@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <memory>
 #include <random>
@@ -116,9 +117,9 @@ std::unique_ptr<TcpTransport> Make(TcpTransportOptions options = {}) {
   return transport.ok() ? *std::move(transport) : nullptr;
 }
 
-// TCP_NOTSENT_LOWAT of this process's socket connected to `peer` ("127.0.0.1:port"), found by
-// its remote address among the open descriptors; -1 when there is none.
-int NotSentLowatOfConnectionTo(const std::string& peer) {
+// This process's socket connected to `peer` ("127.0.0.1:port"), found by its remote address
+// among the open descriptors; -1 when there is none.
+int ConnectionTo(const std::string& peer) {
   for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
     const int fd = std::stoi(entry.path().filename().string());
     sockaddr_in remote{};
@@ -129,13 +130,35 @@ int NotSentLowatOfConnectionTo(const std::string& peer) {
     }
     char host[INET_ADDRSTRLEN] = {};
     inet_ntop(AF_INET, &remote.sin_addr, host, sizeof(host));
-    if (absl::StrCat(host, ":", ntohs(remote.sin_port)) != peer) continue;
-    int value = -1;
-    socklen_t size = sizeof(value);
-    if (getsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &value, &size) != 0) return -1;
-    return value;
+    if (absl::StrCat(host, ":", ntohs(remote.sin_port)) == peer) return fd;
   }
   return -1;
+}
+
+// TCP_NOTSENT_LOWAT of this process's socket connected to `peer`; -1 when there is none.
+int NotSentLowatOfConnectionTo(const std::string& peer) {
+  const int fd = ConnectionTo(peer);
+  int value = -1;
+  socklen_t size = sizeof(value);
+  if (fd < 0 || getsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &value, &size) != 0) return -1;
+  return value;
+}
+
+// TCP_CONGESTION of this process's socket connected to `peer`; empty when there is none.
+std::string CongestionControlOfConnectionTo(const std::string& peer) {
+  const int fd = ConnectionTo(peer);
+  char name[kTcpCongestionNameMax] = {};
+  socklen_t size = sizeof(name);
+  if (fd < 0 || getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, &size) != 0) return "";
+  return std::string(name, strnlen(name, sizeof(name)));
+}
+
+// The host's default congestion control (net.ipv4.tcp_congestion_control).
+std::string HostCongestionControl() {
+  std::ifstream in("/proc/sys/net/ipv4/tcp_congestion_control");
+  std::string name;
+  std::getline(in, name);
+  return name;
 }
 
 // --- Options, limits and connection reuse. ---
@@ -267,6 +290,49 @@ TEST(TcpTransportTest, PeerUnsentLimitsApplyToThatPeersConnectionOnly) {
   EXPECT_EQ(a->peer_unsent_limits_applied(), 3u);
   ASSERT_TRUE(inbox.WaitFor(5));
   for (const Message& m : inbox.Take()) EXPECT_TRUE(m.payload == payload);
+}
+
+// The connections a transport opens run options.congestion_control (cubic unless set; empty:
+// the host's default); the connections it accepts are not its to pace.
+TEST(TcpTransportTest, CongestionControlIsSetOnTheConnectionsItOpens) {
+  TcpTransportOptions reno;
+  reno.congestion_control = "reno";  // in every kernel, and allowed to everyone
+  TcpTransportOptions host;
+  host.congestion_control = "";
+  auto a = Make(reno);
+  auto b = Make(host);
+  auto c = Make();
+  ASSERT_TRUE(a && b && c);
+  Inbox inbox;
+  for (TcpTransport* t : {a.get(), b.get(), c.get()}) t->SetReceiveHandler(inbox.Handler());
+  StopOnExit stop{a.get(), b.get(), c.get()};
+  const std::vector<std::byte> payload = Pattern(1 << 20, 3);
+  ASSERT_TRUE(SendAndWait(*a, b->Address(), Bytes("a"), payload).ok());
+  ASSERT_TRUE(SendAndWait(*b, c->Address(), Bytes("b"), payload).ok());
+  ASSERT_TRUE(SendAndWait(*c, a->Address(), Bytes("c"), payload).ok());
+  EXPECT_EQ(CongestionControlOfConnectionTo(b->Address()), "reno");
+  EXPECT_EQ(CongestionControlOfConnectionTo(c->Address()), HostCongestionControl());
+  EXPECT_EQ(CongestionControlOfConnectionTo(a->Address()), kDefaultCongestionControl);
+  EXPECT_EQ(a->congestion_controls_applied(), 1u);
+  EXPECT_EQ(b->congestion_controls_applied(), 0u);
+  EXPECT_EQ(c->congestion_controls_applied(), 1u);
+  ASSERT_TRUE(inbox.WaitFor(3));
+  for (const Message& m : inbox.Take()) EXPECT_TRUE(m.payload == payload);
+}
+
+// A congestion control the kernel lacks fails Create with a message naming it and what the
+// kernel has; so does a name too long to be one.
+TEST(TcpTransportTest, UnknownCongestionControlIsInvalidArgument) {
+  TcpTransportOptions options;
+  options.congestion_control = "nosuchcc";
+  absl::Status status = TcpTransport::Create(options).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_THAT(status.message(), HasSubstr("'nosuchcc'"));
+  EXPECT_THAT(status.message(), HasSubstr("reno"));
+  EXPECT_EQ(CheckTcpCongestionControl("nosuchcc").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CheckTcpCongestionControl(std::string(kTcpCongestionNameMax, 'x')).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(CheckTcpCongestionControl("reno").ok());
 }
 
 TEST(TcpTransportTest, PayloadOverTheLimitIsInvalidArgument) {
