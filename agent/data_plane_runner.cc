@@ -57,12 +57,12 @@ absl::StatusOr<std::unique_ptr<DataPlaneRunner>> DataPlaneRunner::Create(
         tcp.congestion_control.clear();
       }
     }
-    Log()->info("data plane: TCP congestion control {}", tcp.congestion_control.empty()
-                                                             ? "of the host (its default)"
-                                                             : tcp.congestion_control);
     absl::StatusOr<std::unique_ptr<dataplane::TcpTransport>> created =
         dataplane::TcpTransport::Create(tcp);
     if (created.ok()) {
+      Log()->info("data plane: TCP congestion control {}", tcp.congestion_control.empty()
+                                                               ? "of the host (its default)"
+                                                               : tcp.congestion_control);
       const dataplane::TcpTransport* raw = created->get();  // Owned by transport_ from here.
       listener_stats = [raw] {
         return dataplane::TransportListenerStats{

@@ -491,19 +491,20 @@ class Suite:
             run(self.cli() + ["delete-job", job], check=False)
         return servers_in_plan(text)
 
-    def probe(self, flows, host_bytes):
+    def probe(self, flows, host_bytes, congestion=None):
         """probe_tcp between the hosts' namespaces."""
         return probe_tcp(flows, host_bytes, lambda h: ["ip", "netns", "exec", f"{NS}{h}"],
                          lambda h: f"{SUBNET}.{h + 1}", self.args.ceiling_streams,
-                         self.args.timeout)
+                         self.args.timeout, congestion)
 
 
-def probe_tcp(flows, host_bytes, launch, address, streams=1, timeout=120):
+def probe_tcp(flows, host_bytes, launch, address, streams=1, timeout=120, congestion=None):
     """Plain TCP between hosts: every flow (src, dst, weight) at once, scaled so that the busiest
     host moves host_bytes (its larger direction), each flow over `streams` connections. One
     tcp_endpoint process per host, started as launch(host) + [python, run.py, ...] and bound to
-    address(host). Returns the busiest host's rate, bytes/s: its bytes / (start .. last byte
-    received anywhere)."""
+    address(host); `congestion` names the senders' TCP congestion control (None: the host's
+    default). Returns the busiest host's rate, bytes/s: its bytes / (start .. last byte received
+    anywhere)."""
     unit = bottleneck_unit(flows)
     scaled = [(src, dst, int(w / unit * host_bytes)) for src, dst, w in flows]
     streams = max(1, streams)
@@ -523,7 +524,8 @@ def probe_tcp(flows, host_bytes, launch, address, streams=1, timeout=120):
                     out += [[address(dst), ports[dst], total // streams +
                              (1 if s < total % streams else 0)] for s in range(streams)]
             incoming = streams * sum(1 for f in scaled if f[1] == h)
-            p.stdin.write(json.dumps({"incoming": incoming, "outgoing": out}) + "\n")
+            p.stdin.write(json.dumps({"incoming": incoming, "outgoing": out,
+                                      "congestion": congestion}) + "\n")
             p.stdin.flush()
         for p in procs.values():
             endpoint_line(p, "ready")
@@ -891,9 +893,16 @@ def pattern_for(config, spares_used):
 
 
 def ceiling_summary(name, flows, rates):
-    """A ceiling pattern's record: its unit, flows, the probes' rates (bytes/s per host)."""
+    """A ceiling pattern's record: its unit, flows, the probes' rates (bytes/s per host). `rates`
+    is a list (the host's congestion control) or {congestion control: list}; the ceiling is the
+    congestion control with the highest median ("congestion"), whose probes are "rates"."""
+    by = {SYSTEM_CONGESTION: list(rates)} if isinstance(rates, list) else \
+        {cc: list(r) for cc, r in rates.items() if r}
+    best = max(by, key=lambda cc: statistics.median(by[cc])) if by else SYSTEM_CONGESTION
+    chosen = by.get(best, [])
     return {"pattern": name, "unit": bottleneck_unit(flows), "flows": len(flows),
-            "rates": list(rates), "rate": statistics.median(rates) if rates else 0.0}
+            "rates": chosen, "rate": statistics.median(chosen) if chosen else 0.0,
+            "congestion": best, "by_congestion": by}
 
 
 def add_ceiling(r, ceilings, nbytes, rate_mbit):
@@ -912,6 +921,19 @@ def add_ceiling(r, ceilings, nbytes, rate_mbit):
     r["ceiling_us"] = c["unit"] * nbytes / c["rate"] * 1e6
     r["efficiency_vs_ceiling"] = r["ceiling_us"] / r["time_us"] if r["time_us"] > 0 else 0.0
     r["ceiling_vs_model_rate"] = c["rate"] / model_rate(rate_mbit)
+
+
+# The host's default congestion control in --ceiling-congestion and the ceiling's records.
+SYSTEM_CONGESTION = "system"
+
+
+def host_congestion_control():
+    """net.ipv4.tcp_congestion_control of this host (namespaces made here inherit it)."""
+    try:
+        with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:
+            return f.read().strip() or "unknown"
+    except OSError:
+        return "unknown"
 
 
 def model_rate(rate_mbit):
@@ -938,8 +960,16 @@ def tcp_endpoint(address, timeout):
         acceptor = threading.Thread(
             target=lambda: incoming.extend(lsock.accept()[0] for _ in range(plan["incoming"])))
         acceptor.start()
-        outgoing = [(socket.create_connection((a, p), timeout=timeout), b)
-                    for a, p, b in plan["outgoing"]]
+        def connect(a, p):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            if plan.get("congestion"):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION,
+                                plan["congestion"].encode())
+            sock.settimeout(timeout)
+            sock.connect((a, p))
+            return sock
+
+        outgoing = [(connect(a, p), b) for a, p, b in plan["outgoing"]]
         acceptor.join()
         if len(incoming) != plan["incoming"]:
             raise RuntimeError(f"accepted {len(incoming)} of {plan['incoming']} connections")
@@ -1022,6 +1052,11 @@ def main():
                          "host (default 3, --quick 0.5)")
     ap.add_argument("--ceiling-streams", type=int, default=1,
                     help="TCP connections per flow of a probe")
+    ap.add_argument("--ceiling-congestion", default="system,cubic",
+                    help="the probes' TCP congestion controls, comma list (\"system\": the host's "
+                         "default, which Gloo's and MPI's sockets run; cubic: the agents' "
+                         "default): every pattern is probed with each, and its ceiling is the "
+                         "one with the highest median")
     ap.add_argument("--workloads", default="resnet50,bert-large",
                     help="model workloads to run after the sweep (comma list of resnet50, "
                          "bert-large, bert-large-1d; or none)")
@@ -1170,7 +1205,7 @@ def main():
         meter = CpuMeter(suite.hosts)
         configs = build_configs(suite, wanted, peers)
         patterns = ceiling_patterns(suite, wanted)
-        rates = {p: [] for p in patterns}
+        rates = {p: {} for p in patterns}
         results, failed_sweep = run_sweep(suite, meter, configs)
         failed |= failed_sweep
         wresults, failed_workloads = run_workloads(suite, meter, configs, work)
@@ -1436,21 +1471,38 @@ def ceiling_patterns(suite, wanted):
 
 
 def measure_ceilings(suite, patterns, rates, probes):
-    """Probes every pattern `probes` times (round-robin), adding bytes/s per host to rates.
-    Returns False when a probe failed."""
+    """Probes every pattern with every --ceiling-congestion `probes` times (round-robin), adding
+    bytes/s per host to rates[pattern][congestion control]. Returns False when a probe failed."""
     host_bytes = int(model_rate(suite.args.rate) * suite.args.ceiling_seconds)
     ok = True
-    for rep, name in interleave(list(patterns), probes):
+    ccs = ceiling_congestions(suite.args.ceiling_congestion)
+    keys = [(name, cc) for name in patterns for cc in ccs]
+    for rep, (name, cc) in interleave(keys, probes):
         try:
-            rate = suite.probe(patterns[name], host_bytes)
+            rate = suite.probe(patterns[name], host_bytes,
+                               None if cc == SYSTEM_CONGESTION else cc)
         except (RuntimeError, OSError, ValueError) as e:
-            log(f"error: plain-TCP probe of {name}: {e}")
+            log(f"error: plain-TCP probe of {name} ({cc}): {e}")
             ok = False
             continue
-        rates[name].append(rate)
-        log(f"# plain TCP, {name}: {rate * 8 / 1e6:.0f} Mbit/s per host "
+        rates[name].setdefault(cc, []).append(rate)
+        log(f"# plain TCP, {name} ({congestion_label(cc)}): {rate * 8 / 1e6:.0f} Mbit/s per host "
             f"({rate / model_rate(suite.args.rate):.3f} x B)")
     return ok
+
+
+def ceiling_congestions(text):
+    """--ceiling-congestion's list: names, "system" for the host's default; duplicates dropped."""
+    out = []
+    for cc in (c.strip() for c in text.split(",")):
+        if cc and cc not in out:
+            out.append(cc)
+    return out or [SYSTEM_CONGESTION]
+
+
+def congestion_label(cc):
+    """"system (bbr)" for the host's default, else the name."""
+    return f"{cc} ({host_congestion_control()})" if cc == SYSTEM_CONGESTION else cc
 
 
 def family_of(config):
@@ -1490,7 +1542,7 @@ def merge(results, path):
 
 
 CEILING_CSV_HEADER = ["pattern", "flows", "bytes_per_tensor_byte", "rate_mbit_per_host",
-                      "rate_vs_model", "probes_bytes_per_s"]
+                      "rate_vs_model", "probes_bytes_per_s", "congestion", "probes_by_congestion"]
 
 
 def write_ceilings(ceilings, rate_mbit, path):
@@ -1502,7 +1554,9 @@ def write_ceilings(ceilings, rate_mbit, path):
         for c in ceilings.values():
             w.writerow([c["pattern"], c["flows"], repr(c["unit"]),
                         f"{c['rate'] * 8 / 1e6:.1f}", f"{c['rate'] / model_rate(rate_mbit):.4f}",
-                        " ".join(repr(r) for r in c["rates"])])
+                        " ".join(repr(r) for r in c["rates"]), c["congestion"],
+                        ";".join(f"{cc}:" + " ".join(repr(r) for r in rs)
+                                 for cc, rs in c["by_congestion"].items())])
 
 
 def load_ceilings(path):
@@ -1513,9 +1567,17 @@ def load_ceilings(path):
     with open(path) as f:
         for row in csv.DictReader(f):
             rates = [float(v) for v in row["probes_bytes_per_s"].split()]
+            cc = row.get("congestion") or SYSTEM_CONGESTION
+            by = {cc: rates}
+            if row.get("probes_by_congestion"):
+                by = {}
+                for part in row["probes_by_congestion"].split(";"):
+                    name, _, values = part.partition(":")
+                    by[name] = [float(v) for v in values.split()]
             out[row["pattern"]] = {"pattern": row["pattern"], "flows": int(row["flows"]),
                                    "unit": float(row["bytes_per_tensor_byte"]), "rates": rates,
-                                   "rate": statistics.median(rates) if rates else 0.0}
+                                   "rate": statistics.median(rates) if rates else 0.0,
+                                   "congestion": cc, "by_congestion": by}
     return out
 
 
@@ -1526,14 +1588,20 @@ def ceiling_report(ceilings, rate_mbit):
     b = model_rate(rate_mbit)
     lines = ["Plain-TCP ceiling: each configuration's traffic pattern with plain TCP sockets "
              "(every flow at once, a fixed byte count), rate per host = bytes of the busiest "
-             "host / time to the last byte; median of the probes. Time at the ceiling = "
-             "pattern bytes per host for the size / that rate.", "",
+             "host / time to the last byte; median of the probes, of the senders' TCP "
+             "congestion control whose median is highest (\"system\" is the host's default, "
+             "which Gloo's and MPI's sockets run; the agents run cubic unless told otherwise). "
+             "Time at the ceiling = pattern bytes per host for the size / that rate.", "",
              "| pattern | flows | bytes per host per tensor byte | Mbit/s per host | x B "
-             "(model) | probes (Mbit/s) |", "|---|---:|---:|---:|---:|---|"]
+             "(model) | congestion control | probes (Mbit/s) |",
+             "|---|---:|---:|---:|---:|---|---|"]
     for c in ceilings.values():
+        by = c.get("by_congestion") or {c.get("congestion", SYSTEM_CONGESTION): c["rates"]}
         lines.append(f"| {c['pattern']} | {c['flows']} | {c['unit']:.3f} | "
-                     f"{c['rate'] * 8 / 1e6:.0f} | {c['rate'] / b:.3f} | " +
-                     " ".join(f"{r * 8 / 1e6:.0f}" for r in c["rates"]) + " |")
+                     f"{c['rate'] * 8 / 1e6:.0f} | {c['rate'] / b:.3f} | "
+                     f"{c.get('congestion', SYSTEM_CONGESTION)} | " +
+                     "; ".join(f"{cc}: " + " ".join(f"{r * 8 / 1e6:.0f}" for r in rs)
+                               for cc, rs in by.items()) + " |")
     return lines + [""]
 
 

@@ -422,6 +422,29 @@ class Ceiling(unittest.TestCase):
                              streams=2, timeout=60)
         self.assertGreater(rate, 0)
 
+    def test_probe_with_a_named_congestion_control(self):
+        # The senders' sockets run the named congestion control (reno: in every kernel, allowed
+        # to everyone); one the kernel lacks is the endpoint's error, naming the host.
+        rate = run.probe_tcp(run.ring_flows(2), 1 << 20, lambda h: [],
+                             lambda h: f"127.0.0.{h + 1}", timeout=60, congestion="reno")
+        self.assertGreater(rate, 0)
+        with self.assertRaisesRegex(RuntimeError, "127.0.0"):
+            run.probe_tcp(run.ring_flows(2), 1 << 20, lambda h: [],
+                          lambda h: f"127.0.0.{h + 1}", timeout=60, congestion="nosuchcc")
+
+    def test_the_ceiling_is_the_congestion_control_with_the_highest_median(self):
+        b = run.model_rate(125)
+        c = run.ceiling_summary("ring", run.ring_flows(4),
+                                {"system": [0.90 * b, 0.99 * b, 0.91 * b],
+                                 "cubic": [0.95 * b, 0.94 * b, 0.96 * b], "reno": []})
+        self.assertEqual(c["congestion"], "cubic")
+        self.assertAlmostEqual(c["rate"], 0.95 * b)
+        self.assertEqual(sorted(c["by_congestion"]), ["cubic", "system"])  # unprobed: left out
+        old = run.ceiling_summary("ring", run.ring_flows(4), [0.9 * b])   # a list: the host's
+        self.assertEqual((old["congestion"], old["rate"]), ("system", 0.9 * b))
+        self.assertEqual(run.ceiling_congestions(" system, cubic,cubic,"), ["system", "cubic"])
+        self.assertEqual(run.ceiling_congestions(""), ["system"])
+
     def test_probe_reports_an_endpoint_that_cannot_listen(self):
         with self.assertRaisesRegex(RuntimeError, "192.0.2.1"):   # TEST-NET-1: not ours
             run.probe_tcp(run.ring_flows(2), 1 << 20, lambda h: [],
@@ -498,7 +521,10 @@ class Csvs(unittest.TestCase):
         samples += [row("tributary push/pull k=4", 64 * M, t, k=4) for t in (1.4e6, 1.3e6)]
         results = run.aggregate_sweep(samples, {}, 4)
         ceilings = {
-            "ring": run.ceiling_summary("ring", run.ring_flows(4), [0.97 * b, 0.98 * b]),
+            # The host's default and cubic probed; cubic's median is the higher, so it counts.
+            "ring": run.ceiling_summary("ring", run.ring_flows(4),
+                                        {"system": [0.96 * b, 0.95 * b],
+                                         "cubic": [0.97 * b, 0.98 * b]}),
             "push/pull 4 spares": run.ceiling_summary(
                 "push/pull 4 spares", run.push_pull_flows(4, {h: 0.25 for h in range(4, 8)}),
                 [0.92 * b])}
@@ -508,6 +534,7 @@ class Csvs(unittest.TestCase):
                 md = f.read()
             self.assertIn("median of 3 runs", md)
             self.assertIn("| push/pull 4 spares | 32 | 1.000 | ", md)
+            self.assertIn("| cubic | system: 476 472; cubic: 481 486 |", md)
             with open(os.path.join(out, "emulated_allreduce.csv")) as f:
                 rows = {r["config"]: r for r in csv.DictReader(f)}
             gloo = rows["Gloo ring"]
