@@ -77,11 +77,9 @@ struct AgentOptions {
   // The TCP data plane's TCP_NOTSENT_LOWAT (TcpTransportOptions::notsent_lowat_bytes); 0 = the
   // kernel's default.
   uint32_t tcp_notsent_lowat_bytes = dataplane::kDefaultNotSentLowat;
-  // The TCP data plane's congestion control (DataPlaneRunner::Options::tcp_congestion_control):
-  // cubic by default, empty for the host's default; unless required, one this process cannot
-  // set falls back to the host's default with a warning.
+  // The TCP data plane's congestion control (DataPlaneRunner::Options::tcp_congestion_control);
+  // empty (the default): the host's.
   std::string tcp_congestion_control = dataplane::kDefaultCongestionControl;
-  bool tcp_congestion_control_required = false;
   std::chrono::milliseconds tick{50};  // deadline sweep period
   // The control rings' ring threads poll for up to this long before sleeping, when their recent
   // idle spells were shorter (ControlRings::Options::spin); zero: never.

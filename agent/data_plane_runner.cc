@@ -50,13 +50,6 @@ absl::StatusOr<std::unique_ptr<DataPlaneRunner>> DataPlaneRunner::Create(
     tcp.port = options.port;
     tcp.notsent_lowat_bytes = options.tcp_notsent_lowat_bytes;
     tcp.congestion_control = options.tcp_congestion_control;
-    if (!tcp.congestion_control.empty() && !options.tcp_congestion_control_required) {
-      if (absl::Status usable = dataplane::CheckTcpCongestionControl(tcp.congestion_control);
-          !usable.ok()) {
-        Log()->warn("data plane: {}; the connections keep the host's default", usable.message());
-        tcp.congestion_control.clear();
-      }
-    }
     absl::StatusOr<std::unique_ptr<dataplane::TcpTransport>> created =
         dataplane::TcpTransport::Create(tcp);
     if (created.ok()) {

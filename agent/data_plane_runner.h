@@ -48,10 +48,8 @@ class DataPlaneRunner final : public CollectiveRunner {
     // The TCP transport's TCP_NOTSENT_LOWAT (TcpTransportOptions::notsent_lowat_bytes).
     uint32_t tcp_notsent_lowat_bytes = dataplane::kDefaultNotSentLowat;
     // The TCP transport's congestion control (TcpTransportOptions::congestion_control; empty:
-    // the host's default). Unless required, one this process cannot set is logged and the
-    // host's default used instead.
+    // the host's default). One this process cannot set fails Create with INVALID_ARGUMENT.
     std::string tcp_congestion_control = dataplane::kDefaultCongestionControl;
-    bool tcp_congestion_control_required = false;
   };
 
   // Starts the transport (chosen as ChooseDataPlaneTransport says, from the environment's

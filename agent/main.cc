@@ -134,13 +134,13 @@ int main(int argc, char** argv) {
                  "spare summation servers)")
       ->capture_default_str()
       ->check(CLI::Range(uint32_t{0}, uint32_t{1} << 20));
-  std::string tcp_congestion = options.tcp_congestion_control;
+  std::string tcp_congestion = "system";
   app.add_option("--tcp-congestion", tcp_congestion,
                  "TCP data plane: congestion control of the connections this agent opens "
-                 "(TCP_CONGESTION; \"system\" = the host's default). The default, cubic, falls "
-                 "back to the host's default with a warning where this process may not set it; "
-                 "a name given here must work. BBR's minimum-RTT probe stalls long-lived "
-                 "connections every 10 s (BENCHMARKS.md)")
+                 "(TCP_CONGESTION; system = the host's default). cubic keeps a ring's long-lived "
+                 "connections out of BBR's minimum-RTT probe, which stalls them every 10 s, but "
+                 "made push/pull with spare servers uneven (BENCHMARKS.md, session 33); a name "
+                 "the agent cannot set stops it at start")
       ->capture_default_str();
   uint64_t staging_chunk_kib = tributary::agent::kDefaultMirrorStagingChunk >> 10;
   app.add_option("--staging-chunk-kib", staging_chunk_kib,
@@ -183,7 +183,6 @@ int main(int argc, char** argv) {
   options.push_backlog_bytes = push_backlog_kib << 10;
   options.tcp_notsent_lowat_bytes = tcp_notsent_lowat_kib << 10;
   options.tcp_congestion_control = tcp_congestion == "system" ? "" : tcp_congestion;
-  options.tcp_congestion_control_required = app.count("--tcp-congestion") > 0;
   options.push_spare_unsent_bytes = push_spare_lowat_kib << 10;
   options.nic_bytes_per_s = nic_gbps * 1e9 / 8;
   options.sum_bytes_per_s = sum_gbps * 1e9;

@@ -1054,9 +1054,9 @@ def main():
                     help="TCP connections per flow of a probe")
     ap.add_argument("--ceiling-congestion", default="system,cubic",
                     help="the probes' TCP congestion controls, comma list (\"system\": the host's "
-                         "default, which Gloo's and MPI's sockets run; cubic: the agents' "
-                         "default): every pattern is probed with each, and its ceiling is the "
-                         "one with the highest median")
+                         "default, which Gloo's, MPI's and by default the agents' sockets run; "
+                         "cubic: the agents' --tcp-congestion cubic): every pattern is probed "
+                         "with each, and its ceiling is the one with the highest median")
     ap.add_argument("--workloads", default="resnet50,bert-large",
                     help="model workloads to run after the sweep (comma list of resnet50, "
                          "bert-large, bert-large-1d; or none)")
@@ -1590,7 +1590,8 @@ def ceiling_report(ceilings, rate_mbit):
              "(every flow at once, a fixed byte count), rate per host = bytes of the busiest "
              "host / time to the last byte; median of the probes, of the senders' TCP "
              "congestion control whose median is highest (\"system\" is the host's default, "
-             "which Gloo's and MPI's sockets run; the agents run cubic unless told otherwise). "
+             "which Gloo's and MPI's sockets run, and so do the agents' unless --tcp-congestion says "
+             "otherwise). "
              "Time at the ceiling = pattern bytes per host for the size / that rate.", "",
              "| pattern | flows | bytes per host per tensor byte | Mbit/s per host | x B "
              "(model) | congestion control | probes (Mbit/s) |",

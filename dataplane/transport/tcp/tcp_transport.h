@@ -23,15 +23,18 @@ namespace tributary::dataplane {
 // summation servers alone (SetPeerUnsentLimit), which the ring never uses.
 inline constexpr uint32_t kDefaultNotSentLowat = 0;
 
-// TcpTransportOptions::congestion_control by default: cubic, whatever the host's default is. The
-// data plane's connections live as long as the agents and carry back-to-back collectives, and
-// BBR (the default of many hosts, this one's included) drops such a connection's window to 4
-// segments for at least 200 ms every 10 s to re-measure its minimum RTT (PROBE_RTT). A ring
-// moves at its slowest connection's pace, so each probe stalls every rank: at 125 Mbit/s, 16 MiB
-// all-reduces on Tributary's ring took either the model's 1.63 s or 1.78 s, run by run, under
-// BBR, and 1.62-1.64 s in every run under cubic (bench/results/congestion_control_ring_s33/).
-// Processes that connect afresh for each run (Gloo's, MPI's) do not live to their first probe.
-inline constexpr const char* kDefaultCongestionControl = "cubic";
+// TcpTransportOptions::congestion_control by default: the host's (empty). The data plane's
+// connections live as long as the agents and carry back-to-back collectives, and BBR (the
+// default of many hosts, this one's included) drops such a connection's window to 4 segments for
+// at least 200 ms every 10 s to re-measure its minimum RTT (PROBE_RTT). A ring moves at its
+// slowest connection's pace, so each probe stalls every rank: at 125 Mbit/s, 16 MiB all-reduces
+// on Tributary's ring took either the model's 1.63 s or 1.78 s, run by run, under BBR, and
+// 1.62-1.65 s in every run under cubic. But cubic fills the shaped links' queues, and push/pull's
+// 56 flows through them came out uneven: with four spares a 64 MiB all-reduce was 1.26-1.43x
+// Gloo's ring with spreads of 10-12 % against 1.41x and 1.2 % under BBR
+// (bench/results/congestion_control_ring_s33/). So the host's choice stays the default, and
+// cubic is an option for ring-only deployments.
+inline constexpr const char* kDefaultCongestionControl = "";
 
 // Bytes of a congestion control's name with its NUL, at most (Linux's TCP_CA_NAME_MAX).
 inline constexpr size_t kTcpCongestionNameMax = 16;
@@ -68,7 +71,7 @@ struct TcpTransportOptions {
   // kernel's default.
   uint32_t notsent_lowat_bytes = kDefaultNotSentLowat;
   // The congestion control of outgoing connections (TCP_CONGESTION, set before connect; the
-  // sender's algorithm is the one that paces a flow). Empty: the host's default
+  // sender's algorithm is the one that paces a flow). Empty (the default): the host's
   // (net.ipv4.tcp_congestion_control). Create fails with INVALID_ARGUMENT when it cannot be set
   // (CheckTcpCongestionControl).
   std::string congestion_control = kDefaultCongestionControl;

@@ -292,16 +292,14 @@ TEST(TcpTransportTest, PeerUnsentLimitsApplyToThatPeersConnectionOnly) {
   for (const Message& m : inbox.Take()) EXPECT_TRUE(m.payload == payload);
 }
 
-// The connections a transport opens run options.congestion_control (cubic unless set; empty:
-// the host's default); the connections it accepts are not its to pace.
+// The connections a transport opens run options.congestion_control (empty, the default: the
+// host's); the connections it accepts are not its to pace.
 TEST(TcpTransportTest, CongestionControlIsSetOnTheConnectionsItOpens) {
   TcpTransportOptions reno;
   reno.congestion_control = "reno";  // in every kernel, and allowed to everyone
-  TcpTransportOptions host;
-  host.congestion_control = "";
   auto a = Make(reno);
-  auto b = Make(host);
-  auto c = Make();
+  auto b = Make();
+  auto c = Make(reno);
   ASSERT_TRUE(a && b && c);
   Inbox inbox;
   for (TcpTransport* t : {a.get(), b.get(), c.get()}) t->SetReceiveHandler(inbox.Handler());
@@ -312,7 +310,7 @@ TEST(TcpTransportTest, CongestionControlIsSetOnTheConnectionsItOpens) {
   ASSERT_TRUE(SendAndWait(*c, a->Address(), Bytes("c"), payload).ok());
   EXPECT_EQ(CongestionControlOfConnectionTo(b->Address()), "reno");
   EXPECT_EQ(CongestionControlOfConnectionTo(c->Address()), HostCongestionControl());
-  EXPECT_EQ(CongestionControlOfConnectionTo(a->Address()), kDefaultCongestionControl);
+  EXPECT_EQ(CongestionControlOfConnectionTo(a->Address()), "reno");
   EXPECT_EQ(a->congestion_controls_applied(), 1u);
   EXPECT_EQ(b->congestion_controls_applied(), 0u);
   EXPECT_EQ(c->congestion_controls_applied(), 1u);
