@@ -85,6 +85,12 @@ absl::StatusOr<std::unique_ptr<DataPlaneRunner>> DataPlaneRunner::Create(
                                      ": ", transport.status().message()));
   }
   Log()->info("data plane: {} transport on {} ({})", name, (*transport)->Address(), choice.reason);
+  if (choice.transport != DataPlaneTransport::kTcp && !options.tcp_congestion_control.empty()) {
+    Log()->warn(
+        "data plane: TCP congestion control {} is for the tcp transport; the {} transport "
+        "keeps the host's",
+        options.tcp_congestion_control, name);
+  }
   std::unique_ptr<dataplane::Transport> inner;
   if (options.paced_bytes_per_s > 0) {
     inner = std::make_unique<dataplane::PacedTransport>(*std::move(transport),

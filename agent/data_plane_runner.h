@@ -48,7 +48,8 @@ class DataPlaneRunner final : public CollectiveRunner {
     // The TCP transport's TCP_NOTSENT_LOWAT (TcpTransportOptions::notsent_lowat_bytes).
     uint32_t tcp_notsent_lowat_bytes = dataplane::kDefaultNotSentLowat;
     // The TCP transport's congestion control (TcpTransportOptions::congestion_control; empty:
-    // the host's default). One this process cannot set fails Create with INVALID_ARGUMENT.
+    // the host's default). One this process cannot set fails Create with INVALID_ARGUMENT; the
+    // UCX transport ignores it, with a warning.
     std::string tcp_congestion_control = dataplane::kDefaultCongestionControl;
   };
 

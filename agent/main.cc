@@ -139,8 +139,9 @@ int main(int argc, char** argv) {
                  "TCP data plane: congestion control of the connections this agent opens "
                  "(TCP_CONGESTION; system = the host's default). cubic keeps a ring's long-lived "
                  "connections out of BBR's minimum-RTT probe, which stalls them every 10 s, but "
-                 "made push/pull with spare servers uneven (BENCHMARKS.md, session 33); a name "
-                 "the agent cannot set stops it at start")
+                 "made push/pull with spare servers uneven (BENCHMARKS.md, session 33); with "
+                 "the tcp transport, a name the agent cannot set stops it at start (ucx keeps "
+                 "the host's, with a warning)")
       ->capture_default_str();
   uint64_t staging_chunk_kib = tributary::agent::kDefaultMirrorStagingChunk >> 10;
   app.add_option("--staging-chunk-kib", staging_chunk_kib,

@@ -896,8 +896,8 @@ def ceiling_summary(name, flows, rates):
     """A ceiling pattern's record: its unit, flows, the probes' rates (bytes/s per host). `rates`
     is a list (the host's congestion control) or {congestion control: list}; the ceiling is the
     congestion control with the highest median ("congestion"), whose probes are "rates"."""
-    by = {SYSTEM_CONGESTION: list(rates)} if isinstance(rates, list) else \
-        {cc: list(r) for cc, r in rates.items() if r}
+    by = {cc: list(r) for cc, r in rates.items() if r} if isinstance(rates, dict) else \
+        {SYSTEM_CONGESTION: list(rates)}
     best = max(by, key=lambda cc: statistics.median(by[cc])) if by else SYSTEM_CONGESTION
     chosen = by.get(best, [])
     return {"pattern": name, "unit": bottleneck_unit(flows), "flows": len(flows),
@@ -963,8 +963,11 @@ def tcp_endpoint(address, timeout):
         def connect(a, p):
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             if plan.get("congestion"):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION,
-                                plan["congestion"].encode())
+                try:
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION,
+                                    plan["congestion"].encode())
+                except OSError as e:
+                    raise RuntimeError(f"TCP_CONGESTION {plan['congestion']}: {e}") from e
             sock.settimeout(timeout)
             sock.connect((a, p))
             return sock
@@ -1475,7 +1478,13 @@ def measure_ceilings(suite, patterns, rates, probes):
     bytes/s per host to rates[pattern][congestion control]. Returns False when a probe failed."""
     host_bytes = int(model_rate(suite.args.rate) * suite.args.ceiling_seconds)
     ok = True
-    ccs = ceiling_congestions(suite.args.ceiling_congestion)
+    ccs = []
+    for cc in ceiling_congestions(suite.args.ceiling_congestion):
+        if cc == SYSTEM_CONGESTION or cc in available_congestion_controls():
+            ccs.append(cc)
+        else:
+            log(f"# plain TCP: congestion control {cc} is not in this kernel "
+                f"({' '.join(sorted(available_congestion_controls()))}); not probed")
     keys = [(name, cc) for name in patterns for cc in ccs]
     for rep, (name, cc) in interleave(keys, probes):
         try:
@@ -1498,6 +1507,15 @@ def ceiling_congestions(text):
         if cc and cc not in out:
             out.append(cc)
     return out or [SYSTEM_CONGESTION]
+
+
+def available_congestion_controls():
+    """net.ipv4.tcp_available_congestion_control of this host (empty when unreadable)."""
+    try:
+        with open("/proc/sys/net/ipv4/tcp_available_congestion_control") as f:
+            return set(f.read().split())
+    except OSError:
+        return set()
 
 
 def congestion_label(cc):
@@ -1590,9 +1608,9 @@ def ceiling_report(ceilings, rate_mbit):
              "(every flow at once, a fixed byte count), rate per host = bytes of the busiest "
              "host / time to the last byte; median of the probes, of the senders' TCP "
              "congestion control whose median is highest (\"system\" is the host's default, "
-             "which Gloo's and MPI's sockets run, and so do the agents' unless --tcp-congestion says "
-             "otherwise). "
-             "Time at the ceiling = pattern bytes per host for the size / that rate.", "",
+             "which Gloo's and MPI's sockets run, and so do the agents' unless "
+             "--tcp-congestion says otherwise). Time at the ceiling = pattern bytes per host "
+             "for the size / that rate.", "",
              "| pattern | flows | bytes per host per tensor byte | Mbit/s per host | x B "
              "(model) | congestion control | probes (Mbit/s) |",
              "|---|---:|---:|---:|---:|---|---|"]

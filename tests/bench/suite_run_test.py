@@ -428,7 +428,7 @@ class Ceiling(unittest.TestCase):
         rate = run.probe_tcp(run.ring_flows(2), 1 << 20, lambda h: [],
                              lambda h: f"127.0.0.{h + 1}", timeout=60, congestion="reno")
         self.assertGreater(rate, 0)
-        with self.assertRaisesRegex(RuntimeError, "127.0.0"):
+        with self.assertRaisesRegex(RuntimeError, "127.0.0.*TCP_CONGESTION nosuchcc"):
             run.probe_tcp(run.ring_flows(2), 1 << 20, lambda h: [],
                           lambda h: f"127.0.0.{h + 1}", timeout=60, congestion="nosuchcc")
 
@@ -444,6 +444,20 @@ class Ceiling(unittest.TestCase):
         self.assertEqual((old["congestion"], old["rate"]), ("system", 0.9 * b))
         self.assertEqual(run.ceiling_congestions(" system, cubic,cubic,"), ["system", "cubic"])
         self.assertEqual(run.ceiling_congestions(""), ["system"])
+
+    def test_a_ceiling_csv_without_the_congestion_columns_loads_as_the_hosts(self):
+        # emulated_ceiling.csv of a run before --ceiling-congestion: its probes are the host's.
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "emulated_ceiling.csv")
+            with open(path, "w") as f:
+                f.write("pattern,flows,bytes_per_tensor_byte,rate_mbit_per_host,rate_vs_model,"
+                        "probes_bytes_per_s\nring,4,1.5,121.5,0.9804,15300000.0 15200000.0\n")
+            c = run.load_ceilings(path)["ring"]
+            self.assertEqual((c["congestion"], c["by_congestion"]),
+                             ("system", {"system": [15300000.0, 15200000.0]}))
+            self.assertAlmostEqual(c["rate"], 15250000.0)
+            self.assertIn("| ring | 4 | 1.500 | 122 | ", "\n".join(run.ceiling_report(
+                {"ring": c}, 125)))
 
     def test_probe_reports_an_endpoint_that_cannot_listen(self):
         with self.assertRaisesRegex(RuntimeError, "192.0.2.1"):   # TEST-NET-1: not ours

@@ -91,16 +91,19 @@ void SetNotSentLowat(int fd, uint32_t bytes) {
   setsockopt(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, &value, sizeof(value));
 }
 
-// TCP_CONGESTION on `fd`; true when the socket reads back `name`.
-bool SetCongestionControl(int fd, const std::string& name) {
+// TCP_CONGESTION on `fd`: empty when the socket reads back `name`, else why not.
+std::string SetCongestionControl(int fd, const std::string& name) {
   if (setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name.data(),
                  static_cast<socklen_t>(name.size())) != 0) {
-    return false;
+    return absl::StrCat("setting it failed: ", ErrnoText(errno));
   }
   char set[kTcpCongestionNameMax] = {};
   socklen_t length = sizeof(set);
-  if (getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, set, &length) != 0) return false;
-  return name == std::string(set, strnlen(set, std::min<size_t>(length, sizeof(set))));
+  if (getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, set, &length) != 0) {
+    return absl::StrCat("reading it back failed: ", ErrnoText(errno));
+  }
+  std::string got(set, strnlen(set, std::min<size_t>(length, sizeof(set))));
+  return got == name ? "" : absl::StrCat("the socket reads back '", got, "'");
 }
 
 // A /proc/sys/net/ipv4 list of congestion controls, or "unknown".
@@ -114,10 +117,11 @@ std::string ReadCongestionControlList(const char* file) {
 }  // namespace
 
 absl::Status CheckTcpCongestionControl(const std::string& name) {
-  if (name.empty() || name.size() >= kTcpCongestionNameMax) {
+  if (name.empty() || name.size() >= kTcpCongestionNameMax ||
+      name.find('\0') != std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat("TCP congestion control '", name,
                                                    "': a name of 1 to ", kTcpCongestionNameMax - 1,
-                                                   " characters"));
+                                                   " characters, without NUL"));
   }
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return ErrnoStatus("socket", errno);
@@ -515,13 +519,12 @@ class TcpTransport::Impl {
     SetNotSentLowat(fd, UnsentLimitFor(op.address));
     if (unsent_limits_.contains(op.address)) ++limits_applied_;
     if (!options_.congestion_control.empty()) {
-      if (SetCongestionControl(fd, options_.congestion_control)) {
+      const std::string failed = SetCongestionControl(fd, options_.congestion_control);
+      if (failed.empty()) {
         ++congestion_controls_applied_;
       } else {
-        Log()->warn(
-            "tcp transport {}: the connection to {} keeps the host's congestion control: "
-            "setting {} failed: {}",
-            address_, op.address, options_.congestion_control, ErrnoText(errno));
+        Log()->warn("tcp transport {}: the connection to {} does not run congestion control {}: {}",
+                    address_, op.address, options_.congestion_control, failed);
       }
     }
     if (connect(fd, op.sockaddr.get(), op.sockaddr.length) != 0 && errno != EINPROGRESS) {

@@ -31,7 +31,7 @@ inline constexpr uint32_t kDefaultNotSentLowat = 0;
 // on Tributary's ring took either the model's 1.63 s or 1.78 s, run by run, under BBR, and
 // 1.62-1.65 s in every run under cubic. But cubic fills the shaped links' queues, and push/pull's
 // 56 flows through them came out uneven: with four spares a 64 MiB all-reduce was 1.26-1.43x
-// Gloo's ring with spreads of 10-12 % against 1.41x and 1.2 % under BBR
+// Gloo's ring with spreads of 10-15 % against 1.41x and 1.2-1.3 % under BBR
 // (bench/results/congestion_control_ring_s33/). So the host's choice stays the default, and
 // cubic is an option for ring-only deployments.
 inline constexpr const char* kDefaultCongestionControl = "";
