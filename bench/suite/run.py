@@ -1478,13 +1478,13 @@ def measure_ceilings(suite, patterns, rates, probes):
     bytes/s per host to rates[pattern][congestion control]. Returns False when a probe failed."""
     host_bytes = int(model_rate(suite.args.rate) * suite.args.ceiling_seconds)
     ok = True
-    ccs = []
+    ccs, available = [], available_congestion_controls()
     for cc in ceiling_congestions(suite.args.ceiling_congestion):
-        if cc == SYSTEM_CONGESTION or cc in available_congestion_controls():
+        if cc == SYSTEM_CONGESTION or cc in available:
             ccs.append(cc)
         else:
             log(f"# plain TCP: congestion control {cc} is not in this kernel "
-                f"({' '.join(sorted(available_congestion_controls()))}); not probed")
+                f"({' '.join(sorted(available))}); not probed")
     keys = [(name, cc) for name in patterns for cc in ccs]
     for rep, (name, cc) in interleave(keys, probes):
         try:
@@ -1615,12 +1615,10 @@ def ceiling_report(ceilings, rate_mbit):
              "(model) | congestion control | probes (Mbit/s) |",
              "|---|---:|---:|---:|---:|---|---|"]
     for c in ceilings.values():
-        by = c.get("by_congestion") or {c.get("congestion", SYSTEM_CONGESTION): c["rates"]}
         lines.append(f"| {c['pattern']} | {c['flows']} | {c['unit']:.3f} | "
-                     f"{c['rate'] * 8 / 1e6:.0f} | {c['rate'] / b:.3f} | "
-                     f"{c.get('congestion', SYSTEM_CONGESTION)} | " +
+                     f"{c['rate'] * 8 / 1e6:.0f} | {c['rate'] / b:.3f} | {c['congestion']} | " +
                      "; ".join(f"{cc}: " + " ".join(f"{r * 8 / 1e6:.0f}" for r in rs)
-                               for cc, rs in by.items()) + " |")
+                               for cc, rs in c["by_congestion"].items()) + " |")
     return lines + [""]
 
 
