@@ -64,6 +64,7 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& in) {
   data_plane.push_spare_unsent_bytes = options.push_spare_unsent_bytes;
   data_plane.tcp_notsent_lowat_bytes = options.tcp_notsent_lowat_bytes;
   data_plane.tcp_congestion_control = options.tcp_congestion_control;
+  data_plane.tcp_worker_congestion_control = options.tcp_worker_congestion_control;
   ASSIGN_OR_RETURN(
       std::unique_ptr<DataPlaneRunner> runner,
       DataPlaneRunner::Create(data_plane, *options.registry, common::SystemClock::Get()));

@@ -80,6 +80,9 @@ struct AgentOptions {
   // The TCP data plane's congestion control (DataPlaneRunner::Options::tcp_congestion_control);
   // empty (the default): the host's.
   std::string tcp_congestion_control = dataplane::kDefaultCongestionControl;
+  // The congestion control among the workers of jobs without spare servers
+  // (DataPlaneRunner::Options::tcp_worker_congestion_control): "auto", empty (off) or a name.
+  std::string tcp_worker_congestion_control = kAutoWorkerCongestion;
   std::chrono::milliseconds tick{50};  // deadline sweep period
   // The control rings' ring threads poll for up to this long before sleeping, when their recent
   // idle spells were shorter (ControlRings::Options::spin); zero: never.

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/hash.h"
 #include "common/logging.h"
@@ -85,6 +86,38 @@ absl::StatusOr<std::unique_ptr<DataPlaneRunner>> DataPlaneRunner::Create(
                                      ": ", transport.status().message()));
   }
   Log()->info("data plane: {} transport on {} ({})", name, (*transport)->Address(), choice.reason);
+  std::string worker_congestion;
+  if (choice.transport == DataPlaneTransport::kTcp) {
+    if (options.tcp_worker_congestion_control == kAutoWorkerCongestion) {
+      const std::string base = options.tcp_congestion_control.empty()
+                                   ? dataplane::HostTcpCongestionControl()
+                                   : options.tcp_congestion_control;
+      if (!absl::StartsWith(base, "bbr")) {
+        // No minimum-RTT probe to keep the workers' connections out of.
+      } else if (absl::Status usable =
+                     dataplane::CheckTcpCongestionControl(dataplane::kWorkerCongestionControl);
+                 usable.ok()) {
+        worker_congestion = dataplane::kWorkerCongestionControl;
+      } else {
+        Log()->info("data plane: the connections among workers keep congestion control {}: {}",
+                    base, usable.message());
+      }
+    } else if (!options.tcp_worker_congestion_control.empty()) {
+      if (absl::Status usable =
+              dataplane::CheckTcpCongestionControl(options.tcp_worker_congestion_control);
+          !usable.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the connections among workers (--tcp-congestion-workers): ", usable.message()));
+      }
+      worker_congestion = options.tcp_worker_congestion_control;
+    }
+    if (!worker_congestion.empty()) {
+      Log()->info(
+          "data plane: TCP congestion control {} among the workers of jobs without spare "
+          "servers",
+          worker_congestion);
+    }
+  }
   if (choice.transport != DataPlaneTransport::kTcp && !options.tcp_congestion_control.empty()) {
     Log()->warn(
         "data plane: TCP congestion control {} is for the tcp transport; the {} transport "
@@ -124,6 +157,7 @@ absl::StatusOr<std::unique_ptr<DataPlaneRunner>> DataPlaneRunner::Create(
   r->node_->push_pull().worker().SetRetainBudget(options.peer_recovery_bytes);
   r->node_->push_pull().worker().SetServerBacklog(options.push_backlog_bytes);
   r->node_->push_pull().worker().SetSpareServerUnsentLimit(options.push_spare_unsent_bytes);
+  r->node_->SetWorkerCongestionControl(worker_congestion);
   r->stats_collector_ = std::make_shared<dataplane::DataPlaneStatsCollector>(r->node_.get());
   return r;
 }

@@ -51,6 +51,13 @@ class DataPlaneRunner final : public CollectiveRunner {
     // the host's default). One this process cannot set fails Create with INVALID_ARGUMENT; the
     // UCX transport ignores it, with a warning.
     std::string tcp_congestion_control = dataplane::kDefaultCongestionControl;
+    // The TCP transport's congestion control on the connections among the workers of jobs
+    // whose collectives run among their workers alone (DataPlaneNode::SetWorkerCongestionControl):
+    // kAutoWorkerCongestion (the default) is dataplane::kWorkerCongestionControl where the
+    // connections would otherwise run BBR (tcp_congestion_control, else the host's) and this
+    // process may set it, and off otherwise (logged when it may not); empty: off; a name this
+    // process cannot set fails Create with INVALID_ARGUMENT. The UCX transport has no use for it.
+    std::string tcp_worker_congestion_control = kAutoWorkerCongestion;
   };
 
   // Starts the transport (chosen as ChooseDataPlaneTransport says, from the environment's

@@ -8,6 +8,10 @@
 
 namespace tributary::agent {
 
+// DataPlaneRunner::Options::tcp_worker_congestion_control: dataplane::kWorkerCongestionControl in
+// place of BBR, where this process may set it.
+inline constexpr const char* kAutoWorkerCongestion = "auto";
+
 // Which transport carries the data plane (the agent's --transport).
 enum class DataPlaneTransport {
   // TCP when UCX_TLS is unset or names only TCP-family transports (tcp, sockcm, self and the

@@ -143,6 +143,16 @@ int main(int argc, char** argv) {
                  "the tcp transport, a name the agent cannot set stops it at start (ucx keeps "
                  "the host's, with a warning)")
       ->capture_default_str();
+  std::string tcp_congestion_workers = "auto";
+  app.add_option("--tcp-congestion-workers", tcp_congestion_workers,
+                 "TCP data plane: congestion control of the connections among the workers of "
+                 "jobs without spare servers and not push/pull, whose ring, halving-doubling "
+                 "and recursive doubling wait for their slowest connection (auto = cubic in place "
+                 "of BBR, whose minimum-RTT probe stalls them every 10 s, where the agent may set "
+                 "it; system = --tcp-congestion's; a name the agent cannot set stops it at "
+                 "start). Connections that push/pull or spare servers use keep "
+                 "--tcp-congestion's")
+      ->capture_default_str();
   uint64_t staging_chunk_kib = tributary::agent::kDefaultMirrorStagingChunk >> 10;
   app.add_option("--staging-chunk-kib", staging_chunk_kib,
                  "GPU tensors larger than this are copied to and from host memory in chunks of "
@@ -184,6 +194,8 @@ int main(int argc, char** argv) {
   options.push_backlog_bytes = push_backlog_kib << 10;
   options.tcp_notsent_lowat_bytes = tcp_notsent_lowat_kib << 10;
   options.tcp_congestion_control = tcp_congestion == "system" ? "" : tcp_congestion;
+  options.tcp_worker_congestion_control =
+      tcp_congestion_workers == "system" ? "" : tcp_congestion_workers;
   options.push_spare_unsent_bytes = push_spare_lowat_kib << 10;
   options.nic_bytes_per_s = nic_gbps * 1e9 / 8;
   options.sum_bytes_per_s = sum_gbps * 1e9;

@@ -73,9 +73,56 @@ void DataPlaneNode::SetJob(const JobView& in, Algorithm algorithm) {
   if (std::isfinite(view.selector_nic_bytes_per_s) && view.selector_nic_bytes_per_s > 0) {
     model.beta_seconds_per_byte = 1 / view.selector_nic_bytes_per_s;
   }
-  jobs_[view.job_id] = JobEntry{algorithm, n, view.procs_per_node,
-                                measured_ ? MeasuredSelectorThresholds(*measured_, n, spares)
-                                          : ModelThresholds(n, spares, model)};
+  JobEntry& entry = jobs_[view.job_id];
+  entry = JobEntry{algorithm, n, view.procs_per_node,
+                   measured_ ? MeasuredSelectorThresholds(*measured_, n, spares)
+                             : ModelThresholds(n, spares, model)};
+  entry.among_workers = spares == 0 && algorithm != Algorithm::kPushPull && !view.async_mode &&
+                        view.my_worker_rank >= 0;
+  std::set<std::string> peers(view.worker_addresses.begin(), view.worker_addresses.end());
+  if (!entry.among_workers)
+    peers.insert(view.server_addresses.begin(), view.server_addresses.end());
+  // Not this node's own addresses.
+  if (view.my_worker_rank >= 0 &&
+      static_cast<size_t>(view.my_worker_rank) < view.worker_addresses.size()) {
+    peers.erase(view.worker_addresses[view.my_worker_rank]);
+  }
+  if (view.my_server_index >= 0 &&
+      static_cast<size_t>(view.my_server_index) < view.server_addresses.size()) {
+    peers.erase(view.server_addresses[view.my_server_index]);
+  }
+  entry.peers.assign(peers.begin(), peers.end());
+  UpdateCongestionControlsLocked();
+}
+
+void DataPlaneNode::SetWorkerCongestionControl(const std::string& name) {
+  std::lock_guard lock(mu_);
+  if (name == worker_congestion_) return;
+  for (const std::string& address : worker_congestion_peers_) {
+    transport_->SetPeerCongestionControl(address, "");
+  }
+  worker_congestion_peers_.clear();
+  worker_congestion_ = name;
+  UpdateCongestionControlsLocked();
+}
+
+void DataPlaneNode::UpdateCongestionControlsLocked() {
+  std::set<std::string> want, shared;
+  if (!worker_congestion_.empty()) {
+    for (const auto& [id, job] : jobs_) {
+      (job.among_workers ? want : shared).insert(job.peers.begin(), job.peers.end());
+    }
+  }
+  for (const std::string& address : shared) want.erase(address);
+  for (const std::string& address : worker_congestion_peers_) {
+    if (!want.contains(address)) transport_->SetPeerCongestionControl(address, "");
+  }
+  for (const std::string& address : want) {
+    if (!worker_congestion_peers_.contains(address)) {
+      transport_->SetPeerCongestionControl(address, worker_congestion_);
+    }
+  }
+  worker_congestion_peers_ = std::move(want);
 }
 
 void DataPlaneNode::RemoveJob(const std::string& job_id) {
@@ -90,6 +137,7 @@ void DataPlaneNode::RemoveJob(const std::string& job_id) {
   {
     std::lock_guard lock(mu_);
     jobs_.erase(job_id);
+    UpdateCongestionControlsLocked();
   }
   // After jobs_: UpdatePendingMetrics no longer names the job, so its gauges stay removed.
   if (metrics_ != nullptr) metrics_->RemoveJob(job_id);

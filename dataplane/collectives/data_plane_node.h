@@ -10,6 +10,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <tuple>
 
@@ -89,6 +90,17 @@ class DataPlaneNode {
   // selector_nic_bytes_per_s (its plan's slowest NIC) is priced by that rate instead of this
   // node's NIC, so all its nodes compute the same thresholds.
   void SetCostModel(const CostModel& model);
+  // The congestion control of this node's connections to the other workers of every job whose
+  // collectives run among its workers alone: no spare servers, an algorithm other than
+  // push/pull, synchronous (ring, halving-doubling and recursive doubling then carry all its
+  // bytes). Set through Transport::SetPeerCongestionControl as jobs come and go, and taken back
+  // (the transport's default) from a connection no such job names or that a job with spare
+  // servers or push/pull also uses: push/pull's many flows through shared links keep the host's.
+  // Empty (the default): every connection keeps the transport's. Applies to the current jobs
+  // too. Why (BENCHMARKS.md, session 34): a ring waits for its slowest connection, and BBR's
+  // minimum-RTT probe holds each long-lived connection to 4 segments for 200 ms every 10 s.
+  void SetWorkerCongestionControl(const std::string& name);
+
   // Thresholds measured by the benchmark suite replace the cost model's for jobs set from now on
   // (the agent's --selector-calibration).
   void SetMeasuredThresholds(const MeasuredThresholds& measured);
@@ -151,6 +163,10 @@ class DataPlaneNode {
     int num_workers = 0;
     uint32_t procs_per_node = 1;
     SelectorThresholds thresholds;
+    // Whether all its collectives run among its workers (SetWorkerCongestionControl), and the
+    // addresses this node sends to in it: the other workers, or, otherwise, every other node.
+    bool among_workers = false;
+    std::vector<std::string> peers;
   };
   struct Pending {
     std::string job_id;
@@ -185,6 +201,9 @@ class DataPlaneNode {
   void OnMessage(std::span<const std::byte> header, std::span<const std::byte> payload);
   CollectiveAlgorithm& For(Algorithm algorithm);
   absl::Status StartUninstrumented(const std::string& job_id, Operation op);
+  // Brings the connections' congestion controls in line with jobs_ (SetWorkerCongestionControl).
+  // mu_ held.
+  void UpdateCongestionControlsLocked();
 
   Transport* transport_;
   DataPlaneNodeStats stats_;
@@ -192,9 +211,11 @@ class DataPlaneNode {
   CollectiveEngine engine_;
   ParameterServer ps_;
   mutable std::mutex mu_;
-  std::map<std::string, JobEntry> jobs_;        // Guarded by mu_.
-  CostModel cost_model_;                        // Guarded by mu_.
-  std::optional<MeasuredThresholds> measured_;  // Guarded by mu_.
+  std::map<std::string, JobEntry> jobs_;           // Guarded by mu_.
+  CostModel cost_model_;                           // Guarded by mu_.
+  std::optional<MeasuredThresholds> measured_;     // Guarded by mu_.
+  std::string worker_congestion_;                  // Guarded by mu_.
+  std::set<std::string> worker_congestion_peers_;  // Guarded by mu_: those set to it now.
   DataPlaneMetrics* metrics_ = nullptr;
   const common::Clock* metrics_clock_ = nullptr;
   std::mutex pending_mu_;  // guards the three below

@@ -126,6 +126,9 @@ class AuthenticatingTransport final : public Transport {
   void SetPeerUnsentLimit(const std::string& peer_address, uint32_t bytes) override {
     inner_->SetPeerUnsentLimit(peer_address, bytes);
   }
+  void SetPeerCongestionControl(const std::string& peer_address, const std::string& name) override {
+    inner_->SetPeerCongestionControl(peer_address, name);
+  }
   void Shutdown() override { inner_->Shutdown(); }
 
   const MessageAuthStats& stats() const { return stats_; }

@@ -127,6 +127,28 @@ TEST(DataPlaneRunnerTransportTest, ACongestionControlThatCannotBeSetFailsTheRunn
   EXPECT_THAT(std::string(runner.status().message()), ::testing::HasSubstr("nosuchcc"));
 }
 
+// --tcp-congestion-workers with a name the agent cannot set stops it at start, naming the flag;
+// the default (auto) starts whether or not this process may set cubic.
+TEST(DataPlaneRunnerTransportTest, AWorkerCongestionControlThatCannotBeSetFailsTheRunner) {
+  prometheus::Registry registry;
+  DataPlaneRunner::Options options;
+  options.transport = DataPlaneTransport::kTcp;
+  options.reducer_threads = 1;
+  options.tcp_worker_congestion_control = "nosuchcc";
+  absl::StatusOr<std::unique_ptr<DataPlaneRunner>> runner =
+      DataPlaneRunner::Create(options, registry, common::SystemClock::Get());
+  ASSERT_FALSE(runner.ok());
+  EXPECT_EQ(runner.status().code(), absl::StatusCode::kInvalidArgument) << runner.status();
+  EXPECT_THAT(std::string(runner.status().message()), ::testing::HasSubstr("nosuchcc"));
+  EXPECT_THAT(std::string(runner.status().message()),
+              ::testing::HasSubstr("--tcp-congestion-workers"));
+
+  options.tcp_worker_congestion_control = kAutoWorkerCongestion;
+  runner = DataPlaneRunner::Create(options, registry, common::SystemClock::Get());
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  (*runner)->Shutdown();
+}
+
 TEST(DataPlaneRunnerTransportTest, UcxRunnerExportsZeroCounters) {
   setenv("UCX_NET_DEVICES", "lo", 0);
   setenv("UCX_TLS", "tcp", 0);

@@ -33,6 +33,9 @@ class PacedTransport final : public Transport {
   void SetPeerUnsentLimit(const std::string& peer_address, uint32_t bytes) override {
     inner_->SetPeerUnsentLimit(peer_address, bytes);
   }
+  void SetPeerCongestionControl(const std::string& peer_address, const std::string& name) override {
+    inner_->SetPeerCongestionControl(peer_address, name);
+  }
   void Shutdown() override;
 
  private:

@@ -143,6 +143,17 @@ absl::Status CheckTcpCongestionControl(const std::string& name) {
       absl::StrCat("TCP congestion control '", name, "' cannot be used: ", why));
 }
 
+std::string HostTcpCongestionControl() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return "";
+  char name[kTcpCongestionNameMax] = {};
+  socklen_t length = sizeof(name);
+  const int result = getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, &length);
+  close(fd);
+  if (result != 0) return "";
+  return std::string(name, strnlen(name, std::min<size_t>(length, sizeof(name))));
+}
+
 // Everything below "progress thread only" is touched by the progress thread alone (and by
 // Teardown on it), so it needs no lock.
 class TcpTransport::Impl {
@@ -198,6 +209,9 @@ class TcpTransport::Impl {
     }
     address_ = FormatAddress(bound.get());
     hello_ = tcp::EncodeHello(address_);
+    // The host's (this network namespace's) default, which a new socket runs: what a connection
+    // returns to when SetPeerCongestionControl takes its own away.
+    host_congestion_control_ = HostTcpCongestionControl();
 
     event_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (event_fd_ < 0) return ErrnoStatus("eventfd", errno);
@@ -255,6 +269,15 @@ class TcpTransport::Impl {
     Wake();
   }
 
+  void SetPeerCongestionControl(const std::string& peer_address, const std::string& name) {
+    {
+      std::lock_guard lock(limits_mu_);
+      pending_congestion_[peer_address] = name;
+      limits_changed_.store(true, std::memory_order_release);
+    }
+    Wake();
+  }
+
   void Shutdown() {
     sends_.RequestStop();
     Wake();
@@ -274,6 +297,7 @@ class TcpTransport::Impl {
   uint64_t accepted_connections() const { return accepted_.load(); }
   uint64_t peer_unsent_limits_applied() const { return limits_applied_.load(); }
   uint64_t congestion_controls_applied() const { return congestion_controls_applied_.load(); }
+  uint64_t peer_congestion_controls_applied() const { return peer_congestion_applied_.load(); }
 
  private:
   // One Send: the frame (frame header + copied user header) and the borrowed payload.
@@ -426,15 +450,32 @@ class TcpTransport::Impl {
     FlushDirty();
   }
 
-  // The limits SetPeerUnsentLimit asked for since the last call, on the connections open now
-  // (GetOrConnect sets them on new ones). One atomic load when there are none.
+  // The limits SetPeerUnsentLimit and the congestion controls SetPeerCongestionControl asked for
+  // since the last call, on the connections open now (GetOrConnect sets them on new ones). One
+  // atomic load when there are none.
   void ApplyUnsentLimits() {
     if (!limits_changed_.load(std::memory_order_acquire)) return;
     std::unordered_map<std::string, uint32_t> pending;
+    std::unordered_map<std::string, std::string> congestion;
     {
       std::lock_guard lock(limits_mu_);
       limits_changed_.store(false, std::memory_order_relaxed);
       pending.swap(pending_limits_);
+      congestion.swap(pending_congestion_);
+    }
+    for (const auto& [address, name] : congestion) {
+      if (name.empty()) {
+        peer_congestion_.erase(address);
+      } else {
+        peer_congestion_[address] = name;
+      }
+      if (auto it = peers_.find(address); it != peers_.end()) {
+        // A connection going back to the default gets the default's name set explicitly: the
+        // socket keeps whatever it runs otherwise.
+        std::string want = CongestionControlFor(address);
+        if (want.empty()) want = host_congestion_control_;
+        ApplyPeerCongestionControl(*it->second, want);
+      }
     }
     for (const auto& [address, bytes] : pending) {
       if (bytes > 0) {
@@ -446,6 +487,25 @@ class TcpTransport::Impl {
         SetNotSentLowat(it->second->fd, UnsentLimitFor(address));
         ++limits_applied_;
       }
+    }
+  }
+
+  // The congestion control of the connection to `address`: its SetPeerCongestionControl, else
+  // the options' (empty: the host's, left as the socket starts).
+  const std::string& CongestionControlFor(const std::string& address) const {
+    auto it = peer_congestion_.find(address);
+    return it != peer_congestion_.end() ? it->second : options_.congestion_control;
+  }
+
+  // Sets `name` on `peer`'s socket, counted in peer_congestion_controls_applied() or warned.
+  void ApplyPeerCongestionControl(const Peer& peer, const std::string& name) {
+    if (name.empty()) return;  // The host's default could not be read at start.
+    const std::string failed = SetCongestionControl(peer.fd, name);
+    if (failed.empty()) {
+      ++peer_congestion_applied_;
+    } else {
+      Log()->warn("tcp transport {}: the connection to {} does not run congestion control {}: {}",
+                  address_, peer.address, name, failed);
     }
   }
 
@@ -518,13 +578,14 @@ class TcpTransport::Impl {
     SetNoDelay(fd);
     SetNotSentLowat(fd, UnsentLimitFor(op.address));
     if (unsent_limits_.contains(op.address)) ++limits_applied_;
-    if (!options_.congestion_control.empty()) {
-      const std::string failed = SetCongestionControl(fd, options_.congestion_control);
+    if (const std::string& name = CongestionControlFor(op.address); !name.empty()) {
+      const bool per_peer = peer_congestion_.contains(op.address);
+      const std::string failed = SetCongestionControl(fd, name);
       if (failed.empty()) {
-        ++congestion_controls_applied_;
+        ++(per_peer ? peer_congestion_applied_ : congestion_controls_applied_);
       } else {
         Log()->warn("tcp transport {}: the connection to {} does not run congestion control {}: {}",
-                    address_, op.address, options_.congestion_control, failed);
+                    address_, op.address, name, failed);
       }
     }
     if (connect(fd, op.sockaddr.get(), op.sockaddr.length) != 0 && errno != EINPROGRESS) {
@@ -1094,8 +1155,9 @@ class TcpTransport::Impl {
   }
 
   const TcpTransportOptions options_;
-  std::string address_;           // Written before the thread starts, constant after.
-  std::vector<std::byte> hello_;  // Likewise.
+  std::string address_;                  // Written before the thread starts, constant after.
+  std::vector<std::byte> hello_;         // Likewise.
+  std::string host_congestion_control_;  // Likewise; empty when it could not be read.
   std::thread thread_;
   int listen_fd_ = -1;
   int event_fd_ = -1;
@@ -1110,13 +1172,17 @@ class TcpTransport::Impl {
   std::atomic<uint64_t> accepted_ = 0;
   std::atomic<uint64_t> limits_applied_ = 0;
   std::atomic<uint64_t> congestion_controls_applied_ = 0;
+  std::atomic<uint64_t> peer_congestion_applied_ = 0;
 
   std::mutex limits_mu_;
   std::unordered_map<std::string, uint32_t> pending_limits_;  // SetPeerUnsentLimit's, not applied
+  // SetPeerCongestionControl's, not applied.
+  std::unordered_map<std::string, std::string> pending_congestion_;
   std::atomic<bool> limits_changed_ = false;
 
   // --- Progress thread only. ---
   std::unordered_map<std::string, uint32_t> unsent_limits_;  // by peer; none: the options' value
+  std::unordered_map<std::string, std::string> peer_congestion_;  // by peer; none: the options'
   bool stopping_ = false;
   uint64_t next_id_ = kFirstConnectionId;
   std::unordered_map<std::string, std::unique_ptr<Peer>> peers_;
@@ -1163,6 +1229,15 @@ uint64_t TcpTransport::peer_unsent_limits_applied() const {
 
 uint64_t TcpTransport::congestion_controls_applied() const {
   return impl_->congestion_controls_applied();
+}
+
+uint64_t TcpTransport::peer_congestion_controls_applied() const {
+  return impl_->peer_congestion_controls_applied();
+}
+
+void TcpTransport::SetPeerCongestionControl(const std::string& peer_address,
+                                            const std::string& name) {
+  impl_->SetPeerCongestionControl(peer_address, name);
 }
 
 void TcpTransport::SetPeerUnsentLimit(const std::string& peer_address, uint32_t bytes) {

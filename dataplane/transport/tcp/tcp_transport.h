@@ -36,6 +36,14 @@ inline constexpr uint32_t kDefaultNotSentLowat = 0;
 // cubic is an option for ring-only deployments.
 inline constexpr const char* kDefaultCongestionControl = "";
 
+// The congestion control the agent sets on the connections among the workers of a job whose
+// collectives run among its workers alone (DataPlaneNode::SetWorkerCongestionControl; the agent's
+// --tcp-congestion-workers auto) in place of BBR, where this process may set it. Cubic has no
+// minimum-RTT probe: with it Tributary's ring ran every 16 MiB all-reduce at the model's pace,
+// 1.00-1.02x Gloo's ring, where BBR left it at 0.97-0.98x (BENCHMARKS.md, sessions 33 and 34).
+// Push/pull with spare servers keeps the host's.
+inline constexpr const char* kWorkerCongestionControl = "cubic";
+
 // Bytes of a congestion control's name with its NUL, at most (Linux's TCP_CA_NAME_MAX).
 inline constexpr size_t kTcpCongestionNameMax = 16;
 
@@ -43,6 +51,10 @@ inline constexpr size_t kTcpCongestionNameMax = 16;
 // the kernel has it and, without CAP_NET_ADMIN, net.ipv4.tcp_allowed_congestion_control lists
 // it. Otherwise INVALID_ARGUMENT naming the algorithm, why, and what the kernel offers.
 absl::Status CheckTcpCongestionControl(const std::string& name);
+
+// The congestion control a new TCP socket of this process runs: the host's (this network
+// namespace's net.ipv4.tcp_congestion_control); empty when it cannot be read.
+std::string HostTcpCongestionControl();
 
 struct TcpTransportOptions {
   // Numeric IP (or resolvable name) to listen on; also the host part of Address(), so it must be
@@ -117,6 +129,11 @@ class TcpTransport final : public Transport {
   // TCP_NOTSENT_LOWAT of the connection to `peer_address` (0: notsent_lowat_bytes again), set
   // on the progress thread before it posts any send made after this call.
   void SetPeerUnsentLimit(const std::string& peer_address, uint32_t bytes) override;
+  // TCP_CONGESTION of the connection to `peer_address` (empty: options.congestion_control again,
+  // or the host's default when that is empty), set on the progress thread before it posts any
+  // send made after this call, on the open connection and on later ones. A name the socket
+  // refuses leaves it as it was, with a warning (check names with CheckTcpCongestionControl).
+  void SetPeerCongestionControl(const std::string& peer_address, const std::string& name) override;
   // Joins the progress thread, so it should not be called from a receive handler or completion;
   // there it only requests the stop, and a later call from another thread (or the destructor)
   // finishes it.
@@ -136,6 +153,9 @@ class TcpTransport final : public Transport {
   uint64_t peer_unsent_limits_applied() const;
   // Outgoing connections that run options.congestion_control (set and read back), at connect.
   uint64_t congestion_controls_applied() const;
+  // Outgoing connections whose congestion control was set from a SetPeerCongestionControl (a
+  // return to the default included), at connect or later.
+  uint64_t peer_congestion_controls_applied() const;
 
  private:
   class Impl;

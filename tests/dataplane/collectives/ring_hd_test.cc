@@ -4,7 +4,9 @@
 #include <future>
 #include <iostream>
 #include <limits>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <tuple>
 
@@ -1017,6 +1019,118 @@ TEST(SelectorTest, NodesPreferMeasuredThresholds) {
   EXPECT_EQ(*collectives.AlgorithmFor("measured", 64 << 10), Algorithm::kHalvingDoubling);
   EXPECT_EQ(*collectives.AlgorithmFor("measured", 4 << 20), Algorithm::kRing);
   EXPECT_EQ(*collectives.AlgorithmFor("measured", 16 << 20), Algorithm::kPushPull);
+}
+
+// Records the congestion controls a node asks of its transport; everything else goes to an
+// in-process endpoint.
+class CongestionRecorder final : public Transport {
+ public:
+  explicit CongestionRecorder(std::unique_ptr<Transport> inner) : inner_(std::move(inner)) {}
+  std::string Address() const override { return inner_->Address(); }
+  void SetReceiveHandler(ReceiveHandler handler) override {
+    inner_->SetReceiveHandler(std::move(handler));
+  }
+  void Send(const std::string& peer, std::span<const std::byte> header,
+            std::span<const std::byte> payload, SendCallback done) override {
+    inner_->Send(peer, header, payload, std::move(done));
+  }
+  void Shutdown() override { inner_->Shutdown(); }
+  void SetPeerCongestionControl(const std::string& peer, const std::string& name) override {
+    std::lock_guard lock(mu_);
+    if (name.empty()) {
+      set_.erase(peer);
+    } else {
+      set_[peer] = name;
+    }
+    ++calls_;
+  }
+  // The connections with a congestion control of their own, by peer.
+  std::map<std::string, std::string> set() {
+    std::lock_guard lock(mu_);
+    return set_;
+  }
+  int calls() {
+    std::lock_guard lock(mu_);
+    return calls_;
+  }
+
+ private:
+  std::unique_ptr<Transport> inner_;
+  std::mutex mu_;
+  std::map<std::string, std::string> set_;
+  int calls_ = 0;
+};
+
+// A job of node "w0" over `workers` and `servers` (equal weights), by address.
+JobView CongestionJob(const std::string& id, std::vector<std::string> workers,
+                      std::vector<std::string> servers = {}) {
+  JobView view;
+  view.job_id = id;
+  view.plan_version = 1;
+  view.worker_addresses = std::move(workers);
+  view.server_addresses = servers.empty() ? view.worker_addresses : std::move(servers);
+  const uint64_t n = view.server_addresses.size();
+  for (uint64_t i = 0; i < n; ++i) {
+    view.server_weights.push_back(ChunkMap::kWeightTotal / n +
+                                  (i == 0 ? ChunkMap::kWeightTotal % n : 0));
+  }
+  auto rank = std::find(view.worker_addresses.begin(), view.worker_addresses.end(), "w0");
+  view.my_worker_rank = rank == view.worker_addresses.end()
+                            ? -1
+                            : static_cast<int>(rank - view.worker_addresses.begin());
+  auto index = std::find(view.server_addresses.begin(), view.server_addresses.end(), "w0");
+  view.my_server_index = index == view.server_addresses.end()
+                             ? -1
+                             : static_cast<int>(index - view.server_addresses.begin());
+  return view;
+}
+
+// The worker congestion control goes on a node's connections to the other workers of jobs whose
+// collectives run among the workers alone, and comes off a connection when no such job names it
+// any more or when a job with spare servers, push/pull or asynchronous training also uses it.
+TEST(WorkerCongestionControlTest, SetOnConnectionsAmongWorkersOfJobsWithoutSpares) {
+  InProcessNetwork network;
+  CongestionRecorder recorder(network.CreateEndpoint("w0"));
+  CpuReducer reducer(1);
+  common::FakeClock clock;
+  DataPlaneNode node(&recorder, &reducer, &clock);
+  using Set = std::map<std::string, std::string>;
+
+  // Off by default: a ring job sets nothing.
+  node.SetJob(CongestionJob("ring", {"w0", "w1", "w2", "w3"}), Algorithm::kRing);
+  EXPECT_EQ(recorder.calls(), 0);
+  // Turned on: the current job's other workers get it, this node's own address never.
+  node.SetWorkerCongestionControl("cubic");
+  EXPECT_EQ(recorder.set(), (Set{{"w1", "cubic"}, {"w2", "cubic"}, {"w3", "cubic"}}));
+
+  // A job with a spare server shares w1 (and names s0): w1 goes back to the default.
+  node.SetJob(CongestionJob("spares", {"w0", "w1"}, {"w0", "w1", "s0"}), Algorithm::kAuto);
+  EXPECT_EQ(recorder.set(), (Set{{"w2", "cubic"}, {"w3", "cubic"}}));
+  // Push/pull without spares and asynchronous training leave their workers alone too.
+  node.SetJob(CongestionJob("pp", {"w0", "w4"}), Algorithm::kPushPull);
+  JobView async = CongestionJob("async", {"w0", "w5"});
+  async.async_mode = true;
+  node.SetJob(async, Algorithm::kAuto);
+  EXPECT_EQ(recorder.set(), (Set{{"w2", "cubic"}, {"w3", "cubic"}}));
+  // An auto job without spares runs among its workers: w6 gets it.
+  node.SetJob(CongestionJob("auto", {"w6", "w0"}), Algorithm::kAuto);
+  EXPECT_EQ(recorder.set(), (Set{{"w2", "cubic"}, {"w3", "cubic"}, {"w6", "cubic"}}));
+
+  // The job with the spare ends: w1 is the ring job's alone again.
+  node.RemoveJob("spares");
+  EXPECT_EQ(recorder.set(),
+            (Set{{"w1", "cubic"}, {"w2", "cubic"}, {"w3", "cubic"}, {"w6", "cubic"}}));
+  // A job of which this node is only a server changes nothing.
+  node.SetJob(CongestionJob("served", {"w7", "w8"}, {"w0"}), Algorithm::kAuto);
+  EXPECT_EQ(recorder.set().size(), 4u);
+  // Another name replaces it everywhere; empty takes it off every connection.
+  node.SetWorkerCongestionControl("reno");
+  EXPECT_EQ(recorder.set(), (Set{{"w1", "reno"}, {"w2", "reno"}, {"w3", "reno"}, {"w6", "reno"}}));
+  node.RemoveJob("ring");
+  EXPECT_EQ(recorder.set(), (Set{{"w6", "reno"}}));
+  node.SetWorkerCongestionControl("");
+  EXPECT_EQ(recorder.set(), Set{});
+  recorder.Shutdown();
 }
 
 }  // namespace

@@ -318,6 +318,48 @@ TEST(TcpTransportTest, CongestionControlIsSetOnTheConnectionsItOpens) {
   for (const Message& m : inbox.Take()) EXPECT_TRUE(m.payload == payload);
 }
 
+// SetPeerCongestionControl sets TCP_CONGESTION on the connection to that peer only: on the open
+// one (before any send made after the call), on one opened later, and back to the host's with an
+// empty name; the connections to other peers keep the host's.
+TEST(TcpTransportTest, PeerCongestionControlAppliesToThatPeersConnectionOnly) {
+  auto a = Make();
+  auto b = Make();
+  auto c = Make();
+  auto d = Make();
+  ASSERT_TRUE(a && b && c && d);
+  Inbox inbox;
+  for (TcpTransport* t : {b.get(), c.get(), d.get()}) t->SetReceiveHandler(inbox.Handler());
+  StopOnExit stop{a.get(), b.get(), c.get(), d.get()};
+  const std::vector<std::byte> payload = Pattern(1000, 1);
+  ASSERT_TRUE(SendAndWait(*a, b->Address(), Bytes("1"), payload).ok());
+  EXPECT_EQ(HostTcpCongestionControl(), HostCongestionControl());
+  EXPECT_EQ(CongestionControlOfConnectionTo(b->Address()), HostCongestionControl());
+
+  a->SetPeerCongestionControl(b->Address(), "reno");  // in every kernel, allowed to everyone
+  a->SetPeerCongestionControl(c->Address(), "reno");
+  ASSERT_TRUE(SendAndWait(*a, b->Address(), Bytes("2"), payload).ok());
+  EXPECT_EQ(CongestionControlOfConnectionTo(b->Address()), "reno");
+  ASSERT_TRUE(SendAndWait(*a, c->Address(), Bytes("3"), payload).ok());
+  EXPECT_EQ(CongestionControlOfConnectionTo(c->Address()), "reno");
+  ASSERT_TRUE(SendAndWait(*a, d->Address(), Bytes("4"), payload).ok());
+  EXPECT_EQ(CongestionControlOfConnectionTo(d->Address()), HostCongestionControl());
+  EXPECT_EQ(a->peer_congestion_controls_applied(), 2u);
+  EXPECT_EQ(a->congestion_controls_applied(), 0u);
+
+  a->SetPeerCongestionControl(b->Address(), "");
+  ASSERT_TRUE(SendAndWait(*a, b->Address(), Bytes("5"), payload).ok());
+  EXPECT_EQ(CongestionControlOfConnectionTo(b->Address()), HostCongestionControl());
+  EXPECT_EQ(a->peer_congestion_controls_applied(), 3u);
+
+  // A name the kernel lacks leaves the connection as it was, and the transport keeps serving.
+  a->SetPeerCongestionControl(c->Address(), "nosuchcc");
+  ASSERT_TRUE(SendAndWait(*a, c->Address(), Bytes("6"), payload).ok());
+  EXPECT_EQ(CongestionControlOfConnectionTo(c->Address()), "reno");
+  EXPECT_EQ(a->peer_congestion_controls_applied(), 3u);
+  ASSERT_TRUE(inbox.WaitFor(6));
+  for (const Message& m : inbox.Take()) EXPECT_TRUE(m.payload == payload);
+}
+
 // A congestion control the kernel lacks fails Create with a message naming it and what the
 // kernel has; so does a name too long to be one.
 TEST(TcpTransportTest, UnknownCongestionControlIsInvalidArgument) {
