@@ -43,6 +43,34 @@ absl::StatusOr<std::unique_ptr<DataPlaneRunner>> DataPlaneRunner::Create(
   const TransportChoice choice =
       ChooseDataPlaneTransport(options.transport, std::getenv("UCX_TLS"));
   r->transport_kind_ = choice.transport;
+  // The workers' congestion control is resolved before the transport starts, so that a name it
+  // cannot set stops the runner before it listens.
+  std::string worker_congestion;
+  if (choice.transport == DataPlaneTransport::kTcp) {
+    if (options.tcp_worker_congestion_control == kAutoWorkerCongestion) {
+      const std::string base = options.tcp_congestion_control.empty()
+                                   ? dataplane::HostTcpCongestionControl()
+                                   : options.tcp_congestion_control;
+      if (!absl::StartsWith(base, "bbr")) {
+        // No minimum-RTT probe to keep the workers' connections out of.
+      } else if (absl::Status usable =
+                     dataplane::CheckTcpCongestionControl(dataplane::kWorkerCongestionControl);
+                 usable.ok()) {
+        worker_congestion = dataplane::kWorkerCongestionControl;
+      } else {
+        Log()->info("data plane: the connections among workers keep congestion control {}: {}",
+                    base, usable.message());
+      }
+    } else if (!options.tcp_worker_congestion_control.empty()) {
+      if (absl::Status usable =
+              dataplane::CheckTcpCongestionControl(options.tcp_worker_congestion_control);
+          !usable.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the connections among workers (--tcp-congestion-workers): ", usable.message()));
+      }
+      worker_congestion = options.tcp_worker_congestion_control;
+    }
+  }
   absl::StatusOr<std::unique_ptr<dataplane::Transport>> transport;
   std::function<dataplane::TransportListenerStats()> listener_stats;
   if (choice.transport == DataPlaneTransport::kTcp) {
@@ -86,43 +114,24 @@ absl::StatusOr<std::unique_ptr<DataPlaneRunner>> DataPlaneRunner::Create(
                                      ": ", transport.status().message()));
   }
   Log()->info("data plane: {} transport on {} ({})", name, (*transport)->Address(), choice.reason);
-  std::string worker_congestion;
-  if (choice.transport == DataPlaneTransport::kTcp) {
-    if (options.tcp_worker_congestion_control == kAutoWorkerCongestion) {
-      const std::string base = options.tcp_congestion_control.empty()
-                                   ? dataplane::HostTcpCongestionControl()
-                                   : options.tcp_congestion_control;
-      if (!absl::StartsWith(base, "bbr")) {
-        // No minimum-RTT probe to keep the workers' connections out of.
-      } else if (absl::Status usable =
-                     dataplane::CheckTcpCongestionControl(dataplane::kWorkerCongestionControl);
-                 usable.ok()) {
-        worker_congestion = dataplane::kWorkerCongestionControl;
-      } else {
-        Log()->info("data plane: the connections among workers keep congestion control {}: {}",
-                    base, usable.message());
-      }
-    } else if (!options.tcp_worker_congestion_control.empty()) {
-      if (absl::Status usable =
-              dataplane::CheckTcpCongestionControl(options.tcp_worker_congestion_control);
-          !usable.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "the connections among workers (--tcp-congestion-workers): ", usable.message()));
-      }
-      worker_congestion = options.tcp_worker_congestion_control;
-    }
-    if (!worker_congestion.empty()) {
-      Log()->info(
-          "data plane: TCP congestion control {} among the workers of jobs without spare "
-          "servers",
-          worker_congestion);
-    }
-  }
   if (choice.transport != DataPlaneTransport::kTcp && !options.tcp_congestion_control.empty()) {
     Log()->warn(
         "data plane: TCP congestion control {} is for the tcp transport; the {} transport "
         "keeps the host's",
         options.tcp_congestion_control, name);
+  }
+  if (!worker_congestion.empty()) {
+    Log()->info(
+        "data plane: TCP congestion control {} among the workers of jobs without spare servers",
+        worker_congestion);
+  }
+  if (choice.transport != DataPlaneTransport::kTcp &&
+      options.tcp_worker_congestion_control != kAutoWorkerCongestion &&
+      !options.tcp_worker_congestion_control.empty()) {
+    Log()->warn(
+        "data plane: TCP congestion control {} among workers is for the tcp transport; the {} "
+        "transport keeps the host's",
+        options.tcp_worker_congestion_control, name);
   }
   std::unique_ptr<dataplane::Transport> inner;
   if (options.paced_bytes_per_s > 0) {

@@ -146,8 +146,9 @@ int main(int argc, char** argv) {
   std::string tcp_congestion_workers = "auto";
   app.add_option("--tcp-congestion-workers", tcp_congestion_workers,
                  "TCP data plane: congestion control of the connections among the workers of "
-                 "jobs without spare servers and not push/pull, whose ring, halving-doubling "
-                 "and recursive doubling wait for their slowest connection (auto = cubic in place "
+                 "jobs whose collectives all run among them (no spare servers, not push/pull, "
+                 "not asynchronous), whose ring, halving-doubling and recursive doubling wait "
+                 "for their slowest connection (auto = cubic in place "
                  "of BBR, whose minimum-RTT probe stalls them every 10 s, where the agent may set "
                  "it; system = --tcp-congestion's; a name the agent cannot set stops it at "
                  "start). Connections that push/pull or spare servers use keep "

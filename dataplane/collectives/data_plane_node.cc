@@ -77,8 +77,12 @@ void DataPlaneNode::SetJob(const JobView& in, Algorithm algorithm) {
   entry = JobEntry{algorithm, n, view.procs_per_node,
                    measured_ ? MeasuredSelectorThresholds(*measured_, n, spares)
                              : ModelThresholds(n, spares, model)};
-  entry.among_workers = spares == 0 && algorithm != Algorithm::kPushPull && !view.async_mode &&
-                        view.my_worker_rank >= 0;
+  // Push/pull never runs: not the job's algorithm, and not the selector's pick at any size (a
+  // suite calibration may price it below the ring without spares).
+  const bool push_pull =
+      algorithm == Algorithm::kPushPull ||
+      (algorithm == Algorithm::kAuto && entry.thresholds.push_pull_from != UINT64_MAX);
+  entry.among_workers = spares == 0 && !push_pull && !view.async_mode && view.my_worker_rank >= 0;
   std::set<std::string> peers(view.worker_addresses.begin(), view.worker_addresses.end());
   if (!entry.among_workers)
     peers.insert(view.server_addresses.begin(), view.server_addresses.end());
@@ -98,15 +102,11 @@ void DataPlaneNode::SetJob(const JobView& in, Algorithm algorithm) {
 void DataPlaneNode::SetWorkerCongestionControl(const std::string& name) {
   std::lock_guard lock(mu_);
   if (name == worker_congestion_) return;
-  for (const std::string& address : worker_congestion_peers_) {
-    transport_->SetPeerCongestionControl(address, "");
-  }
-  worker_congestion_peers_.clear();
   worker_congestion_ = name;
-  UpdateCongestionControlsLocked();
+  UpdateCongestionControlsLocked(/*renamed=*/true);
 }
 
-void DataPlaneNode::UpdateCongestionControlsLocked() {
+void DataPlaneNode::UpdateCongestionControlsLocked(bool renamed) {
   std::set<std::string> want, shared;
   if (!worker_congestion_.empty()) {
     for (const auto& [id, job] : jobs_) {
@@ -118,7 +118,7 @@ void DataPlaneNode::UpdateCongestionControlsLocked() {
     if (!want.contains(address)) transport_->SetPeerCongestionControl(address, "");
   }
   for (const std::string& address : want) {
-    if (!worker_congestion_peers_.contains(address)) {
+    if (renamed || !worker_congestion_peers_.contains(address)) {
       transport_->SetPeerCongestionControl(address, worker_congestion_);
     }
   }

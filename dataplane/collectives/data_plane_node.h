@@ -13,6 +13,7 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -91,14 +92,15 @@ class DataPlaneNode {
   // node's NIC, so all its nodes compute the same thresholds.
   void SetCostModel(const CostModel& model);
   // The congestion control of this node's connections to the other workers of every job whose
-  // collectives run among its workers alone: no spare servers, an algorithm other than
-  // push/pull, synchronous (ring, halving-doubling and recursive doubling then carry all its
-  // bytes). Set through Transport::SetPeerCongestionControl as jobs come and go, and taken back
-  // (the transport's default) from a connection no such job names or that a job with spare
-  // servers or push/pull also uses: push/pull's many flows through shared links keep the host's.
-  // Empty (the default): every connection keeps the transport's. Applies to the current jobs
-  // too. Why (BENCHMARKS.md, session 34): a ring waits for its slowest connection, and BBR's
-  // minimum-RTT probe holds each long-lived connection to 4 segments for 200 ms every 10 s.
+  // collectives run among its workers alone: no spare servers, push/pull neither its algorithm
+  // nor the selector's pick at any size, synchronous (ring, halving-doubling and recursive
+  // doubling then carry all its bytes). Set through Transport::SetPeerCongestionControl as jobs
+  // come and go, and taken back (the transport's default) from a connection no such job names or
+  // that a job with spare servers or push/pull also uses: push/pull's many flows through shared
+  // links keep the transport's default. Empty (the default): every connection keeps the
+  // transport's. Applies to the current jobs too. Why (BENCHMARKS.md, session 34): a ring waits for
+  // its slowest connection, and BBR's minimum-RTT probe holds each long-lived connection to 4
+  // segments for 200 ms every 10 s.
   void SetWorkerCongestionControl(const std::string& name);
 
   // Thresholds measured by the benchmark suite replace the cost model's for jobs set from now on
@@ -201,9 +203,9 @@ class DataPlaneNode {
   void OnMessage(std::span<const std::byte> header, std::span<const std::byte> payload);
   CollectiveAlgorithm& For(Algorithm algorithm);
   absl::Status StartUninstrumented(const std::string& job_id, Operation op);
-  // Brings the connections' congestion controls in line with jobs_ (SetWorkerCongestionControl).
-  // mu_ held.
-  void UpdateCongestionControlsLocked();
+  // Brings the connections' congestion controls in line with jobs_ (SetWorkerCongestionControl);
+  // `renamed`: worker_congestion_ changed, so the connections that keep it get it again. mu_ held.
+  void UpdateCongestionControlsLocked(bool renamed = false);
 
   Transport* transport_;
   DataPlaneNodeStats stats_;

@@ -56,9 +56,9 @@ class Transport {
 
   // The congestion control of the connection to `peer_address` (TCP_CONGESTION on TcpTransport,
   // e.g. "cubic"): applies to the connection now and to later ones; empty returns the peer to the
-  // transport's default. A name the host cannot set leaves the connection as it was, with a
-  // warning. A hint: the default ignores it (transports without kernel congestion control),
-  // wrappers pass it on.
+  // transport's default. A name the host cannot set is dropped with a warning (the connection
+  // runs the default). A hint: the default ignores it (transports without kernel congestion
+  // control), wrappers pass it on.
   virtual void SetPeerCongestionControl(const std::string& peer_address, const std::string& name) {
     (void)peer_address;
     (void)name;

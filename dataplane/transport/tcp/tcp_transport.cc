@@ -262,18 +262,18 @@ class TcpTransport::Impl {
 
   void SetPeerUnsentLimit(const std::string& peer_address, uint32_t bytes) {
     {
-      std::lock_guard lock(limits_mu_);
+      std::lock_guard lock(peer_settings_mu_);
       pending_limits_[peer_address] = bytes;
-      limits_changed_.store(true, std::memory_order_release);
+      peer_settings_changed_.store(true, std::memory_order_release);
     }
     Wake();
   }
 
   void SetPeerCongestionControl(const std::string& peer_address, const std::string& name) {
     {
-      std::lock_guard lock(limits_mu_);
+      std::lock_guard lock(peer_settings_mu_);
       pending_congestion_[peer_address] = name;
-      limits_changed_.store(true, std::memory_order_release);
+      peer_settings_changed_.store(true, std::memory_order_release);
     }
     Wake();
   }
@@ -446,20 +446,20 @@ class TcpTransport::Impl {
   // Takes the sends queued by other threads and posts them; notices a stop request.
   void DrainQueue() {
     for (auto& op : sends_.Take(&stopping_)) Post(std::move(op));
-    ApplyUnsentLimits();  // Also when no send came: the open connections get theirs.
+    ApplyPeerSettings();  // Also when no send came: the open connections get theirs.
     FlushDirty();
   }
 
   // The limits SetPeerUnsentLimit and the congestion controls SetPeerCongestionControl asked for
   // since the last call, on the connections open now (GetOrConnect sets them on new ones). One
   // atomic load when there are none.
-  void ApplyUnsentLimits() {
-    if (!limits_changed_.load(std::memory_order_acquire)) return;
+  void ApplyPeerSettings() {
+    if (!peer_settings_changed_.load(std::memory_order_acquire)) return;
     std::unordered_map<std::string, uint32_t> pending;
     std::unordered_map<std::string, std::string> congestion;
     {
-      std::lock_guard lock(limits_mu_);
-      limits_changed_.store(false, std::memory_order_relaxed);
+      std::lock_guard lock(peer_settings_mu_);
+      peer_settings_changed_.store(false, std::memory_order_relaxed);
       pending.swap(pending_limits_);
       congestion.swap(pending_congestion_);
     }
@@ -470,11 +470,7 @@ class TcpTransport::Impl {
         peer_congestion_[address] = name;
       }
       if (auto it = peers_.find(address); it != peers_.end()) {
-        // A connection going back to the default gets the default's name set explicitly: the
-        // socket keeps whatever it runs otherwise.
-        std::string want = CongestionControlFor(address);
-        if (want.empty()) want = host_congestion_control_;
-        ApplyPeerCongestionControl(*it->second, want);
+        ApplyCongestionControl(address, it->second->fd, /*at_connect=*/false);
       }
     }
     for (const auto& [address, bytes] : pending) {
@@ -490,22 +486,41 @@ class TcpTransport::Impl {
     }
   }
 
-  // The congestion control of the connection to `address`: its SetPeerCongestionControl, else
-  // the options' (empty: the host's, left as the socket starts).
-  const std::string& CongestionControlFor(const std::string& address) const {
-    auto it = peer_congestion_.find(address);
-    return it != peer_congestion_.end() ? it->second : options_.congestion_control;
-  }
-
-  // Sets `name` on `peer`'s socket, counted in peer_congestion_controls_applied() or warned.
-  void ApplyPeerCongestionControl(const Peer& peer, const std::string& name) {
-    if (name.empty()) return;  // The host's default could not be read at start.
-    const std::string failed = SetCongestionControl(peer.fd, name);
-    if (failed.empty()) {
-      ++peer_congestion_applied_;
+  // Sets the congestion control the connection to `address` (socket `fd`) runs: its
+  // SetPeerCongestionControl, else the options', else the host's. A new socket (`at_connect`)
+  // runs the host's already; a live one keeps what it runs unless told, so going back to the
+  // default names it. A per-peer name the socket refuses is warned about and dropped, and the
+  // connection gets the default. Counted in peer_congestion_controls_applied() when a per-peer
+  // request (a return to the default included) took, in congestion_controls_applied() when a new
+  // socket took the options'.
+  void ApplyCongestionControl(const std::string& address, int fd, bool at_connect) {
+    bool returning = false;
+    if (auto it = peer_congestion_.find(address); it != peer_congestion_.end()) {
+      const std::string failed = SetCongestionControl(fd, it->second);
+      if (failed.empty()) {
+        ++peer_congestion_applied_;
+        return;
+      }
+      Log()->warn(
+          "tcp transport {}: the connection to {} does not run congestion control {}: {}; it "
+          "runs the default",
+          address_, address, it->second, failed);
+      peer_congestion_.erase(it);
     } else {
+      returning = !at_connect;
+    }
+    const std::string& name = options_.congestion_control.empty() ? host_congestion_control_
+                                                                  : options_.congestion_control;
+    if (name.empty() || (at_connect && options_.congestion_control.empty())) return;
+    if (const std::string failed = SetCongestionControl(fd, name); !failed.empty()) {
       Log()->warn("tcp transport {}: the connection to {} does not run congestion control {}: {}",
-                  address_, peer.address, name, failed);
+                  address_, address, name, failed);
+      return;
+    }
+    if (returning) {
+      ++peer_congestion_applied_;
+    } else if (at_connect) {
+      ++congestion_controls_applied_;
     }
   }
 
@@ -526,7 +541,7 @@ class TcpTransport::Impl {
   void Post(std::unique_ptr<SendOp> op) {
     // A limit set before this send was made is in place before it goes, whichever thread made
     // it (sends made on this thread do not pass DrainQueue).
-    ApplyUnsentLimits();
+    ApplyPeerSettings();
     if (!op->status.ok()) {
       absl::Status status = op->status;
       Finish(std::move(op), std::move(status));
@@ -578,16 +593,7 @@ class TcpTransport::Impl {
     SetNoDelay(fd);
     SetNotSentLowat(fd, UnsentLimitFor(op.address));
     if (unsent_limits_.contains(op.address)) ++limits_applied_;
-    if (const std::string& name = CongestionControlFor(op.address); !name.empty()) {
-      const bool per_peer = peer_congestion_.contains(op.address);
-      const std::string failed = SetCongestionControl(fd, name);
-      if (failed.empty()) {
-        ++(per_peer ? peer_congestion_applied_ : congestion_controls_applied_);
-      } else {
-        Log()->warn("tcp transport {}: the connection to {} does not run congestion control {}: {}",
-                    address_, op.address, name, failed);
-      }
-    }
+    ApplyCongestionControl(op.address, fd, /*at_connect=*/true);
     if (connect(fd, op.sockaddr.get(), op.sockaddr.length) != 0 && errno != EINPROGRESS) {
       const int error = errno;
       close(fd);
@@ -1174,11 +1180,11 @@ class TcpTransport::Impl {
   std::atomic<uint64_t> congestion_controls_applied_ = 0;
   std::atomic<uint64_t> peer_congestion_applied_ = 0;
 
-  std::mutex limits_mu_;
+  std::mutex peer_settings_mu_;
   std::unordered_map<std::string, uint32_t> pending_limits_;  // SetPeerUnsentLimit's, not applied
   // SetPeerCongestionControl's, not applied.
   std::unordered_map<std::string, std::string> pending_congestion_;
-  std::atomic<bool> limits_changed_ = false;
+  std::atomic<bool> peer_settings_changed_ = false;
 
   // --- Progress thread only. ---
   std::unordered_map<std::string, uint32_t> unsent_limits_;  // by peer; none: the options' value

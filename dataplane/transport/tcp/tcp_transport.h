@@ -41,7 +41,7 @@ inline constexpr const char* kDefaultCongestionControl = "";
 // --tcp-congestion-workers auto) in place of BBR, where this process may set it. Cubic has no
 // minimum-RTT probe: with it Tributary's ring ran every 16 MiB all-reduce at the model's pace,
 // 1.00-1.02x Gloo's ring, where BBR left it at 0.97-0.98x (BENCHMARKS.md, sessions 33 and 34).
-// Push/pull with spare servers keeps the host's.
+// The connections push/pull or spare servers use keep the transport's default.
 inline constexpr const char* kWorkerCongestionControl = "cubic";
 
 // Bytes of a congestion control's name with its NUL, at most (Linux's TCP_CA_NAME_MAX).
@@ -132,7 +132,8 @@ class TcpTransport final : public Transport {
   // TCP_CONGESTION of the connection to `peer_address` (empty: options.congestion_control again,
   // or the host's default when that is empty), set on the progress thread before it posts any
   // send made after this call, on the open connection and on later ones. A name the socket
-  // refuses leaves it as it was, with a warning (check names with CheckTcpCongestionControl).
+  // refuses is dropped with a warning, and the connection runs the default (check names with
+  // CheckTcpCongestionControl).
   void SetPeerCongestionControl(const std::string& peer_address, const std::string& name) override;
   // Joins the progress thread, so it should not be called from a receive handler or completion;
   // there it only requests the stop, and a later call from another thread (or the destructor)

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -1126,8 +1127,21 @@ TEST(WorkerCongestionControlTest, SetOnConnectionsAmongWorkersOfJobsWithoutSpare
   // Another name replaces it everywhere; empty takes it off every connection.
   node.SetWorkerCongestionControl("reno");
   EXPECT_EQ(recorder.set(), (Set{{"w1", "reno"}, {"w2", "reno"}, {"w3", "reno"}, {"w6", "reno"}}));
+  // A new view of the ring job with a spare server: its workers go back to the default.
+  node.SetJob(CongestionJob("ring", {"w0", "w1", "w2", "w3"}, {"w0", "w1", "w2", "w3", "s9"}),
+              Algorithm::kRing);
+  EXPECT_EQ(recorder.set(), (Set{{"w6", "reno"}}));
   node.RemoveJob("ring");
   EXPECT_EQ(recorder.set(), (Set{{"w6", "reno"}}));
+  // A calibration that prices push/pull below the ring without spares: an auto job set from now
+  // on may pick it, so its workers keep the default.
+  MeasuredThresholds measured;
+  measured.push_pull_beats_ring_from[0] = 16 << 20;
+  node.SetMeasuredThresholds(measured);
+  node.SetJob(CongestionJob("calibrated", {"w0", "w10"}), Algorithm::kAuto);
+  EXPECT_EQ(recorder.set(), (Set{{"w6", "reno"}}));
+  node.SetJob(CongestionJob("calibrated-ring", {"w0", "w11"}), Algorithm::kRing);
+  EXPECT_EQ(recorder.set(), (Set{{"w6", "reno"}, {"w11", "reno"}}));
   node.SetWorkerCongestionControl("");
   EXPECT_EQ(recorder.set(), Set{});
   recorder.Shutdown();

@@ -322,6 +322,8 @@ TEST(TcpTransportTest, CongestionControlIsSetOnTheConnectionsItOpens) {
 // one (before any send made after the call), on one opened later, and back to the host's with an
 // empty name; the connections to other peers keep the host's.
 TEST(TcpTransportTest, PeerCongestionControlAppliesToThatPeersConnectionOnly) {
+  if (HostCongestionControl() == "reno")
+    GTEST_SKIP() << "the host runs reno: nothing to tell apart";
   auto a = Make();
   auto b = Make();
   auto c = Make();
@@ -351,12 +353,52 @@ TEST(TcpTransportTest, PeerCongestionControlAppliesToThatPeersConnectionOnly) {
   EXPECT_EQ(CongestionControlOfConnectionTo(b->Address()), HostCongestionControl());
   EXPECT_EQ(a->peer_congestion_controls_applied(), 3u);
 
-  // A name the kernel lacks leaves the connection as it was, and the transport keeps serving.
+  // A name the kernel lacks is dropped: the open connection and a new one run the default, and
+  // the transport keeps serving.
+  auto e = Make();
+  ASSERT_NE(e, nullptr);
+  e->SetReceiveHandler(inbox.Handler());
+  StopOnExit stop_e{e.get()};
   a->SetPeerCongestionControl(c->Address(), "nosuchcc");
+  a->SetPeerCongestionControl(e->Address(), "nosuchcc");
   ASSERT_TRUE(SendAndWait(*a, c->Address(), Bytes("6"), payload).ok());
-  EXPECT_EQ(CongestionControlOfConnectionTo(c->Address()), "reno");
+  EXPECT_EQ(CongestionControlOfConnectionTo(c->Address()), HostCongestionControl());
+  ASSERT_TRUE(SendAndWait(*a, e->Address(), Bytes("7"), payload).ok());
+  EXPECT_EQ(CongestionControlOfConnectionTo(e->Address()), HostCongestionControl());
   EXPECT_EQ(a->peer_congestion_controls_applied(), 3u);
-  ASSERT_TRUE(inbox.WaitFor(6));
+  ASSERT_TRUE(inbox.WaitFor(7));
+  for (const Message& m : inbox.Take()) EXPECT_TRUE(m.payload == payload);
+}
+
+// With options.congestion_control set, a peer's own algorithm goes back to the options' (not the
+// host's) when taken away, and a refused name leaves its new connection on the options'.
+TEST(TcpTransportTest, PeerCongestionControlReturnsToTheOptions) {
+  const std::string host = HostCongestionControl();
+  if (host == "reno") GTEST_SKIP() << "the host runs reno: nothing to tell apart";
+  TcpTransportOptions reno;
+  reno.congestion_control = "reno";
+  auto a = Make(reno);
+  auto b = Make();
+  auto c = Make();
+  ASSERT_TRUE(a && b && c);
+  Inbox inbox;
+  for (TcpTransport* t : {b.get(), c.get()}) t->SetReceiveHandler(inbox.Handler());
+  StopOnExit stop{a.get(), b.get(), c.get()};
+  const std::vector<std::byte> payload = Pattern(1000, 2);
+  a->SetPeerCongestionControl(b->Address(), host);  // the host's default: allowed to everyone
+  a->SetPeerCongestionControl(c->Address(), "nosuchcc");
+  ASSERT_TRUE(SendAndWait(*a, b->Address(), Bytes("1"), payload).ok());
+  ASSERT_TRUE(SendAndWait(*a, c->Address(), Bytes("2"), payload).ok());
+  EXPECT_EQ(CongestionControlOfConnectionTo(b->Address()), host);
+  EXPECT_EQ(CongestionControlOfConnectionTo(c->Address()), "reno");
+  EXPECT_EQ(a->peer_congestion_controls_applied(), 1u);
+  EXPECT_EQ(a->congestion_controls_applied(), 1u);  // c's, at connect
+
+  a->SetPeerCongestionControl(b->Address(), "");
+  ASSERT_TRUE(SendAndWait(*a, b->Address(), Bytes("3"), payload).ok());
+  EXPECT_EQ(CongestionControlOfConnectionTo(b->Address()), "reno");
+  EXPECT_EQ(a->peer_congestion_controls_applied(), 2u);
+  ASSERT_TRUE(inbox.WaitFor(3));
   for (const Message& m : inbox.Take()) EXPECT_TRUE(m.payload == payload);
 }
 
