@@ -32,8 +32,9 @@ inline constexpr uint32_t kDefaultNotSentLowat = 0;
 // 1.62-1.65 s in every run under cubic. But cubic fills the shaped links' queues, and push/pull's
 // 56 flows through them came out uneven: with four spares a 64 MiB all-reduce was 1.26-1.43x
 // Gloo's ring with spreads of 10-15 % against 1.41x and 1.2-1.3 % under BBR
-// (bench/results/congestion_control_ring_s33/). So the host's choice stays the default, and
-// cubic is an option for ring-only deployments.
+// (bench/results/congestion_control_ring_s33/). So the host's choice stays the default of every
+// connection, and the agent sets cubic per connection where only ring-family collectives run
+// (kWorkerCongestionControl, SetPeerCongestionControl).
 inline constexpr const char* kDefaultCongestionControl = "";
 
 // The congestion control the agent sets on the connections among the workers of a job whose
