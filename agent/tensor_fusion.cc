@@ -371,6 +371,11 @@ dataplane::Operation WordBroadcast(const std::string& tensor, uint64_t iteration
 
 }  // namespace
 
+bool IsLonePassThrough(const dataplane::Operation& op) {
+  const uint64_t bytes = OperationBytes(op);
+  return !op.control && IsAllReduce(op.reduction) && bytes > 0 && bytes < kLoneFusionBytes;
+}
+
 struct FusingRunner::Job {
   dataplane::JobView view;
   bool enabled = false;
@@ -623,6 +628,7 @@ absl::Status FusingRunner::Start(const std::string& job_id, dataplane::Operation
     Run(after);
   }
   if (taken) return absl::OkStatus();
+  if (IsLonePassThrough(op)) op.lone = true;
   absl::Status started = inner_->Start(job_id, std::move(op));
   if (!started.ok() && counted) PassedThroughDone(job_id, generation, bytes);  // no done runs
   return started;
@@ -827,6 +833,7 @@ void FusingRunner::OnPlan(const std::string& job_id, uint64_t generation,
       StartLocked(job_id, job, w.op, taken, after);
       if (taken) continue;
       if (job.leader) CountPassingLocked(job_id, job, w.op);  // a refused start runs its done
+      if (IsLonePassThrough(w.op)) w.op.lone = true;  // as Start does: the same on every node
       after.push_back([this, job_id, op = std::move(w.op)]() mutable {
         const std::string tensor = op.tensor_name;
         const uint64_t iteration = op.iteration;

@@ -50,6 +50,10 @@ def tcp_efficiency(mtu):
 
 TCP_EFFICIENCY = tcp_efficiency(DEFAULT_MTU)
 MIB = 1 << 20
+# DDP's default bucket (bucket_cap_mb=25), the peers' --bucket-bytes default (peer_common.h).
+DDP_BUCKET_BYTES = 25 * MIB
+# The label suffix of a Tributary configuration whose workload runs in DDP_BUCKET_BYTES buckets.
+BUCKETS_SUFFIX = " DDP buckets"
 # The cluster's names and subnet (scripts/emulated_cluster.sh TRIB_EMU_NAME / TRIB_EMU_NET); the
 # quick mode uses its own so that a CI run cannot tear down a full run's cluster.
 NS, SUBNET = "trib-h", "198.18.0"
@@ -342,11 +346,14 @@ class Suite:
                 (["--large-iters", str(piece.iters)] if peer else []) +
                 ["--warmup", str(self.args.warmup)])
 
-    def extra_bench_rank_args(self, algorithm, k, piece):
-        """Arguments appended to every `tributary bench-rank` of a Tributary configuration: the
-        hook for options of Tributary's side only (--bench-rank-arg on the command line)."""
-        del algorithm, k, piece  # the same for every configuration today
-        return list(self.args.bench_rank_arg)
+    def extra_bench_rank_args(self, algorithm, k, piece, buckets=False):
+        """Arguments appended to every `tributary bench-rank` of a Tributary configuration: a
+        workload's DDP buckets (`buckets`), then the options of Tributary's side only
+        (--bench-rank-arg on the command line)."""
+        del algorithm, k  # the same for every configuration today
+        extra = (["--bucket-bytes", str(DDP_BUCKET_BYTES)]
+                 if buckets and isinstance(piece, Workload) else [])
+        return extra + list(self.args.bench_rank_arg)
 
     def cli(self):
         """`tributary` against the suite's controller."""
@@ -375,8 +382,10 @@ class Suite:
             f.write(json.dumps(json.loads(r.stdout)) + "\n")
         return r.stdout
 
-    def tributary(self, algorithm, k, piece, fixed_partition=False, fusion=True):
-        """(result, spares the plan used) of `tributary bench-rank` on every worker."""
+    def tributary(self, algorithm, k, piece, fixed_partition=False, fusion=True, buckets=False):
+        """(result, spares the plan used) of `tributary bench-rank` on every worker. buckets: a
+        workload's tensors go in DDP-style buckets of DDP_BUCKET_BYTES, one all-reduce each, as
+        the peers run them (default: each tensor on its own, fused by the agents)."""
         self.counter += 1
         job = f"suite-{algorithm}-{k}-{self.counter}"
         largest = (piece.bytes if isinstance(piece, Workload) else
@@ -384,7 +393,7 @@ class Suite:
         spares_used = spares_in_plan(self.create_job(job, algorithm, k, largest,
                                                      fixed_partition, fusion))
         what = self.what(piece, peer=False)
-        extra = self.extra_bench_rank_args(algorithm, k, piece)
+        extra = self.extra_bench_rank_args(algorithm, k, piece, buckets)
         procs, logs = [], []
         for i in range(self.n):
             path = os.path.join(self.work, f"{job}-{i}.out")
@@ -1097,7 +1106,10 @@ def main():
     ap.add_argument("--configs", default="all",
                     help="comma list of: pp,pp-fixed (push/pull without online partition tuning),"
                          "pp-nofusion,trib-auto-nofusion,trib-ring-nofusion (without tensor fusion),trib-ring,trib-hd,trib-rd (recursive doubling),trib-auto (the agent's "
-                         "choice per tensor, k as --k),gloo-ring,gloo-hd,mpi-default,mpi-ring")
+                         "choice per tensor, k as --k),pp-buckets,trib-ring-buckets,"
+                         "trib-auto-buckets (workloads only: the tensors in DDP's 25 MiB "
+                         "buckets, one all-reduce each, as the peers run them),gloo-ring,gloo-hd,"
+                         "mpi-default,mpi-ring")
     ap.add_argument("--bin-dir", default=os.path.join(ROOT, "build", "bin"))
     ap.add_argument("--out", default=None, help="results folder (default bench/results)")
     ap.add_argument("--run-dir", default="/tmp/trib-emu-suite")
@@ -1266,6 +1278,15 @@ def build_configs(suite, wanted, peers):
     if "trib-auto" in wanted:  # what a job gets by default: the agent's selector, per tensor
         configs += [(f"tributary auto k={k}", "tributary", k,
                      lambda p, k=k: suite.tributary("auto", k, p)) for k in args.k]
+    # A workload's tensors in DDP's buckets, one all-reduce each, as the peers and tributary.torch's
+    # DDP hook run them (workloads only: on single tensors they are the configurations above).
+    for name, alg, ks, label in (("pp-buckets", "push-pull", args.k, "tributary push/pull k={k}"),
+                                 ("trib-ring-buckets", "ring", [0], "tributary ring"),
+                                 ("trib-auto-buckets", "auto", args.k, "tributary auto k={k}")):
+        if name in wanted:
+            configs += [(label.format(k=k) + BUCKETS_SUFFIX, "tributary", k,
+                         lambda p, k=k, alg=alg: suite.tributary(alg, k, p, buckets=True))
+                        for k in ks]
     if "trib-auto-nofusion" in wanted:
         configs += [(f"tributary auto k={k} no fusion", "tributary", k,
                      lambda p, k=k: suite.tributary("auto", k, p, fusion=False))
@@ -1285,9 +1306,16 @@ def build_configs(suite, wanted, peers):
     return configs
 
 
+def sweep_configs(configs):
+    """The configurations that run the single-tensor sweep: all but the DDP-bucket ones, which
+    differ from their plain configuration on workloads only."""
+    return [c for c in configs if not c[0].endswith(BUCKETS_SUFFIX)]
+
+
 def run_sweep(suite, meter, configs):
     """Every band of every configuration, --repeats times, round-robin. Returns (rows
     aggregated per config and size, whether something failed)."""
+    configs = sweep_configs(configs)
     units = [(c, band) for c in configs for band in suite.bands()]
     samples, cpu, failed = [], {}, False
     for rep, ((label, fam, k, runner), band) in interleave(units, suite.args.repeats):
@@ -1455,13 +1483,14 @@ def torch_report(trows, args, out):
 def ceiling_patterns(suite, wanted):
     """{pattern name: flows} of the configurations that run (see pattern_for)."""
     n, patterns = suite.n, {}
-    if any(c in wanted for c in ("trib-ring", "gloo-ring", "mpi-default", "mpi-ring")):
+    if any(c in wanted for c in ("trib-ring", "trib-ring-buckets", "gloo-ring", "mpi-default",
+                                 "mpi-ring")):
         patterns["ring"] = ring_flows(n)
     if any(c in wanted for c in ("trib-hd", "gloo-hd")):
         patterns["halving-doubling"] = hd_flows(n)
     if "trib-rd" in wanted:
         patterns["recursive doubling"] = rd_flows(n)
-    if "pp" in wanted or "trib-auto" in wanted:
+    if any(c in wanted for c in ("pp", "trib-auto", "pp-buckets", "trib-auto-buckets")):
         for k in suite.args.k:
             try:
                 servers = suite.plan_servers(k)

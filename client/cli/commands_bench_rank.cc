@@ -44,6 +44,12 @@ struct BenchFlags {
   // produces them (last layer first). See RunWorkload.
   std::string tensors;
   std::string workload_name = "workload";
+  // With --tensors: 0 submits every tensor as its own all-reduce (the agent fuses the small
+  // ones); > 0 packs them in file order into DDP-style buckets of at most this many bytes (a
+  // larger tensor is a bucket of its own) and submits one all-reduce per bucket, as PyTorch's
+  // DistributedDataParallel does through tributary.torch's communication hook and as the
+  // suite's Gloo and MPI peers do.
+  uint64_t bucket_bytes = 0;
   // Chrome trace of this process's iterations and tensors (common/trace.h).
   std::string trace;
   // With --trace and --tensors: a span per tensor too (each costs the waiting thread a trace
@@ -97,12 +103,32 @@ absl::Status RunWorkload(Client& client, const BenchFlags& flags,
     offsets.push_back(total);
     total += t.count * element;
   }
+  // What is submitted: each tensor, or each bucket (consecutive tensors, contiguous in the
+  // buffer).
+  std::vector<WorkloadTensor> units;
+  std::vector<size_t> unit_offsets;
+  if (flags.bucket_bytes == 0) {
+    units = tensors;
+    unit_offsets = offsets;
+  } else {
+    for (size_t j = 0; j < tensors.size(); ++j) {
+      if (units.empty() || (units.back().count + tensors[j].count) * element > flags.bucket_bytes) {
+        units.push_back(WorkloadTensor{"", 0});
+        unit_offsets.push_back(offsets[j]);
+      }
+      units.back().count += tensors[j].count;
+    }
+    for (size_t b = 0; b < units.size(); ++b) {
+      units[b].name = absl::StrCat(flags.workload_name, ".bucket.", b, ".", units[b].count);
+    }
+  }
   ASSIGN_OR_RETURN(std::shared_ptr<SharedBuffer> buffer, client.AllocateBuffer(total));
   ASSIGN_OR_RETURN(std::shared_ptr<SharedBuffer> barrier, client.AllocateBuffer(sizeof(int32_t)));
   const uint32_t rank = client.global_rank();
   const uint32_t world = client.world_size();
   const auto reduce = op == BenchOp::kAverage ? ReduceOp::kAverage : ReduceOp::kSum;
   const int n = static_cast<int>(tensors.size());
+  const int submissions = static_cast<int>(units.size());
   double seconds = 0;
   size_t wrong = 0;
   // The timed iterations' window on the steady clock (see the WTIMED line below), and each
@@ -126,28 +152,29 @@ absl::Status RunWorkload(Client& client, const BenchFlags& flags,
     }
     const auto start = std::chrono::steady_clock::now();
     std::vector<Handle> handles;
-    for (int j = 0; j < n; ++j) {
-      ASSIGN_OR_RETURN(Handle h, client.AllReduceAsync(tensors[j].name, *buffer, offsets[j],
-                                                       tensors[j].count, dtype, reduce,
-                                                       /*priority=*/n - 1 - j));
+    for (int j = 0; j < submissions; ++j) {
+      ASSIGN_OR_RETURN(Handle h, client.AllReduceAsync(units[j].name, *buffer, unit_offsets[j],
+                                                       units[j].count, dtype, reduce,
+                                                       /*priority=*/submissions - 1 - j));
       handles.push_back(std::move(h));
     }
     if (common::Trace::enabled()) {
       common::Trace::Span("iterations", "submissions", start, std::chrono::steady_clock::now());
     }
-    for (int j = 0; j < n; ++j) {
+    for (int j = 0; j < submissions; ++j) {
       absl::Status status = handles[j].Wait(std::chrono::milliseconds(flags.op_timeout_ms));
       if (!status.ok()) {
-        return absl::Status(status.code(), absl::StrCat(flags.workload_name, " tensor ",
-                                                        tensors[j].name, ": ", status.message()));
+        return absl::Status(status.code(), absl::StrCat(flags.workload_name,
+                                                        flags.bucket_bytes == 0 ? " tensor " : " ",
+                                                        units[j].name, ": ", status.message()));
       }
       if (common::Trace::enabled() && flags.trace_tensors) {
         // Seen done by this thread, which waits in submission order: an upper bound for all but
         // the tensor it waited on.
-        common::Trace::Async(
-            tensors[j].name, (static_cast<uint64_t>(it + flags.warmup) << 32) | j, start,
-            std::chrono::steady_clock::now(),
-            {{"bytes", static_cast<int64_t>(tensors[j].count * element)}, {"priority", n - 1 - j}});
+        common::Trace::Async(units[j].name, (static_cast<uint64_t>(it + flags.warmup) << 32) | j,
+                             start, std::chrono::steady_clock::now(),
+                             {{"bytes", static_cast<int64_t>(units[j].count * element)},
+                              {"priority", submissions - 1 - j}});
       }
     }
     if (common::Trace::enabled()) {
@@ -168,8 +195,11 @@ absl::Status RunWorkload(Client& client, const BenchFlags& flags,
     }
   }
   if (rank == 0 && flags.iters > 0) {
-    std::printf("# %s: %d tensors, %zu bytes, %.1f us per iteration, %zu wrong\n",
-                flags.workload_name.c_str(), n, total, seconds / flags.iters * 1e6, wrong);
+    std::printf(
+        "# %s: %d tensors%s, %zu bytes, %.1f us per iteration, %zu wrong\n",
+        flags.workload_name.c_str(), n,
+        flags.bucket_bytes == 0 ? "" : absl::StrCat(" in ", submissions, " buckets").c_str(), total,
+        seconds / flags.iters * 1e6, wrong);
     std::printf("# %s iterations (ms, %d warm-up first):%s\n", flags.workload_name.c_str(),
                 flags.warmup, absl::StrJoin(iteration_ms, "", [](std::string* out, double ms) {
                                 absl::StrAppend(out, " ", absl::SixDigits(ms));
@@ -234,6 +264,8 @@ absl::Status RunBenchRank(const BenchFlags& flags) {
       return absl::InvalidArgumentError("--tensors runs all-reduces (--op sum or avg)");
     }
     ASSIGN_OR_RETURN(tensors, ReadTensors(flags.tensors));
+  } else if (flags.bucket_bytes > 0) {
+    return absl::InvalidArgumentError("--bucket-bytes packs the tensors of --tensors; give one");
   }
   ClientOptions options;
   options.agent_address = flags.agent;
@@ -389,6 +421,12 @@ void AddBenchRankCommand(CLI::App& app, GlobalOptions& global) {
                       "run a model's gradient list instead of --sizes: a file of \"name count\" "
                       "lines in backward order, all submitted at once with priorities");
   command->add_option("--workload-name", flags->workload_name, "name printed with --tensors")
+      ->capture_default_str();
+  command
+      ->add_option("--bucket-bytes", flags->bucket_bytes,
+                   "with --tensors: pack the tensors in file order into DDP-style buckets of at "
+                   "most this many bytes (a larger tensor alone) and all-reduce each bucket "
+                   "(0: each tensor on its own; the agent fuses the small ones)")
       ->capture_default_str();
   command
       ->add_option("--op-timeout-ms", flags->op_timeout_ms,

@@ -633,6 +633,22 @@ TEST(FusingRunnerTest, AGroupDecidedWithLittleElseInFlightRunsLone) {
   }
 }
 
+// An all-reduce that runs unfused under kLoneFusionBytes -- a tensor with no partner, or any in
+// a job without fusion -- runs lone, on every node alike (push/pull cuts it into small chunks);
+// the results are exact.
+TEST(FusingRunnerTest, AnUnfusedAllReduceUnderTheLoneBytesRunsLoneOnEveryNode) {
+  const std::vector<Tensor> solo = {{"solo", 96 << 10}};  // 384 KiB
+  for (uint64_t fusion_bytes : {uint64_t{0}, uint64_t{1} << 20}) {
+    FusionCluster cluster(3, dataplane::Algorithm::kPushPull, fusion_bytes, 1 << 20);
+    for (uint64_t it = 0; it < 3; ++it) {
+      EXPECT_EQ(RunIteration(cluster, solo, it), 0u) << "fusion " << fusion_bytes << " it " << it;
+    }
+    for (int i = 0; i < cluster.size(); ++i) {
+      EXPECT_EQ(cluster.node(i).stats().fused_operations, 0u) << "node " << i;
+    }
+  }
+}
+
 // With --trace each fused collective is a span "fusion <fused name>" from its first member's
 // arrival to its launch, and the list and decision broadcasts are "control <tensor>" spans.
 TEST(FusingRunnerTest, TracedFusedCollectivesAndBroadcastsAreSpans) {
@@ -1078,6 +1094,41 @@ TEST(FusingRunnerTest, ACopyLaunchedElsewhereDoesNotSendTheNextGroupToTheLaunche
   EXPECT_EQ(inner->start(9).op.tensor_name, FusedName(1));
   EXPECT_EQ(inner->start(9).thread, std::this_thread::get_id());
   runner.Shutdown();
+}
+
+// Which passed-through operations run lone: all-reduces (sum, average) under kLoneFusionBytes;
+// not the agent's own control operations, other collectives or larger all-reduces.
+TEST(FusingRunnerTest, OnlySmallAllReducesPassedThroughRunLone) {
+  std::vector<float> data(kLoneFusionBytes / sizeof(float));
+  FakeLeader leader;
+  const auto started_lone = [&](dataplane::Operation op) {
+    const size_t index = leader.inner->num_starts();
+    EXPECT_TRUE(leader.runner->Start(kJob, std::move(op)).ok());
+    return leader.inner->start(index).op.lone;
+  };
+  dataplane::Operation small = OneFloat("small", 0, data.data());
+  small.count = 1000;
+  EXPECT_TRUE(started_lone(small));
+  dataplane::Operation average = small;
+  average.tensor_name = "average";
+  average.reduction = Reduction::kAverage;
+  EXPECT_TRUE(started_lone(average));
+  dataplane::Operation largest_lone = small;
+  largest_lone.tensor_name = "largest";
+  largest_lone.count = kLoneFusionBytes / sizeof(float) - 1;
+  EXPECT_TRUE(started_lone(largest_lone));
+  dataplane::Operation big = small;
+  big.tensor_name = "big";
+  big.count = kLoneFusionBytes / sizeof(float);
+  EXPECT_FALSE(started_lone(big));
+  dataplane::Operation broadcast = small;
+  broadcast.tensor_name = "broadcast";
+  broadcast.reduction = Reduction::kBroadcast;
+  EXPECT_FALSE(started_lone(broadcast));
+  dataplane::Operation control = small;
+  control.tensor_name = "control";
+  control.control = true;
+  EXPECT_FALSE(started_lone(control));
 }
 
 }  // namespace

@@ -154,6 +154,28 @@ class Theory(unittest.TestCase):
         extra.append("--oops")                    # a copy: one run cannot change the next
         self.assertEqual(suite.extra_bench_rank_args("ring", 0, None), ["--trace", "x"])
 
+    def test_bucket_configs_run_workloads_in_ddp_buckets_and_skip_the_sweep(self):
+        args = types.SimpleNamespace(workers=2, k=[0, 4], bench_rank_arg=["--trace", "x"])
+        suite = run.Suite(args, {}, "bin", "work")
+        configs = run.build_configs(
+            suite, ["pp", "pp-buckets", "trib-ring-buckets", "trib-auto-buckets"], {})
+        self.assertEqual([c[0] for c in configs], [
+            "tributary push/pull k=0", "tributary push/pull k=4",
+            "tributary push/pull k=0 DDP buckets", "tributary push/pull k=4 DDP buckets",
+            "tributary ring DDP buckets",
+            "tributary auto k=0 DDP buckets", "tributary auto k=4 DDP buckets"])
+        self.assertEqual([c[0] for c in run.sweep_configs(configs)],
+                         ["tributary push/pull k=0", "tributary push/pull k=4"])
+        workload = run.Workload("resnet50", "r.tensors", 3, 1, 100)
+        self.assertEqual(suite.extra_bench_rank_args("auto", 4, workload, buckets=True),
+                         ["--bucket-bytes", str(25 << 20), "--trace", "x"])
+        self.assertEqual(suite.extra_bench_rank_args("auto", 4, workload), ["--trace", "x"])
+        self.assertEqual(suite.extra_bench_rank_args("auto", 4, run.Band("4096", 10), True),
+                         ["--trace", "x"])
+        # Their traffic is push/pull's (with spares) or the ring's.
+        self.assertEqual(run.pattern_for("tributary auto k=4 DDP buckets", 4), "push/pull 4 spares")
+        self.assertEqual(run.pattern_for("tributary ring DDP buckets", 0), "ring")
+
     def test_bands_give_small_sizes_many_iterations_and_large_ones_few(self):
         args = types.SimpleNamespace(workers=2, k=[0], sizes="4K:64M", small_upto="16K",
                                      small_iters=200, iters=10, large_from="16M", large_iters=2)

@@ -456,6 +456,41 @@ TEST_F(LocalClusterTest, ModelWorkloadWithPrioritiesIsExact) {
               ::testing::MatchesRegex("(.|\n)*WTIMED,[0-9]+\\.[0-9]+,[0-9]+\\.[0-9]+\n(.|\n)*"));
 }
 
+// The same iteration in DDP-style buckets (`--bucket-bytes`): the tensors packed in file order
+// into buckets of at most 400000 bytes, a larger tensor alone -- fc.* and block2.bn (20296
+// bytes), block2.conv (1.2 MB), block1.* and conv1.* (317892 bytes) -- one all-reduce each,
+// every element checked. Without --tensors the flag is an error.
+TEST_F(LocalClusterTest, ModelWorkloadInBucketsIsExact) {
+  ASSERT_NO_FATAL_FAILURE(CreateJob("buckets"));
+  const std::string path = absl::StrCat(cluster_->run_dir(), "/buckets.tensors");
+  {
+    std::ofstream f(path);
+    f << "fc.bias 10\nfc.weight 5000\nblock2.bn 64\nblock2.conv 300000\n"
+         "block1.bn 64\nblock1.conv 70000\nconv1.bias 1\nconv1.weight 9408\n";
+  }
+  auto results =
+      RunProcesses(std::string(TRIBUTARY_BIN_DIR) + "/tributary", {"bench-rank"}, "buckets",
+                   {"--tensors", path, "--workload-name", "mini", "--bucket-bytes", "400000",
+                    "--iters", "3", "--warmup", "1", "--log-level", "warn"});
+  ExpectAllPassed(results);
+  ASSERT_FALSE(results.empty());
+  EXPECT_THAT(results[0].output, ::testing::HasSubstr("# mini: 8 tensors in 3 buckets, 1538188 "));
+  EXPECT_THAT(results[0].output,
+              ::testing::MatchesRegex("(.|\n)*WCSV,mini,8,1538188,[0-9.]+,0\n(.|\n)*"));
+
+  const std::string log = path + ".no-tensors.log";
+  auto pid = client::SpawnProcess({std::string(TRIBUTARY_BIN_DIR) + "/tributary", "bench-rank",
+                                   "--agent", cluster_->agent_address(0), "--job", "buckets",
+                                   "--bucket-bytes", "400000", "--join-timeout-ms", "2000"},
+                                  log);
+  ASSERT_TRUE(pid.ok());
+  EXPECT_NE(client::WaitProcess(*pid, std::chrono::seconds(60)), 0);
+  std::ifstream f(log);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  EXPECT_THAT(ss.str(), ::testing::HasSubstr("--bucket-bytes packs the tensors of --tensors"));
+}
+
 // `bench-rank --trace` on a workload: each process's Chrome trace has its iterations and
 // submissions, and a span per tensor unless --no-trace-tensors.
 TEST_F(LocalClusterTest, WorkloadTraceHasTensorSpansUnlessTurnedOff) {
