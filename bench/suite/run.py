@@ -411,32 +411,35 @@ class Suite:
                                open(logs[0]).read()[-2000:])
         return parse_result(open(logs[0]).read(), piece), spares_used
 
-    def torch_iteration(self, k, overlap=False):
+    def torch_iteration(self, k, overlap=False, ddp=False):
         """(rank 0's TORCHITER dict, spares used) of torch_iteration.py on every worker host:
-        tributary.torch with a push/pull job of at most k spares (`overlap`: with
-        --overlap-forward), or DDP over Gloo (k None)."""
+        with a Tributary job of at most k spares (--torch-algorithm), tributary.torch's
+        DistributedOptimizer (`overlap`: with --overlap-forward) or (`ddp`) DDP over the
+        "tributary" backend; DDP over Gloo (k None)."""
         self.counter += 1
         job = f"suite-torch-{k}-{self.counter}"
         spares_used = 0
         common = [os.path.join(HERE, "torch_iteration.py"), "--iters",
                   str(self.args.torch_iters), "--model", self.args.torch_iterations]
         if k is not None:
-            spares_used = spares_in_plan(self.create_job(job, "push-pull", k, 100 * MIB))
+            spares_used = spares_in_plan(self.create_job(job, self.args.torch_algorithm, k,
+                                                         100 * MIB))
         procs, logs = [], []
         for i in range(self.n):
             path = os.path.join(self.work, f"{job}-{i}.out")
             logs.append(path)
             env = ["UCX_TLS=tcp", "UCX_NET_DEVICES=eth0",
                    f"PYTHONPATH={os.path.join(os.path.dirname(self.bin), 'python')}"]
+            rendezvous = ["--rank", str(i), "--world", str(self.n),
+                          "--master", f"{SUBNET}.1:{29500 + self.counter % 1000}"]
             if k is not None:
                 env += [f"TRIBUTARY_AGENT_ADDRESS=unix:{self.args.run_dir}/sock/h{i}.sock",
                         f"TRIBUTARY_JOB={job}", "TRIBUTARY_LOCAL_RANK=0",
                         "TRIBUTARY_LOCAL_SIZE=1"]
-                mode = ["--mode", "tributary"] + (["--overlap-forward"] if overlap else [])
+                mode = (["--mode", "ddp-tributary"] + rendezvous if ddp else
+                        ["--mode", "tributary"] + (["--overlap-forward"] if overlap else []))
             else:
-                mode = ["--mode", "ddp-gloo", "--rank", str(i), "--world", str(self.n),
-                        "--master", f"{SUBNET}.1:{29500 + self.counter % 1000}",
-                        "--ifname", "eth0"]
+                mode = ["--mode", "ddp-gloo"] + rendezvous + ["--ifname", "eth0"]
             procs.append(subprocess.Popen(
                 ["ip", "netns", "exec", f"{NS}{i}", "env"] + env + [TORCH_PYTHON] + common +
                 mode, stdout=open(path, "w"), stderr=subprocess.STDOUT))
@@ -1080,12 +1083,17 @@ def main():
     ap.add_argument("--torch-iterations", default="none", choices=["none", "resnet50"],
                     help="after the workloads: real PyTorch training iterations of this "
                          "torchvision model (CPU compute, random data) with "
-                         "tributary.torch.DistributedOptimizer at k = 0 and the largest --k, "
-                         "against DDP over PyTorch's own Gloo backend")
+                         "tributary.torch.DistributedOptimizer and with DDP over the "
+                         "\"tributary\" backend at k = 0 and the largest --k, against DDP over "
+                         "PyTorch's own Gloo backend")
     ap.add_argument("--torch-overlap-forward", action="store_true",
                     help="with --torch-iterations: one more configuration, tributary.torch at "
                          "the largest --k with DistributedOptimizer(overlap_forward=model) (each "
                          "layer's update applied as the next forward pass reaches it)")
+    ap.add_argument("--torch-algorithm", default="auto", choices=sorted(CLI_ALGORITHM),
+                    help="with --torch-iterations: the Tributary jobs' algorithm (auto: the "
+                         "agent's choice per tensor, what a job gets by default; until session "
+                         "35 push-pull)")
     ap.add_argument("--torch-iters", type=int, default=3,
                     help="timed PyTorch iterations per run (after one warm-up)")
     ap.add_argument("--print-workload", default=None, choices=sorted(WORKLOADS),
@@ -1382,14 +1390,17 @@ def run_torch_iterations(suite, meter):
     args = suite.args
     if args.torch_iterations == "none":
         return [], False
-    configs = [(f"tributary.torch k={k}", k, False) for k in sorted({0, max(args.k)})]
+    ks = sorted({0, max(args.k)})
+    configs = [(f"tributary.torch k={k}", k, False, False) for k in ks]
     if args.torch_overlap_forward:
-        configs.append((f"tributary.torch k={max(args.k)} overlap", max(args.k), True))
-    configs.append(("PyTorch DDP + Gloo", None, False))
+        configs.append((f"tributary.torch k={max(args.k)} overlap", max(args.k), True, False))
+    configs += [(f"PyTorch DDP + tributary k={k}", k, False, True) for k in ks]
+    configs.append(("PyTorch DDP + Gloo", None, False, False))
     samples, failed = [], False
-    for rep, (label, k, overlap) in interleave(configs, args.repeats):
+    for rep, (label, k, overlap, ddp) in interleave(configs, args.repeats):
         log(f"# run {rep + 1}/{args.repeats}: {args.torch_iterations} iteration, {label}")
-        measured = run_measured(meter, lambda _: suite.torch_iteration(k, overlap), label, None)
+        measured = run_measured(meter, lambda _: suite.torch_iteration(k, overlap, ddp), label,
+                                None)
         if measured is None:
             failed = True
             continue
@@ -1408,7 +1419,7 @@ def run_torch_iterations(suite, meter):
         samples.append(dict(config=label, k=k, spares_used=spares_used, cpu=cpu, wall=wall,
                             **got))
     rows = []
-    for label, k, _ in configs:
+    for label, k, _, _ in configs:
         mine = [x for x in samples if x["config"] == label]
         if not mine:
             continue
@@ -1455,8 +1466,10 @@ def torch_report(trows, args, out):
              f"torchvision's {args.torch_iterations} on {args.workers} worker hosts, one process "
              "each, CPU compute on random data (2 images of 64x64 per rank, one thread), SGD. "
              "tributary.torch.DistributedOptimizer starts each gradient's all-reduce from its "
-             "gradient hook (priorities by layer order); DDP buckets 25 MiB over PyTorch's own "
-             "Gloo backend. Compute = the same iteration without communication, on the same "
+             "gradient hook (priorities by layer order); PyTorch DDP (25 MiB buckets, "
+             "overlapped with backward) runs unmodified over the \"tributary\" backend or "
+             "PyTorch's own Gloo backend. Tributary's jobs: "
+             f"`--algorithm {CLI_ALGORITHM[args.torch_algorithm]}`. Compute = the same iteration without communication, on the same "
              "host; communication = iteration - compute (what overlap did not hide). Medians of "
              f"{max(r['repeats'] for r in trows)} runs; each run checks that every rank ends "
              "with the same parameters. CPU % per host: over the whole run (model set-up and "

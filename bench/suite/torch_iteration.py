@@ -11,6 +11,10 @@ parameters: 161 tensors, 25,557,032 floats), random data, CPU compute, SGD.
                      last updates).
   --mode ddp-gloo    torch.nn.parallel.DistributedDataParallel over torch.distributed's own Gloo
                      backend (25 MiB buckets, overlapped with backward), rendezvous at --master.
+  --mode ddp-tributary
+                     the same unmodified DDP over the "tributary" backend
+                     (init_process_group("tributary"), client/python/c10d): each bucket one
+                     all-reduce of the job named by TRIBUTARY_JOB, as ddp-gloo's are Gloo's.
 
 Every rank first times `--compute-iters` iterations of forward + backward + step without any
 communication (the compute part), then `--iters` distributed iterations after `--warmup`. The
@@ -36,7 +40,7 @@ import torchvision
 
 def parse():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--mode", choices=["tributary", "ddp-gloo"], required=True)
+    ap.add_argument("--mode", choices=["tributary", "ddp-gloo", "ddp-tributary"], required=True)
     ap.add_argument("--model", default="resnet50")
     ap.add_argument("--batch", type=int, default=2, help="images per rank per iteration")
     ap.add_argument("--image", type=int, default=64, help="image side (the gradients' size "
@@ -46,9 +50,9 @@ def parse():
     ap.add_argument("--compute-iters", type=int, default=3)
     ap.add_argument("--overlap-forward", action="store_true",
                     help="tributary: overlap the next forward pass with the communication")
-    ap.add_argument("--rank", type=int, default=0, help="ddp-gloo: this rank")
-    ap.add_argument("--world", type=int, default=1, help="ddp-gloo: number of ranks")
-    ap.add_argument("--master", default="127.0.0.1:29500", help="ddp-gloo: rendezvous HOST:PORT")
+    ap.add_argument("--rank", type=int, default=0, help="ddp-*: this rank")
+    ap.add_argument("--world", type=int, default=1, help="ddp-*: number of ranks")
+    ap.add_argument("--master", default="127.0.0.1:29500", help="ddp-*: rendezvous HOST:PORT")
     ap.add_argument("--ifname", default=None, help="ddp-gloo: GLOO_SOCKET_IFNAME")
     return ap.parse_args()
 
@@ -105,7 +109,11 @@ def main():
         host, port = args.master.rsplit(":", 1)
         if args.ifname:
             os.environ["GLOO_SOCKET_IFNAME"] = args.ifname
-        dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=args.rank,
+        backend = "gloo"
+        if args.mode == "ddp-tributary":
+            import tributary.distributed  # noqa: F401  (registers the "tributary" backend)
+            backend = "tributary"
+        dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=args.rank,
                                 world_size=args.world)
         rank, world = dist.get_rank(), dist.get_world_size()
         net = torch.nn.parallel.DistributedDataParallel(model)

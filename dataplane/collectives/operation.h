@@ -140,11 +140,12 @@ struct Operation {
   bool control = false;
 
   // Little else of the job runs while it does (tensor fusion's leader says so of a fused
-  // collective it decided with under kLoneFusionBytes of the job in flight, agent/
-  // tensor_fusion.h): the collective's time is its pipeline's fill and drain, not its share of
-  // a busy link, so push/pull cuts it into chunks of down to kMinLoneChunkBytes instead of
+  // collective it decided with under kLoneFusionBytes of the job in flight, and FusingRunner of
+  // every all-reduce under kLoneFusionBytes it runs unfused; agent/tensor_fusion.h): the
+  // collective's time is its pipeline's fill and drain, not its share of a busy link, so
+  // push/pull cuts it into chunks of down to kMinLoneChunkBytes instead of
   // kMinPipelineChunkBytes (dataplane/schedule/chunk_map.h). Every node must pass the same value
-  // for the same collective.
+  // for the same collective (workers that do not fail it with INVALID_ARGUMENT).
   bool lone = false;
 };
 

@@ -131,7 +131,8 @@ class Theory(unittest.TestCase):
         self.assertIsNone(run.parse_torch_line("WTIMED,1,2\n"))
 
     def test_torch_report_compares_metered_cpu_with_ddp(self):
-        args = types.SimpleNamespace(torch_iterations="resnet50", workers=4)
+        args = types.SimpleNamespace(torch_iterations="resnet50", workers=4,
+                                     torch_algorithm="auto")
         rows = [dict(config="tributary.torch k=4", k=4, spares_used=4, repeats=3,
                      iter_ms=8000.0, compute_ms=1500.0, comm_ms=6500.0, comm_spread=5.0,
                      cpu="29 30 29 30 3 3 3 3", timed_cpu_ms=2100.0),

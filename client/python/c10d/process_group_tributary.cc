@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/hash.h"
 
 namespace tributary::client::c10d {
 namespace {
@@ -18,7 +19,8 @@ namespace {
 using ::c10d::OpType;
 
 constexpr const char* kSupported =
-    "supported: allreduce (SUM, AVG), broadcast, allgather, _allgather_base, reduce_scatter, "
+    "supported: allreduce and allreduce_coalesced (SUM, AVG), broadcast, allgather, "
+    "_allgather_base, reduce_scatter, "
     "_reduce_scatter_base (SUM, AVG), barrier";
 
 std::string StatusText(const absl::Status& status) {
@@ -503,8 +505,41 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupTributary::barrier(
 }
 
 c10::intrusive_ptr<::c10d::Work> ProcessGroupTributary::allreduce_coalesced(
-    std::vector<at::Tensor>&, const ::c10d::AllreduceCoalescedOptions&) {
-  Unsupported("allreduce_coalesced");
+    std::vector<at::Tensor>& tensors, const ::c10d::AllreduceCoalescedOptions& opts) {
+  constexpr const char* kCall = "allreduce_coalesced";
+  TORCH_CHECK(!tensors.empty(), "tributary ", kCall, ": got no tensors");
+  const common::DataType dtype = CheckTensor(kCall, tensors[0]);
+  const ReduceOp op = ToReduceOp(kCall, opts.reduceOp);
+  // One all-reduce over the tensors packed one after another in one staging buffer. Its name
+  // carries the layout (every tensor's element count): ranks that pass different lists submit
+  // different names, so each fails at the group's timeout instead of summing misaligned data.
+  std::vector<size_t> offsets;
+  std::string layout;
+  size_t count = 0;
+  for (const at::Tensor& t : tensors) {
+    TORCH_CHECK(CheckTensor(kCall, t) == dtype, "tributary ", kCall,
+                ": every tensor must have the same dtype; got ", tensors[0].scalar_type(), " and ",
+                t.scalar_type());
+    offsets.push_back(count * tensors[0].element_size());
+    count += t.numel();
+    absl::StrAppend(&layout, t.numel(), ",");
+  }
+  const std::string name = absl::StrCat(
+      TensorName(op == ReduceOp::kSum ? "allreduce_coalesced" : "allreduce_coalesced_avg", dtype,
+                 count),
+      ".", tensors.size(), ".", absl::Hex(common::StableHash64(layout)));
+  Client* client = connection_->client.get();
+  return Start(
+      OpType::ALLREDUCE_COALESCED, kCall, name, count * tensors[0].element_size(), tensors,
+      [&](char* staged) {
+        for (size_t i = 0; i < tensors.size(); ++i) CopyIn(tensors[i], staged + offsets[i]);
+      },
+      [&](const SharedBuffer& buffer) {
+        return client->AllReduceAsync(name, buffer, 0, count, dtype, op);
+      },
+      [tensors, offsets](const char* staged) {
+        for (size_t i = 0; i < tensors.size(); ++i) CopyOut(staged + offsets[i], tensors[i]);
+      });
 }
 c10::intrusive_ptr<::c10d::Work> ProcessGroupTributary::reduce(std::vector<at::Tensor>&,
                                                                const ::c10d::ReduceOptions&) {

@@ -112,6 +112,33 @@ class CollectivesTest(unittest.TestCase):
             dist.all_reduce(t)
         self.assertEqual(pg.staging_allocations, before)
 
+    def test_allreduce_coalesced(self):
+        # Tensors of several sizes and shapes (one not contiguous), one all-reduce for all.
+        base = pattern(2 * N).reshape(N // 10, 20) * (self.rank + 1)
+        tensors = [pattern(1) * (self.rank + 1), pattern(N) * (self.rank + 1),
+                   base.t()[::2], pattern(3 * N, torch.float32).reshape(3, N) * (self.rank + 1)]
+        dist.all_reduce_coalesced(tensors)
+        s = self.sum_of_ranks()
+        self.assertTrue(torch.equal(tensors[0], pattern(1) * s))
+        self.assertTrue(torch.equal(tensors[1], pattern(N) * s))
+        self.assertTrue(torch.equal(tensors[2], (pattern(2 * N).reshape(N // 10, 20) * s).t()[::2]))
+        self.assertTrue(torch.equal(tensors[3], pattern(3 * N).reshape(3, N) * s))
+        avg = [pattern(N, torch.float64) * (self.rank + 1), pattern(7, torch.float64)]
+        dist.all_reduce_coalesced(avg, op=dist.ReduceOp.AVG)
+        self.assertTrue(torch.equal(avg[0], pattern(N, torch.float64) * 2.5))
+        self.assertTrue(torch.equal(avg[1], pattern(7, torch.float64)))
+
+    def test_allreduce_coalesced_errors(self):
+        pg = dist.distributed_c10d._get_default_group()
+        # (dist.all_reduce_coalesced refuses mixed dtypes itself; the group does too.)
+        self.assert_clear_error(
+            lambda: pg.allreduce_coalesced([torch.ones(4), torch.ones(4, dtype=torch.float64)]),
+            "allreduce_coalesced", "same dtype")
+        self.assert_clear_error(lambda: pg.allreduce_coalesced([]), "allreduce_coalesced",
+                                "no tensors")
+        self.assert_clear_error(
+            lambda: dist.all_reduce_coalesced([torch.ones(4)], op=dist.ReduceOp.MAX), "MAX")
+
     def test_broadcast_from_every_root(self):
         for root in range(self.world):
             with self.subTest(root=root):
