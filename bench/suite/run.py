@@ -23,6 +23,7 @@ import bisect
 import csv
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -1314,6 +1315,12 @@ def build_configs(suite, wanted, peers):
     return configs
 
 
+def config_k(config):
+    """The k of a configuration label ("tributary push/pull k=4 no fusion" -> 4; 0 without)."""
+    m = re.search(r"k=(\d+)", config)
+    return int(m.group(1)) if m else 0
+
+
 def sweep_configs(configs):
     """The configurations that run the single-tensor sweep: all but the DDP-bucket ones, which
     differ from their plain configuration on workloads only."""
@@ -1591,7 +1598,7 @@ def merge(results, path):
         for row in csv.DictReader(f):
             if row["config"] in ran:
                 continue
-            k = int(row["config"].split("k=")[1]) if "k=" in row["config"] else 0
+            k = config_k(row["config"])
             cpu = {i: float(v) for i, v in enumerate(row["cpu_pct_per_host"].split())}
             old.append(dict(config=row["config"], family=family_of(row["config"]), k=k,
                             spares_used=int(row["spares_used"]), size=int(row["size_bytes"]),
@@ -1798,7 +1805,8 @@ def workload_report(wresults, args, out, ceilings=None):
     n, rate = args.workers, args.rate
     lines = ["Model workloads: one training iteration's gradients, all-reduced (float32). "
              "Tributary submits every tensor at once in backward order, with priorities "
-             "(first layers first); the peers all-reduce DDP-style 25 MiB buckets one after "
+             "(first layers first; the DDP-bucket rows: every 25 MiB bucket at once, one "
+             "all-reduce each, first layers first); the peers all-reduce DDP-style 25 MiB buckets one after "
              "another. Time = iteration communication time, first submission to last result "
              "(median of the runs; spread = (max - min) / median). CPU % per host: over the "
              "whole run (join, warm-up, timed iterations). Worker CPU per iteration: the worker "

@@ -164,9 +164,12 @@ absl::Status RunWorkload(Client& client, const BenchFlags& flags,
     for (int j = 0; j < submissions; ++j) {
       absl::Status status = handles[j].Wait(std::chrono::milliseconds(flags.op_timeout_ms));
       if (!status.ok()) {
-        return absl::Status(status.code(), absl::StrCat(flags.workload_name,
-                                                        flags.bucket_bytes == 0 ? " tensor " : " ",
-                                                        units[j].name, ": ", status.message()));
+        // A bucket's name starts with the workload's.
+        return absl::Status(
+            status.code(),
+            absl::StrCat(flags.bucket_bytes == 0 ? absl::StrCat(flags.workload_name, " tensor ")
+                                                 : std::string(),
+                         units[j].name, ": ", status.message()));
       }
       if (common::Trace::enabled() && flags.trace_tensors) {
         // Seen done by this thread, which waits in submission order: an upper bound for all but
@@ -425,8 +428,9 @@ void AddBenchRankCommand(CLI::App& app, GlobalOptions& global) {
   command
       ->add_option("--bucket-bytes", flags->bucket_bytes,
                    "with --tensors: pack the tensors in file order into DDP-style buckets of at "
-                   "most this many bytes (a larger tensor alone) and all-reduce each bucket "
-                   "(0: each tensor on its own; the agent fuses the small ones)")
+                   "most this many bytes (a larger tensor alone) and all-reduce each bucket, all "
+                   "at once with priorities, first layers first, as the tensors (0: each tensor "
+                   "on its own; the agent fuses the small ones)")
       ->capture_default_str();
   command
       ->add_option("--op-timeout-ms", flags->op_timeout_ms,

@@ -830,7 +830,9 @@ absl::Status PushPullWorker::StartLocked(const std::string& job_id, Operation& o
       return absl::FailedPreconditionError(
           absl::StrCat("job '", job_id, "' has an invalid plan: ", map.status().message()));
     }
-    const bool tuned = PartitionTuned(*job, op.count * element_size);
+    // A lone collective's chunks are its own (PushPullChunks): no partition to tune, and no
+    // iteration held for the one two before.
+    const bool tuned = !op.lone && PartitionTuned(*job, op.count * element_size);
     if (tuned && op.iteration >= 2) {
       // The partition of iteration j is decided by iteration j - 2's result: wait for it.
       const CollectiveKey before{job_hash, tensor_hash, op.iteration - 2};

@@ -1096,6 +1096,36 @@ TEST(FusingRunnerTest, ACopyLaunchedElsewhereDoesNotSendTheNextGroupToTheLaunche
   runner.Shutdown();
 }
 
+// An operation held until the fusion list arrives and then passed through runs lone as one
+// started after the list does: the leader's and a follower's chunking must agree.
+TEST(FusingRunnerTest, AnOperationReleasedByTheListRunsLoneAsOneStartedAfterIt) {
+  float data[3] = {};
+  auto fake = std::make_unique<FakeCollectiveRunner>();
+  FakeCollectiveRunner* inner = fake.get();
+  common::FakeClock clock;
+  FusingRunner::Options options;
+  options.timer_thread = false;
+  options.launcher_thread = false;
+  FusingRunner runner(std::move(fake), &clock, options);
+  runner.SetJob(TwoNodeJob(/*my_worker_rank=*/0), dataplane::Algorithm::kPushPull);
+  ASSERT_TRUE(runner.Start(kJob, OneFloat("x", 0, &data[0])).ok());
+  ASSERT_TRUE(runner.Start(kJob, OneFloat("x", 1, &data[1])).ok());  // held for the list
+  ASSERT_EQ(inner->num_starts(), 2u);
+  EXPECT_EQ(inner->start(0).op.tensor_name, "x");
+  EXPECT_TRUE(inner->start(0).op.lone);
+  EXPECT_EQ(inner->start(1).op.tensor_name, kFusionPlanTensor);
+  EXPECT_FALSE(inner->start(1).op.lone);  // the agent's own
+  inner->Complete(1, absl::OkStatus());   // the list (empty: x had no partner) arrives
+  ASSERT_EQ(inner->num_starts(), 3u);
+  EXPECT_EQ(inner->start(2).op.tensor_name, "x");
+  EXPECT_EQ(inner->start(2).op.iteration, 1u);
+  EXPECT_TRUE(inner->start(2).op.lone);
+  ASSERT_TRUE(runner.Start(kJob, OneFloat("x", 2, &data[2])).ok());
+  ASSERT_EQ(inner->num_starts(), 4u);
+  EXPECT_TRUE(inner->start(3).op.lone);
+  runner.Shutdown();
+}
+
 // Which passed-through operations run lone: all-reduces (sum, average) under kLoneFusionBytes;
 // not the agent's own control operations, other collectives or larger all-reduces.
 TEST(FusingRunnerTest, OnlySmallAllReducesPassedThroughRunLone) {

@@ -176,6 +176,9 @@ class Theory(unittest.TestCase):
         # Their traffic is push/pull's (with spares) or the ring's.
         self.assertEqual(run.pattern_for("tributary auto k=4 DDP buckets", 4), "push/pull 4 spares")
         self.assertEqual(run.pattern_for("tributary ring DDP buckets", 0), "ring")
+        self.assertEqual([run.config_k(c[0]) for c in configs], [0, 4, 0, 4, 0, 0, 4])
+        self.assertEqual(run.config_k("tributary push/pull k=4 no fusion"), 4)
+        self.assertEqual(run.config_k("Gloo ring"), 0)
 
     def test_bands_give_small_sizes_many_iterations_and_large_ones_few(self):
         args = types.SimpleNamespace(workers=2, k=[0], sizes="4K:64M", small_upto="16K",
