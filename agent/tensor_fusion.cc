@@ -429,6 +429,11 @@ FusingRunner::~FusingRunner() {
   if (!shut_down) Shutdown();  // every held operation completes
 }
 
+absl::Status FusingRunner::StartPassedThrough(const std::string& job_id, dataplane::Operation op) {
+  if (IsLonePassThrough(op)) op.lone = true;
+  return inner_->Start(job_id, std::move(op));
+}
+
 void FusingRunner::StartLater(const std::string& job_id, dataplane::Operation op, After& after) {
   after.push_back([this, job_id, op = std::move(op)]() mutable {
     std::function<void(absl::Status)> done = op.done;
@@ -628,8 +633,7 @@ absl::Status FusingRunner::Start(const std::string& job_id, dataplane::Operation
     Run(after);
   }
   if (taken) return absl::OkStatus();
-  if (IsLonePassThrough(op)) op.lone = true;
-  absl::Status started = inner_->Start(job_id, std::move(op));
+  absl::Status started = StartPassedThrough(job_id, std::move(op));
   if (!started.ok() && counted) PassedThroughDone(job_id, generation, bytes);  // no done runs
   return started;
 }
@@ -833,13 +837,12 @@ void FusingRunner::OnPlan(const std::string& job_id, uint64_t generation,
       StartLocked(job_id, job, w.op, taken, after);
       if (taken) continue;
       if (job.leader) CountPassingLocked(job_id, job, w.op);  // a refused start runs its done
-      if (IsLonePassThrough(w.op)) w.op.lone = true;  // as Start does: the same on every node
       after.push_back([this, job_id, op = std::move(w.op)]() mutable {
         const std::string tensor = op.tensor_name;
         const uint64_t iteration = op.iteration;
         const bool staged = op.staged != nullptr;
         std::function<void(absl::Status)> done = op.done;
-        absl::Status started = inner_->Start(job_id, std::move(op));
+        absl::Status started = StartPassedThrough(job_id, std::move(op));
         if (!started.ok()) {
           done(started);
         } else if (staged) {

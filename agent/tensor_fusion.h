@@ -306,6 +306,9 @@ class FusingRunner final : public CollectiveRunner {
   uint64_t CountPassingLocked(const std::string& job_id, Job& job, dataplane::Operation& op);
   // An operation passed through to the inner runner completed (or was refused).
   void PassedThroughDone(const std::string& job_id, uint64_t generation, uint64_t bytes);
+  // Starts `op`, which runs unfused, on the inner runner (mu_ not held): every operation the
+  // processes submitted that is not fused goes through here, lone where IsLonePassThrough says.
+  absl::Status StartPassedThrough(const std::string& job_id, dataplane::Operation op);
   // Starts `op` on the inner runner once mu_ is released; a refused start goes to its done.
   void StartLater(const std::string& job_id, dataplane::Operation op, After& after);
   static void Run(After& after);

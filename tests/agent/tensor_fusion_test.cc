@@ -891,14 +891,16 @@ dataplane::JobView TwoNodeJob(int my_worker_rank) {
   return view;
 }
 
-// The leader of TwoNodeJob on a FakeCollectiveRunner, with the launcher thread and without the
-// timer thread. Buffers the runner reads must be declared before it (they outlive it).
+// The leader of TwoNodeJob on a FakeCollectiveRunner, with the launcher thread (unless told not
+// to) and without the timer thread. Buffers the runner reads must be declared before it (they
+// outlive it).
 struct FakeLeader {
-  FakeLeader() {
+  explicit FakeLeader(bool launcher_thread = true) {
     auto fake = std::make_unique<FakeCollectiveRunner>();
     inner = fake.get();
     FusingRunner::Options options;
     options.timer_thread = false;
+    options.launcher_thread = launcher_thread;
     runner = std::make_unique<FusingRunner>(std::move(fake), &clock, options);
     runner->SetJob(TwoNodeJob(/*my_worker_rank=*/0), dataplane::Algorithm::kRing);
   }
@@ -1100,14 +1102,9 @@ TEST(FusingRunnerTest, ACopyLaunchedElsewhereDoesNotSendTheNextGroupToTheLaunche
 // started after the list does: the leader's and a follower's chunking must agree.
 TEST(FusingRunnerTest, AnOperationReleasedByTheListRunsLoneAsOneStartedAfterIt) {
   float data[3] = {};
-  auto fake = std::make_unique<FakeCollectiveRunner>();
-  FakeCollectiveRunner* inner = fake.get();
-  common::FakeClock clock;
-  FusingRunner::Options options;
-  options.timer_thread = false;
-  options.launcher_thread = false;
-  FusingRunner runner(std::move(fake), &clock, options);
-  runner.SetJob(TwoNodeJob(/*my_worker_rank=*/0), dataplane::Algorithm::kPushPull);
+  FakeLeader leader(/*launcher_thread=*/false);
+  FakeCollectiveRunner* inner = leader.inner;
+  FusingRunner& runner = *leader.runner;
   ASSERT_TRUE(runner.Start(kJob, OneFloat("x", 0, &data[0])).ok());
   ASSERT_TRUE(runner.Start(kJob, OneFloat("x", 1, &data[1])).ok());  // held for the list
   ASSERT_EQ(inner->num_starts(), 2u);
