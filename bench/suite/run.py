@@ -412,11 +412,12 @@ class Suite:
                                open(logs[0]).read()[-2000:])
         return parse_result(open(logs[0]).read(), piece), spares_used
 
-    def torch_iteration(self, k, overlap=False, ddp=False):
+    def torch_iteration(self, k, overlap=False, ddp=False, layer_priorities=False):
         """(rank 0's TORCHITER dict, spares used) of torch_iteration.py on every worker host:
         with a Tributary job of at most k spares (--torch-algorithm), tributary.torch's
-        DistributedOptimizer (`overlap`: with --overlap-forward) or (`ddp`) DDP over the
-        "tributary" backend; DDP over Gloo (k None)."""
+        DistributedOptimizer (`overlap`: with --overlap-forward; `layer_priorities`: with
+        --layer-priorities) or (`ddp`) DDP over the "tributary" backend; DDP over Gloo (k
+        None)."""
         self.counter += 1
         job = f"suite-torch-{k}-{self.counter}"
         spares_used = 0
@@ -438,7 +439,8 @@ class Suite:
                         f"TRIBUTARY_JOB={job}", "TRIBUTARY_LOCAL_RANK=0",
                         "TRIBUTARY_LOCAL_SIZE=1"]
                 mode = (["--mode", "ddp-tributary"] + rendezvous if ddp else
-                        ["--mode", "tributary"] + (["--overlap-forward"] if overlap else []))
+                        ["--mode", "tributary"] + (["--overlap-forward"] if overlap else []) +
+                        (["--layer-priorities"] if layer_priorities else []))
             else:
                 mode = ["--mode", "ddp-gloo"] + rendezvous + ["--ifname", "eth0"]
             procs.append(subprocess.Popen(
@@ -1091,6 +1093,11 @@ def main():
                     help="with --torch-iterations: one more configuration, tributary.torch at "
                          "the largest --k with DistributedOptimizer(overlap_forward=model) (each "
                          "layer's update applied as the next forward pass reaches it)")
+    ap.add_argument("--torch-layer-priorities", action="store_true",
+                    help="with --torch-iterations: one more configuration, tributary.torch at "
+                    "the largest --k with DistributedOptimizer(priorities=True) (first layers "
+                    "first; by default the optimizer sends in backward order unless it overlaps "
+                    "the forward pass)")
     ap.add_argument("--torch-algorithm", default="auto", choices=sorted(CLI_ALGORITHM),
                     help="with --torch-iterations: the Tributary jobs' algorithm (auto: the "
                          "agent's choice per tensor, what a job gets by default; until session "
@@ -1390,6 +1397,22 @@ def run_workloads(suite, meter, configs, work):
     return aggregate_workloads(samples), failed
 
 
+def torch_configs(args):
+    """--torch-iterations' configurations, in run order: (label, k, overlap_forward, DDP over
+    the "tributary" backend, layer priorities); k None is DDP over PyTorch's Gloo."""
+    ks = sorted({0, max(args.k)})
+    configs = [(f"tributary.torch k={k}", k, False, False, False) for k in ks]
+    if args.torch_overlap_forward:
+        configs.append((f"tributary.torch k={max(args.k)} overlap", max(args.k), True, False,
+                        False))
+    if args.torch_layer_priorities:
+        configs.append((f"tributary.torch k={max(args.k)} layer priorities", max(args.k), False,
+                        False, True))
+    configs += [(f"PyTorch DDP + tributary k={k}", k, False, True, False) for k in ks]
+    configs.append(("PyTorch DDP + Gloo", None, False, False, False))
+    return configs
+
+
 def run_torch_iterations(suite, meter):
     """--torch-iterations: PyTorch training iterations (bench/suite/torch_iteration.py on every
     worker host) with tributary.torch at k = 0 and k = max(--k), and DDP over PyTorch's Gloo,
@@ -1397,16 +1420,12 @@ def run_torch_iterations(suite, meter):
     args = suite.args
     if args.torch_iterations == "none":
         return [], False
-    ks = sorted({0, max(args.k)})
-    configs = [(f"tributary.torch k={k}", k, False, False) for k in ks]
-    if args.torch_overlap_forward:
-        configs.append((f"tributary.torch k={max(args.k)} overlap", max(args.k), True, False))
-    configs += [(f"PyTorch DDP + tributary k={k}", k, False, True) for k in ks]
-    configs.append(("PyTorch DDP + Gloo", None, False, False))
+    configs = torch_configs(args)
     samples, failed = [], False
-    for rep, (label, k, overlap, ddp) in interleave(configs, args.repeats):
+    for rep, (label, k, overlap, ddp, layer) in interleave(configs, args.repeats):
         log(f"# run {rep + 1}/{args.repeats}: {args.torch_iterations} iteration, {label}")
-        measured = run_measured(meter, lambda _: suite.torch_iteration(k, overlap, ddp), label,
+        measured = run_measured(meter,
+                                lambda _: suite.torch_iteration(k, overlap, ddp, layer), label,
                                 None)
         if measured is None:
             failed = True
@@ -1426,7 +1445,7 @@ def run_torch_iterations(suite, meter):
         samples.append(dict(config=label, k=k, spares_used=spares_used, cpu=cpu, wall=wall,
                             **got))
     rows = []
-    for label, k, _, _ in configs:
+    for label, k, *_ in configs:
         mine = [x for x in samples if x["config"] == label]
         if not mine:
             continue
@@ -1473,7 +1492,8 @@ def torch_report(trows, args, out):
              f"torchvision's {args.torch_iterations} on {args.workers} worker hosts, one process "
              "each, CPU compute on random data (2 images of 64x64 per rank, one thread), SGD. "
              "tributary.torch.DistributedOptimizer starts each gradient's all-reduce from its "
-             "gradient hook (priorities by layer order); PyTorch DDP (25 MiB buckets, "
+             "gradient hook, in backward order (by layer order in the \"overlap\" and \"layer "
+             "priorities\" configurations); PyTorch DDP (25 MiB buckets, "
              "overlapped with backward) runs unmodified over the \"tributary\" backend or "
              "PyTorch's own Gloo backend. Tributary's jobs: "
              f"`--algorithm {CLI_ALGORITHM[args.torch_algorithm]}`. Compute = the same iteration without communication, on the same "

@@ -3,8 +3,10 @@
 parameters: 161 tensors, 25,557,032 floats), random data, CPU compute, SGD.
 
   --mode tributary   tributary.torch.DistributedOptimizer (gradient hooks start each all-reduce
-                     as backward produces it, priorities by layer order); the process joins the
-                     job named by TRIBUTARY_JOB through TRIBUTARY_AGENT_ADDRESS.
+                     as backward produces it; priorities by layer order with --overlap-forward
+                     or --layer-priorities, otherwise in backward order, the optimizer's
+                     default); the process joins the job named by TRIBUTARY_JOB through
+                     TRIBUTARY_AGENT_ADDRESS.
                      With --overlap-forward, DistributedOptimizer(overlap_forward=model): step()
                      returns at once and each layer's update is applied just before the next
                      forward pass reaches it (the last timed iteration includes applying the
@@ -50,6 +52,9 @@ def parse():
     ap.add_argument("--compute-iters", type=int, default=3)
     ap.add_argument("--overlap-forward", action="store_true",
                     help="tributary: overlap the next forward pass with the communication")
+    ap.add_argument("--layer-priorities", action="store_true",
+                    help="tributary: DistributedOptimizer(priorities=True) (first layers first) "
+                    "without --overlap-forward too")
     ap.add_argument("--rank", type=int, default=0, help="ddp-*: this rank")
     ap.add_argument("--world", type=int, default=1, help="ddp-*: number of ranks")
     ap.add_argument("--master", default="127.0.0.1:29500", help="ddp-*: rendezvous HOST:PORT")
@@ -98,7 +103,8 @@ def main():
         trt.broadcast_parameters(model.state_dict(), root_rank=0)
         optimizer = trt.DistributedOptimizer(
             torch.optim.SGD(model.parameters(), lr=0.0), named_parameters=model.named_parameters(),
-            overlap_forward=model if args.overlap_forward else None)
+            overlap_forward=model if args.overlap_forward else None,
+            priorities=True if args.layer_priorities else None)
         net = model
         finish = optimizer.synchronize if args.overlap_forward else None
 

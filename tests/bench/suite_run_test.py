@@ -130,6 +130,22 @@ class Theory(unittest.TestCase):
         self.assertNotIn("timed", run.parse_torch_line(out.splitlines()[0]))
         self.assertIsNone(run.parse_torch_line("WTIMED,1,2\n"))
 
+    def test_torch_configs(self):
+        args = types.SimpleNamespace(k=[0, 2, 4], torch_overlap_forward=False,
+                                     torch_layer_priorities=False)
+        self.assertEqual([c[0] for c in run.torch_configs(args)],
+                         ["tributary.torch k=0", "tributary.torch k=4",
+                          "PyTorch DDP + tributary k=0", "PyTorch DDP + tributary k=4",
+                          "PyTorch DDP + Gloo"])
+        args.torch_overlap_forward = args.torch_layer_priorities = True
+        configs = {c[0]: c[1:] for c in run.torch_configs(args)}
+        # (k, overlap_forward, DDP over tributary, layer priorities)
+        self.assertEqual(configs["tributary.torch k=4 overlap"], (4, True, False, False))
+        self.assertEqual(configs["tributary.torch k=4 layer priorities"], (4, False, False, True))
+        self.assertEqual(configs["tributary.torch k=4"], (4, False, False, False))
+        self.assertEqual(configs["PyTorch DDP + tributary k=0"], (0, False, True, False))
+        self.assertEqual(configs["PyTorch DDP + Gloo"], (None, False, False, False))
+
     def test_torch_report_compares_metered_cpu_with_ddp(self):
         args = types.SimpleNamespace(torch_iterations="resnet50", workers=4,
                                      torch_algorithm="auto")

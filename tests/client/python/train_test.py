@@ -12,12 +12,14 @@ Run by ctest through the launcher:
 
 import os
 import unittest
+from unittest import mock
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 import tributary.torch as trt
+from tributary.torch import ops as trt_ops
 from rendezvous import rendezvous
 
 STEPS = 20
@@ -103,7 +105,8 @@ class ExactTrainingTest(unittest.TestCase):
         for r in range(trt.size()):
             self.assertTrue(torch.equal(everyone[r], flat), f"rank {r} differs")
 
-    def _distributed_optimizer(self, model_fn, input_shape, compression=trt.Compression.none):
+    def _distributed_optimizer(self, model_fn, input_shape, compression=trt.Compression.none,
+                               priorities=None):
         x, y = data(input_shape)
         ref, ref_loss = reference(model_fn, x, y)
         torch.manual_seed(100 + trt.rank())  # different initial weights on every rank...
@@ -117,7 +120,7 @@ class ExactTrainingTest(unittest.TestCase):
         model.load_state_dict(initial.state_dict())  # the reference's initial weights
         optimizer = trt.DistributedOptimizer(sgd(model.parameters()),
                                              named_parameters=model.named_parameters(),
-                                             compression=compression)
+                                             compression=compression, priorities=priorities)
         loss = train(model, optimizer, x, y, part=(trt.rank(), trt.size()))
         return model, ref, loss, ref_loss
 
@@ -128,6 +131,57 @@ class ExactTrainingTest(unittest.TestCase):
     def test_cnn_distributed_optimizer(self):
         model, ref, _, _ = self._distributed_optimizer(cnn, (1, 8, 8))
         self.assertMatchesReference(model, ref)
+
+    def test_cnn_distributed_optimizer_with_layer_priorities(self):
+        model, ref, _, _ = self._distributed_optimizer(cnn, (1, 8, 8), priorities=True)
+        self.assertMatchesReference(model, ref)
+
+    def _priorities_sent(self, overlap=False, **kwargs):
+        """{name: priority} of the all-reduces one training step submits, and {name: layer
+        position} (named_parameters' order)."""
+        model = make(cnn)
+        optimizer = trt.DistributedOptimizer(sgd(model.parameters()),
+                                             named_parameters=model.named_parameters(),
+                                             overlap_forward=model if overlap else None, **kwargs)
+        x, y = data((1, 8, 8))
+        sent = {}
+        real = trt_ops.push_pull_async
+
+        def spy(*args, **kw):
+            sent[kw["name"]] = kw["priority"]
+            return real(*args, **kw)
+
+        with mock.patch.object(trt_ops, "push_pull_async", spy):
+            optimizer.zero_grad()
+            torch.nn.CrossEntropyLoss()(model(x[0]), y[0]).backward()
+            optimizer.step()
+            optimizer.synchronize()  # overlap_forward: applies the pending updates
+        by_layer = {f"DistributedOptimizer.grad.{n}": i
+                    for i, (n, _) in enumerate(model.named_parameters())}
+        self.assertEqual(sorted(sent), sorted(by_layer))
+        return sent, by_layer
+
+    def test_priorities_by_layer_only_when_the_forward_pass_overlaps_or_asked(self):
+        # Without overlap_forward step() waits for every gradient: one priority, so every agent
+        # sends them in backward order, the same on every rank.
+        for kwargs in ({}, {"priorities": False}, {"overlap": True, "priorities": False}):
+            sent, _ = self._priorities_sent(**kwargs)
+            self.assertEqual(set(sent.values()), {0}, kwargs)
+        # By layer order (the first layer first) with overlap_forward, and when asked.
+        for kwargs in ({"overlap": True}, {"priorities": True}):
+            sent, by_layer = self._priorities_sent(**kwargs)
+            self.assertEqual(sent, by_layer, kwargs)
+
+    def test_priorities_must_be_a_bool_or_none_and_are_sync_only(self):
+        model = make(mlp)
+        for bad in ("layers", 1):
+            with self.assertRaises(trt.TributaryError) as raised:
+                trt.DistributedOptimizer(sgd(model.parameters()), priorities=bad)
+            self.assertEqual(raised.exception.code, "INVALID_ARGUMENT")
+            self.assertIn("priorities", str(raised.exception))
+        with self.assertRaises(trt.TributaryError) as raised:
+            trt.DistributedOptimizer(sgd(model.parameters()), priorities=True, mode="async")
+        self.assertEqual(raised.exception.code, "INVALID_ARGUMENT")
 
     def test_distributed_optimizer_gradients_are_zero_copy(self):
         # The gradients live in shared memory: a whole training run stages nothing, and is
