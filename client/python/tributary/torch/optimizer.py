@@ -11,12 +11,12 @@ so the first layers' gradients, needed first by the next forward pass, come back
 pays only where the next forward pass can start before every gradient is back, that is with
 overlap_forward (below). Without it step() waits for all of them, and by default every gradient
 gets the same priority, so each agent sends them in the order backward produced them: the same
-order on every rank. By layer order, each agent's order depends on what
-its own process had produced when each chunk left (a later, higher-priority gradient jumps ahead
-of what is queued), so the ranks push different tensors at the same time and the summation
-servers return nothing until the slowest rank reaches the same tensors. On the emulated cluster
-(4 workers, 4 spares, 125 Mbit/s) a ResNet-50 iteration took 7.7-7.9 s by layer order and
-7.5-7.7 s in backward order (bench/results/torch_priorities_125mbit_s36/).
+order on every rank. By layer order, each agent's order depends on what its own process had
+produced when each chunk left (a later, higher-priority gradient jumps ahead of what is queued),
+so the ranks push different tensors at the same time and a summation server returns a chunk's
+sum only when the slowest rank has pushed it. On the emulated cluster (4 workers, 4 spares,
+125 Mbit/s) a ResNet-50 iteration took 7.7-7.9 s by layer order and 7.4-7.7 s in backward order
+(bench/results/torch_priorities_125mbit_s36/).
 
 With overlap_forward=model (BytePS's cross-iteration overlap, ByteScheduler's "cross barrier"),
 step() does not wait: it leaves every parameter's update pending, and a forward pre-hook on each
