@@ -142,7 +142,8 @@ def main():
     mismatch = int(abs(float(total[0]) - world * float(mine[0])) > 1e-6 * abs(world * float(mine[0])))
     it = statistics.median(times)
     if rank == 0:
-        mode = args.mode + ("-overlap" if args.overlap_forward else "")
+        mode = (args.mode + ("-overlap" if args.overlap_forward else "") +
+                ("-layer-priorities" if args.layer_priorities else ""))
         print(f"TORCHITER,{mode},{world},{it * 1e3:.1f},{compute * 1e3:.1f},"
               f"{max(0.0, it - compute) * 1e3:.1f},{args.iters},{mismatch}", flush=True)
         print(f"WTIMED,{timed_from:.6f},{timed_to:.6f}", flush=True)

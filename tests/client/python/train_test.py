@@ -155,7 +155,7 @@ class ExactTrainingTest(unittest.TestCase):
             optimizer.zero_grad()
             torch.nn.CrossEntropyLoss()(model(x[0]), y[0]).backward()
             optimizer.step()
-            optimizer.synchronize()  # overlap_forward: applies the pending updates
+            optimizer.synchronize()  # overlap_forward: applies the pending updates, sends nothing
         by_layer = {f"DistributedOptimizer.grad.{n}": i
                     for i, (n, _) in enumerate(model.named_parameters())}
         self.assertEqual(sorted(sent), sorted(by_layer))
@@ -174,14 +174,15 @@ class ExactTrainingTest(unittest.TestCase):
 
     def test_priorities_must_be_a_bool_or_none_and_are_sync_only(self):
         model = make(mlp)
-        for bad in ("layers", 1):
+        for bad in ("layers", 1, 0):
             with self.assertRaises(trt.TributaryError) as raised:
                 trt.DistributedOptimizer(sgd(model.parameters()), priorities=bad)
             self.assertEqual(raised.exception.code, "INVALID_ARGUMENT")
             self.assertIn("priorities", str(raised.exception))
-        with self.assertRaises(trt.TributaryError) as raised:
-            trt.DistributedOptimizer(sgd(model.parameters()), priorities=True, mode="async")
-        self.assertEqual(raised.exception.code, "INVALID_ARGUMENT")
+        for value in (True, False):
+            with self.assertRaises(trt.TributaryError) as raised:
+                trt.DistributedOptimizer(sgd(model.parameters()), priorities=value, mode="async")
+            self.assertEqual(raised.exception.code, "INVALID_ARGUMENT")
 
     def test_distributed_optimizer_gradients_are_zero_copy(self):
         # The gradients live in shared memory: a whole training run stages nothing, and is
@@ -285,7 +286,12 @@ class ExactTrainingTest(unittest.TestCase):
             # Nothing moved yet: every update waits for the next forward pass.
             for p, q in zip(model.parameters(), before):
                 self.assertTrue(torch.equal(p.detach(), q))
-        optimizer.synchronize()  # applies the last step's updates without a forward pass
+        # synchronize() applies the last step's updates without a forward pass, and sends
+        # nothing: no backward pass ran since that step (it used to all-reduce every gradient
+        # again, as zeros).
+        with mock.patch.object(trt_ops, "push_pull_async",
+                               side_effect=AssertionError("an all-reduce after the step")):
+            optimizer.synchronize()
         self.assertMatchesReference(model, ref)
         self.assertTrue(all(float(p.grad.abs().sum()) == 0 for p in model.parameters()))
 

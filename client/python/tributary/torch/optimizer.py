@@ -15,8 +15,9 @@ order on every rank. By layer order, each agent's order depends on what its own 
 produced when each chunk left (a later, higher-priority gradient jumps ahead of what is queued),
 so the ranks push different tensors at the same time and a summation server returns a chunk's
 sum only when the slowest rank has pushed it. On the emulated cluster (4 workers, 4 spares,
-125 Mbit/s) a ResNet-50 iteration took 7.7-7.9 s by layer order and 7.4-7.7 s in backward order
-(bench/results/torch_priorities_125mbit_s36/).
+125 Mbit/s) a ResNet-50 iteration took 7.7-7.9 s by layer order and 7.4-7.7 s in backward order,
+in 8 runs of each on an idle machine (bench/results/torch_priorities_125mbit_s36/, ab/ and
+first_*/).
 
 With overlap_forward=model (BytePS's cross-iteration overlap, ByteScheduler's "cross barrier"),
 step() does not wait: it leaves every parameter's update pending, and a forward pre-hook on each
@@ -58,7 +59,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if not isinstance(priorities, bool):
             raise TributaryError(
                 f"DistributedOptimizer: priorities must be True, False or None (automatic), "
-                f"not {priorities!r}", "INVALID_ARGUMENT")
+                f"not {priorities!r} ({type(priorities).__name__})", "INVALID_ARGUMENT")
         # Lower goes first. By layer order: the first parameter of named_parameters gets 0.
         self._priority = {id(p): i if priorities else 0 for i, (_, p) in enumerate(named)}
         self._params = [p for _, p in named if p.requires_grad]
@@ -226,8 +227,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         whose hook did not fire (parameters unused in this pass) are reduced now, as zeros
         when they have none. With overlap_forward it first applies every update still pending
         from the last step() (call it before reading the parameters outside a forward pass:
-        checkpoints, optimizer state)."""
+        checkpoints, optimizer state); then no backward pass has run since that step(), so
+        there is nothing more to reduce (every rank is in the same place)."""
+        after_overlapped_step = bool(self._pending)
         self._apply_pending(None)
+        if after_overlapped_step:
+            # Until session 36 this went on to reduce every gradient again, as zeros: one more
+            # all-reduce of the whole model for nothing.
+            self._synchronized = True
+            return
         if ops.size() > 1:
             self._submit_unfired()
             try:
@@ -384,7 +392,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     parameters from rank 0; step() applies the wrapped optimizer locally, pushes each
     parameter's change and pulls the current parameters. `staleness` is the job's SSP bound
     (tributary-run --staleness / create-job --staleness, which the servers enforce); when
-    given, it must match the job's. compression and backward_passes_per_step are sync only.
+    given, it must match the job's. compression, backward_passes_per_step,
+    overlap_forward and priorities are sync only.
 
     overlap_forward=model (sync only): step() returns without waiting, and each parameter's
     update is applied just before its module runs in the next forward pass of `model` (see the
