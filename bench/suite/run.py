@@ -1098,6 +1098,9 @@ def main():
                     "the largest --k with DistributedOptimizer(priorities=True) (first layers "
                     "first; by default the optimizer sends in backward order unless it overlaps "
                     "the forward pass)")
+    ap.add_argument("--torch-only", action="append", metavar="LABEL",
+                    help="with --torch-iterations: run only the configuration of this label "
+                    "(as the report names it, e.g. \"tributary.torch k=4\"; repeatable)")
     ap.add_argument("--torch-algorithm", default="auto", choices=sorted(CLI_ALGORITHM),
                     help="with --torch-iterations: the Tributary jobs' algorithm (auto: the "
                          "agent's choice per tensor, what a job gets by default; until session "
@@ -1177,6 +1180,11 @@ def main():
             ap.error(f"--workloads: unknown workload {w!r} (known: {', '.join(WORKLOADS)})")
     args.workload_iters = parse_workload_iters(ap, args.workload_iters)
     args.k = [int(x) for x in args.k.split(",") if x != ""]
+    if args.torch_only:
+        try:
+            torch_configs(args)
+        except ValueError as e:
+            ap.error(str(e))
     out = args.out or (os.path.join(ROOT, "build", "emulated-quick") if args.quick
                        else os.path.join(ROOT, "bench", "results"))
     # BENCHMARKS.md shows the full suite's results: only a run writing to bench/results updates it.
@@ -1410,6 +1418,14 @@ def torch_configs(args):
                         False, True))
     configs += [(f"PyTorch DDP + tributary k={k}", k, False, True, False) for k in ks]
     configs.append(("PyTorch DDP + Gloo", None, False, False, False))
+    only = getattr(args, "torch_only", None)
+    if only:
+        labels = [c[0] for c in configs]
+        unknown = [label for label in only if label not in labels]
+        if unknown:
+            raise ValueError(f"--torch-only {unknown[0]!r}: no such configuration (these "
+                             f"options give: {'; '.join(labels)})")
+        configs = [c for c in configs if c[0] in only]
     return configs
 
 

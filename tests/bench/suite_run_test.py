@@ -145,6 +145,13 @@ class Theory(unittest.TestCase):
         self.assertEqual(configs["tributary.torch k=4"], (4, False, False, False))
         self.assertEqual(configs["PyTorch DDP + tributary k=0"], (0, False, True, False))
         self.assertEqual(configs["PyTorch DDP + Gloo"], (None, False, False, False))
+        # --torch-only keeps the configurations it names, in run order.
+        args.torch_only = ["PyTorch DDP + tributary k=4", "tributary.torch k=4 layer priorities"]
+        self.assertEqual([c[0] for c in run.torch_configs(args)],
+                         ["tributary.torch k=4 layer priorities", "PyTorch DDP + tributary k=4"])
+        args.torch_only = ["tributary.torch k=2"]
+        with self.assertRaisesRegex(ValueError, "k=2.*no such configuration"):
+            run.torch_configs(args)
 
     def test_torch_report_compares_metered_cpu_with_ddp(self):
         args = types.SimpleNamespace(torch_iterations="resnet50", workers=4,
