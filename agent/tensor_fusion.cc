@@ -411,7 +411,24 @@ struct FusingRunner::Job {
   std::set<Key> failed_undecided;
   // Bytes of the operations passed through to the inner runner and not complete yet (leader).
   uint64_t passing_bytes = 0;
+  // Operations of a listed tensor passed through because their count, dtype or reduction is
+  // not the listed one (a dynamic shape), until they complete: an abort of one goes to the
+  // inner runner, which has it, not to a decision.
+  std::set<Key> passed_listed;
 };
+
+namespace {
+
+// Forgets that `key` is a member of decision `index`. A retry of the member may already be in a
+// later decision (a fused collective that failed on the leader is retried and decided again
+// while it still runs here): that entry stays.
+void EraseInFused(std::map<Key, InFused>& in_fused, const Key& key, uint64_t index) {
+  if (auto in = in_fused.find(key); in != in_fused.end() && in->second.index == index) {
+    in_fused.erase(in);
+  }
+}
+
+}  // namespace
 
 FusingRunner::FusingRunner(std::unique_ptr<CollectiveRunner> inner, const common::Clock* clock,
                            Options options)
@@ -703,11 +720,23 @@ void FusingRunner::StartLocked(const std::string& job_id, Job& job, dataplane::O
   auto f = job.fusable.find(hash);
   // Anything else runs as it is -- on every node alike, as the test reads only the list and
   // the operation's own count, dtype and reduction.
-  if (f == job.fusable.end() || f->second.count != op.count || f->second.dtype != op.dtype ||
+  if (f == job.fusable.end()) return;
+  const Key key{hash, op.iteration};
+  if (f->second.count != op.count || f->second.dtype != op.dtype ||
       f->second.reduction != op.reduction) {
+    job.passed_listed.insert(key);
+    op.done = [this, job_id, generation = job.view.generation, key,
+               done = std::move(op.done)](absl::Status s) {
+      {
+        std::lock_guard lock(mu_);
+        if (Job* job = FindJobLocked(job_id, generation); job != nullptr) {
+          job->passed_listed.erase(key);
+        }
+      }
+      if (done) done(std::move(s));
+    };
     return;
   }
-  const Key key{hash, op.iteration};
   if (auto failed = job.failed.find(key); failed != job.failed.end()) {
     after.push_back([done = std::move(op.done), s = failed->second] { done(s); });
     job.failed.erase(failed);
@@ -728,9 +757,23 @@ void FusingRunner::StartLocked(const std::string& job_id, Job& job, dataplane::O
       MaybeLaunchLocked(job_id, job, in->second.index, after);
       return;
     }
-    return;  // a second submission of a running member: the inner runner refuses it
+    // A second submission of a member still running: the inner runner knows the member only
+    // as its fused collective, so it would run it alone and wait out the deadline.
+    after.push_back([done = std::move(op.done), name = op.tensor_name, it = op.iteration] {
+      done(absl::AlreadyExistsError(absl::StrCat("tensor '", name, "' iteration ", it,
+                                                 " is already running in a fused collective")));
+    });
+    taken = true;
+    return;
   }
-  if (job.undecided.contains(key)) return;  // the same: refused below
+  if (job.undecided.contains(key)) {
+    after.push_back([done = std::move(op.done), name = op.tensor_name, it = op.iteration] {
+      done(absl::AlreadyExistsError(absl::StrCat("tensor '", name, "' iteration ", it,
+                                                 " is already held for a fusion decision")));
+    });
+    taken = true;
+    return;
+  }
   job.undecided.emplace(key, Held{std::move(op), clock_->Now()});
   taken = true;
   if (!job.leader) {
@@ -1083,7 +1126,7 @@ void FusingRunner::MaybeLaunchLocked(const std::string& job_id, Job& job, uint64
       if (Job* job = FindJobLocked(job_id, generation); job != nullptr) {
         if (auto f = job->fused.find(index); f != job->fused.end()) {
           for (const FusionDecision::Member& m : f->second.decision.members) {
-            job->in_fused.erase({m.name_hash, m.iteration});
+            EraseInFused(job->in_fused, {m.name_hash, m.iteration}, index);
           }
           job->fused.erase(f);
         }
@@ -1126,7 +1169,7 @@ void FusingRunner::FailFusedLocked(const std::string& job_id, Job& job, uint64_t
     Fused& fused = found->second;
     for (size_t m = 0; m < fused.ops.size(); ++m) {
       const Key key{fused.decision.members[m].name_hash, fused.decision.members[m].iteration};
-      job.in_fused.erase(key);
+      EraseInFused(job.in_fused, key, index);
       if (fused.ops[m]) {
         after.push_back([done = std::move(fused.ops[m]->done), reason] { done(reason); });
       } else if (!done_here.contains(key)) {
@@ -1232,7 +1275,7 @@ void FusingRunner::Abort(const std::string& job_id, const std::string& tensor, u
         FailFusedLocked(job_id, job, in->second.index, reason, after);
         fused = true;
       } else if (job.state == PlanState::kReady && iteration >= kFirstFusedIteration &&
-                 job.fusable.contains(key.first)) {
+                 job.fusable.contains(key.first) && !job.passed_listed.contains(key)) {
         FailUnsubmittedLocked(job_id, job, key, reason, after);
         fused = true;
       }
@@ -1316,14 +1359,20 @@ void FusingRunner::Tick() {
       };
       expire(job->waiting, "the job's tensor fusion list from worker rank 0");
       if (!job->leader) {  // the leader's own close within a cycle
+        bool expired_undecided = false;
         for (const auto& [key, held] : job->undecided) {
           if (now - held.since > timeout) {
             job->failed[key] = absl::DeadlineExceededError(
                 "a node's tensor waited past the op timeout for worker rank 0's tensor fusion "
                 "decision");
+            // This node keeps asking for decisions until one names it, so that the others'
+            // copies fail too rather than wait out their own deadline.
+            job->failed_undecided.insert(key);
+            expired_undecided = true;
           }
         }
         expire(job->undecided, "worker rank 0's tensor fusion decision");
+        if (expired_undecided) MaybePostDecisionLocked(job_id, *job, after);
       }
       std::vector<uint64_t> expired;
       for (const auto& [index, f] : job->fused) {

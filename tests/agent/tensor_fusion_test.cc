@@ -15,6 +15,8 @@
 #include <future>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -1156,6 +1158,163 @@ TEST(FusingRunnerTest, OnlySmallAllReducesPassedThroughRunLone) {
   control.tensor_name = "control";
   control.control = true;
   EXPECT_FALSE(started_lone(control));
+}
+
+// A follower of TwoNodeJob over a FakeCollectiveRunner, without the launcher and timer threads,
+// that has run iteration 0 of x, a, b and c and been given the list {a, b, c} (one float each):
+// a of iteration 1 is held, and the follower's first decision broadcast is started. The test
+// plays the leader by writing decisions into the broadcasts it completes (Deliver).
+struct FakeFollower {
+  FakeFollower() {
+    auto fake = std::make_unique<FakeCollectiveRunner>();
+    inner = fake.get();
+    FusingRunner::Options options;
+    options.timer_thread = false;
+    options.launcher_thread = false;
+    runner = std::make_unique<FusingRunner>(std::move(fake), &clock, options);
+    runner->SetJob(TwoNodeJob(/*my_worker_rank=*/1), dataplane::Algorithm::kRing);
+    for (const char* name : {"x", "a", "b", "c"}) Start(name, 0);
+    for (size_t i = 0; i < 4; ++i) inner->Complete(i, absl::OkStatus());
+    Start("a", 1);
+    EXPECT_EQ(inner->start(4).op.tensor_name, kFusionPlanTensor);
+    FusionGroup group;
+    group.members = {{H("a"), 1}, {H("b"), 1}, {H("c"), 1}};
+    Deliver(4, EncodeFusionPlan({group}));
+    EXPECT_EQ(LastStart().tensor_name, kFusionDecisionTensor);
+  }
+  ~FakeFollower() { runner->Shutdown(); }
+
+  // Starts `name` of `iteration` on its own float; its status lands in results[name + iteration].
+  void Start(const std::string& name, uint64_t iteration) {
+    const std::string key = absl::StrCat(name, iteration);
+    results.erase(key);
+    absl::Status started =
+        runner->Start(kJob, OneFloat(name, iteration, &memory[key], [this, key](absl::Status s) {
+                        std::lock_guard lock(mu);
+                        results[key] = s;
+                      }));
+    EXPECT_TRUE(started.ok()) << started;
+  }
+  std::optional<absl::Status> Result(const std::string& key) {
+    std::lock_guard lock(mu);
+    auto it = results.find(key);
+    if (it == results.end()) return std::nullopt;
+    return it->second;
+  }
+  dataplane::Operation LastStart() const { return inner->start(inner->num_starts() - 1).op; }
+  // Writes `words` (the rest zero) into every buffer of started broadcast `index` and completes
+  // it.
+  void Deliver(size_t index, const std::vector<int64_t>& words) {
+    const dataplane::Operation op = inner->start(index).op;
+    ASSERT_LE(words.size(), op.count);
+    for (std::byte* b : op.buffers) {
+      int64_t* w = reinterpret_cast<int64_t*>(b);
+      std::fill(w, w + op.count, 0);
+      std::copy(words.begin(), words.end(), w);
+    }
+    inner->Complete(index, absl::OkStatus());
+  }
+  // Delivers decision `index` naming `members` (of iteration 1) into the last started operation,
+  // which must be a decision broadcast.
+  void DeliverDecision(uint64_t index, const std::vector<std::string>& members) {
+    ASSERT_EQ(LastStart().tensor_name, kFusionDecisionTensor);
+    FusionDecision d;
+    d.index = index;
+    for (const std::string& m : members) d.members.push_back({H(m), 1});
+    Deliver(inner->num_starts() - 1, EncodeFusionDecision(d));
+  }
+
+  std::mutex mu;
+  std::map<std::string, absl::Status> results;
+  std::map<std::string, float> memory;  // before the runner: it outlives it
+  common::FakeClock clock;
+  FakeCollectiveRunner* inner = nullptr;
+  std::unique_ptr<FusingRunner> runner;
+};
+
+// A fused collective that fails here after the leader already decided the retry of its members
+// (it failed on the leader first, whose process resubmitted at once): the failure must not take
+// the retry's members out of the later decision, or their retry here waits for a decision that
+// never comes.
+TEST(FusingRunnerTest, AFusedCollectiveFailingAfterItsRetryWasDecidedLeavesTheRetryDecided) {
+  FakeFollower f;
+  f.Start("b", 1);
+  f.DeliverDecision(0, {"a", "b"});  // both here: fused collective 0 runs
+  const size_t first = f.inner->num_starts() - 1;
+  ASSERT_EQ(f.LastStart().tensor_name, FusedName(0));
+  f.Start("c", 1);                        // held: the follower asks for the next decision
+  f.DeliverDecision(1, {"a", "b", "c"});  // the leader's retry of a and b, with c
+  f.inner->Complete(first, absl::UnavailableError("the plan changed"));
+  ASSERT_EQ(f.Result("a1"), absl::UnavailableError("the plan changed"));
+  ASSERT_EQ(f.Result("b1"), absl::UnavailableError("the plan changed"));
+  f.Start("a", 1);  // the process retries
+  f.Start("b", 1);
+  const dataplane::Operation retry = f.LastStart();
+  EXPECT_EQ(retry.tensor_name, FusedName(1));
+  EXPECT_EQ(retry.count, 3u);
+  f.inner->Complete(f.inner->num_starts() - 1, absl::OkStatus());
+  for (const char* key : {"a1", "b1", "c1"}) EXPECT_EQ(f.Result(key), absl::OkStatus()) << key;
+}
+
+// A follower's tensor that waited past the op timeout for a decision fails here, and the
+// follower goes on asking for decisions until one names it, which then fails that fused
+// collective for the other nodes too (an abort, not their own deadline).
+TEST(FusingRunnerTest, AFollowersTensorPastTheDeadlineFailsItsCollectiveForTheOthers) {
+  FakeFollower f;
+  f.clock.Advance(TwoNodeJob(1).op_timeout + 1ms);
+  f.runner->Tick();
+  ASSERT_TRUE(f.Result("a1").has_value());
+  EXPECT_EQ(f.Result("a1")->code(), absl::StatusCode::kDeadlineExceeded);
+  f.DeliverDecision(0, {"b"});  // a decision that does not name it
+  f.DeliverDecision(1, {"a"});  // so the follower has asked again
+  const std::vector<FakeCollectiveRunner::AbortCall> aborts = f.inner->aborts();
+  ASSERT_THAT(aborts, SizeIs(1));
+  EXPECT_EQ(aborts[0].tensor, FusedName(1));
+  EXPECT_EQ(aborts[0].reason.code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+// A second submission of a tensor the runner already holds or runs fused fails at once with
+// ALREADY_EXISTS (passed through, it would wait out the deadline under its own name).
+TEST(FusingRunnerTest, ASecondSubmissionOfAHeldOrFusedTensorIsAlreadyExists) {
+  FakeFollower f;
+  float again = 0;
+  std::optional<absl::Status> second;
+  const auto submit_again = [&](const std::string& name) {
+    second.reset();
+    ASSERT_TRUE(
+        f.runner->Start(kJob, OneFloat(name, 1, &again, [&](absl::Status s) { second = s; })).ok());
+  };
+  submit_again("a");  // held for a decision
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(second->code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(second->message(), HasSubstr("held for a fusion decision"));
+  f.Start("b", 1);
+  f.DeliverDecision(0, {"a", "b"});
+  ASSERT_EQ(f.LastStart().tensor_name, FusedName(0));
+  submit_again("b");  // running fused
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(second->code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(second->message(), HasSubstr("already running in a fused collective"));
+  EXPECT_EQ(f.Result("a1"), std::nullopt);  // the first submissions are untouched
+}
+
+// A listed tensor submitted with another count (a dynamic shape) runs unfused: an abort of it
+// goes to the inner runner, which has it, and makes no decision.
+TEST(FusingRunnerTest, AnAbortOfAListedTensorPassedThroughWithAnotherCountReachesTheInnerRunner) {
+  FakeFollower f;
+  std::array<float, 2> two = {1, 2};
+  dataplane::Operation op = OneFloat("b", 1, two.data());
+  op.count = 2;
+  const size_t before = f.inner->num_starts();
+  ASSERT_TRUE(f.runner->Start(kJob, std::move(op)).ok());
+  ASSERT_EQ(f.inner->num_starts(), before + 1);
+  EXPECT_EQ(f.LastStart().tensor_name, "b");
+  f.runner->Abort(kJob, "b", 1, absl::CancelledError("staging failed"));
+  const std::vector<FakeCollectiveRunner::AbortCall> aborts = f.inner->aborts();
+  ASSERT_THAT(aborts, SizeIs(1));
+  EXPECT_EQ(aborts[0].tensor, "b");
+  EXPECT_EQ(aborts[0].iteration, 1u);
+  f.inner->Complete(before, absl::CancelledError("staging failed"));
 }
 
 }  // namespace
