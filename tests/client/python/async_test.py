@@ -8,10 +8,12 @@ Integer-valued inputs: every final parameter is exact.
 
 import os
 import unittest
+from unittest import mock
 
 import torch
 
 import tributary.torch as trt
+from tributary.torch import ops as trt_ops
 from rendezvous import rendezvous
 from tributary import TributaryError
 
@@ -119,6 +121,42 @@ class AsyncTest(unittest.TestCase):
         gathered = trt.allgather(flat.clone(), name="async.final")
         for r in range(trt.size()):
             self.assertTrue(torch.equal(gathered[r * flat.numel():(r + 1) * flat.numel()], flat))
+
+    def test_a_failed_step_waits_for_every_handle_before_initialising_again(self):
+        # An UNAVAILABLE error (the plan changed) on the step's first push: the optimizer
+        # initialises the parameters again, which reuses their names, so the step must first
+        # wait for every other push it started (until session 37 it left them in flight, and
+        # init_params failed with ALREADY_EXISTS for every parameter but the first).
+        torch.manual_seed(3)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Linear(4, 1))
+        opt = trt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                       named_parameters=[(f"retry.{n}", p) for n, p in
+                                                         model.named_parameters()],
+                                       mode="async", staleness=2)
+        real = trt_ops.synchronize
+        calls = []
+
+        def flaky(handle, timeout=None):
+            result = real(handle, timeout)
+            calls.append(handle)
+            if len(calls) == 1:
+                raise TributaryError("the plan changed (test)", "UNAVAILABLE")
+            return result
+
+        in_flight_at_init = []
+        with mock.patch.object(trt_ops, "synchronize", flaky), \
+                mock.patch.object(type(opt), "_init_params", lambda self: in_flight_at_init.append(
+                    set(trt_ops._get().in_flight))):
+            opt.zero_grad()
+            model(torch.ones(2, 8)).sum().backward()
+            opt.step()
+        self.assertEqual(opt.reinitialisations, 1)
+        self.assertEqual(in_flight_at_init, [set()])
+        self.assertEqual(len(calls), 4)  # every push waited for; no pull after the error
+        opt.zero_grad()
+        model(torch.ones(2, 8)).sum().backward()
+        opt.step()  # the next step runs
+        trt.barrier()
 
 
 if __name__ == "__main__":

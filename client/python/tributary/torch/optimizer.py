@@ -24,7 +24,10 @@ step() does not wait: it leaves every parameter's update pending, and a forward 
 module of `model` waits for that module's parameters' all-reduces and applies their update just
 before the module runs. The next iteration's forward pass then starts as soon as the first
 layers' gradients are back (they go first, by priority) and overlaps the rest of the
-communication. The updates are the same, in the same arithmetic, as without it.
+communication. The updates are the same, in the same arithmetic, as without it. A module whose
+pre-hook did not run in the last forward pass although its parameters are used (its parent reads
+them, as nn.MultiheadAttention does its out_proj's) or runs after another pre-hook (which may read
+them, as weight_norm's does) has its update applied at the start of the model's forward pass.
 
 Zero copy: the gradients live in the agent's shared memory (one buffer per dtype, each .grad a
 view of it, allocated once by the constructor; autograd accumulates into an existing .grad in
@@ -62,7 +65,19 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 f"not {priorities!r} ({type(priorities).__name__})", "INVALID_ARGUMENT")
         # Lower goes first. By layer order: the first parameter of named_parameters gets 0.
         self._priority = {id(p): i if priorities else 0 for i, (_, p) in enumerate(named)}
-        self._params = [p for _, p in named if p.requires_grad]
+        self._params = [p for _, p in named if p.requires_grad and p.numel() > 0]
+        for n, p in named:
+            if p.requires_grad and p.device.type != "cpu":
+                raise TributaryError(
+                    f"DistributedOptimizer: parameter {n!r} is on {p.device}; only CPU "
+                    "parameters are supported from Python so far (GPU memory goes through the "
+                    "C++ client's RegisterCudaBuffer): move the model with .cpu()",
+                    "UNIMPLEMENTED")
+            if p.requires_grad and p.dtype not in ops._DTYPES:
+                raise TributaryError(
+                    f"DistributedOptimizer: parameter {n!r} has dtype {p.dtype}, which cannot "
+                    "be all-reduced; use float32, float64, float16 or bfloat16",
+                    "INVALID_ARGUMENT")
         self._handles = {}  # id(p) -> (p, handle, compression context, compressed tensor)
         self._delay = {id(p): self._passes for p in self._params}
         self._synchronized = False
@@ -71,6 +86,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._pending = {}  # overlap_forward: id(p) -> _handles' entry, update not applied yet
         self._overlap = overlap_forward is not None
         self._forward_hooks = []
+        # overlap_forward: the modules whose pre-hook ran in the current (_fired_now) and the
+        # last (_fired_last) forward pass of the model, and each module's own parameters.
+        self._fired_now = set()
+        self._fired_last = None
+        self._module_params = []  # (module, its pre-hook's handle, its own parameters)
         if self._overlap:
             if not isinstance(overlap_forward, torch.nn.Module):
                 raise TributaryError(
@@ -105,6 +125,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _register_hooks(self):
         for p in self._params:
+            # Before autograd adds the new gradient into p.grad: refuse it while p.grad is in
+            # flight (zero copy: the agent writes the average into it) or its update pending.
+            p.register_hook(self._make_check(p))
             # The AccumulateGrad node of p: its hook runs once p.grad holds the new gradient.
             grad_acc = p.expand_as(p).grad_fn.next_functions[0][0]
             grad_acc.register_hook(self._make_hook(p))
@@ -112,18 +135,52 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _register_forward_hooks(self, model):
         """overlap_forward: each module's pre-hook applies the pending updates of its own
-        parameters; the model's post-hook those of any parameter the forward did not reach,
-        so that none is pending when backward accumulates into .grad again."""
+        parameters just before it runs. The model's pre-hook applies first those of modules
+        whose pre-hook did not run in the last forward pass (a parameter its parent uses
+        directly, as nn.MultiheadAttention its out_proj's) or runs after another pre-hook (one
+        that reads the parameters, as weight_norm's); the model's post-hook those of any
+        parameter the forward did not reach, so that none is pending when backward accumulates
+        into .grad again."""
+        self._start_hook = model.register_forward_pre_hook(
+            lambda _module, _inputs: self._on_forward_start())
+        self._forward_hooks.append(self._start_hook)
         for module in model.modules():
             own = [p for p in module.parameters(recurse=False)]
             if own:
-                self._forward_hooks.append(module.register_forward_pre_hook(
-                    lambda _module, _inputs, own=own: self._apply_pending(own)))
+                handle = module.register_forward_pre_hook(
+                    lambda module, _inputs, own=own: self._on_module(module, own))
+                self._forward_hooks.append(handle)
+                self._module_params.append((module, handle, own))
         self._forward_hooks.append(model.register_forward_hook(
-            lambda _module, _inputs, _output: self._apply_pending(None)))
+            lambda _module, _inputs, _output: self._on_forward_end()))
 
-    def _make_hook(self, p):
-        def hook(*unused):
+    def _on_module(self, module, own):
+        self._fired_now.add(id(module))
+        self._apply_pending(own)
+
+    def _early_params(self):
+        """The parameters whose update the model's pre-hook applies (see
+        _register_forward_hooks)."""
+        early = []
+        for module, handle, own in self._module_params:
+            # The model's own pre-hook runs before its parameters' (it registered first).
+            hooks = [k for k in module._forward_pre_hooks if k != self._start_hook.id]
+            if (not hooks or hooks[0] != handle.id or
+                    (self._fired_last is not None and id(module) not in self._fired_last)):
+                early.extend(own)
+        return early
+
+    def _on_forward_start(self):
+        self._fired_now = set()
+        if self._pending:
+            self._apply_pending(self._early_params())
+
+    def _on_forward_end(self):
+        self._fired_last = self._fired_now
+        self._apply_pending(None)
+
+    def _make_check(self, p):
+        def check(grad):
             key = id(p)
             if key in self._pending:
                 raise TributaryError(
@@ -137,17 +194,50 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     "backward_passes_per_step times before step() / synchronize(); raise "
                     "backward_passes_per_step or call step() after each backward",
                     "FAILED_PRECONDITION")
+            return None
+
+        return check
+
+    def _make_hook(self, p):
+        def hook(*unused):
+            key = id(p)
+            # A gradient computed since the last synchronize(): step() must wait for it.
+            self._synchronized = False
             self._delay[key] -= 1
             if self._delay[key] == 0:
-                self._submit(p)
+                self._submit_or_drain(p)
 
         return hook
 
     def _submit(self, p):
+        if not p.grad.is_contiguous():  # e.g. a channels_last parameter's own gradient
+            p.grad = p.grad.contiguous()
         compressed, ctx = self._compression.compress(p.grad)
         handle = ops.push_pull_async(compressed, average=True, name=self._name[id(p)],
                                      priority=self._priority[id(p)])
         self._handles[id(p)] = (p, handle, ctx, compressed)
+
+    def _submit_or_drain(self, p):
+        """_submit; when it fails (e.g. MembershipChanged), every all-reduce in flight is waited
+        for (their errors dropped) and forgotten first, so that none is left in flight for
+        resync() and the next iteration, and the error is raised."""
+        try:
+            self._submit(p)
+        except BaseException:
+            self._drain()
+            raise
+
+    def _drain(self):
+        """Waits for every all-reduce in flight or pending, drops their results and errors,
+        and starts every parameter's accumulation again."""
+        entries = list(self._handles.values()) + list(self._pending.values())
+        self._handles.clear()
+        self._pending.clear()
+        for _, handle, _, _ in entries:
+            with contextlib.suppress(TributaryError):
+                ops.synchronize(handle)
+        for p in self._params:
+            self._delay[id(p)] = self._passes
 
     def _submit_unfired(self):
         """Gradients whose hook did not fire (parameters unused in this pass) are reduced now,
@@ -155,8 +245,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for p in self._params:
             if id(p) not in self._handles:
                 if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                self._submit(p)
+                    p.grad = torch.zeros_like(p, memory_format=torch.contiguous_format)
+                self._submit_or_drain(p)
 
     def _wait(self, entries):
         """Waits for every entry's all-reduce, even after one failed (none stays in flight;
@@ -233,7 +323,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._apply_pending(None)
         if after_overlapped_step:
             # Until session 36 this went on to reduce every gradient again, as zeros: one more
-            # all-reduce of the whole model for nothing.
+            # all-reduce of the whole model for nothing. The next backward pass's hooks clear
+            # _synchronized again, so its step() waits for its gradients (until session 37 a
+            # synchronize() between step() and the next backward left it set, and that step()
+            # updated from gradients still in flight).
             self._synchronized = True
             return
         if ops.size() > 1:
@@ -344,6 +437,30 @@ class _AsyncDistributedOptimizer(torch.optim.Optimizer):
                 ops.init_params(p.data, name)
                 self.versions[name] = 0
 
+    def _run_all(self, starts):
+        """Starts each (name, start) until one fails to start, then waits for every one started,
+        even after one failed (none stays in flight, so the names are free for _init_params and
+        the next step), records the pulls' versions (name not None) and raises the first
+        error."""
+        error = None
+        started = []
+        for name, start in starts:
+            try:
+                started.append((name, start()))
+            except TributaryError as e:
+                error = e
+                break
+        for name, h in started:
+            try:
+                ops.synchronize(h)
+            except TributaryError as e:
+                error = error or e
+                continue
+            if name is not None:
+                self.versions[name] = h.version
+        if error is not None:
+            raise error
+
     def synchronize(self):
         """Nothing to wait for: step() pushes and pulls."""
 
@@ -358,14 +475,10 @@ class _AsyncDistributedOptimizer(torch.optim.Optimizer):
         try:
             with torch.no_grad():
                 deltas = [p.detach() - old for (_, p), old in zip(self._params, before)]
-                handles = [ops.push_delta_async(d, name) for (name, _), d in
-                           zip(self._params, deltas)]
-                for h in handles:
-                    ops.synchronize(h)
-                handles = [ops.pull_params_async(p.data, name) for name, p in self._params]
-                for (name, _), h in zip(self._params, handles):
-                    ops.synchronize(h)
-                    self.versions[name] = h.version
+                self._run_all([(None, lambda d=d, name=name: ops.push_delta_async(d, name))
+                               for (name, _), d in zip(self._params, deltas)])
+                self._run_all([(name, lambda p=p, name=name: ops.pull_params_async(p.data, name))
+                               for name, p in self._params])
         except TributaryError as e:
             if e.code != "UNAVAILABLE":
                 raise
