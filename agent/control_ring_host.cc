@@ -45,6 +45,16 @@ class ControlRings::Host : public std::enable_shared_from_this<Host> {
     thread_ = std::thread([this] { Run(); });
   }
 
+  // Submits every entry in the submission queue now, on the calling thread, whatever the
+  // in-flight bound (they were pushed before the caller's own submission). A corrupt queue is
+  // left to the ring's thread.
+  void Drain() {
+    if (stop_.load(std::memory_order_acquire)) return;
+    std::lock_guard intake(intake_mu_);
+    ring::SubmissionEntry entry;
+    while (sq_.Pop(&entry) == ring::RingResult::kOk) HandleEntry(entry);
+  }
+
   // Asks the thread to end (it wakes at once); does not wait.
   void Stop() {
     stop_.store(true, std::memory_order_seq_cst);
@@ -79,6 +89,10 @@ class ControlRings::Host : public std::enable_shared_from_this<Host> {
       bool progressed = false;
       while (in_flight_.load(std::memory_order_acquire) < options_.max_in_flight &&
              !stop_.load(std::memory_order_relaxed)) {
+        // Taken and handed to the service under intake_mu_, so that a Submit RPC of the same
+        // session that drains the ring first (DrainSubmissions) finds every entry pushed before
+        // it already submitted.
+        std::lock_guard intake(intake_mu_);
         ring::SubmissionEntry entry;
         const ring::RingResult r = sq_.Pop(&entry);
         if (r == ring::RingResult::kEmpty) break;
@@ -146,7 +160,7 @@ class ControlRings::Host : public std::enable_shared_from_this<Host> {
     finished_.store(true, std::memory_order_release);
   }
 
-  // One submission, already copied out of the shared memory.
+  // One submission, already copied out of the shared memory. intake_mu_ held.
   void HandleEntry(const ring::SubmissionEntry& e) {
     in_flight_.fetch_add(1, std::memory_order_acq_rel);
     if (e.name_bytes == 0 || e.name_bytes > ring::kMaxTensorName) {
@@ -227,6 +241,9 @@ class ControlRings::Host : public std::enable_shared_from_this<Host> {
   std::atomic<bool> throttled_{false};
   // Accepted and not yet in the completion queue.
   std::atomic<size_t> in_flight_{0};
+  // Held while an entry is taken from the submission queue and handed to the service (sq_'s
+  // consumer end and request_ are used under it).
+  std::mutex intake_mu_;
 
   std::mutex cq_mu_;
   ring::RingProducer<ring::CompletionEntry> cq_;  // Guarded by cq_mu_.
@@ -304,6 +321,17 @@ void ControlRings::Shutdown() {
   }
   for (auto& [id, host] : hosts) host->Stop();
   for (auto& [id, host] : hosts) host->Join();
+}
+
+void ControlRings::DrainSubmissions(const std::string& session_id) {
+  std::shared_ptr<Host> host;
+  {
+    std::lock_guard lock(mu_);
+    auto it = hosts_.find(session_id);
+    if (it == hosts_.end()) return;
+    host = it->second;
+  }
+  host->Drain();
 }
 
 size_t ControlRings::num_active() const {

@@ -59,6 +59,12 @@ class ControlRings {
   // object or session), ALREADY_EXISTS (the session has a ring), UNAVAILABLE after Shutdown.
   absl::Status Attach(const tributary::v1::AttachControlRingRequest& req,
                       tributary::v1::AttachControlRingResponse* resp);
+  // Submits, on the calling thread, every entry the session's ring holds (none: returns). The
+  // Submit RPC calls it first: a client falls back to the RPC when its ring is full, and a
+  // submission of the same tensor name must not overtake one still in the ring (the agent
+  // numbers a name's iterations in the order its submissions reach the service; swapped, the
+  // ranks would pair different regions).
+  void DrainSubmissions(const std::string& session_id);
   // Stops and joins every ring thread; later attaches fail with UNAVAILABLE. Idempotent.
   void Shutdown();
   // Rings still being served (their session has not ended).

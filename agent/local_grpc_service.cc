@@ -126,6 +126,8 @@ grpc::ServerUnaryReactor* LocalGrpcService::RegisterCudaBuffer(
 grpc::ServerUnaryReactor* LocalGrpcService::Submit(grpc::CallbackServerContext* ctx,
                                                    const tributary::v1::SubmitRequest* req,
                                                    tributary::v1::SubmitResponse* resp) {
+  // What the session's control ring still holds was submitted before this (ControlRings).
+  if (rings_ != nullptr) rings_->DrainSubmissions(req->session_id());
   const absl::Status submitted = service_->Submit(*req, resp);
   if (!submitted.ok() || req->wait_timeout_ms() == 0) return Finish(ctx, submitted);
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();

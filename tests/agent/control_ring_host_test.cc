@@ -212,6 +212,44 @@ TEST_F(ControlRingHostTest, APollingRingThreadServesSubmissionsWithoutTheDoorbel
   polling.Shutdown();  // ends the thread's poll at once
 }
 
+// A client whose ring is full falls back to the Submit RPC; the RPC first submits what the ring
+// still holds, so a later submission of the same tensor name cannot take an earlier iteration
+// than one pushed into the ring before it. (Here the ring's thread takes nothing: its in-flight
+// bound is 0, as if it were descheduled.)
+TEST_F(ControlRingHostTest, TheSubmitRpcSubmitsWhatTheRingHoldsFirst) {
+  ControlRings stalled{&service_, {.idle_wake = 20ms, .max_in_flight = 0}};
+  testing::ScopedShm buf(2 * sizeof(float));
+  RawClient client({8, 8});
+  const std::string s = Join("solo", 0, 1);
+  absl::StatusOr<uint64_t> ring_id = testing::RegisterShm(service_, s, client.shm());
+  ASSERT_TRUE(ring_id.ok()) << ring_id.status();
+  tributary::v1::AttachControlRingRequest attach;
+  attach.set_session_id(s);
+  attach.set_buffer_id(*ring_id);
+  tributary::v1::AttachControlRingResponse attached;
+  ASSERT_TRUE(stalled.Attach(attach, &attached).ok());
+  const uint64_t b = Register(s, buf);
+  client.Push(RawClient::Entry(1, "grad", b, 1));  // iteration 0, at offset 0
+  ASSERT_EQ(runner_.num_starts(), 0u);             // the thread takes nothing (bound 0)
+  stalled.DrainSubmissions(s);
+  tributary::v1::SubmitRequest req;
+  req.set_session_id(s);
+  req.set_tensor_name("grad");
+  req.set_buffer_id(b);
+  req.set_offset_bytes(sizeof(float));  // iteration 1, at offset 4
+  req.set_count(1);
+  req.set_dtype(tributary::v1::DATA_TYPE_FLOAT32);
+  req.set_op(tributary::v1::COLLECTIVE_OP_SUM);
+  tributary::v1::SubmitResponse resp;
+  ASSERT_TRUE(service_.Submit(req, &resp).ok());
+  ASSERT_EQ(runner_.num_starts(), 2u);
+  EXPECT_EQ(runner_.start(0).op.iteration, 0u);
+  EXPECT_EQ(runner_.start(1).op.iteration, 1u);
+  EXPECT_EQ(runner_.start(1).op.buffers[0] - runner_.start(0).op.buffers[0],
+            static_cast<std::ptrdiff_t>(sizeof(float)));
+  stalled.Shutdown();
+}
+
 TEST_F(ControlRingHostTest, RefusedEntriesGetAnErrorNamingTheProblemAndTheSessionGoesOn) {
   runner_.CompleteOnStart(true);
   testing::ScopedShm buf(64);
