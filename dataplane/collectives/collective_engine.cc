@@ -310,8 +310,10 @@ absl::Status CollectiveEngine::Post(const std::string& job_id, Algorithm algorit
   if (blockwise) {
     // Once the nodes are done: all-gather copies the whole region to the other local buffers;
     // reduce-scatter (averaged first) gives each local process its own block.
+    // The keepalive goes with the copies: the engine drops its operation (and with it
+    // op.keepalive) before running done, and a process may unregister its buffer meanwhile.
     op.done = [this, dtype = op.dtype, count = op.count, buffers = op.buffers, esize,
-               gather = op.reduction == Reduction::kAllGather,
+               keepalive = op.keepalive, gather = op.reduction == Reduction::kAllGather,
                average = op.reduction == Reduction::kReduceScatterAverage, world, tensor_count,
                first = my_rank * super_block, super_block,
                done = std::move(op.done)](absl::Status s) {
@@ -332,8 +334,8 @@ absl::Status CollectiveEngine::Post(const std::string& job_id, Algorithm algorit
     // Average and the copy to the other local buffers happen once the nodes agree on the sum,
     // outside the engine's lock.
     op.done = [this, dtype = op.dtype, count = op.count, buffers = op.buffers, lead,
-               average = op.reduction == Reduction::kAverage, world = view->world_size(),
-               done = std::move(op.done)](absl::Status s) {
+               keepalive = op.keepalive, average = op.reduction == Reduction::kAverage,
+               world = view->world_size(), done = std::move(op.done)](absl::Status s) {
       if (s.ok()) {
         if (average) reducer_->Divide(dtype, buffers[lead], count, world);
         const size_t bytes = count * DataTypeSize(dtype);

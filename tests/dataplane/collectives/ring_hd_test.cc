@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <tuple>
 
@@ -677,6 +678,74 @@ TEST(EarlyMessagesTest, ARankThatStartsFirstIsBufferedUntilThePeerStarts) {
     for (int r = 0; r < n; ++r) {
       for (uint64_t i = 0; i < count; ++i) {
         ASSERT_EQ(GetValue(DataType::kInt32, bufs[r].data(), i), 10) << AlgorithmName(alg);
+      }
+    }
+  }
+}
+
+// With two local processes the engine sums their buffers before the nodes run and copies the
+// result back to the second after: that copy, and the average, run in done, after the engine
+// dropped its operation. The operation's keepalive (the processes' shared-memory mappings in the
+// agent) must still hold then: a process that unregistered its buffer meanwhile had the agent
+// copy into unmapped memory (found in session 37: SIGSEGV in the agent).
+TEST(LocalBuffersTest, TheResultIsCopiedToEveryLocalBufferWhileTheKeepaliveHolds) {
+  for (Reduction kind : {Reduction::kSum, Reduction::kAverage, Reduction::kAllGather}) {
+    testing::ClusterOptions o;
+    o.workers = 2;
+    o.procs_per_node = 2;
+    o.job_id = "job-local";
+    o.partition_bytes = 64;
+    testing::Cluster cluster(o);
+    const uint64_t count = 40;  // per process for all-gather
+    const uint64_t region = kind == Reduction::kAllGather ? count * 4 : count;
+    std::vector<std::future<absl::Status>> futures;
+    // What each rank's done found: whether the memory was still held, and its contents. The
+    // test keeps no reference of its own: only the operation's keepalive holds the memory.
+    std::vector<std::shared_ptr<std::optional<std::vector<float>>>> found;
+    for (int r = 0; r < 2; ++r) {
+      auto memory = std::make_shared<std::vector<float>>(2 * region, 0.0f);
+      for (int local = 0; local < 2; ++local) {
+        const uint64_t base = kind == Reduction::kAllGather ? (r * 2 + local) * count : 0;
+        for (uint64_t i = 0; i < count; ++i) {
+          (*memory)[local * region + base + i] = static_cast<float>((r * 2 + local + 1) * (i + 1));
+        }
+      }
+      Operation op;
+      op.tensor_name = "local-copies";
+      op.dtype = DataType::kFloat32;
+      op.count = count;
+      op.reduction = kind;
+      op.buffers = {reinterpret_cast<std::byte*>(memory->data()),
+                    reinterpret_cast<std::byte*>(memory->data() + region)};
+      std::weak_ptr<std::vector<float>> weak = memory;
+      op.keepalive = std::move(memory);
+      auto result = std::make_shared<std::optional<std::vector<float>>>();
+      found.push_back(result);
+      auto promise = std::make_shared<std::promise<absl::Status>>();
+      futures.push_back(promise->get_future());
+      op.done = [promise, result, weak](absl::Status s) {
+        if (std::shared_ptr<std::vector<float>> m = weak.lock()) *result = *m;
+        promise->set_value(std::move(s));
+      };
+      ASSERT_TRUE(cluster.node(r).engine().Post(o.job_id, Algorithm::kRing, std::move(op)).ok());
+    }
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(Await(futures[r]).ok()) << r;
+      ASSERT_TRUE(found[r]->has_value())
+          << ReductionName(kind) << " rank " << r << ": the memory was gone when done ran";
+      const std::vector<float>& got = **found[r];
+      for (int local = 0; local < 2; ++local) {
+        for (uint64_t i = 0; i < region; ++i) {
+          float expected = 0;
+          if (kind == Reduction::kAllGather) {
+            expected = static_cast<float>((i / count + 1) * (i % count + 1));
+          } else {
+            for (int q = 1; q <= 4; ++q) expected += static_cast<float>(q * (i + 1));
+            if (kind == Reduction::kAverage) expected /= 4;
+          }
+          ASSERT_EQ(got[local * region + i], expected)
+              << ReductionName(kind) << " rank " << r << " local " << local << " i " << i;
+        }
       }
     }
   }
