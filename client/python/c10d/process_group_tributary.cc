@@ -302,6 +302,9 @@ void ProcessGroupTributary::CompletionLoop() {
     } else {
       error = std::make_exception_ptr(std::runtime_error(
           absl::StrCat("tributary ", p.work->what(), " failed: ", StatusText(status))));
+      // A wait that gave up (DEADLINE_EXCEEDED at the group's timeout) leaves the operation
+      // running in the agent on this buffer: it must not serve the next collective.
+      p.lease->Discard();
     }
     p.lease.reset();  // back to the pool before anyone sees the work finished
     p.work->Finish(error);

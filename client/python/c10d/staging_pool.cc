@@ -8,7 +8,9 @@ namespace tributary::client::c10d {
 StagingPool::Lease::Lease(std::shared_ptr<StagingPool> pool, std::shared_ptr<SharedBuffer> buffer)
     : pool_(std::move(pool)), buffer_(std::move(buffer)) {}
 
-StagingPool::Lease::~Lease() { pool_->Release(std::move(buffer_)); }
+StagingPool::Lease::~Lease() {
+  if (!discard_) pool_->Release(std::move(buffer_));
+}
 
 StagingPool::StagingPool(std::shared_ptr<Client> client) : client_(std::move(client)) {}
 

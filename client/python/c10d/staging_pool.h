@@ -34,10 +34,15 @@ class StagingPool : public std::enable_shared_from_this<StagingPool> {
     ~Lease();
     const SharedBuffer& buffer() const { return *buffer_; }
     char* data() const { return static_cast<char*>(buffer_->data()); }
+    // The buffer is freed rather than returned to the pool: an operation on it may still be
+    // running in the agent (a wait that gave up), which would read the next user's input and
+    // write over its result.
+    void Discard() { discard_ = true; }
 
    private:
     std::shared_ptr<StagingPool> pool_;
     std::shared_ptr<SharedBuffer> buffer_;
+    bool discard_ = false;
   };
 
   // `client` must outlive the pool's buffers' use (the pool holds it).

@@ -112,6 +112,34 @@ class CollectivesTest(unittest.TestCase):
             dist.all_reduce(t)
         self.assertEqual(pg.staging_allocations, before)
 
+    def test_a_wait_that_gives_up_does_not_pool_its_staging_buffer(self):
+        # Ranks 1-3 give up on an all-reduce at a short group timeout while rank 0 has not
+        # submitted it: their operations go on in the agents, on the staging buffers. Those
+        # must not serve the next collective (until session 37 they went back to the pool, and
+        # the late operation would read the next one's input and write over its result).
+        import datetime
+        import tributary.distributed as td
+        big = 1 << 20  # floats: the 4 MiB staging size, which no other test uses
+        short = td.create(None, self.rank, self.world, datetime.timedelta(seconds=2))
+        default = dist.distributed_c10d._get_default_group()
+        dist.barrier()  # the barrier's own staging buffer (64 KiB) exists before the count
+        before = default.staging_allocations
+        a = pattern(big) * (self.rank + 1)
+        if self.rank != 0:
+            with self.assertRaises(RuntimeError) as raised:
+                short.allreduce([a]).wait()
+            self.assertIn("DEADLINE_EXCEEDED", str(raised.exception))
+        dist.barrier()
+        if self.rank == 0:  # now the others' operation completes in the agents
+            short.allreduce([a]).wait()
+            self.assertTrue(torch.equal(a, pattern(big) * self.sum_of_ranks()))
+        b = pattern(big) * (self.rank + 2)
+        dist.all_reduce(b)
+        self.assertTrue(torch.equal(b, pattern(big) * (self.sum_of_ranks() + self.world)))
+        # Rank 0's buffer went back to the pool and served b; the others' was dropped.
+        self.assertEqual(default.staging_allocations, before + (1 if self.rank == 0 else 2))
+        dist.barrier()
+
     def test_allreduce_coalesced(self):
         # Tensors of several sizes and shapes (one not contiguous), one all-reduce for all.
         base = pattern(2 * N).reshape(N // 10, 20) * (self.rank + 1)
