@@ -132,6 +132,51 @@ void CopyOut(const char* staged, const at::Tensor& t) {
   t.copy_(at::from_blob(const_cast<char*>(staged), t.sizes(), t.options().requires_grad(false)));
 }
 
+// Runs each task on an idle thread of its own, starting a new thread whenever more tasks wait
+// than threads are idle, so that a task that blocks never holds up another (a future callback
+// may wait on a collective whose future is completed by a later task). A thread idle for a
+// minute ends. One per process, never destroyed: its threads may still run callbacks while the
+// interpreter exits.
+class CallbackThreads {
+ public:
+  static CallbackThreads& Get() {
+    static CallbackThreads* threads = new CallbackThreads();
+    return *threads;
+  }
+
+  void Run(std::function<void()> task) {
+    std::lock_guard<std::mutex> lock(mu_);
+    tasks_.push_back(std::move(task));
+    if (tasks_.size() > idle_) {
+      std::thread([this] { Loop(); }).detach();
+    } else {
+      cv_.notify_one();
+    }
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      ++idle_;
+      const bool got = cv_.wait_for(lock, std::chrono::minutes(1), [&] { return !tasks_.empty(); });
+      --idle_;
+      if (!got) return;
+      std::function<void()> task = std::move(tasks_.front());
+      tasks_.pop_front();
+      lock.unlock();
+      task();
+      task = nullptr;  // its captures go before the lock is taken again
+      lock.lock();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;  // Guarded by mu_.
+  size_t idle_ = 0;                          // Guarded by mu_.
+};
+
 // The process's one connection, shared by its groups while any holds it.
 std::mutex g_connection_mu;
 std::weak_ptr<Connection> g_connection;  // Guarded by g_connection_mu.
@@ -149,13 +194,19 @@ WorkTributary::WorkTributary(int rank, OpType type, std::string what,
 }
 
 bool WorkTributary::wait(std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  if (timeout == kNoTimeout) {
-    cv_.wait(lock, [&] { return completed_; });
-  } else if (!cv_.wait_for(lock, timeout, [&] { return completed_; })) {
-    TORCH_CHECK(false, "tributary: ", what_, " not done after ", timeout.count(),
-                " ms (the wait timed out; the operation goes on)");
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (timeout == kNoTimeout) {
+      cv_.wait(lock, [&] { return completed_; });
+    } else if (!cv_.wait_for(lock, timeout, [&] { return completed_; })) {
+      TORCH_CHECK(false, "tributary: ", what_, " not done after ", timeout.count(),
+                  " ms (the wait timed out; the operation goes on)");
+    }
   }
+  // The future is completed just after the work, on a callback thread (Finish): once wait()
+  // returns, getFuture() is complete too. (A callback of this future that waits on its own work
+  // returns at once: the future is marked completed before its callbacks run.)
+  future_->wait();
   if (exception_) std::rethrow_exception(exception_);
   return true;
 }
@@ -167,11 +218,17 @@ std::vector<at::Tensor> WorkTributary::result() { return outputs_; }
 void WorkTributary::Finish(std::exception_ptr error) {
   // The work first, so that a future callback that looks at the work sees it finished.
   finish(error);
-  if (error) {
-    future_->setError(error);
-  } else {
-    future_->markCompleted(c10::IValue(outputs_));
-  }
+  // The future's callbacks run where it is completed, and one may block on a later collective's
+  // future (torch's PowerSGD hook starts an all-reduce in a `then` callback and waits for it).
+  // On the completion thread, which finishes that collective too, it would wait forever: the
+  // future is completed on a callback thread instead, a new one whenever all are busy.
+  CallbackThreads::Get().Run([future = future_, outputs = outputs_, error] {
+    if (error) {
+      future->setError(error);
+    } else {
+      future->markCompleted(c10::IValue(outputs));
+    }
+  });
 }
 
 c10::intrusive_ptr<ProcessGroupTributary> ProcessGroupTributary::Create(int rank, int size,

@@ -31,8 +31,9 @@ struct Connection {
   std::string agent_address;
 };
 
-// A collective in flight. Finished (once) by the process group's completion thread: wait() and
-// the future then see the result; the output tensors hold the result before either does.
+// A collective in flight. Finished (once) by the process group's completion thread, and its
+// future completed right after on a callback thread (whose callbacks may block on other
+// collectives): wait() returns once both are; the output tensors hold the result before either.
 // Threading: thread-safe (c10d::Work's mutex).
 class WorkTributary : public ::c10d::Work {
  public:
@@ -118,10 +119,12 @@ class ProcessGroupTributary : public ::c10d::ProcessGroup {
   c10::intrusive_ptr<::c10d::Work> barrier(
       const ::c10d::BarrierOptions& opts = ::c10d::BarrierOptions()) override;
 
-  // Not supported: each throws an error naming the call and the supported ones.
+  // One all-reduce over the tensors packed in one staging buffer (its name carries the layout).
   c10::intrusive_ptr<::c10d::Work> allreduce_coalesced(
       std::vector<at::Tensor>& tensors,
       const ::c10d::AllreduceCoalescedOptions& opts = ::c10d::AllreduceCoalescedOptions()) override;
+
+  // Not supported: each throws an error naming the call and the supported ones.
   c10::intrusive_ptr<::c10d::Work> reduce(
       std::vector<at::Tensor>& tensors,
       const ::c10d::ReduceOptions& opts = ::c10d::ReduceOptions()) override;

@@ -103,6 +103,27 @@ class CollectivesTest(unittest.TestCase):
         doubled = fut.then(lambda f: f.value()[0] * 2).wait()
         self.assertTrue(torch.equal(doubled, pattern(N) * self.sum_of_ranks() * 2))
 
+    def test_a_future_callback_may_wait_on_another_collective(self):
+        # As torch's PowerSGD hook does: a `then` callback starts an all-reduce and waits for
+        # its future. Until session 37 the callback ran on the thread that completes every
+        # collective of the group, so the inner one never completed (a hang without deadline).
+        t = pattern(N) * (self.rank + 1)
+
+        def nested(f):
+            u = pattern(N)
+            dist.all_reduce(u, async_op=True).get_future().wait()
+            return f.value()[0] + u
+
+        out = dist.all_reduce(t, async_op=True).get_future().then(nested).wait()
+        self.assertTrue(torch.equal(out, pattern(N) * (self.sum_of_ranks() + self.world)))
+
+    def test_a_waited_work_has_its_future_complete(self):
+        t = pattern(N)
+        work = dist.all_reduce(t, async_op=True)
+        work.wait()
+        self.assertTrue(work.get_future().done())
+        self.assertTrue(torch.equal(work.get_future().value()[0], pattern(N) * self.world))
+
     def test_staging_buffers_are_pooled(self):
         pg = dist.distributed_c10d._get_default_group()
         t = pattern(N)
