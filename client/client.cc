@@ -467,7 +467,13 @@ bool Handle::Finish(uint64_t number, absl::Status result) const {
 absl::Status Handle::Wait(milliseconds timeout) const {
   if (state_ == nullptr) return absl::FailedPreconditionError("waiting on an invalid handle");
   const auto start = Clock::now();
-  const auto deadline = start + std::max(timeout, milliseconds(0));
+  // Saturated: milliseconds::max() ("no limit") overflowed in nanoseconds into a deadline in
+  // the past, and the wait returned DEADLINE_EXCEEDED at once.
+  const milliseconds room =
+      std::chrono::duration_cast<milliseconds>(Clock::time_point::max() - start);
+  const auto deadline = std::max(timeout, milliseconds(0)) >= room
+                            ? Clock::time_point::max()
+                            : start + std::max(timeout, milliseconds(0));
   while (true) {
     Attempt attempt;
     uint64_t number = 0;

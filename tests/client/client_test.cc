@@ -152,6 +152,11 @@ class FakeAgent final : public v1::Agent::Service {
       response->set_done(false);
       return grpc::Status::OK;
     }
+    if (name == "done-at-second-wait") {
+      std::lock_guard lock(mu_);
+      response->set_done(++waits_of_[request->handle()] >= 2);
+      return grpc::Status::OK;
+    }
     response->set_done(true);
     return grpc::Status::OK;
   }
@@ -207,6 +212,7 @@ class FakeAgent final : public v1::Agent::Service {
   uint64_t next_handle_ = 100;
   std::map<uint64_t, Mapping> buffers_;
   std::map<uint64_t, std::string> names_;
+  std::map<uint64_t, int> waits_of_;  // Guarded by mu_: Wait RPCs per handle.
   std::vector<v1::SubmitRequest> submits_;
 };
 
@@ -466,6 +472,13 @@ TEST_F(ClientTest, WaitTimesOutWhileTheOperationGoesOn) {
   EXPECT_GE(elapsed, 290ms);
   EXPECT_LT(elapsed, 2s);
   EXPECT_LE(agent_.max_wait_timeout_ms(), 300u);
+
+  // No limit: milliseconds::max() waits as long as it takes (it overflowed into a deadline in
+  // the past, and the wait gave up after the first Wait RPC said not done).
+  auto later = client->AllReduceAsync("done-at-second-wait", **buffer, 0, 4,
+                                      common::DataType::kFloat32, ReduceOp::kSum);
+  ASSERT_TRUE(later.ok());
+  EXPECT_TRUE(later->Wait(std::chrono::milliseconds::max()).ok());
 }
 
 TEST_F(ClientTest, LeaveEndsTheSessionAndBuffersCleanUp) {
