@@ -71,11 +71,16 @@ const at::Tensor& Single(const char* call, const std::vector<at::Tensor>& tensor
   return tensors[0];
 }
 
-ReduceOp ToReduceOp(const char* call, const ::c10d::ReduceOp& op) {
+ReduceOp ToReduceOp(const char* call, const ::c10d::ReduceOp& op, common::DataType dtype) {
   switch (op.op_) {
     case ::c10d::ReduceOp::SUM:
       return ReduceOp::kSum;
     case ::c10d::ReduceOp::AVG:
+      // The agents' average of integers truncates (1, 2, 2, 2 would give 1); Gloo refuses it.
+      TORCH_CHECK(dtype != common::DataType::kInt32 && dtype != common::DataType::kInt64,
+                  "tributary ", call,
+                  ": ReduceOp.AVG of an integer tensor is not supported (its average would be "
+                  "truncated); use a floating-point tensor, or SUM and divide");
       return ReduceOp::kAverage;
     default:
       break;
@@ -372,7 +377,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupTributary::allreduce(
     std::vector<at::Tensor>& tensors, const ::c10d::AllreduceOptions& opts) {
   const at::Tensor& t = Single("allreduce", tensors);
   const common::DataType dtype = CheckTensor("allreduce", t);
-  const ReduceOp op = ToReduceOp("allreduce", opts.reduceOp);
+  const ReduceOp op = ToReduceOp("allreduce", opts.reduceOp, dtype);
   const size_t count = t.numel();
   const std::string name =
       TensorName(op == ReduceOp::kSum ? "allreduce" : "allreduce_avg", dtype, count);
@@ -482,7 +487,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupTributary::reduce_scatter(
     const ::c10d::ReduceScatterOptions& opts) {
   const at::Tensor& out = Single("reduce_scatter", output_tensors);
   const common::DataType dtype = CheckTensor("reduce_scatter", out);
-  const ReduceOp op = ToReduceOp("reduce_scatter", opts.reduceOp);
+  const ReduceOp op = ToReduceOp("reduce_scatter", opts.reduceOp, dtype);
   TORCH_CHECK(input_tensors.size() == 1,
               "tributary reduce_scatter: expects one input list (one "
               "per output tensor), got ",
@@ -521,7 +526,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupTributary::_reduce_scatter_base(
     at::Tensor& output_tensor, at::Tensor& input_tensor, const ::c10d::ReduceScatterOptions& opts) {
   const common::DataType dtype = CheckTensor("_reduce_scatter_base", output_tensor);
   CheckTensor("_reduce_scatter_base", input_tensor);
-  const ReduceOp op = ToReduceOp("_reduce_scatter_base", opts.reduceOp);
+  const ReduceOp op = ToReduceOp("_reduce_scatter_base", opts.reduceOp, dtype);
   TORCH_CHECK(input_tensor.scalar_type() == output_tensor.scalar_type() &&
                   input_tensor.numel() == output_tensor.numel() * size_,
               "tributary _reduce_scatter_base: the input must have the output's dtype and world "
@@ -569,7 +574,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupTributary::allreduce_coalesced(
   constexpr const char* kCall = "allreduce_coalesced";
   TORCH_CHECK(!tensors.empty(), "tributary ", kCall, ": got no tensors");
   const common::DataType dtype = CheckTensor(kCall, tensors[0]);
-  const ReduceOp op = ToReduceOp(kCall, opts.reduceOp);
+  const ReduceOp op = ToReduceOp(kCall, opts.reduceOp, dtype);
   // One all-reduce over the tensors packed one after another in one staging buffer. Its name
   // carries the layout (every tensor's element count): ranks that pass different lists submit
   // different names, so each fails at the group's timeout instead of summing misaligned data.

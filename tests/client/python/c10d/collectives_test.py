@@ -67,6 +67,12 @@ class CollectivesTest(unittest.TestCase):
         dist.all_reduce(t, op=dist.ReduceOp.AVG)
         # (1 + 2 + 3 + 4) / 4 = 2.5: exact in float32.
         self.assertTrue(torch.equal(t, pattern(N) * 2.5), t[:8])
+        # Of integers it would truncate: refused before anything is submitted (the ranks stay
+        # in step).
+        for dtype in (torch.int32, torch.int64):
+            self.assert_clear_error(
+                lambda: dist.all_reduce(pattern(N, dtype), op=dist.ReduceOp.AVG),
+                "AVG of an integer tensor")
 
     def test_allreduce_non_contiguous(self):
         base = (pattern(2 * N) * (self.rank + 1)).reshape(N // 10, 20)
