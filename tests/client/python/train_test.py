@@ -337,6 +337,21 @@ class ExactTrainingTest(unittest.TestCase):
             self.assertLessEqual(((p.grad - q.grad).abs() / bound).max().item(), 1.0, name)
         optimizer.zero_grad()
 
+    def test_autograd_grad_while_gradients_are_in_flight(self):
+        # torch.autograd.grad accumulates nothing into .grad (SAM, gradient norms, meta-learning
+        # call it between backward() and step()): it is no second backward pass, and the check
+        # sits on the accumulation node, not on the tensor (whose hooks torch 2 runs for it).
+        x, y = data((16,))
+        model = make(mlp)
+        optimizer = trt.DistributedOptimizer(sgd(model.parameters()),
+                                             named_parameters=model.named_parameters())
+        loss_fn = torch.nn.CrossEntropyLoss()
+        optimizer.zero_grad()
+        loss_fn(model(x[0]), y[0]).backward()
+        grads = torch.autograd.grad(loss_fn(model(x[1]), y[1]), list(model.parameters()))
+        self.assertEqual(len(grads), len(list(model.parameters())))
+        optimizer.step()
+
     def test_a_failed_submission_leaves_nothing_in_flight(self):
         # A submission refused in the middle of backward (here: the third gradient's, on every
         # rank): the gradients already submitted are waited for and forgotten, so zero_grad(),

@@ -66,7 +66,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # Lower goes first. By layer order: the first parameter of named_parameters gets 0.
         self._priority = {id(p): i if priorities else 0 for i, (_, p) in enumerate(named)}
         self._params = [p for _, p in named if p.requires_grad and p.numel() > 0]
-        for n, p in named:
+        for n, p in named if ops.size() > 1 else ():
             if p.requires_grad and p.device.type != "cpu":
                 raise TributaryError(
                     f"DistributedOptimizer: parameter {n!r} is on {p.device}; only CPU "
@@ -125,11 +125,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _register_hooks(self):
         for p in self._params:
-            # Before autograd adds the new gradient into p.grad: refuse it while p.grad is in
-            # flight (zero copy: the agent writes the average into it) or its update pending.
-            p.register_hook(self._make_check(p))
             # The AccumulateGrad node of p: its hook runs once p.grad holds the new gradient.
             grad_acc = p.expand_as(p).grad_fn.next_functions[0][0]
+            # Before it adds the new gradient into p.grad: refuse it while p.grad is in flight
+            # (zero copy: the agent writes the average into it) or its update pending. A pre-hook
+            # of the node, not of the tensor: torch.autograd.grad runs no accumulation.
+            check = self._make_check(p)
+            if hasattr(grad_acc, "register_prehook"):
+                grad_acc.register_prehook(lambda _grad_outputs, check=check: check(None))
+            else:
+                p.register_hook(check)
             grad_acc.register_hook(self._make_hook(p))
             self._grad_accs.append(grad_acc)
 
@@ -165,8 +170,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for module, handle, own in self._module_params:
             # The model's own pre-hook runs before its parameters' (it registered first).
             hooks = [k for k in module._forward_pre_hooks if k != self._start_hook.id]
-            if (not hooks or hooks[0] != handle.id or
-                    (self._fired_last is not None and id(module) not in self._fired_last)):
+            # No forward pass of the model seen since the optimizer was made: each is early.
+            if (not hooks or hooks[0] != handle.id or self._fired_last is None or
+                    id(module) not in self._fired_last):
                 early.extend(own)
         return early
 
