@@ -650,8 +650,13 @@ absl::Status FusingRunner::Start(const std::string& job_id, dataplane::Operation
     Run(after);
   }
   if (taken) return absl::OkStatus();
+  const Key key{common::StableHash64(op.tensor_name), op.iteration};
   absl::Status started = StartPassedThrough(job_id, std::move(op));
-  if (!started.ok() && counted) PassedThroughDone(job_id, generation, bytes);  // no done runs
+  if (!started.ok()) {  // no done runs
+    if (counted) PassedThroughDone(job_id, generation, bytes);
+    std::lock_guard lock(mu_);
+    if (auto it = jobs_.find(job_id); it != jobs_.end()) it->second->passed_listed.erase(key);
+  }
   return started;
 }
 

@@ -242,7 +242,7 @@ class RingProducer {
 };
 
 // The consumer end of one direction. Keeps its own tail; checks the producer's head.
-// Threading: one thread at a time.
+// Threading: Pop from one thread at a time; HasWork and tail from any.
 template <typename Entry>
 class RingConsumer {
  public:
@@ -255,16 +255,18 @@ class RingConsumer {
   // head is not within [tail, tail + capacity].
   RingResult Pop(Entry* out) {
     const uint64_t head = std::atomic_ref(c_->head).load(std::memory_order_acquire);
-    if (head - tail_ > capacity_) return RingResult::kCorrupt;
-    if (head == tail_) return RingResult::kEmpty;
-    std::memcpy(out, &slots_[tail_ & (capacity_ - 1)], sizeof(Entry));
-    ++tail_;
-    std::atomic_ref(c_->tail).store(tail_, std::memory_order_seq_cst);
+    const uint64_t tail = Tail();
+    if (head - tail > capacity_) return RingResult::kCorrupt;
+    if (head == tail) return RingResult::kEmpty;
+    std::memcpy(out, &slots_[tail & (capacity_ - 1)], sizeof(Entry));
+    std::atomic_ref(tail_).store(tail + 1, std::memory_order_relaxed);
+    std::atomic_ref(c_->tail).store(tail + 1, std::memory_order_seq_cst);
     return RingResult::kOk;
   }
-  // True when the producer has published entries not yet popped (or corrupted its head).
+  // True when the producer has published entries not yet popped (or corrupted its head). May
+  // run on another thread than Pop's (the agent's ring thread asks while a Submit RPC drains).
   bool HasWork() const {
-    return std::atomic_ref(c_->head).load(std::memory_order_seq_cst) != tail_;
+    return std::atomic_ref(c_->head).load(std::memory_order_seq_cst) != Tail();
   }
   // Sleeps on the doorbell for at most `timeout` unless there is work or `wake_early()` is
   // true once this consumer has announced itself. Returns without sleeping in those cases.
@@ -275,13 +277,17 @@ class RingConsumer {
     if (!HasWork() && !wake_early()) FutexWait(&c_->doorbell, seq, timeout);
     std::atomic_ref(c_->waiting).store(0, std::memory_order_seq_cst);
   }
-  uint64_t tail() const { return tail_; }
+  uint64_t tail() const { return Tail(); }
 
  private:
+  uint64_t Tail() const {
+    return std::atomic_ref(const_cast<uint64_t&>(tail_)).load(std::memory_order_relaxed);
+  }
+
   RingCounters* c_ = nullptr;
   Entry* slots_ = nullptr;
   uint32_t capacity_ = 0;
-  uint64_t tail_ = 0;
+  alignas(8) uint64_t tail_ = 0;  // written by Pop; read by HasWork and tail() on any thread
 };
 
 // The two directions of a mapped, checked ring.
