@@ -131,10 +131,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             # (zero copy: the agent writes the average into it) or its update pending. A pre-hook
             # of the node, not of the tensor: torch.autograd.grad runs no accumulation.
             check = self._make_check(p)
-            if hasattr(grad_acc, "register_prehook"):
-                grad_acc.register_prehook(lambda _grad_outputs, check=check: check(None))
-            else:
-                p.register_hook(check)
+            grad_acc.register_prehook(lambda _grad_outputs, check=check: check())
             grad_acc.register_hook(self._make_hook(p))
             self._grad_accs.append(grad_acc)
 
@@ -186,7 +183,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._apply_pending(None)
 
     def _make_check(self, p):
-        def check(grad):
+        def check():
             key = id(p)
             if key in self._pending:
                 raise TributaryError(
