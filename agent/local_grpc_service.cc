@@ -10,7 +10,10 @@
 namespace tributary::agent {
 namespace {
 
+// Every answer of this service carries the answer trailer: the client tells an error the agent
+// gave (an operation's result) from one of the RPC itself (common/rpc/grpc_status.h).
 grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* ctx, const absl::Status& s) {
+  ctx->AddTrailingMetadata(common::kAgentAnswerTrailer, "1");
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   reactor->Finish(common::ToGrpcStatus(s));
   return reactor;
@@ -18,9 +21,11 @@ grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* ctx, const absl::S
 
 // Finishes a parked call when LocalService replies, with `done` in the response.
 template <typename Response>
-LocalService::Reply ParkedReply(grpc::ServerUnaryReactor* reactor, Response* resp) {
-  return [reactor, resp](const absl::Status& status, bool done) {
+LocalService::Reply ParkedReply(grpc::CallbackServerContext* ctx, grpc::ServerUnaryReactor* reactor,
+                                Response* resp) {
+  return [ctx, reactor, resp](const absl::Status& status, bool done) {
     resp->set_done(done);
+    ctx->AddTrailingMetadata(common::kAgentAnswerTrailer, "1");
     reactor->Finish(common::ToGrpcStatus(status));
   };
 }
@@ -132,7 +137,7 @@ grpc::ServerUnaryReactor* LocalGrpcService::Submit(grpc::CallbackServerContext* 
   if (!submitted.ok() || req->wait_timeout_ms() == 0) return Finish(ctx, submitted);
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   service_->Await(req->session_id(), resp->handle(), req->wait_timeout_ms(),
-                  ParkedReply(reactor, resp), [resp](uint64_t v) { resp->set_version(v); });
+                  ParkedReply(ctx, reactor, resp), [resp](uint64_t v) { resp->set_version(v); });
   return reactor;
 }
 
@@ -140,7 +145,7 @@ grpc::ServerUnaryReactor* LocalGrpcService::Wait(grpc::CallbackServerContext* ct
                                                  const tributary::v1::WaitRequest* req,
                                                  tributary::v1::WaitResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  service_->Await(req->session_id(), req->handle(), req->timeout_ms(), ParkedReply(reactor, resp),
+  service_->Await(req->session_id(), req->handle(), req->timeout_ms(), ParkedReply(ctx, reactor, resp),
                   [resp](uint64_t v) { resp->set_version(v); });
   return reactor;
 }

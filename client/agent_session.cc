@@ -21,6 +21,19 @@ AgentSession::AgentSession(std::shared_ptr<grpc::Channel> channel,
 
 AgentSession::~AgentSession() = default;
 
+void AgentSession::MarkEnded(absl::Status why) {
+  std::lock_guard lock(ended_mu_);
+  if (ended_flag_.load(std::memory_order_relaxed)) return;
+  ended_ = why.ok() ? absl::UnavailableError("the session with the agent ended") : std::move(why);
+  ended_flag_.store(true, std::memory_order_release);
+}
+
+std::optional<absl::Status> AgentSession::ended() const {
+  if (!ended_flag_.load(std::memory_order_acquire)) return std::nullopt;
+  std::lock_guard lock(ended_mu_);
+  return ended_;
+}
+
 std::unique_ptr<grpc::ClientContext> AgentSession::NewContext(
     std::chrono::milliseconds timeout) const {
   auto context = std::make_unique<grpc::ClientContext>();

@@ -4,7 +4,11 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
+
+#include "absl/status/status.h"
 
 #include "client/control_ring.h"
 #include "grpcpp/grpcpp.h"
@@ -50,6 +54,11 @@ class AgentSession {
   bool active() const { return active_.load(std::memory_order_acquire); }
   void MarkInactive() { active_.store(false, std::memory_order_release); }
 
+  // The KeepAlive stream ended (the agent ended the session, shut down or died): no result can
+  // come any more. `why` says so; ended() returns it from then on (nullopt before).
+  void MarkEnded(absl::Status why);
+  std::optional<absl::Status> ended() const;
+
  private:
   const std::shared_ptr<grpc::Channel> channel_;
   const std::unique_ptr<v1::Agent::Stub> stub_;
@@ -59,6 +68,9 @@ class AgentSession {
   const std::shared_ptr<ControlRing> ring_;
   const std::unique_ptr<BufferChannel> buffers_;
   std::atomic<bool> active_{true};
+  std::atomic<bool> ended_flag_{false};
+  mutable std::mutex ended_mu_;
+  absl::Status ended_;  // Guarded by ended_mu_; set once, with ended_flag_.
 };
 
 }  // namespace tributary::client::internal

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/buffer_socket_protocol.h"
+#include "common/status_macros.h"
 
 namespace tributary::client::internal {
 
@@ -24,6 +25,11 @@ absl::StatusOr<std::unique_ptr<BufferChannel>> BufferChannel::Connect(
   std::string socket_path = agent_address.substr(5);
   if (socket_path.rfind("//", 0) == 0) socket_path = socket_path.substr(2);  // unix:///abs
   const std::string path = protocol::PathFor(socket_path);
+  ASSIGN_OR_RETURN(common::UniqueFd fd, Dial(path));
+  return std::unique_ptr<BufferChannel>(new BufferChannel(path, std::move(fd)));
+}
+
+absl::StatusOr<common::UniqueFd> BufferChannel::Dial(const std::string& path) {
   sockaddr_un address{};
   address.sun_family = AF_UNIX;
   if (path.size() >= sizeof(address.sun_path)) {
@@ -45,7 +51,7 @@ absl::StatusOr<std::unique_ptr<BufferChannel>> BufferChannel::Connect(
     return absl::UnavailableError(absl::StrCat("cannot connect to the agent's buffer socket '",
                                                path, "': ", std::strerror(error)));
   }
-  return std::unique_ptr<BufferChannel>(new BufferChannel(path, std::move(fd)));
+  return fd;
 }
 
 absl::StatusOr<uint64_t> BufferChannel::Register(const std::string& session_id, int fd,
@@ -60,7 +66,14 @@ absl::StatusOr<uint64_t> BufferChannel::Register(const std::string& session_id, 
   request.size_bytes = size_bytes;
   std::lock_guard lock(mu_);
   if (!socket_.valid()) {
-    return absl::UnavailableError(absl::StrCat("the agent closed its buffer socket '", path_, "'"));
+    // The last request failed on the connection (the stream was out of step): a fresh one.
+    absl::StatusOr<common::UniqueFd> again = Dial(path_);
+    if (!again.ok()) {
+      return absl::Status(again.status().code(),
+                          absl::StrCat("connecting again after a failed request: ",
+                                       again.status().message()));
+    }
+    socket_ = *std::move(again);
   }
   absl::Status sent = common::SendWithFd(
       socket_.get(), {reinterpret_cast<const std::byte*>(&request), sizeof(request)}, fd);

@@ -22,7 +22,9 @@ class BufferChannel {
   static absl::StatusOr<std::unique_ptr<BufferChannel>> Connect(const std::string& agent_address);
 
   // Registers the sealed memfd `fd` of `size_bytes` bytes with session `session_id`; the agent's
-  // status comes back as is. Thread-safe (one request at a time).
+  // status comes back as is. Thread-safe (one request at a time). A request that failed on the
+  // connection (no or a malformed answer within `timeout`) closes it; the next request connects
+  // again (registration does not depend on the connection).
   absl::StatusOr<uint64_t> Register(const std::string& session_id, int fd, uint64_t size_bytes,
                                     std::chrono::milliseconds timeout);
 
@@ -30,9 +32,12 @@ class BufferChannel {
   BufferChannel(std::string path, common::UniqueFd socket)
       : path_(std::move(path)), socket_(std::move(socket)) {}
 
+  // A connected socket to the buffer socket at `path` (the errors of Connect).
+  static absl::StatusOr<common::UniqueFd> Dial(const std::string& path);
+
   const std::string path_;
   std::mutex mu_;
-  common::UniqueFd socket_;
+  common::UniqueFd socket_;  // Guarded by mu_; invalid after a failed request.
 };
 
 }  // namespace tributary::client::internal

@@ -51,12 +51,16 @@ class KeepAliveReactor : public grpc::ClientReadReactor<v1::KeepAliveEvent> {
 
   void OnDone(const grpc::Status& status) override {
     TRIBUTARY_TSAN_ACQUIRE(this);
+    absl::Status ended = absl::UnavailableError(absl::StrCat(
+        "session ", session_->session_id(), " with agent ", session_->agent_address(),
+        " ended (keepalive stream: ", common::FromGrpcStatus(status).ToString(),
+        "); the operation's result is lost"));
+    // Wait RPCs that fail in transport stop retrying.
+    session_->MarkEnded(ended);
     if (ControlRing* ring = session_->ring(); ring != nullptr) {
-      // Wakes every waiter of the ring: their results can no longer come.
-      ring->Close(absl::UnavailableError(absl::StrCat(
-          "session ", session_->session_id(), " with agent ", session_->agent_address(),
-          " ended (keepalive stream: ", common::FromGrpcStatus(status).ToString(),
-          "); the operation's result is lost")));
+      // Wakes every waiter of the ring: results the agent wrote before are still read, the
+      // others can no longer come.
+      ring->Close(std::move(ended));
     }
     std::lock_guard lock(mu_);
     if (!cancelled_) {
@@ -104,6 +108,9 @@ constexpr milliseconds kInitialJoinBackoff{50};
 constexpr milliseconds kMaxJoinBackoff{500};
 // Longest single Wait RPC; longer waits loop, so a lost agent is noticed within this bound.
 constexpr milliseconds kMaxWaitSlice{5000};
+// Pauses between Wait RPCs that found the agent unreachable.
+constexpr milliseconds kInitialWaitBackoff{20};
+constexpr milliseconds kMaxWaitBackoff{500};
 
 bool RetryableJoinError(absl::StatusCode code) {
   return code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kFailedPrecondition;
@@ -322,6 +329,7 @@ struct Handle::State {
   internal::InputPool::Block inputs;  // Guarded by mu: the region at the first submission,
   size_t input_bytes = 0;             // until the result is final.
   std::mutex mu;
+  std::timed_mutex rpc_wait_mu;      // Held by the one thread whose Wait RPC is in flight.
   Attempt attempt;                   // Guarded by mu: the current submission.
   uint64_t attempt_number = 0;       // Guarded by mu.
   uint32_t retries = 0;              // Guarded by mu.
@@ -402,7 +410,8 @@ const std::string& Handle::name() const {
   return state_ == nullptr ? kEmpty : state_->name;
 }
 
-absl::Status Handle::WaitOnce(const Attempt& attempt, uint32_t timeout_ms, bool* done) const {
+absl::Status Handle::WaitOnce(const Attempt& attempt, uint32_t timeout_ms, bool* done,
+                              bool* transient) const {
   v1::WaitRequest request;
   request.set_session_id(session_->session_id());
   request.set_handle(attempt.id);
@@ -411,7 +420,14 @@ absl::Status Handle::WaitOnce(const Attempt& attempt, uint32_t timeout_ms, bool*
   // The agent answers after at most timeout_ms; leave room for the round trip and a busy agent.
   auto context = session_->NewContext(milliseconds(timeout_ms) + session_->rpc_timeout());
   grpc::Status status = session_->stub().Wait(context.get(), request, &response);
-  *done = !status.ok() || response.done();
+  // An error the agent did not give (no answer trailer) is the RPC's, not the operation's.
+  *transient = !status.ok() && !context->GetServerTrailingMetadata().contains(
+                                   common::kAgentAnswerTrailer);
+  if (*transient) {
+    *transient = status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                 status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+  }
+  *done = !*transient && (!status.ok() || response.done());
   if (status.ok() && response.done()) state_->version.store(response.version());
   return common::FromGrpcStatus(status);
 }
@@ -419,12 +435,32 @@ absl::Status Handle::WaitOnce(const Attempt& attempt, uint32_t timeout_ms, bool*
 std::optional<absl::Status> Handle::WaitAttempt(const Attempt& attempt,
                                                 Clock::time_point deadline) const {
   if (attempt.slot != nullptr) return session_->ring()->Wait(*attempt.slot, deadline);
+  milliseconds backoff = kInitialWaitBackoff;
   while (true) {
     const auto remaining = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
     const milliseconds slice = std::clamp(remaining, milliseconds(0), kMaxWaitSlice);
     bool done = false;
-    absl::Status status = WaitOnce(attempt, static_cast<uint32_t>(slice.count()), &done);
+    bool transient = false;
+    absl::Status status =
+        WaitOnce(attempt, static_cast<uint32_t>(slice.count()), &done, &transient);
     if (done) return status;
+    if (transient) {
+      // The agent did not answer: the operation goes on there unless the session ended.
+      if (std::optional<absl::Status> ended = session_->ended()) {
+        return absl::Status(ended->code(), absl::StrCat(ended->message(), " (the last Wait RPC: ",
+                                                        status.ToString(), ")"));
+      }
+      if (!session_->active()) return status;  // the client left the job
+      Log()->warn("Wait RPC for operation {} failed ({}); asking the agent again", state_->name,
+                  status);
+      if (absl::IsUnavailable(status)) {
+        // Unreachable: give the channel time to reconnect (the keepalive ends the session
+        // when the agent is gone for good).
+        const auto pause = std::min<Clock::duration>(backoff, deadline - Clock::now());
+        if (pause > Clock::duration::zero()) std::this_thread::sleep_for(pause);
+        backoff = std::min(backoff * 2, kMaxWaitBackoff);
+      }
+    }
     if (Clock::now() >= deadline) return std::nullopt;
   }
 }
@@ -483,12 +519,27 @@ absl::Status Handle::Wait(milliseconds timeout) const {
       attempt = state_->attempt;
       number = state_->attempt_number;
     }
-    std::optional<absl::Status> result = WaitAttempt(attempt, deadline);
-    if (!result) {
+    auto not_done = [&] {
       return absl::DeadlineExceededError(absl::StrCat(
           "operation ", state_->name, " not done after ",
           std::chrono::duration_cast<milliseconds>(Clock::now() - start).count(), " ms"));
+    };
+    // One Wait RPC per handle at a time: the agent forgets a handle once it reported its result,
+    // so a second thread's RPC would get "not found" and could make that the result. The other
+    // threads wait here, then find the result in the state.
+    std::unique_lock<std::timed_mutex> rpc_turn(state_->rpc_wait_mu, std::defer_lock);
+    if (attempt.slot == nullptr) {
+      if (deadline == Clock::time_point::max()) {
+        rpc_turn.lock();
+      } else if (!rpc_turn.try_lock_until(deadline)) {
+        return not_done();
+      }
+      std::lock_guard lock(state_->mu);
+      if (state_->done) return state_->result;
+      if (state_->attempt_number != number) continue;  // submitted again meanwhile
     }
+    std::optional<absl::Status> result = WaitAttempt(attempt, deadline);
+    if (!result) return not_done();
     Finish(number, *std::move(result));  // the loop returns the result, or waits for the retry
   }
 }
@@ -510,9 +561,24 @@ absl::StatusOr<bool> Handle::Test() const {
   if (attempt.slot != nullptr) {
     result = session_->ring()->Wait(*attempt.slot, Clock::now());  // polls once
   } else {
+    // Another thread's Wait RPC is in flight: it reports the result; still running meanwhile.
+    std::unique_lock<std::timed_mutex> rpc_turn(state_->rpc_wait_mu, std::try_to_lock);
+    if (!rpc_turn.owns_lock()) return false;
+    {
+      std::lock_guard lock(state_->mu);
+      if (state_->done || state_->attempt_number != number) {
+        if (!state_->done) return false;  // submitted again meanwhile
+        RETURN_IF_ERROR(state_->result);
+        return true;
+      }
+    }
     bool done = false;
-    absl::Status status = WaitOnce(attempt, 0, &done);
+    bool transient = false;
+    absl::Status status = WaitOnce(attempt, 0, &done, &transient);
     if (done) result = std::move(status);
+    if (transient) {
+      if (std::optional<absl::Status> ended = session_->ended()) result = *ended;
+    }
   }
   if (!result || !Finish(number, *result)) return false;  // running, or submitted again
   std::lock_guard lock(state_->mu);

@@ -105,8 +105,11 @@ class Handle {
   struct State;
   struct Attempt;
 
-  // One Wait RPC on `attempt` with `timeout_ms`; sets *done.
-  absl::Status WaitOnce(const Attempt& attempt, uint32_t timeout_ms, bool* done) const;
+  // One Wait RPC on `attempt` with `timeout_ms`; sets *done (the agent answered done, or with
+  // the operation's error) and *transient (the RPC failed in transport, before the agent
+  // answered: unavailable or past its deadline; the operation may go on).
+  absl::Status WaitOnce(const Attempt& attempt, uint32_t timeout_ms, bool* done,
+                        bool* transient) const;
   // Waits for `attempt` until `deadline`; nullopt when it passed first.
   std::optional<absl::Status> WaitAttempt(const Attempt& attempt,
                                           std::chrono::steady_clock::time_point deadline) const;

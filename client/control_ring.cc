@@ -180,6 +180,10 @@ std::optional<absl::Status> ControlRing::Wait(RingSlot& slot, SteadyClock::time_
 
 void ControlRing::Close(absl::Status why) {
   std::lock_guard lock(mu_);
+  // Results the agent completed before are in the completion queue: they are the operations'
+  // results, not the close's error. (A reader asleep only looks at the queue; popping is done
+  // under mu_, so draining here is safe, and CloseLocked wakes that reader.)
+  if (closed_.ok()) DrainLocked();
   CloseLocked(std::move(why));
 }
 

@@ -88,7 +88,8 @@ class ControlRing {
               std::chrono::nanoseconds spin);
 
   // Pops every completion into its slot, frees slots for the agent (ringing it when it is
-  // blocked) and wakes the waiters. mu_ held, reader_ false (the reader's sleep reads the tail).
+  // blocked) and wakes the waiters. mu_ held; reader_ false (a reader asleep would not see
+  // what this popped until its doorbell rings), or the ring being closed (which rings it).
   void DrainLocked();
   void CloseLocked(absl::Status why);
 

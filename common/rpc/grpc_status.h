@@ -13,6 +13,11 @@ namespace tributary::common {
 grpc::Status ToGrpcStatus(const absl::Status& s);
 absl::Status FromGrpcStatus(const grpc::Status& s);
 
+// Trailing metadata key the agent sets (to "1") on every Submit and Wait answer it gives,
+// errors included: a client tells the operation's result apart from a failure of the RPC itself
+// (no answer from the agent: transport, deadline), which it may retry.
+inline constexpr char kAgentAnswerTrailer[] = "tributary-agent-answer";
+
 // Turns on grpc.health.v1 and server reflection for every server built afterwards.
 void EnableHealthAndReflection();
 

@@ -142,6 +142,40 @@ TEST_F(LocalGrpcServiceTest, SubmitAndWaitReportDone) {
   EXPECT_EQ(result.message(), "checksum mismatch");
 }
 
+// Every Wait answer, the operation's error included, carries the answer trailer: the client
+// retries only a Wait RPC without it (one that failed before the agent answered).
+TEST_F(LocalGrpcServiceTest, WaitAnswersCarryTheAnswerTrailer) {
+  testing::ScopedShm shm0(64);
+  auto s0 = Join(0);
+  ASSERT_TRUE(s0.ok());
+  auto h0 = Submit(*s0, Register(*s0, shm0));
+  ASSERT_TRUE(h0.ok()) << h0.status();
+  auto wait = [&](uint32_t timeout_ms, grpc::StatusCode* code) {
+    tributary::v1::WaitRequest req;
+    req.set_session_id(*s0);
+    req.set_handle(*h0);
+    req.set_timeout_ms(timeout_ms);
+    tributary::v1::WaitResponse resp;
+    auto context = Context();
+    *code = stub_->Wait(context.get(), req, &resp).error_code();
+    return context->GetServerTrailingMetadata().contains(common::kAgentAnswerTrailer);
+  };
+  grpc::StatusCode code;
+  EXPECT_TRUE(wait(0, &code));  // not done yet, answered at once
+  EXPECT_EQ(code, grpc::StatusCode::OK);
+  // Answered with the operation's error, of a code gRPC itself also gives.
+  auto s1 = Join(1);
+  testing::ScopedShm shm1(64);
+  ASSERT_TRUE(s1.ok());
+  ASSERT_TRUE(Submit(*s1, Register(*s1, shm1)).ok());
+  ASSERT_EQ(runner_.num_starts(), 1u);
+  runner_.Complete(0, absl::UnavailableError("node w3 is unreachable"));
+  EXPECT_TRUE(wait(5000, &code));
+  EXPECT_EQ(code, grpc::StatusCode::UNAVAILABLE);
+  EXPECT_TRUE(wait(0, &code));  // reported: the handle is unknown now
+  EXPECT_EQ(code, grpc::StatusCode::NOT_FOUND);
+}
+
 TEST_F(LocalGrpcServiceTest, CancelledKeepAliveEndsTheSessionAndFailsItsPeersGathers) {
   testing::ScopedShm shm0(64);
   auto s0 = Join(0);

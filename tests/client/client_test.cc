@@ -17,6 +17,7 @@
 
 #include "agent/buffer_socket.h"
 #include "common/buffer_socket_protocol.h"
+#include "common/rpc/grpc_status.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -65,13 +66,19 @@ class FakeAgent final : public v1::Agent::Service {
     v1::KeepAliveEvent event;
     event.set_message("session started");
     writer->Write(event);
-    while (!context->IsCancelled()) std::this_thread::sleep_for(5ms);
+    bool ended_by_agent = false;
+    while (!context->IsCancelled() && !ended_by_agent) {
+      std::this_thread::sleep_for(5ms);
+      std::lock_guard lock(mu_);
+      ended_by_agent = end_keepalive_;
+    }
     {
       std::lock_guard lock(mu_);
       keepalive_open_ = false;
       keepalive_ended_ = true;
     }
     cv_.notify_all();
+    if (ended_by_agent) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "agent shutting down");
     return grpc::Status::OK;
   }
 
@@ -95,7 +102,9 @@ class FakeAgent final : public v1::Agent::Service {
       return absl::InvalidArgumentError("not sealed");
     }
     void* data = mmap(nullptr, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-    std::lock_guard lock(mu_);
+    std::unique_lock lock(mu_);
+    // A registration held up (until the test releases it) answers after the client gave up.
+    cv_.wait_for(lock, 10s, [&] { return !block_registrations_; });
     const uint64_t id = next_buffer_id_++;
     buffers_[id] = {data, static_cast<size_t>(st.st_size)};
     return id;
@@ -133,16 +142,45 @@ class FakeAgent final : public v1::Agent::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status Wait(grpc::ServerContext*, const v1::WaitRequest* request,
+  // Like the agent, every answer carries the answer trailer, except the transport failures
+  // this fake plays ("flaky", "unreachable").
+  grpc::Status Wait(grpc::ServerContext* context, const v1::WaitRequest* request,
                     v1::WaitResponse* response) override {
     std::string name;
+    int rpc = 0;  // this RPC's number for its handle, from 1
     {
       std::lock_guard lock(mu_);
       ++waits_;
       max_wait_timeout_ms_ = std::max(max_wait_timeout_ms_, request->timeout_ms());
       auto it = names_.find(request->handle());
-      if (it == names_.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, "no such handle");
+      if (it == names_.end()) {
+        context->AddTrailingMetadata(common::kAgentAnswerTrailer, "1");
+        return grpc::Status(grpc::StatusCode::NOT_FOUND, "no such handle");
+      }
       name = it->second;
+      rpc = ++rpcs_of_[request->handle()];
+    }
+    if (name == "flaky" && rpc == 1) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "failed to connect to all addresses");
+    }
+    if (name == "unreachable") {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "failed to connect to all addresses");
+    }
+    context->AddTrailingMetadata(common::kAgentAnswerTrailer, "1");
+    if (name == "lost-node") {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "lost-node: node w3 is unreachable");
+    }
+    if (name == "gated") {
+      // The agent forgets a handle once it reported its result: a second RPC while the first
+      // is parked would get "not found" from it as soon as the first is answered. Played
+      // here by answering it "not found" at once.
+      std::unique_lock lock(mu_);
+      gated_rpcs_++;
+      cv_.notify_all();
+      if (rpc > 1) return grpc::Status(grpc::StatusCode::NOT_FOUND, "handle unknown");
+      cv_.wait_for(lock, 10s, [&] { return gate_open_; });
+      response->set_done(true);
+      return grpc::Status::OK;
     }
     if (name == "fail") {
       return grpc::Status(grpc::StatusCode::ABORTED, "fail: node w1 died during the push");
@@ -159,6 +197,34 @@ class FakeAgent final : public v1::Agent::Service {
     }
     response->set_done(true);
     return grpc::Status::OK;
+  }
+
+  // Waits (at most `timeout`) until `n` Wait RPCs for "gated" arrived.
+  bool WaitGatedRpcs(int n, std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, timeout, [&] { return gated_rpcs_ >= n; });
+  }
+  void OpenGate() {
+    std::lock_guard lock(mu_);
+    gate_open_ = true;
+    cv_.notify_all();
+  }
+  int gated_rpcs() {
+    std::lock_guard lock(mu_);
+    return gated_rpcs_;
+  }
+  void EndKeepAlive() {
+    std::lock_guard lock(mu_);
+    end_keepalive_ = true;
+  }
+  void BlockRegistrations(bool block) {
+    std::lock_guard lock(mu_);
+    block_registrations_ = block;
+    cv_.notify_all();
+  }
+  int waits_for(uint64_t handle) {
+    std::lock_guard lock(mu_);
+    return rpcs_of_[handle];
   }
 
   bool WaitKeepAlive(bool open) {
@@ -213,6 +279,11 @@ class FakeAgent final : public v1::Agent::Service {
   std::map<uint64_t, Mapping> buffers_;
   std::map<uint64_t, std::string> names_;
   std::map<uint64_t, int> waits_of_;  // Guarded by mu_: Wait RPCs per handle.
+  std::map<uint64_t, int> rpcs_of_;   // Guarded by mu_: Wait RPCs per handle, all names.
+  int gated_rpcs_ = 0;
+  bool gate_open_ = false;
+  bool end_keepalive_ = false;
+  bool block_registrations_ = false;
   std::vector<v1::SubmitRequest> submits_;
 };
 
@@ -479,6 +550,87 @@ TEST_F(ClientTest, WaitTimesOutWhileTheOperationGoesOn) {
                                       common::DataType::kFloat32, ReduceOp::kSum);
   ASSERT_TRUE(later.ok());
   EXPECT_TRUE(later->Wait(std::chrono::milliseconds::max()).ok());
+}
+
+// One Wait RPC per handle at a time: a second thread waiting on the same handle gets the
+// result the first one's RPC brought, not the agent's "not found" for a handle it already
+// reported. (The bounded wait below is for an RPC that must not come.)
+TEST_F(ClientTest, ThreadsWaitingOnOneHandleAllGetItsResult) {
+  std::unique_ptr<Client> client = Join();
+  ASSERT_NE(client, nullptr);
+  auto buffer = client->AllocateBuffer(1024);
+  ASSERT_TRUE(buffer.ok());
+  auto handle =
+      client->AllReduceAsync("gated", **buffer, 0, 4, common::DataType::kFloat32, ReduceOp::kSum);
+  ASSERT_TRUE(handle.ok());
+  absl::Status first, second;
+  std::thread a([&] { first = handle->Wait(20s); });
+  ASSERT_TRUE(agent_.WaitGatedRpcs(1, 5s));
+  std::thread b([&] { second = handle->Wait(20s); });
+  EXPECT_FALSE(agent_.WaitGatedRpcs(2, 300ms)) << "a second Wait RPC was sent for the handle";
+  EXPECT_FALSE(*handle->Test());  // does not send one either while the first is in flight
+  agent_.OpenGate();
+  a.join();
+  b.join();
+  EXPECT_TRUE(first.ok()) << first;
+  EXPECT_TRUE(second.ok()) << second;
+  EXPECT_EQ(agent_.gated_rpcs(), 1);
+}
+
+// A Wait RPC that failed before the agent answered (no answer trailer) is not the operation's
+// result: the client asks again. An error the agent gave, of the same code, is the result.
+TEST_F(ClientTest, AWaitRpcThatFailedInTransportIsAskedAgain) {
+  std::unique_ptr<Client> client = Join();
+  ASSERT_NE(client, nullptr);
+  auto buffer = client->AllocateBuffer(1024);
+  ASSERT_TRUE(buffer.ok());
+  auto flaky =
+      client->AllReduceAsync("flaky", **buffer, 0, 4, common::DataType::kFloat32, ReduceOp::kSum);
+  ASSERT_TRUE(flaky.ok());
+  EXPECT_TRUE(flaky->Wait(20s).ok());
+  EXPECT_EQ(agent_.waits_for(flaky->id()), 2);
+
+  auto lost = client->AllReduceAsync("lost-node", **buffer, 0, 4, common::DataType::kFloat32,
+                                     ReduceOp::kSum);
+  ASSERT_TRUE(lost.ok());
+  absl::Status status = lost->Wait(20s);
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(status.message(), "lost-node: node w3 is unreachable");
+  EXPECT_EQ(agent_.waits_for(lost->id()), 1);
+}
+
+// ... until the session ended: then the wait ends with that, long before its deadline.
+TEST_F(ClientTest, AWaitOnAnUnreachableAgentEndsWhenTheSessionEnds) {
+  std::unique_ptr<Client> client = Join();
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(agent_.WaitKeepAlive(/*open=*/true));
+  auto buffer = client->AllocateBuffer(1024);
+  ASSERT_TRUE(buffer.ok());
+  auto handle = client->AllReduceAsync("unreachable", **buffer, 0, 4, common::DataType::kFloat32,
+                                       ReduceOp::kSum);
+  ASSERT_TRUE(handle.ok());
+  agent_.EndKeepAlive();
+  absl::Status status = handle->Wait(std::chrono::milliseconds::max());
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(status.message(), HasSubstr("ended (keepalive stream"));
+  EXPECT_THAT(status.message(), HasSubstr("the last Wait RPC"));
+  EXPECT_GE(agent_.waits_for(handle->id()), 1);
+}
+
+// A registration that timed out leaves the buffer socket's stream out of step; the client
+// closes it, and the next AllocateBuffer connects again instead of failing for good.
+TEST_F(ClientTest, AllocateBufferConnectsAgainAfterATimedOutRegistration) {
+  options_.rpc_timeout = 300ms;
+  std::unique_ptr<Client> client = Join();
+  ASSERT_NE(client, nullptr);
+  agent_.BlockRegistrations(true);
+  auto late = client->AllocateBuffer(1024);
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded) << late.status();
+  agent_.BlockRegistrations(false);
+  auto buffer = client->AllocateBuffer(1024);
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  EXPECT_TRUE(
+      client->AllReduce("t", **buffer, 0, 4, common::DataType::kFloat32, ReduceOp::kSum).ok());
 }
 
 TEST_F(ClientTest, LeaveEndsTheSessionAndBuffersCleanUp) {

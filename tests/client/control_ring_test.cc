@@ -359,6 +359,49 @@ TEST(ControlRingCloseTest, CompletionsWrittenAfterTheCloseAreNotRead) {
   munmap(memory, (*ring)->size_bytes());
 }
 
+// What the agent wrote before the ring closed is read: the keepalive stream's end closes the
+// ring when the agent shuts down, and results it completed first are the operations' results,
+// not the close's "lost" error.
+TEST(ControlRingCloseTest, CompletionsWrittenBeforeTheCloseAreTheResults) {
+  absl::StatusOr<std::unique_ptr<internal::ControlRing>> ring = internal::ControlRing::Create(8);
+  ASSERT_TRUE(ring.ok()) << ring.status();
+  void* memory =
+      mmap(nullptr, (*ring)->size_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, (*ring)->memfd(), 0);
+  ASSERT_NE(memory, MAP_FAILED);
+  absl::StatusOr<common::shm_ring::RingConfig> config =
+      common::shm_ring::ReadHeader(memory, (*ring)->size_bytes());
+  ASSERT_TRUE(config.ok()) << config.status();
+  const common::shm_ring::RingView view = common::shm_ring::ViewOf(memory, *config);
+  common::shm_ring::RingProducer<common::shm_ring::CompletionEntry> agent(&view.header->cq, view.cq,
+                                                                          config->cq_capacity);
+
+  internal::RingSubmission submission;
+  submission.tensor_name = "x";
+  submission.count = 4;
+  std::shared_ptr<internal::RingSlot> done = (*ring)->TrySubmit(submission);
+  std::shared_ptr<internal::RingSlot> failed = (*ring)->TrySubmit(submission);
+  std::shared_ptr<internal::RingSlot> pending = (*ring)->TrySubmit(submission);
+  ASSERT_TRUE(done != nullptr && failed != nullptr && pending != nullptr);
+  ASSERT_EQ(agent.Push(common::shm_ring::MakeCompletion(done->ticket, absl::OkStatus())),
+            common::shm_ring::RingResult::kOk);
+  ASSERT_EQ(agent.Push(common::shm_ring::MakeCompletion(
+                failed->ticket, absl::DataLossError("x: checksum mismatch"))),
+            common::shm_ring::RingResult::kOk);
+  (*ring)->Close(absl::UnavailableError("session s ended; the operation's result is lost"));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  std::optional<absl::Status> result = (*ring)->Wait(*done, deadline);
+  ASSERT_TRUE(result.has_value());
+  EXPECT_TRUE(result->ok()) << *result;
+  result = (*ring)->Wait(*failed, deadline);
+  ASSERT_TRUE(result.has_value());
+  EXPECT_EQ(*result, absl::DataLossError("x: checksum mismatch"));
+  result = (*ring)->Wait(*pending, deadline);
+  ASSERT_TRUE(result.has_value());
+  EXPECT_EQ(result->code(), absl::StatusCode::kUnavailable) << *result;
+  EXPECT_THAT(result->message(), HasSubstr("result is lost"));
+  munmap(memory, (*ring)->size_bytes());
+}
+
 // A waiter whose recent waits were short polls the completion queue (here with a budget far
 // above the test's run) instead of announcing itself and sleeping: the agent's side, which
 // does not ring, never sees it waiting, and the result arrives. With no budget the waiter
