@@ -145,8 +145,8 @@ grpc::ServerUnaryReactor* LocalGrpcService::Wait(grpc::CallbackServerContext* ct
                                                  const tributary::v1::WaitRequest* req,
                                                  tributary::v1::WaitResponse* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  service_->Await(req->session_id(), req->handle(), req->timeout_ms(), ParkedReply(ctx, reactor, resp),
-                  [resp](uint64_t v) { resp->set_version(v); });
+  service_->Await(req->session_id(), req->handle(), req->timeout_ms(),
+                  ParkedReply(ctx, reactor, resp), [resp](uint64_t v) { resp->set_version(v); });
   return reactor;
 }
 

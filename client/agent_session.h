@@ -9,7 +9,6 @@
 #include <string>
 
 #include "absl/status/status.h"
-
 #include "client/control_ring.h"
 #include "grpcpp/grpcpp.h"
 #include "tributary/v1/agent.grpc.pb.h"

@@ -69,9 +69,9 @@ absl::StatusOr<uint64_t> BufferChannel::Register(const std::string& session_id, 
     // The last request failed on the connection (the stream was out of step): a fresh one.
     absl::StatusOr<common::UniqueFd> again = Dial(path_);
     if (!again.ok()) {
-      return absl::Status(again.status().code(),
-                          absl::StrCat("connecting again after a failed request: ",
-                                       again.status().message()));
+      return absl::Status(
+          again.status().code(),
+          absl::StrCat("connecting again after a failed request: ", again.status().message()));
     }
     socket_ = *std::move(again);
   }

@@ -51,10 +51,10 @@ class KeepAliveReactor : public grpc::ClientReadReactor<v1::KeepAliveEvent> {
 
   void OnDone(const grpc::Status& status) override {
     TRIBUTARY_TSAN_ACQUIRE(this);
-    absl::Status ended = absl::UnavailableError(absl::StrCat(
-        "session ", session_->session_id(), " with agent ", session_->agent_address(),
-        " ended (keepalive stream: ", common::FromGrpcStatus(status).ToString(),
-        "); the operation's result is lost"));
+    absl::Status ended = absl::UnavailableError(
+        absl::StrCat("session ", session_->session_id(), " with agent ", session_->agent_address(),
+                     " ended (keepalive stream: ", common::FromGrpcStatus(status).ToString(),
+                     "); the operation's result is lost"));
     // Wait RPCs that fail in transport stop retrying.
     session_->MarkEnded(ended);
     if (ControlRing* ring = session_->ring(); ring != nullptr) {
@@ -421,8 +421,8 @@ absl::Status Handle::WaitOnce(const Attempt& attempt, uint32_t timeout_ms, bool*
   auto context = session_->NewContext(milliseconds(timeout_ms) + session_->rpc_timeout());
   grpc::Status status = session_->stub().Wait(context.get(), request, &response);
   // An error the agent did not give (no answer trailer) is the RPC's, not the operation's.
-  *transient = !status.ok() && !context->GetServerTrailingMetadata().contains(
-                                   common::kAgentAnswerTrailer);
+  *transient =
+      !status.ok() && !context->GetServerTrailingMetadata().contains(common::kAgentAnswerTrailer);
   if (*transient) {
     *transient = status.error_code() == grpc::StatusCode::UNAVAILABLE ||
                  status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
@@ -447,8 +447,9 @@ std::optional<absl::Status> Handle::WaitAttempt(const Attempt& attempt,
     if (transient) {
       // The agent did not answer: the operation goes on there unless the session ended.
       if (std::optional<absl::Status> ended = session_->ended()) {
-        return absl::Status(ended->code(), absl::StrCat(ended->message(), " (the last Wait RPC: ",
-                                                        status.ToString(), ")"));
+        return absl::Status(
+            ended->code(),
+            absl::StrCat(ended->message(), " (the last Wait RPC: ", status.ToString(), ")"));
       }
       if (!session_->active()) return status;  // the client left the job
       Log()->warn("Wait RPC for operation {} failed ({}); asking the agent again", state_->name,
