@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <Python.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/util/Exception.h>
 
 #include <atomic>
@@ -11,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/python/c10d/callback_threads.h"
 #include "common/hash.h"
 
 namespace tributary::client::c10d {
@@ -134,53 +136,11 @@ void CopyOut(const char* staged, const at::Tensor& t) {
     return;
   }
   at::NoGradGuard no_grad;
+  // The copy runs on the completion thread, outside the caller's inference mode: an inference
+  // tensor may be written in place only inside one.
+  c10::InferenceMode inference(t.is_inference());
   t.copy_(at::from_blob(const_cast<char*>(staged), t.sizes(), t.options().requires_grad(false)));
 }
-
-// Runs each task on an idle thread of its own, starting a new thread whenever more tasks wait
-// than threads are idle, so that a task that blocks never holds up another (a future callback
-// may wait on a collective whose future is completed by a later task). A thread idle for a
-// minute ends. One per process, never destroyed: its threads may still run callbacks while the
-// interpreter exits.
-class CallbackThreads {
- public:
-  static CallbackThreads& Get() {
-    static CallbackThreads* threads = new CallbackThreads();
-    return *threads;
-  }
-
-  void Run(std::function<void()> task) {
-    std::lock_guard<std::mutex> lock(mu_);
-    tasks_.push_back(std::move(task));
-    if (tasks_.size() > idle_) {
-      std::thread([this] { Loop(); }).detach();
-    } else {
-      cv_.notify_one();
-    }
-  }
-
- private:
-  void Loop() {
-    std::unique_lock<std::mutex> lock(mu_);
-    for (;;) {
-      ++idle_;
-      const bool got = cv_.wait_for(lock, std::chrono::minutes(1), [&] { return !tasks_.empty(); });
-      --idle_;
-      if (!got) return;
-      std::function<void()> task = std::move(tasks_.front());
-      tasks_.pop_front();
-      lock.unlock();
-      task();
-      task = nullptr;  // its captures go before the lock is taken again
-      lock.lock();
-    }
-  }
-
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> tasks_;  // Guarded by mu_.
-  size_t idle_ = 0;                          // Guarded by mu_.
-};
 
 // The process's one connection, shared by its groups while any holds it.
 std::mutex g_connection_mu;
@@ -227,7 +187,7 @@ void WorkTributary::Finish(std::exception_ptr error) {
   // future (torch's PowerSGD hook starts an all-reduce in a `then` callback and waits for it).
   // On the completion thread, which finishes that collective too, it would wait forever: the
   // future is completed on a callback thread instead, a new one whenever all are busy.
-  CallbackThreads::Get().Run([future = future_, outputs = outputs_, error] {
+  CallbackThreads::Process().Run([future = future_, outputs = outputs_, error] {
     if (error) {
       future->setError(error);
     } else {

@@ -380,6 +380,78 @@ class ExactTrainingTest(unittest.TestCase):
         loss_fn(model(x[1]), y[1]).backward()
         optimizer.step()
 
+    def test_two_models_need_their_own_names(self):
+        # A GAN's generator and discriminator: the same layer names. Under one name, their
+        # all-reduces would be one tensor's iterations: the second optimizer replaces the first,
+        # whose step() then says how to give each model its own names. With a prefix each, one
+        # backward pass through both trains each exactly.
+        x, y = data((16,))
+        ref, _ = reference(mlp, x, y)
+        g, d = make(mlp), make(mlp)
+        g_opt = trt.DistributedOptimizer(sgd(g.parameters()), named_parameters=g.named_parameters())
+        trt.DistributedOptimizer(sgd(d.parameters()), named_parameters=d.named_parameters())
+        with self.assertRaises(trt.TributaryError) as raised:
+            g_opt.step()
+        self.assertEqual(raised.exception.code, "FAILED_PRECONDITION")
+        self.assertIn("took its parameter names ('0.bias', '0.weight', '2.bias' and 3 more",
+                      str(raised.exception))
+        self.assertIn("prefix=", str(raised.exception))
+        g_opt = trt.DistributedOptimizer(sgd(g.parameters()),
+                                         named_parameters=g.named_parameters(prefix="G"))
+        d_opt = trt.DistributedOptimizer(sgd(d.parameters()),
+                                         named_parameters=d.named_parameters(prefix="D"))
+        loss_fn = torch.nn.CrossEntropyLoss()
+        share = BATCH // trt.size()
+        for step in range(STEPS):
+            xs = x[step][trt.rank() * share:(trt.rank() + 1) * share]
+            ys = y[step][trt.rank() * share:(trt.rank() + 1) * share]
+            g_opt.zero_grad()
+            d_opt.zero_grad()
+            (loss_fn(g(xs), ys) + loss_fn(d(xs), ys)).backward()  # both in flight at once
+            g_opt.step()
+            d_opt.step()
+        self.assertMatchesReference(g, ref)
+        self.assertMatchesReference(d, ref)
+
+    def test_a_new_optimizer_over_the_same_parameters_replaces_the_old_one(self):
+        # Made again over the same model (a new learning rate, a checkpoint loaded): the old
+        # optimizer's hooks go, else each backward pass would start two all-reduces per
+        # gradient. Here the old one has a backward pass in flight when it is replaced.
+        x, y = data((16,))
+        ref, _ = reference(mlp, x, y)
+        model = make(mlp)
+        old = trt.DistributedOptimizer(sgd(model.parameters()),
+                                       named_parameters=model.named_parameters())
+        loss_fn = torch.nn.CrossEntropyLoss()
+        share = BATCH // trt.size()
+        part = slice(trt.rank() * share, (trt.rank() + 1) * share)
+        old.zero_grad()
+        loss_fn(model(x[0][part]), y[0][part]).backward()
+        optimizer = trt.DistributedOptimizer(sgd(model.parameters()),
+                                             named_parameters=model.named_parameters())
+        real = trt_ops.push_pull_async
+        names = []
+
+        def counted(*args, **kwargs):
+            names.append(kwargs.get("name"))
+            return real(*args, **kwargs)
+
+        with mock.patch.object(trt_ops, "push_pull_async", side_effect=counted):
+            optimizer.step()  # reduces step 0's gradients again (the old ones were dropped)
+            for step in range(1, STEPS):
+                optimizer.zero_grad()
+                loss_fn(model(x[step][part]), y[step][part]).backward()
+                optimizer.step()
+        params = len(list(model.parameters()))
+        self.assertEqual(len(names), STEPS * params)  # one all-reduce per gradient and step
+        self.assertEqual(len(set(names)), params)
+        self.assertMatchesReference(model, ref)
+        for call in (old.step, old.synchronize):
+            with self.assertRaises(trt.TributaryError) as raised:
+                call()
+            self.assertEqual(raised.exception.code, "FAILED_PRECONDITION")
+            self.assertIn("over the same parameters replaced it", str(raised.exception))
+
     def test_parameters_checked_when_the_optimizer_is_made(self):
         empty = torch.nn.Parameter(torch.empty(0))  # nothing to reduce: left out
         model = make(mlp)

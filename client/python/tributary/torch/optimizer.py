@@ -34,15 +34,30 @@ view of it, allocated once by the constructor; autograd accumulates into an exis
 place and zero_grad() zeroes it in place), so their all-reduces run without staging copies. A
 gradient that left it (zero_grad(set_to_none=True), a .grad assigned by the user) is staged: one
 copy each way, as any tensor.
+
+One optimizer per parameter and per name: a DistributedOptimizer made over a parameter that a
+live one manages, or with a name that a live one uses, replaces it. The old one's hooks are
+removed (else each backward pass would start two all-reduces into the same .grad, or two
+models' all-reduces would be one tensor's iterations), its all-reduces in flight are waited for
+and its pending updates applied; its step() and synchronize() are then FAILED_PRECONDITION,
+saying why. A loop that makes a new model and optimizer each round needs nothing more; two
+models trained at once (a GAN's generator and discriminator, both with a "0.weight") need their
+own names: named_parameters=model.named_parameters(prefix="G"), and prefix="D".
 """
 
 import contextlib
+import weakref
 
 import torch
 
 from tributary import TributaryError
 from tributary.torch import ops
 from tributary.torch.compression import Compression
+
+
+# The synchronous optimizers of this process that have not been replaced (see the module's
+# docstring). Weak: an optimizer that is dropped and collected leaves it.
+_live = weakref.WeakSet()
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -54,6 +69,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                  "INVALID_ARGUMENT")
         self._compression = compression
         self._passes = backward_passes_per_step
+        self._replaced = None  # why, once a newer optimizer replaced this one
+        self._grad_hooks = []  # the handles of the hooks on the gradient accumulators
         params = [p for group in self.param_groups for p in group["params"]]
         named = _named(params, named_parameters)
         self._name = {id(p): f"DistributedOptimizer.grad.{n}" for n, p in named}
@@ -91,15 +108,59 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._fired_now = set()
         self._fired_last = None
         self._module_params = []  # (module, its pre-hook's handle, its own parameters)
+        if self._overlap and not isinstance(overlap_forward, torch.nn.Module):
+            raise TributaryError(
+                "DistributedOptimizer: overlap_forward must be the model (a torch.nn.Module) "
+                "whose forward pass uses the parameters", "INVALID_ARGUMENT")
+        self._take_over()
         if self._overlap:
-            if not isinstance(overlap_forward, torch.nn.Module):
-                raise TributaryError(
-                    "DistributedOptimizer: overlap_forward must be the model (a torch.nn.Module) "
-                    "whose forward pass uses the parameters", "INVALID_ARGUMENT")
             self._register_forward_hooks(overlap_forward)
         if ops.size() > 1:
             self._share_gradients()
             self._register_hooks()
+
+    def _take_over(self):
+        """Replaces the live optimizers that manage one of this one's parameters or use one of
+        its names (see the module's docstring)."""
+        mine = {id(p) for p in self._params}
+        names = {self._name[id(p)] for p in self._params}
+        for other in list(_live):
+            if any(id(q) in mine for q in other._params):
+                other._hand_over("a newer DistributedOptimizer over the same parameters "
+                                 "replaced it; use the new one")
+                continue
+            clash = sorted(names & {other._name[id(q)] for q in other._params})
+            if clash:
+                shown = ", ".join(repr(n[len("DistributedOptimizer.grad."):]) for n in clash[:3])
+                more = f" and {len(clash) - 3} more" if len(clash) > 3 else ""
+                other._hand_over(
+                    f"a newer DistributedOptimizer over other parameters took its parameter "
+                    f"names ({shown}{more}: their all-reduces would be one tensor's); to train "
+                    "two models at once give each its own names, e.g. "
+                    "named_parameters=model.named_parameters(prefix=\"G\")")
+        _live.add(self)
+
+    def _hand_over(self, why):
+        """Replaced by a newer optimizer (`why`): removes this one's hooks, waits for its all-reduces in flight (the new optimizer's next step reduces those
+        gradients again: averaging an average changes nothing) and applies its pending updates
+        (those of a finished step)."""
+        _live.discard(self)
+        self._replaced = why
+        for handle in self._grad_hooks + self._forward_hooks:
+            handle.remove()
+        self._grad_hooks = []
+        self._forward_hooks = []
+        self._grad_accs = []
+        self._module_params = []
+        try:
+            self._apply_pending(None)
+        finally:
+            self._drain()
+
+    def _check_not_replaced(self, call):
+        if self._replaced:
+            raise TributaryError(f"DistributedOptimizer: {call}() on a replaced optimizer: "
+                                 f"{self._replaced}", "FAILED_PRECONDITION")
 
     def _share_gradients(self):
         """Gives every dense CPU parameter of a supported dtype a .grad that is a view of one
@@ -131,8 +192,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             # (zero copy: the agent writes the average into it) or its update pending. A pre-hook
             # of the node, not of the tensor: torch.autograd.grad runs no accumulation.
             check = self._make_check(p)
-            grad_acc.register_prehook(lambda _grad_outputs, check=check: check())
-            grad_acc.register_hook(self._make_hook(p))
+            self._grad_hooks.append(
+                grad_acc.register_prehook(lambda _grad_outputs, check=check: check()))
+            self._grad_hooks.append(grad_acc.register_hook(self._make_hook(p)))
             self._grad_accs.append(grad_acc)
 
     def _register_forward_hooks(self, model):
@@ -143,18 +205,25 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         that reads the parameters, as weight_norm's); the model's post-hook those of any
         parameter the forward did not reach, so that none is pending when backward accumulates
         into .grad again."""
+        ref = weakref.ref(self)  # as the gradient hooks (_make_check)
+
+        def call(method, *args):
+            self = ref()
+            if self is not None:
+                getattr(self, method)(*args)
+
         self._start_hook = model.register_forward_pre_hook(
-            lambda _module, _inputs: self._on_forward_start())
+            lambda _module, _inputs: call("_on_forward_start"))
         self._forward_hooks.append(self._start_hook)
         for module in model.modules():
             own = [p for p in module.parameters(recurse=False)]
             if own:
                 handle = module.register_forward_pre_hook(
-                    lambda module, _inputs, own=own: self._on_module(module, own))
+                    lambda module, _inputs, own=own: call("_on_module", module, own))
                 self._forward_hooks.append(handle)
                 self._module_params.append((module, handle, own))
         self._forward_hooks.append(model.register_forward_hook(
-            lambda _module, _inputs, _output: self._on_forward_end()))
+            lambda _module, _inputs, _output: call("_on_forward_end")))
 
     def _on_module(self, module, own):
         self._fired_now.add(id(module))
@@ -182,8 +251,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._fired_last = self._fired_now
         self._apply_pending(None)
 
+    # The hooks hold the optimizer weakly: the gradient accumulators that hold them are not
+    # seen by Python's cycle collector, so a strong reference kept every optimizer, and its
+    # model, alive for the life of the process.
     def _make_check(self, p):
+        ref = weakref.ref(self)
+
         def check():
+            self = ref()
+            if self is None:
+                return None
             key = id(p)
             if key in self._pending:
                 raise TributaryError(
@@ -202,7 +279,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return check
 
     def _make_hook(self, p):
+        ref = weakref.ref(self)
+
         def hook(*unused):
+            self = ref()
+            if self is None:
+                return
             key = id(p)
             # A gradient computed since the last synchronize(): step() must wait for it.
             self._synchronized = False
@@ -322,6 +404,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         from the last step() (call it before reading the parameters outside a forward pass:
         checkpoints, optimizer state); then no backward pass has run since that step(), so
         there is nothing more to reduce (every rank is in the same place)."""
+        self._check_not_replaced("synchronize")
         after_overlapped_step = bool(self._pending)
         self._apply_pending(None)
         if after_overlapped_step:
@@ -353,6 +436,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._should_synchronize = True
 
     def step(self, closure=None):
+        self._check_not_replaced("step")
         if (self._overlap and ops.size() > 1 and self._should_synchronize and
                 not self._synchronized):
             if closure is not None:

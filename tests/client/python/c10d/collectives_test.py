@@ -84,6 +84,19 @@ class CollectivesTest(unittest.TestCase):
         self.assertTrue(torch.equal(t, full[::2]))
         self.assertTrue(torch.equal(base.t()[1::2], before_other), "touched outside the view")
 
+    def test_allreduce_in_inference_mode(self):
+        # The result is copied into the tensor on the completion thread, outside the caller's
+        # inference mode: an inference tensor that is not contiguous (staged, then copied back
+        # with copy_) must still take it.
+        with torch.inference_mode():
+            base = (pattern(2 * N) * (self.rank + 1)).reshape(N // 10, 20)
+            t = base.t()[::2]
+            self.assertTrue(t.is_inference())
+            self.assertFalse(t.is_contiguous())
+            dist.all_reduce(t)
+        full = (pattern(2 * N) * self.sum_of_ranks()).reshape(N // 10, 20).t()
+        self.assertTrue(torch.equal(t, full[::2]))
+
     def test_allreduce_async_works_and_futures(self):
         # Several collectives in flight at once (different names and the same name twice), then
         # completed through wait(), get_future() and is_completed().

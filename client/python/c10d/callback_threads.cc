@@ -1,0 +1,91 @@
+#include "client/python/c10d/callback_threads.h"
+
+#include <exception>
+#include <utility>
+
+#include "common/logging.h"
+
+namespace tributary::client::c10d {
+namespace {
+
+constexpr auto Log = common::ComponentLog<"c10d">;
+
+}  // namespace
+
+CallbackThreads::CallbackThreads(size_t max_threads, std::chrono::milliseconds idle_timeout,
+                                 StartThread start_thread)
+    : max_threads_(max_threads == 0 ? 1 : max_threads),
+      idle_timeout_(idle_timeout),
+      start_thread_(std::move(start_thread)) {}
+
+CallbackThreads& CallbackThreads::Process() {
+  static CallbackThreads* threads = new CallbackThreads();
+  return *threads;
+}
+
+void CallbackThreads::DetachedThread(std::function<void()> body) {
+  std::thread(std::move(body)).detach();
+}
+
+void CallbackThreads::Run(std::function<void()> task) {
+  std::unique_lock<std::mutex> lock(mu_);
+  tasks_.push_back(std::move(task));
+  if (tasks_.size() <= idle_) {
+    cv_.notify_one();
+    return;
+  }
+  if (threads_ >= max_threads_) {
+    if (!warned_) {
+      warned_ = true;
+      Log()->warn(
+          "all {} future-callback threads are busy: completions wait for one (a callback that "
+          "blocks on another collective's future holds a thread)",
+          max_threads_);
+    }
+    return;
+  }
+  ++threads_;  // counted before it runs: Loop's exit takes it back
+  try {
+    start_thread_([this] { Loop(); });
+  } catch (const std::exception& e) {
+    --threads_;
+    if (threads_ > 0) return;  // a running thread takes the task when it is free
+    std::function<void()> mine = std::move(tasks_.back());
+    tasks_.pop_back();
+    lock.unlock();
+    Log()->warn("cannot start a future-callback thread ({}): completing the future on this thread",
+                e.what());
+    mine();
+  }
+}
+
+size_t CallbackThreads::threads() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return threads_;
+}
+
+size_t CallbackThreads::queued() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return tasks_.size();
+}
+
+void CallbackThreads::Loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    ++idle_;
+    const bool got = cv_.wait_for(lock, idle_timeout_, [&] { return !tasks_.empty(); });
+    --idle_;
+    if (!got) {
+      --threads_;
+      return;
+    }
+    std::function<void()> task = std::move(tasks_.front());
+    tasks_.pop_front();
+    lock.unlock();
+    task();
+    task = nullptr;  // its captures go before the lock is taken again
+    lock.lock();
+  }
+}
+
+}  // namespace tributary::client::c10d

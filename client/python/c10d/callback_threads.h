@@ -1,0 +1,60 @@
+// The threads on which the backend completes its works' futures (process_group_tributary.cc):
+// a future's callbacks run where it is completed, and one may block on another collective's
+// future, so each gets a thread of its own, up to a bound.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+namespace tributary::client::c10d {
+
+// Runs each task on an idle thread, starting a new thread whenever more tasks wait than threads
+// are idle, so that a task that blocks does not hold up another (a future callback may wait on
+// a collective whose future is completed by a later task). At most `max_threads` threads:
+// beyond, tasks wait for one (as many callbacks blocked at once as that would wait forever; the
+// log says when the bound is first reached). A thread idle for `idle_timeout` ends. When no
+// thread can be started (start_thread throws: the process is out of threads), the task waits
+// for a running thread, or runs on the caller's when there is none.
+//
+// Threading: Run from any thread. The threads are detached: the object must outlive them (the
+// process's one, Process(), is never destroyed, as its threads may still run callbacks while
+// the interpreter exits).
+class CallbackThreads {
+ public:
+  using StartThread = std::function<void(std::function<void()> body)>;
+
+  static constexpr size_t kMaxThreads = 64;
+
+  // `start_thread` runs its argument on a new detached thread (tests inject failures).
+  explicit CallbackThreads(size_t max_threads = kMaxThreads,
+                           std::chrono::milliseconds idle_timeout = std::chrono::minutes(1),
+                           StartThread start_thread = DetachedThread);
+
+  static CallbackThreads& Process();
+
+  void Run(std::function<void()> task);
+
+  // Threads started and not ended; tasks waiting for a thread.
+  size_t threads() const;
+  size_t queued() const;
+
+ private:
+  static void DetachedThread(std::function<void()> body);
+  void Loop();
+
+  const size_t max_threads_;
+  const std::chrono::milliseconds idle_timeout_;
+  const StartThread start_thread_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;  // Guarded by mu_.
+  size_t idle_ = 0;                          // Guarded by mu_.
+  size_t threads_ = 0;                       // Guarded by mu_: running Loop.
+  bool warned_ = false;                      // Guarded by mu_.
+};
+
+}  // namespace tributary::client::c10d

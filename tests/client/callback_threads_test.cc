@@ -1,0 +1,121 @@
+// The c10d backend's future-callback threads (client/python/c10d/callback_threads.h): a task
+// that blocks gets a thread of its own up to the bound, the rest wait for one; a thread that
+// cannot be started leaves the task to a running thread, or to the caller when none runs.
+#include "client/python/c10d/callback_threads.h"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <stdexcept>
+#include <system_error>
+#include <thread>
+
+#include "gtest/gtest.h"
+
+namespace tributary::client::c10d {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Tasks that block until Open(); counts those that started and finished.
+class Gate {
+ public:
+  void Pass() {
+    std::unique_lock lock(mu_);
+    ++started_;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return open_; });
+    ++finished_;
+    cv_.notify_all();
+  }
+  void Open() {
+    std::lock_guard lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+  bool WaitStarted(int n) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, 10s, [&] { return started_ >= n; });
+  }
+  bool WaitFinished(int n) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, 10s, [&] { return finished_ >= n; });
+  }
+  int started() {
+    std::lock_guard lock(mu_);
+    return started_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = false;
+  int started_ = 0;
+  int finished_ = 0;
+};
+
+TEST(CallbackThreadsTest, BlockedTasksGetAThreadEachUpToTheBoundAndTheRestWait) {
+  constexpr int kMax = 4;
+  // Leaked on purpose, as the process's one is: detached threads may outlive the test body.
+  auto* threads = new CallbackThreads(kMax, 1h);
+  auto* gate = new Gate();
+  for (int i = 0; i < kMax + 3; ++i) threads->Run([gate] { gate->Pass(); });
+  EXPECT_EQ(threads->threads(), static_cast<size_t>(kMax));
+  ASSERT_TRUE(gate->WaitStarted(kMax));
+  EXPECT_EQ(threads->queued(), 3u);
+  EXPECT_EQ(gate->started(), kMax);
+  gate->Open();
+  ASSERT_TRUE(gate->WaitFinished(kMax + 3));
+  EXPECT_EQ(threads->threads(), static_cast<size_t>(kMax));
+}
+
+TEST(CallbackThreadsTest, IdleThreadsEnd) {
+  auto* threads = new CallbackThreads(2, 1ms);
+  auto* gate = new Gate();
+  gate->Open();
+  threads->Run([gate] { gate->Pass(); });
+  ASSERT_TRUE(gate->WaitFinished(1));
+  // The thread ends after 1 ms without work; a later task starts another.
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (threads->threads() != 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::yield();
+  }
+  EXPECT_EQ(threads->threads(), 0u);
+  threads->Run([gate] { gate->Pass(); });
+  ASSERT_TRUE(gate->WaitFinished(2));
+}
+
+TEST(CallbackThreadsTest, ATaskWhoseThreadCannotStartRunsOnTheCallerWhenNoneRuns) {
+  std::atomic<bool> fail{true};
+  auto* threads = new CallbackThreads(4, 1h, [&fail](std::function<void()> body) {
+    if (fail)
+      throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again));
+    std::thread(std::move(body)).detach();
+  });
+  const std::thread::id caller = std::this_thread::get_id();
+  std::thread::id ran_on;
+  threads->Run([&] { ran_on = std::this_thread::get_id(); });
+  EXPECT_EQ(ran_on, caller);
+  EXPECT_EQ(threads->threads(), 0u);
+
+  // With a thread running (blocked), a failed start leaves the task queued for it.
+  fail = false;
+  auto* gate = new Gate();
+  threads->Run([gate] { gate->Pass(); });
+  ASSERT_TRUE(gate->WaitStarted(1));
+  fail = true;
+  std::atomic<bool> second{false};
+  threads->Run([&second] { second = true; });
+  EXPECT_EQ(threads->threads(), 1u);
+  EXPECT_EQ(threads->queued(), 1u);
+  EXPECT_FALSE(second);
+  gate->Open();
+  ASSERT_TRUE(gate->WaitFinished(1));
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (!second && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+  EXPECT_TRUE(second);
+}
+
+}  // namespace
+}  // namespace tributary::client::c10d
