@@ -38,6 +38,9 @@ class AgentSession {
   const std::string& agent_address() const { return agent_address_; }
   const std::string& session_id() const { return session_id_; }
   std::chrono::milliseconds rpc_timeout() const { return rpc_timeout_; }
+  // ClientOptions::max_unanswered_wait; set once, before the session is shared.
+  std::chrono::milliseconds max_unanswered_wait() const { return max_unanswered_wait_; }
+  void set_max_unanswered_wait(std::chrono::milliseconds limit) { max_unanswered_wait_ = limit; }
   // Null when the session has no control ring.
   ControlRing* ring() const { return ring_.get(); }
   // The agent's buffer socket; null when it could not be reached at join (then
@@ -64,6 +67,7 @@ class AgentSession {
   const std::string agent_address_;
   const std::string session_id_;
   const std::chrono::milliseconds rpc_timeout_;
+  std::chrono::milliseconds max_unanswered_wait_{30000};
   const std::shared_ptr<ControlRing> ring_;
   const std::unique_ptr<BufferChannel> buffers_;
   std::atomic<bool> active_{true};

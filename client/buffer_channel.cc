@@ -84,7 +84,7 @@ absl::StatusOr<uint64_t> BufferChannel::Register(const std::string& session_id, 
                                         nullptr, timeout)
                 : sent;
   if (!received.ok() || response.magic != protocol::kResponseMagic) {
-    socket_.Reset();  // the stream is out of step: the next call says so
+    socket_.Reset();  // the stream is out of step: the next call connects again
     const std::string why =
         received.ok() ? std::string("a malformed response") : std::string(received.message());
     return absl::Status(absl::IsDeadlineExceeded(received) ? absl::StatusCode::kDeadlineExceeded

@@ -436,6 +436,8 @@ std::optional<absl::Status> Handle::WaitAttempt(const Attempt& attempt,
                                                 Clock::time_point deadline) const {
   if (attempt.slot != nullptr) return session_->ring()->Wait(*attempt.slot, deadline);
   milliseconds backoff = kInitialWaitBackoff;
+  // Since when the Wait RPCs have failed without an answer (none failed: nullopt).
+  std::optional<Clock::time_point> unanswered_since;
   while (true) {
     const auto remaining = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
     const milliseconds slice = std::clamp(remaining, milliseconds(0), kMaxWaitSlice);
@@ -443,21 +445,44 @@ std::optional<absl::Status> Handle::WaitAttempt(const Attempt& attempt,
     bool transient = false;
     absl::Status status =
         WaitOnce(attempt, static_cast<uint32_t>(slice.count()), &done, &transient);
-    if (done) return status;
-    if (transient) {
+    if (done) {
+      if (unanswered_since && absl::IsNotFound(status)) {
+        // The agent reports a result once: it answered an RPC that failed on the way back
+        // (past its deadline) and forgot the handle.
+        return absl::UnavailableError(absl::StrCat(
+            "operation ", state_->name,
+            ": its result was lost (the agent answered a Wait RPC that failed on the way "
+            "back, then no longer knew the handle: ",
+            status.message(), ")"));
+      }
+      return status;
+    }
+    if (!transient) {
+      unanswered_since.reset();
+    } else {
       // The agent did not answer: the operation goes on there unless the session ended.
+      if (!session_->active()) return status;  // the client left the job
       if (std::optional<absl::Status> ended = session_->ended()) {
         return absl::Status(
             ended->code(),
             absl::StrCat(ended->message(), " (the last Wait RPC: ", status.ToString(), ")"));
       }
-      if (!session_->active()) return status;  // the client left the job
-      Log()->warn("Wait RPC for operation {} failed ({}); asking the agent again", state_->name,
-                  status);
+      const auto now = Clock::now();
+      if (!unanswered_since) {
+        unanswered_since = now;
+        Log()->warn("Wait RPC for operation {} failed ({}); asking the agent again", state_->name,
+                    status);
+      } else if (now - *unanswered_since >= session_->max_unanswered_wait()) {
+        // A frozen agent keeps its connection (and the KeepAlive stream) open: bounded here.
+        return absl::UnavailableError(
+            absl::StrCat("operation ", state_->name, ": the agent has not answered Wait RPCs for ",
+                         std::chrono::duration_cast<milliseconds>(now - *unanswered_since).count(),
+                         " ms (the last: ", status.ToString(), "); the operation may go on there"));
+      }
       if (absl::IsUnavailable(status)) {
         // Unreachable: give the channel time to reconnect (the keepalive ends the session
         // when the agent is gone for good).
-        const auto pause = std::min<Clock::duration>(backoff, deadline - Clock::now());
+        const auto pause = std::min<Clock::duration>(backoff, deadline - now);
         if (pause > Clock::duration::zero()) std::this_thread::sleep_for(pause);
         backoff = std::min(backoff * 2, kMaxWaitBackoff);
       }
@@ -601,6 +626,9 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
   if (options.rpc_timeout <= milliseconds(0)) {
     return absl::InvalidArgumentError("rpc_timeout must be positive");
   }
+  if (options.max_unanswered_wait < milliseconds(0)) {
+    return absl::InvalidArgumentError("max_unanswered_wait must not be negative");
+  }
   const uint32_t capacity = options.control_ring_capacity;
   if (options.control_ring &&
       (capacity < common::shm_ring::kMinCapacity || capacity > common::shm_ring::kMaxCapacity ||
@@ -679,6 +707,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const ClientOptions& opt
       std::move(channel), std::move(stub), options.agent_address, response.session_id(),
       options.rpc_timeout, std::move(ring),
       buffers.ok() ? *std::move(buffers) : std::unique_ptr<internal::BufferChannel>());
+  session->set_max_unanswered_wait(options.max_unanswered_wait);
   std::unique_ptr<Client> client(new Client(options, job_id, local_rank, local_size,
                                             response.global_rank(), response.world_size(),
                                             response.plan_version(), std::move(session)));

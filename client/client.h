@@ -38,6 +38,11 @@ struct ClientOptions {
   // op_timeout_ms (default 30 s) so that the agent's own error, which says what went wrong,
   // arrives before this client-side deadline.
   std::chrono::milliseconds op_timeout{120000};
+  // A Wait RPC that fails before the agent answers (UNAVAILABLE or past its deadline, from gRPC
+  // itself) is asked again, until the wait's deadline or the end of the session; Wait RPCs
+  // failing without an answer for this long end the wait with UNAVAILABLE (a frozen agent keeps
+  // the session open).
+  std::chrono::milliseconds max_unanswered_wait{30000};
   // Submit collectives through the session's control ring (shared memory, no RPC per
   // operation; see control_ring.h) when the agent serves one. Submissions still use the Submit
   // RPC when the agent has no ring (UNIMPLEMENTED), for tensor names over 200 bytes, and while

@@ -58,7 +58,7 @@ class Gate {
 TEST(CallbackThreadsTest, BlockedTasksGetAThreadEachUpToTheBoundAndTheRestWait) {
   constexpr int kMax = 4;
   // Leaked on purpose, as the process's one is: detached threads may outlive the test body.
-  auto* threads = new CallbackThreads(kMax, 1h);
+  auto* threads = new CallbackThreads(kMax / 2, kMax, 1h);
   auto* gate = new Gate();
   for (int i = 0; i < kMax + 3; ++i) threads->Run([gate] { gate->Pass(); });
   EXPECT_EQ(threads->threads(), static_cast<size_t>(kMax));
@@ -71,7 +71,7 @@ TEST(CallbackThreadsTest, BlockedTasksGetAThreadEachUpToTheBoundAndTheRestWait) 
 }
 
 TEST(CallbackThreadsTest, IdleThreadsEnd) {
-  auto* threads = new CallbackThreads(2, 1ms);
+  auto* threads = new CallbackThreads(1, 2, 1ms);
   auto* gate = new Gate();
   gate->Open();
   threads->Run([gate] { gate->Pass(); });
@@ -88,7 +88,7 @@ TEST(CallbackThreadsTest, IdleThreadsEnd) {
 
 TEST(CallbackThreadsTest, ATaskWhoseThreadCannotStartRunsOnTheCallerWhenNoneRuns) {
   std::atomic<bool> fail{true};
-  auto* threads = new CallbackThreads(4, 1h, [&fail](std::function<void()> body) {
+  auto* threads = new CallbackThreads(4, 4, 1h, [&fail](std::function<void()> body) {
     if (fail)
       throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again));
     std::thread(std::move(body)).detach();

@@ -163,6 +163,12 @@ class FakeAgent final : public v1::Agent::Service {
     if (name == "flaky" && rpc == 1) {
       return grpc::Status(grpc::StatusCode::UNAVAILABLE, "failed to connect to all addresses");
     }
+    if (name == "answer-lost" && rpc == 1) {
+      // Answered past the RPC's deadline: the agent forgot the handle, the client saw nothing.
+      std::lock_guard lock(mu_);
+      names_.erase(request->handle());
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "Deadline Exceeded");
+    }
     if (name == "unreachable") {
       return grpc::Status(grpc::StatusCode::UNAVAILABLE, "failed to connect to all addresses");
     }
@@ -597,6 +603,41 @@ TEST_F(ClientTest, AWaitRpcThatFailedInTransportIsAskedAgain) {
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(status.message(), "lost-node: node w3 is unreachable");
   EXPECT_EQ(agent_.waits_for(lost->id()), 1);
+}
+
+// An answer lost on the way back: the agent no longer knows the handle when asked again. That is
+// UNAVAILABLE "result lost", not the agent's NOT_FOUND.
+TEST_F(ClientTest, AResultLostOnTheWayBackIsUnavailable) {
+  std::unique_ptr<Client> client = Join();
+  ASSERT_NE(client, nullptr);
+  auto buffer = client->AllocateBuffer(1024);
+  ASSERT_TRUE(buffer.ok());
+  auto handle = client->AllReduceAsync("answer-lost", **buffer, 0, 4, common::DataType::kFloat32,
+                                       ReduceOp::kSum);
+  ASSERT_TRUE(handle.ok());
+  absl::Status status = handle->Wait(20s);
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_THAT(status.message(), HasSubstr("operation answer-lost: its result was lost"));
+}
+
+// An agent that does not answer, with the session still open (frozen, not gone): the wait ends
+// after max_unanswered_wait, not at its own deadline.
+TEST_F(ClientTest, AWaitEndsWhenTheAgentHasNotAnsweredForTheLimit) {
+  options_.max_unanswered_wait = 200ms;
+  std::unique_ptr<Client> client = Join();
+  ASSERT_NE(client, nullptr);
+  auto buffer = client->AllocateBuffer(1024);
+  ASSERT_TRUE(buffer.ok());
+  auto handle = client->AllReduceAsync("unreachable", **buffer, 0, 4, common::DataType::kFloat32,
+                                       ReduceOp::kSum);
+  ASSERT_TRUE(handle.ok());
+  absl::Status status = handle->Wait(std::chrono::milliseconds::max());
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_THAT(status.message(), HasSubstr("the agent has not answered Wait RPCs for"));
+  EXPECT_GE(agent_.waits_for(handle->id()), 2);
+  options_.max_unanswered_wait = -1ms;
+  EXPECT_EQ(Client::Connect(options_, "job", 1, 2).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // ... until the session ended: then the wait ends with that, long before its deadline.

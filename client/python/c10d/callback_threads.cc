@@ -12,9 +12,10 @@ constexpr auto Log = common::ComponentLog<"c10d">;
 
 }  // namespace
 
-CallbackThreads::CallbackThreads(size_t max_threads, std::chrono::milliseconds idle_timeout,
-                                 StartThread start_thread)
-    : max_threads_(max_threads == 0 ? 1 : max_threads),
+CallbackThreads::CallbackThreads(size_t warn_threads, size_t max_threads,
+                                 std::chrono::milliseconds idle_timeout, StartThread start_thread)
+    : warn_threads_(warn_threads),
+      max_threads_(max_threads == 0 ? 1 : max_threads),
       idle_timeout_(idle_timeout),
       start_thread_(std::move(start_thread)) {}
 
@@ -35,14 +36,21 @@ void CallbackThreads::Run(std::function<void()> task) {
     return;
   }
   if (threads_ >= max_threads_) {
-    if (!warned_) {
-      warned_ = true;
+    if (!warned_max_) {
+      warned_max_ = true;
       Log()->warn(
           "all {} future-callback threads are busy: completions wait for one (a callback that "
           "blocks on another collective's future holds a thread)",
           max_threads_);
     }
     return;
+  }
+  if (threads_ >= warn_threads_ && !warned_many_) {
+    warned_many_ = true;
+    Log()->warn(
+        "{} future-callback threads are busy: starting more, up to {} (callbacks that "
+        "block hold a thread each)",
+        threads_, max_threads_);
   }
   ++threads_;  // counted before it runs: Loop's exit takes it back
   try {

@@ -3,6 +3,7 @@
 // future, so each gets a thread of its own, up to a bound.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
@@ -14,11 +15,12 @@ namespace tributary::client::c10d {
 
 // Runs each task on an idle thread, starting a new thread whenever more tasks wait than threads
 // are idle, so that a task that blocks does not hold up another (a future callback may wait on
-// a collective whose future is completed by a later task). At most `max_threads` threads:
-// beyond, tasks wait for one (as many callbacks blocked at once as that would wait forever; the
-// log says when the bound is first reached). A thread idle for `idle_timeout` ends. When no
-// thread can be started (start_thread throws: the process is out of threads), the task waits
-// for a running thread, or runs on the caller's when there is none.
+// a collective whose future is completed by a later task: DDP's PowerSGD hook does, one per
+// bucket). Past `warn_threads` threads the log says so, once; at `max_threads`, tasks wait for a
+// thread (as many callbacks blocked at once on completions still to come would wait for good).
+// A thread idle for `idle_timeout` ends. When no thread can be started (start_thread throws:
+// the process is out of threads), the task waits for a running thread, or runs on the caller's
+// when there is none.
 //
 // Threading: Run from any thread. The threads are detached: the object must outlive them (the
 // process's one, Process(), is never destroyed, as its threads may still run callbacks while
@@ -27,10 +29,11 @@ class CallbackThreads {
  public:
   using StartThread = std::function<void(std::function<void()> body)>;
 
-  static constexpr size_t kMaxThreads = 64;
+  static constexpr size_t kWarnThreads = 64;
+  static constexpr size_t kMaxThreads = 1024;
 
   // `start_thread` runs its argument on a new detached thread (tests inject failures).
-  explicit CallbackThreads(size_t max_threads = kMaxThreads,
+  explicit CallbackThreads(size_t warn_threads = kWarnThreads, size_t max_threads = kMaxThreads,
                            std::chrono::milliseconds idle_timeout = std::chrono::minutes(1),
                            StartThread start_thread = DetachedThread);
 
@@ -46,6 +49,7 @@ class CallbackThreads {
   static void DetachedThread(std::function<void()> body);
   void Loop();
 
+  const size_t warn_threads_;
   const size_t max_threads_;
   const std::chrono::milliseconds idle_timeout_;
   const StartThread start_thread_;
@@ -54,7 +58,8 @@ class CallbackThreads {
   std::deque<std::function<void()>> tasks_;  // Guarded by mu_.
   size_t idle_ = 0;                          // Guarded by mu_.
   size_t threads_ = 0;                       // Guarded by mu_: running Loop.
-  bool warned_ = false;                      // Guarded by mu_.
+  bool warned_many_ = false;                 // Guarded by mu_.
+  bool warned_max_ = false;                  // Guarded by mu_.
 };
 
 }  // namespace tributary::client::c10d

@@ -10,8 +10,10 @@ Run by ctest through the launcher:
   tributary-run --np 4 --procs-per-node 2 --spares 2 -- python3 train_test.py
 """
 
+import gc
 import os
 import unittest
+import weakref
 from unittest import mock
 
 import torch
@@ -451,6 +453,42 @@ class ExactTrainingTest(unittest.TestCase):
                 call()
             self.assertEqual(raised.exception.code, "FAILED_PRECONDITION")
             self.assertIn("over the same parameters replaced it", str(raised.exception))
+
+    def test_a_replaced_optimizers_failure_reaches_the_new_ones_first_step(self):
+        # Applying the old optimizer's pending updates fails (here by hand; a membership change
+        # would): the new optimizer is made all the same and its first step() raises that error,
+        # with nothing left in flight; the next step works.
+        x, y = data((16,))
+        model = make(mlp)
+        old = trt.DistributedOptimizer(sgd(model.parameters()),
+                                       named_parameters=model.named_parameters())
+        lost = trt.MembershipChanged("membership changed (test)", "ABORTED")
+        with mock.patch.object(old, "_apply_pending", side_effect=lost):
+            optimizer = trt.DistributedOptimizer(sgd(model.parameters()),
+                                                 named_parameters=model.named_parameters())
+        loss_fn = torch.nn.CrossEntropyLoss()
+        optimizer.zero_grad()
+        loss_fn(model(x[0]), y[0]).backward()
+        with self.assertRaises(trt.MembershipChanged):
+            optimizer.step()
+        self.assertEqual(trt_ops._get().in_flight, set())
+        optimizer.zero_grad()
+        loss_fn(model(x[1]), y[1]).backward()
+        optimizer.step()
+
+    def test_a_dropped_optimizer_takes_its_hooks_along(self):
+        model = make(mlp)
+        optimizer = trt.DistributedOptimizer(sgd(model.parameters()),
+                                             named_parameters=model.named_parameters(),
+                                             overlap_forward=model)
+        self.assertTrue(all(len(m._forward_pre_hooks) == 1 for m in model if
+                            list(m.parameters(recurse=False))))
+        ref = weakref.ref(optimizer)
+        del optimizer
+        gc.collect()
+        self.assertIsNone(ref())
+        self.assertEqual(sum(len(m._forward_pre_hooks) + len(m._forward_hooks)
+                             for m in model.modules()), 0)
 
     def test_parameters_checked_when_the_optimizer_is_made(self):
         empty = torch.nn.Parameter(torch.empty(0))  # nothing to reduce: left out

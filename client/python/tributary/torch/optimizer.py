@@ -60,6 +60,14 @@ from tributary.torch.compression import Compression
 _live = weakref.WeakSet()
 
 
+def _remove_hooks(*handle_lists):
+    """Removes the hooks of the handles in each list (in place: the lists are emptied)."""
+    for handles in handle_lists:
+        for handle in handles:
+            handle.remove()
+        handles.clear()
+
+
 class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params, named_parameters, compression, backward_passes_per_step,
                  overlap_forward=None, priorities=None):
@@ -70,6 +78,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._compression = compression
         self._passes = backward_passes_per_step
         self._replaced = None  # why, once a newer optimizer replaced this one
+        # An error of the optimizer this one replaced, raised by the first step()/synchronize().
+        self._inherited_error = None
         self._grad_hooks = []  # the handles of the hooks on the gradient accumulators
         params = [p for group in self.param_groups for p in group["params"]]
         named = _named(params, named_parameters)
@@ -103,6 +113,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._pending = {}  # overlap_forward: id(p) -> _handles' entry, update not applied yet
         self._overlap = overlap_forward is not None
         self._forward_hooks = []
+        # The hooks hold the optimizer weakly: once it is collected, they go too (left on the
+        # model, its pre-hooks would make a later overlap_forward optimizer see every module as
+        # one whose pre-hook runs second). Both lists are only ever changed in place.
+        weakref.finalize(self, _remove_hooks, self._grad_hooks, self._forward_hooks)
         # overlap_forward: the modules whose pre-hook ran in the current (_fired_now) and the
         # last (_fired_last) forward pass of the model, and each module's own parameters.
         self._fired_now = set()
@@ -126,18 +140,26 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         names = {self._name[id(p)] for p in self._params}
         for other in list(_live):
             if any(id(q) in mine for q in other._params):
-                other._hand_over("a newer DistributedOptimizer over the same parameters "
-                                 "replaced it; use the new one")
-                continue
-            clash = sorted(names & {other._name[id(q)] for q in other._params})
-            if clash:
+                why = ("a newer DistributedOptimizer over the same parameters replaced it; use "
+                       "the new one")
+            else:
+                # Names matter only where all-reduces run.
+                clash = sorted(names & {other._name[id(q)] for q in other._params}
+                               if ops.size() > 1 else ())
+                if not clash:
+                    continue
                 shown = ", ".join(repr(n[len("DistributedOptimizer.grad."):]) for n in clash[:3])
                 more = f" and {len(clash) - 3} more" if len(clash) > 3 else ""
-                other._hand_over(
-                    f"a newer DistributedOptimizer over other parameters took its parameter "
-                    f"names ({shown}{more}: their all-reduces would be one tensor's); to train "
-                    "two models at once give each its own names, e.g. "
-                    "named_parameters=model.named_parameters(prefix=\"G\")")
+                why = (f"a newer DistributedOptimizer over other parameters took its parameter "
+                       f"names ({shown}{more}: their all-reduces would be one tensor's); to train "
+                       "two models at once give each its own names, e.g. "
+                       "named_parameters=model.named_parameters(prefix=\"G\")")
+            try:
+                other._hand_over(why)
+            except TributaryError as e:
+                # Its pending updates failed (e.g. MembershipChanged): this optimizer is made
+                # all the same, and its first step() raises it, as the old one's would have.
+                self._inherited_error = self._inherited_error or e
         _live.add(self)
 
     def _hand_over(self, why):
@@ -146,10 +168,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         (those of a finished step)."""
         _live.discard(self)
         self._replaced = why
-        for handle in self._grad_hooks + self._forward_hooks:
-            handle.remove()
-        self._grad_hooks = []
-        self._forward_hooks = []
+        _remove_hooks(self._grad_hooks, self._forward_hooks)
         self._grad_accs = []
         self._module_params = []
         try:
@@ -161,6 +180,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._replaced:
             raise TributaryError(f"DistributedOptimizer: {call}() on a replaced optimizer: "
                                  f"{self._replaced}", "FAILED_PRECONDITION")
+        if self._inherited_error is not None:
+            # As a failed step: nothing left in flight, the error as it came (a
+            # MembershipChanged stays one, for the caller's resync).
+            e, self._inherited_error = self._inherited_error, None
+            self._drain()
+            raise e
 
     def _share_gradients(self):
         """Gives every dense CPU parameter of a supported dtype a .grad that is a view of one
