@@ -1,9 +1,11 @@
 #include "agent/tensor_fusion.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <deque>
 #include <limits>
+#include <unordered_map>
 #include <unordered_set>
 #include <utility>
 
@@ -147,24 +149,73 @@ absl::StatusOr<std::vector<FusionGroup>> DecodeFusionPlan(std::span<const int64_
   return groups;
 }
 
-constexpr int64_t kDecisionMagic = 0x4e4f495349434544;  // "DECISION"
+// "DECISIO2": the bitmap form (session 38; "DECISION" was a hash and an iteration per member).
+constexpr int64_t kDecisionMagic = 0x324f495349434544;
 
-std::vector<int64_t> EncodeFusionDecision(const FusionDecision& d) {
-  std::vector<int64_t> words(FusionDecisionWords(d.members.size()), 0);
-  words[0] = kDecisionMagic;
-  words[1] = static_cast<int64_t>(d.index);
-  words[2] = static_cast<int64_t>(d.dtype);
-  words[3] = static_cast<int64_t>(d.reduction) | (int64_t{d.lone} << kFusionDecisionLoneBit);
-  words[4] = static_cast<int64_t>(d.members.size());
-  size_t at = 5;
+namespace {
+
+// Name hash -> position in the fusable-tensor list.
+std::unordered_map<uint64_t, size_t> Positions(std::span<const uint64_t> list) {
+  std::unordered_map<uint64_t, size_t> at;
+  at.reserve(list.size());
+  for (size_t i = 0; i < list.size(); ++i) at.emplace(list[i], i);
+  return at;
+}
+
+}  // namespace
+
+void CanonicalMemberOrder(std::vector<FusionDecision::Member>& members,
+                          std::span<const uint64_t> list) {
+  const std::unordered_map<uint64_t, size_t> at = Positions(list);
+  const auto position = [&](uint64_t hash) {
+    auto it = at.find(hash);
+    return it == at.end() ? list.size() : it->second;
+  };
+  std::sort(members.begin(), members.end(),
+            [&](const FusionDecision::Member& x, const FusionDecision::Member& y) {
+              return std::pair(x.iteration, position(x.name_hash)) <
+                     std::pair(y.iteration, position(y.name_hash));
+            });
+}
+
+absl::StatusOr<std::vector<int64_t>> EncodeFusionDecision(const FusionDecision& d,
+                                                          std::span<const uint64_t> list) {
+  const std::unordered_map<uint64_t, size_t> at = Positions(list);
+  const size_t bitmap_words = (list.size() + 63) / 64;
+  // Iteration -> its bitmap.
+  std::map<uint64_t, std::vector<uint64_t>> blocks;
   for (const FusionDecision::Member& m : d.members) {
-    words[at++] = static_cast<int64_t>(m.name_hash);
-    words[at++] = static_cast<int64_t>(m.iteration);
+    auto it = at.find(m.name_hash);
+    if (it == at.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("fusion decision ", d.index, ": member ",
+                                                     m.name_hash, " is not on the fusable list"));
+    }
+    std::vector<uint64_t>& bits = blocks[m.iteration];
+    bits.resize(bitmap_words, 0);
+    bits[it->second / 64] |= uint64_t{1} << (it->second % 64);
+  }
+  if (blocks.empty() || blocks.size() > kMaxDecisionIterations ||
+      d.members.size() > kMaxGroupMembers) {
+    return absl::InvalidArgumentError(absl::StrCat("fusion decision ", d.index, ": ",
+                                                   d.members.size(), " members in ", blocks.size(),
+                                                   " iterations"));
+  }
+  std::vector<int64_t> words;
+  words.reserve(FusionDecisionWords(blocks.size(), list.size()));
+  words.push_back(kDecisionMagic);
+  words.push_back(static_cast<int64_t>(d.index));
+  words.push_back(static_cast<int64_t>(d.dtype));
+  words.push_back(static_cast<int64_t>(d.reduction) | (int64_t{d.lone} << kFusionDecisionLoneBit));
+  words.push_back(static_cast<int64_t>(blocks.size()));
+  for (const auto& [iteration, bits] : blocks) {
+    words.push_back(static_cast<int64_t>(iteration));
+    for (uint64_t w : bits) words.push_back(static_cast<int64_t>(w));
   }
   return words;
 }
 
-absl::StatusOr<FusionDecision> DecodeFusionDecision(std::span<const int64_t> words) {
+absl::StatusOr<FusionDecision> DecodeFusionDecision(std::span<const int64_t> words,
+                                                    std::span<const uint64_t> list) {
   const auto bad = [](const std::string& what) {
     return absl::InvalidArgumentError(absl::StrCat("malformed fusion decision: ", what));
   };
@@ -185,33 +236,49 @@ absl::StatusOr<FusionDecision> DecodeFusionDecision(std::span<const int64_t> wor
   }
   d.reduction = static_cast<dataplane::Reduction>(reduction);
   d.lone = (words[3] & lone) != 0;
-  const int64_t n = words[4];
-  if (n < 1 || static_cast<uint64_t>(n) > kMaxGroupMembers) {
-    return bad(absl::StrCat(n, " members"));
+  const int64_t blocks = words[4];
+  if (blocks < 1 || static_cast<uint64_t>(blocks) > kMaxDecisionIterations) {
+    return bad(absl::StrCat(blocks, " iterations"));
   }
-  if (FusionDecisionWords(static_cast<size_t>(n)) > words.size()) {
-    return bad(absl::StrCat(n, " members, past the end of the broadcast"));
+  const size_t bitmap_words = (list.size() + 63) / 64;
+  if (FusionDecisionWords(static_cast<size_t>(blocks), list.size()) > words.size()) {
+    return bad(absl::StrCat(blocks, " iterations, past the end of the broadcast"));
   }
-  std::set<std::pair<uint64_t, uint64_t>> seen;
-  for (int64_t m = 0; m < n; ++m) {
-    const size_t at = FusionDecisionWords(static_cast<size_t>(m));
-    FusionDecision::Member member{static_cast<uint64_t>(words[at]),
-                                  static_cast<uint64_t>(words[at + 1])};
-    if (!seen.insert({member.name_hash, member.iteration}).second) {
-      return bad(absl::StrCat("member ", m, " is in it twice"));
+  size_t at = kFusionDecisionHeaderWords;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t iteration = words[at++];
+    if (iteration < 0 ||
+        (!d.members.empty() && static_cast<uint64_t>(iteration) <= d.members.back().iteration)) {
+      return bad(absl::StrCat("iteration ", iteration, " out of order"));
     }
-    d.members.push_back(member);
+    const size_t before = d.members.size();
+    for (size_t w = 0; w < bitmap_words; ++w) {
+      uint64_t bits = static_cast<uint64_t>(words[at++]);
+      while (bits != 0) {
+        const size_t position = w * 64 + static_cast<size_t>(std::countr_zero(bits));
+        bits &= bits - 1;
+        if (position >= list.size()) {
+          return bad(absl::StrCat("member ", position, " past the list's ", list.size()));
+        }
+        if (d.members.size() == kMaxGroupMembers) {
+          return bad(absl::StrCat("more than ", kMaxGroupMembers, " members"));
+        }
+        d.members.push_back({list[position], static_cast<uint64_t>(iteration)});
+      }
+    }
+    if (d.members.size() == before) return bad(absl::StrCat("iteration ", iteration, " empty"));
   }
   return d;
 }
 
 DecodedFusionDecisions DecodeFusionDecisions(std::span<const int64_t> words,
-                                             uint64_t first_at_least) {
+                                             uint64_t first_at_least,
+                                             std::span<const uint64_t> list) {
   DecodedFusionDecisions out;
   std::vector<FusionDecision>& ds = out.decisions;
   for (size_t at = 0; at < words.size();) {
     if (words[at] == 0) break;  // no more decisions in this broadcast
-    absl::StatusOr<FusionDecision> d = DecodeFusionDecision(words.subspan(at));
+    absl::StatusOr<FusionDecision> d = DecodeFusionDecision(words.subspan(at), list);
     if (!d.ok()) {
       out.error = d.status();
       return out;
@@ -224,7 +291,7 @@ DecodedFusionDecisions DecodeFusionDecisions(std::span<const int64_t> words,
                        " was expected"));
       return out;
     }
-    at += FusionDecisionWords(d->members.size());
+    at += FusionDecisionWords(static_cast<size_t>(words[at + 4]), list.size());
     ds.push_back(*std::move(d));
   }
   if (ds.empty()) out.error = absl::InvalidArgumentError("malformed fusion decisions: none");
@@ -232,8 +299,8 @@ DecodedFusionDecisions DecodeFusionDecisions(std::span<const int64_t> words,
 }
 
 size_t FusionDecisionBroadcastWords(size_t fusable) {
-  const size_t one = FusionDecisionWords(std::min(fusable, kMaxGroupMembers));
-  return std::clamp<size_t>((one + 63) / 64 * 64, 64, kFusionDecisionBroadcastWords);
+  const size_t widest = FusionDecisionWords(kMaxDecisionIterations, fusable);
+  return std::max<size_t>((widest + 63) / 64 * 64, 64);
 }
 
 std::string FusedName(uint64_t index) {
@@ -386,20 +453,22 @@ struct FusingRunner::Job {
   std::chrono::microseconds cycle{0};
   std::vector<FusionGroup> groups;  // the fusable-tensor list
   std::unordered_map<uint64_t, Fusable> fusable;
-  std::vector<Held> waiting;  // iteration >= kFirstFusedIteration, before the list arrived
+  std::vector<uint64_t> list;  // the fusable tensors' name hashes, in the list's order
+  std::vector<Held> waiting;   // iteration >= kFirstFusedIteration, before the list arrived
   std::vector<AbortedWaiting> aborted_waiting;  // aborted while waiting; handled with the list
   std::map<Key, Held> undecided;                // fusable, in no decision yet
   // The leader's open group.
   std::vector<Key> open;
+  std::set<uint64_t> open_iterations;  // of its members
   uint64_t open_bytes = 0;
   common::Clock::TimePoint open_since{};
   common::DataType open_dtype = common::DataType::kFloat32;
   dataplane::Reduction open_reduction = dataplane::Reduction::kSum;
   // Leader: per iteration, its fusable tensors held here so far (the last few iterations).
   std::map<uint64_t, size_t> arrived;
-  uint64_t next_decision = 0;  // leader: the next to make; follower: the next to adopt
-  uint64_t next_batch = 0;     // the next decision broadcast (its iteration)
-  size_t decision_words = kFusionDecisionBroadcastWords;  // of each decision broadcast
+  uint64_t next_decision = 0;         // leader: the next to make; follower: the next to adopt
+  uint64_t next_batch = 0;            // the next decision broadcast (its iteration)
+  size_t decision_words = 0;          // of each decision broadcast (FusionDecisionBroadcastWords)
   bool batch_posted = false;          // one of this node's decision broadcasts is running
   std::deque<FusionDecision> unsent;  // leader: made, in no broadcast yet
   std::map<uint64_t, Fused> fused;
@@ -600,6 +669,7 @@ void FusingRunner::ResetLocked(Job& job, const absl::Status& reason, After& afte
   for (auto& [key, held] : job.undecided) fail(held.op);
   job.undecided.clear();
   job.open.clear();
+  job.open_iterations.clear();
   job.arrived.clear();
   for (auto& [index, f] : job.fused) {
     if (f.launched) {
@@ -786,10 +856,13 @@ void FusingRunner::StartLocked(const std::string& job_id, Job& job, dataplane::O
     return;
   }
   const uint64_t bytes = f->second.count * common::DataTypeSize(f->second.dtype);
+  // A decision spans at most kMaxDecisionIterations iterations (its encoding's bound).
+  const bool another_iteration = job.open_iterations.size() >= kMaxDecisionIterations &&
+                                 !job.open_iterations.contains(key.second);
   if (!job.open.empty() &&
       (job.open_dtype != f->second.dtype || job.open_reduction != f->second.reduction ||
-       job.open_bytes + bytes > job.view.fusion_bytes ||
-       job.open.size() >= FusionDecisionMembers(job.decision_words))) {
+       job.open_bytes + bytes > job.view.fusion_bytes || job.open.size() >= kMaxGroupMembers ||
+       another_iteration)) {
     CloseGroupLocked(job_id, job, after);
   }
   if (job.open.empty()) {
@@ -799,6 +872,7 @@ void FusingRunner::StartLocked(const std::string& job_id, Job& job, dataplane::O
     timer_cv_.notify_all();
   }
   job.open.push_back(key);
+  job.open_iterations.insert(key.second);
   job.open_bytes += bytes;
   // The last fusable tensor of its iteration: nothing more can join the group, which is decided
   // now rather than a cycle after its first member (BERT-large's 243 small tensors, all
@@ -811,7 +885,7 @@ void FusingRunner::StartLocked(const std::string& job_id, Job& job, dataplane::O
     last = true;
   }
   while (job.arrived.size() > kArrivalsKept) job.arrived.erase(job.arrived.begin());
-  if (last || job.open.size() >= FusionDecisionMembers(job.decision_words)) {
+  if (last || job.open.size() >= kMaxGroupMembers) {
     CloseGroupLocked(job_id, job, after);
   }
 }
@@ -854,6 +928,7 @@ void FusingRunner::OnPlan(const std::string& job_id, uint64_t generation,
       for (const FusionGroup& g : *groups) {
         for (const FusionMember& m : g.members) {
           job.fusable[m.name_hash] = {m.count, g.dtype, g.reduction};
+          job.list.push_back(m.name_hash);  // the plan holds each once (DecodeFusionPlan)
         }
       }
       job.groups = *std::move(groups);
@@ -913,7 +988,9 @@ void FusingRunner::CloseGroupLocked(const std::string& job_id, Job& job, After& 
   for (const auto& [index, f] : job.fused) running += f.bytes;
   d.lone = running + job.open_bytes < kLoneFusionBytes;
   for (const Key& key : job.open) d.members.push_back({key.first, key.second});
+  CanonicalMemberOrder(d.members, job.list);  // as the followers decode it
   job.open.clear();
+  job.open_iterations.clear();
   job.open_bytes = 0;
   stats_.decisions++;
   job.unsent.push_back(d);
@@ -931,14 +1008,24 @@ void FusingRunner::MaybePostDecisionLocked(const std::string& job_id, Job& job, 
   if (job.unsent.empty()) return;
   std::vector<int64_t> words;
   std::vector<uint64_t> indexes;
-  while (!job.unsent.empty() &&
-         words.size() + FusionDecisionWords(job.unsent.front().members.size()) <=
-             job.decision_words) {
-    const std::vector<int64_t> one = EncodeFusionDecision(job.unsent.front());
-    words.insert(words.end(), one.begin(), one.end());
+  while (!job.unsent.empty()) {
+    // The leader's groups hold listed tensors of at most kMaxDecisionIterations iterations, so
+    // each encodes and one fits an empty broadcast (FusionDecisionBroadcastWords).
+    absl::StatusOr<std::vector<int64_t>> one = EncodeFusionDecision(job.unsent.front(), job.list);
+    if (!one.ok()) {
+      Log()->error("job {}: {}", job_id, one.status());
+      FailFusedLocked(job_id, job, job.unsent.front().index,
+                      absl::InternalError(absl::StrCat("tensor fusion: ", one.status().message())),
+                      after);
+      job.unsent.pop_front();
+      continue;
+    }
+    if (words.size() + one->size() > job.decision_words) break;
+    words.insert(words.end(), one->begin(), one->end());
     indexes.push_back(job.unsent.front().index);
     job.unsent.pop_front();
   }
+  if (words.empty()) return;
   PostDecisionLocked(job_id, job, std::move(words), std::move(indexes), after);
 }
 
@@ -976,7 +1063,7 @@ void FusingRunner::OnDecision(const std::string& job_id, uint64_t generation, ui
     } else {
       DecodedFusionDecisions got;
       if (status.ok()) {
-        got = DecodeFusionDecisions((*buffers)[0], job.next_decision);
+        got = DecodeFusionDecisions((*buffers)[0], job.next_decision, job.list);
       } else {
         got.error = status;
       }

@@ -15,12 +15,13 @@
 //
 // Which fuse together: the leader decides, from what it holds. It collects its fusable operations
 // into a group until the group reaches fusion_bytes or kMaxGroupMembers, the last fusable tensor
-// of its iteration joins it, or its first member has waited one cycle (the job's fusion_cycle;
+// of its iteration joins it, a member would add a fifth iteration to it (kMaxDecisionIterations),
+// or its first member has waited one cycle (the job's fusion_cycle;
 // automatic: the median time of the leader's first-iteration all-reduces, within [kMinFusionCycle,
 // kMaxFusionCycle]); then it makes decision k -- the members' (tensor, iteration) -- and runs fused
 // collective k (FusedName(k), iteration k / kFusedNames). Decisions reach the other worker nodes in
 // decision broadcasts (kFusionDecisionTensor, iteration b for the b-th; each carries all the
-// decisions made while the previous one ran that fit in its kFusionDecisionBroadcastWords), which
+// decisions made while the previous one ran that fit in its FusionDecisionBroadcastWords), which
 // go from the leader straight to each worker (Operation::control). A follower holds each fusable
 // operation until a decision names it, keeping one decision broadcast posted while it holds any;
 // fused collective k runs there once every member it names has been submitted. The leader only
@@ -62,31 +63,33 @@ inline constexpr char kFusedTensorPrefix[] = "__tributary/fused/";
 // Fused collective k runs as tensor kFusedTensorPrefix + (k % kFusedNames), iteration
 // k / kFusedNames: its home server (push/pull's chunk 0) rotates over the summation servers.
 inline constexpr uint64_t kFusedNames = 64;
-// A decision broadcast (16 KiB) carries the decisions made while the previous one ran, packed:
-// each takes kFusionDecisionHeaderWords + 2 words per member, and a first word 0 ends them.
+// A decision broadcast carries the decisions made while the previous one ran, packed, and a
+// first word 0 ends them. A decision names its members by their position in the fusable-tensor
+// list (the same on every node: the list is broadcast): kFusionDecisionHeaderWords, then for
+// each iteration it spans (at most kMaxDecisionIterations) the iteration and a bitmap of the
+// list. Its members are in that order: by iteration, then by position in the list.
 // One broadcast after another, each carrying one decision, waited behind the gradients queued on
 // the links (0.3-1.6 s on ResNet-50 with 4 spares at 125 Mbit/s), so the followers' last fused
 // collectives of an iteration started at its very end. Until session 25 each decision took a
 // fixed 1 KiB slot of the broadcast, at most 61 members: BERT-large's 243 small tensors needed at
-// least 4 fused collectives, each after a decision broadcast, where Gloo runs one bucket.
-// A job's broadcasts are sized by its fusable-tensor list (FusionDecisionBroadcastWords), at most
-// kFusionDecisionBroadcastWords: each is a broadcast on the ring that waits behind the gradients
-// on the links, and a fixed 16 KiB took 1 ms per hop at 125 Mbit/s.
-inline constexpr size_t kFusionDecisionBroadcastWords = 2048;
+// least 4 fused collectives, each after a decision broadcast, where Gloo runs one bucket. Until
+// session 38 a member took two words (its name's hash and its iteration): BERT-large's decision
+// broadcasts were 4 KiB, which the leader sends to each follower at the start of every
+// iteration, and the last follower got its decision 1.0-1.4 ms after the leader made it at
+// 125 Mbit/s (`--trace`). Now they take 512 bytes.
 inline constexpr size_t kFusionDecisionHeaderWords = 5;
-// The words of an encoded decision of `members` members.
-constexpr size_t FusionDecisionWords(size_t members) {
-  return kFusionDecisionHeaderWords + 2 * members;
+// The iterations one decision may span: the leader closes its group before a member of another.
+inline constexpr size_t kMaxDecisionIterations = 4;
+// The most members of one decision (and of one group).
+inline constexpr size_t kMaxGroupMembers = 1021;
+// The words of an encoded decision spanning `iterations` iterations of a list of `fusable`.
+constexpr size_t FusionDecisionWords(size_t iterations, size_t fusable) {
+  return kFusionDecisionHeaderWords + iterations * (1 + (fusable + 63) / 64);
 }
-// The most members one decision in a broadcast of `words` can name.
-constexpr size_t FusionDecisionMembers(size_t words) {
-  return (words - kFusionDecisionHeaderWords) / 2;
-}
-// 1021: one decision fills the largest broadcast.
-inline constexpr size_t kMaxGroupMembers = FusionDecisionMembers(kFusionDecisionBroadcastWords);
-// The words of a job's decision broadcasts when `fusable` tensors may fuse: one decision naming
-// all of them fits (so does any group of one iteration), rounded up to 64 words (512 bytes),
-// within [64, kFusionDecisionBroadcastWords]. The same on every node: the list is broadcast.
+// The words of a job's decision broadcasts when `fusable` tensors may fuse: one decision
+// spanning kMaxDecisionIterations fits, rounded up to 64 words (512 bytes), at least 64. The
+// same on every node: the list is broadcast. (The list holds at most about a thousand tensors:
+// kFusionPlanWords.)
 size_t FusionDecisionBroadcastWords(size_t fusable);
 // Tensor names starting with this are the agent's own (LocalService refuses them).
 inline constexpr char kReservedTensorPrefix[] = "__tributary/";
@@ -177,10 +180,19 @@ inline constexpr uint64_t kLoneFusionBytes = uint64_t{4} << 20;
 // spares and 125 Mbit/s a single 1.23 MiB all-reduce in 64 KiB chunks took 145 ms where its
 // model is 83 ms and the ring's 125 (0.87x Gloo's ring). Control operations keep their own.
 bool IsLonePassThrough(const dataplane::Operation& op);
-// A decision as kFusionDecisionHeaderWords + 2 x members words, and back: DecodeFusionDecision
-// reads one decision from the start of `words` (which may go on past it) and validates it.
-std::vector<int64_t> EncodeFusionDecision(const FusionDecision& decision);
-absl::StatusOr<FusionDecision> DecodeFusionDecision(std::span<const int64_t> words);
+// A decision in the words above, and back; `list` is the fusable-tensor list's name hashes in
+// its order. Encoding fails (INVALID_ARGUMENT) for a member not in the list, more than
+// kMaxDecisionIterations iterations or no member. DecodeFusionDecision reads one decision from
+// the start of `words` (which may go on past it) and validates it; its members come in their
+// canonical order (CanonicalMemberOrder).
+absl::StatusOr<std::vector<int64_t>> EncodeFusionDecision(const FusionDecision& decision,
+                                                          std::span<const uint64_t> list);
+absl::StatusOr<FusionDecision> DecodeFusionDecision(std::span<const int64_t> words,
+                                                    std::span<const uint64_t> list);
+// Sorts `members` by iteration, then by position in `list` (where every member must be): the
+// order in which a decision's members travel and are packed, on every node.
+void CanonicalMemberOrder(std::vector<FusionDecision::Member>& members,
+                          std::span<const uint64_t> list);
 // The decisions of one decision broadcast: encoded decisions one after another, up to the end of
 // `words` or a first word 0. At least one; consecutive indexes, the first >= first_at_least (a
 // failed broadcast before may have carried the ones in between). `decisions` are the well-formed
@@ -190,7 +202,8 @@ struct DecodedFusionDecisions {
   absl::Status error;
 };
 DecodedFusionDecisions DecodeFusionDecisions(std::span<const int64_t> words,
-                                             uint64_t first_at_least);
+                                             uint64_t first_at_least,
+                                             std::span<const uint64_t> list);
 
 // "__tributary/fused/<k % kFusedNames>".
 std::string FusedName(uint64_t index);

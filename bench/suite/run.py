@@ -374,7 +374,9 @@ class Suite:
                 (["--fixed-partition"] if fixed_partition else []) +
                 (["--fusion-bytes", "0"] if not fusion else
                  ["--fusion-bytes", str(self.args.fusion_bytes)] if self.args.fusion_bytes
-                 else []),
+                 else []) +
+                (["--fusion-cycle-us", str(self.args.fusion_cycle_us)]
+                 if fusion and self.args.fusion_cycle_us else []),
                 check=False)
         if r.returncode != 0:
             raise RuntimeError(f"create job {job}: {r.stderr.strip()}")
@@ -1116,6 +1118,10 @@ def main():
     ap.add_argument("--fusion-bytes", type=int, default=0,
                     help="Tributary jobs' tensor fusion size (0: the planner's choice; the "
                          "-nofusion configs turn it off)")
+    ap.add_argument("--fusion-cycle-us", type=int, default=0,
+                    help="Tributary jobs' tensor fusion cycle, microseconds (0: automatic, the "
+                         "median time of the first iteration's all-reduces within the agent's "
+                         "bounds)")
     ap.add_argument("--agent-arg", action="append", default=[], metavar="ARG",
                     help="an argument appended to every tributary-agent of the cluster "
                          "(repeatable; e.g. --agent-arg=--trace --agent-arg=/tmp/trace-{node}.json)")

@@ -178,6 +178,7 @@ TEST(FusionPlanCodingTest, RoundTripsAndRejectsMalformedPlans) {
 // first word 0 or the broadcast's end; the first may follow a gap (a failed broadcast's
 // decisions).
 TEST(FusionPlanCodingTest, DecisionBroadcastsCarryConsecutiveDecisions) {
+  const std::vector<uint64_t> list = {H("a"), H("b"), H("c")};
   std::vector<FusionDecision> decisions(3);
   for (uint64_t i = 0; i < decisions.size(); ++i) {
     decisions[i].index = 7 + i;
@@ -186,71 +187,111 @@ TEST(FusionPlanCodingTest, DecisionBroadcastsCarryConsecutiveDecisions) {
   decisions[1].members.push_back({H("c"), 1});
   decisions[2].reduction = Reduction::kAverage;
   decisions[2].lone = true;
-  const auto encode = [](const std::vector<FusionDecision>& ds) {
+  const auto encode = [&](const std::vector<FusionDecision>& ds) {
     std::vector<int64_t> words;
     for (const FusionDecision& d : ds) {
-      const std::vector<int64_t> one = EncodeFusionDecision(d);
-      EXPECT_EQ(one.size(), FusionDecisionWords(d.members.size()));
-      words.insert(words.end(), one.begin(), one.end());
+      absl::StatusOr<std::vector<int64_t>> one = EncodeFusionDecision(d, list);
+      EXPECT_TRUE(one.ok()) << one.status();
+      EXPECT_EQ(one->size(), FusionDecisionWords(1, list.size()));  // 7 words
+      words.insert(words.end(), one->begin(), one->end());
     }
-    words.resize(kFusionDecisionBroadcastWords, 0);
+    words.resize(FusionDecisionBroadcastWords(list.size()), 0);
     return words;
   };
-  DecodedFusionDecisions back = DecodeFusionDecisions(encode(decisions), 7);
+  DecodedFusionDecisions back = DecodeFusionDecisions(encode(decisions), 7, list);
   ASSERT_TRUE(back.error.ok()) << back.error;
   EXPECT_EQ(back.decisions, decisions);
-  back = DecodeFusionDecisions(encode(decisions), 5);  // decisions 5 and 6 went with a failure
+  back = DecodeFusionDecisions(encode(decisions), 5, list);  // 5 and 6 went with a failure
   ASSERT_TRUE(back.error.ok()) << back.error;
   EXPECT_EQ(back.decisions.front().index, 7u);
 
-  back = DecodeFusionDecisions(encode(decisions), 8);
+  back = DecodeFusionDecisions(encode(decisions), 8, list);
   EXPECT_THAT(back.error.message(), HasSubstr("decision 7 where 8 or later was expected"));
   EXPECT_THAT(back.decisions, IsEmpty());
   std::vector<FusionDecision> gap = decisions;
   gap[1].index = 9;
-  back = DecodeFusionDecisions(encode(gap), 7);
+  back = DecodeFusionDecisions(encode(gap), 7, list);
   EXPECT_THAT(back.error.message(), HasSubstr("decision 9 where 8 was expected"));
   EXPECT_THAT(back.decisions, SizeIs(1));  // the one before the problem
-  EXPECT_THAT(DecodeFusionDecisions(encode({}), 0).error.message(), HasSubstr("none"));
+  EXPECT_THAT(DecodeFusionDecisions(encode({}), 0, list).error.message(), HasSubstr("none"));
   std::vector<int64_t> bad = encode(decisions);
-  const size_t second = FusionDecisionWords(decisions[0].members.size());
-  bad[second + 4] = 0;  // the second decision without members
-  back = DecodeFusionDecisions(bad, 7);
+  const size_t second = FusionDecisionWords(1, list.size());
+  bad[second + 4] = 0;  // the second decision spanning no iteration
+  back = DecodeFusionDecisions(bad, 7, list);
   EXPECT_EQ(back.error.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(back.error.message(), HasSubstr("0 iterations"));
   EXPECT_THAT(back.decisions, SizeIs(1));
   bad = encode(decisions);
-  bad[second + 4] = 1020;  // members past the broadcast's end (at most 1021 fit one)
-  back = DecodeFusionDecisions(bad, 7);
-  EXPECT_THAT(back.error.message(), HasSubstr("1020 members, past the end"));
+  bad[second + 4] = 2;  // two iterations: past the end of these words
+  bad.resize(second + FusionDecisionWords(1, list.size()));
+  back = DecodeFusionDecisions(bad, 7, list);
+  EXPECT_THAT(back.error.message(), HasSubstr("2 iterations, past the end"));
   EXPECT_THAT(back.decisions, SizeIs(1));
   bad = encode(decisions);
   bad[3] |= int64_t{1} << (kFusionDecisionLoneBit + 1);  // an unknown flag
-  back = DecodeFusionDecisions(bad, 7);
+  back = DecodeFusionDecisions(bad, 7, list);
   EXPECT_THAT(back.error.message(), HasSubstr("not a sum or average"));
   EXPECT_THAT(back.decisions, IsEmpty());
+  bad = encode(decisions);
+  bad[6] |= int64_t{1} << 3;  // the first decision names a fourth tensor of a list of three
+  EXPECT_THAT(DecodeFusionDecisions(bad, 7, list).error.message(),
+              HasSubstr("member 3 past the list's 3"));
+  bad = encode(decisions);
+  bad[6] = 0;  // its one iteration names nothing
+  EXPECT_THAT(DecodeFusionDecisions(bad, 7, list).error.message(), HasSubstr("iteration 0 empty"));
   // A decision cut off by the end of the words, right after its header's first word.
   bad = encode({decisions[0]});
   bad.resize(2);
-  EXPECT_THAT(DecodeFusionDecisions(bad, 0).error.message(), HasSubstr("shorter than its header"));
+  EXPECT_THAT(DecodeFusionDecisions(bad, 0, list).error.message(),
+              HasSubstr("shorter than its header"));
 }
 
-// One decision can name as many members as fill a broadcast (BERT-large's 243 small tensors in
-// one fused collective), and no more.
-TEST(FusionPlanCodingTest, OneDecisionFillsABroadcast) {
+// A decision names up to kMaxGroupMembers members of up to kMaxDecisionIterations iterations,
+// by their position in the list: every member in a bit, whatever the list's length (BERT-large's
+// 243 small tensors in one fused collective take 10 words). Its members travel in their
+// canonical order, which the leader adopts too.
+TEST(FusionPlanCodingTest, DecisionsAreBitmapsOfTheListPerIteration) {
+  std::vector<uint64_t> list;
+  for (uint64_t t = 0; t < 1000; ++t) list.push_back(t * 7919 + 1);
   FusionDecision d;
   d.index = 3;
-  for (uint64_t m = 0; m < kMaxGroupMembers; ++m) d.members.push_back({m + 1, 2});
-  std::vector<int64_t> words = EncodeFusionDecision(d);
-  ASSERT_EQ(words.size(), kFusionDecisionBroadcastWords - 1);
-  DecodedFusionDecisions back = DecodeFusionDecisions(words, 3);
+  for (uint64_t it = 5; it < 5 + kMaxDecisionIterations; ++it) {
+    for (uint64_t t = it % 2; t < 500; t += 2) d.members.push_back({list[t], it});
+  }
+  ASSERT_EQ(d.members.size(), 1000u);
+  absl::StatusOr<std::vector<int64_t>> words = EncodeFusionDecision(d, list);
+  ASSERT_TRUE(words.ok()) << words.status();
+  EXPECT_EQ(words->size(), FusionDecisionWords(kMaxDecisionIterations, list.size()));  // 73
+  EXPECT_LE(words->size(), FusionDecisionBroadcastWords(list.size()));
+  DecodedFusionDecisions back = DecodeFusionDecisions(*words, 3, list);
   ASSERT_TRUE(back.error.ok()) << back.error;
   ASSERT_THAT(back.decisions, SizeIs(1));
   EXPECT_EQ(back.decisions[0], d);
 
-  d.members.push_back({kMaxGroupMembers + 1, 2});
-  words = EncodeFusionDecision(d);
-  EXPECT_THAT(DecodeFusionDecision(words).status().message(),
-              HasSubstr(absl::StrCat(kMaxGroupMembers + 1, " members")));
+  // Any order in, the canonical order out.
+  FusionDecision shuffled = d;
+  std::reverse(shuffled.members.begin(), shuffled.members.end());
+  words = EncodeFusionDecision(shuffled, list);
+  ASSERT_TRUE(words.ok());
+  EXPECT_EQ(DecodeFusionDecisions(*words, 3, list).decisions[0], d);
+  CanonicalMemberOrder(shuffled.members, list);
+  EXPECT_EQ(shuffled.members, d.members);
+
+  FusionDecision wider = d;
+  wider.members.push_back({list[0], 100});  // a fifth iteration
+  EXPECT_THAT(EncodeFusionDecision(wider, list).status().message(),
+              HasSubstr("1001 members in 5 iterations"));
+  FusionDecision stranger = d;
+  stranger.members[0].name_hash = 2;  // not on the list
+  EXPECT_THAT(EncodeFusionDecision(stranger, list).status().message(),
+              HasSubstr("is not on the fusable list"));
+  EXPECT_FALSE(EncodeFusionDecision(FusionDecision{}, list).ok());  // no member
+
+  std::vector<int64_t> bad = *EncodeFusionDecision(d, list);
+  const size_t block = 1 + (list.size() + 63) / 64;
+  bad[kFusionDecisionHeaderWords + block] = 5;  // the second iteration again
+  EXPECT_THAT(DecodeFusionDecision(bad, list).status().message(),
+              HasSubstr("iteration 5 out of order"));
 }
 
 // --- N data planes behind FusingRunner ---
@@ -505,16 +546,17 @@ TEST(FusingRunnerTest, FusionOffRunsEveryTensorAlone) {
   EXPECT_EQ(cluster.node(0).stats().plans_adopted, 0u);
 }
 
-// A job's decision broadcasts hold one decision naming every fusable tensor, in 512-byte steps.
+// A job's decision broadcasts hold one decision of kMaxDecisionIterations iterations of the whole
+// list, in 512-byte steps.
 TEST(FusionPlanCodingTest, DecisionBroadcastsAreSizedByTheFusableList) {
   EXPECT_EQ(FusionDecisionBroadcastWords(0), 64u);
-  EXPECT_EQ(FusionDecisionBroadcastWords(29), 64u);  // 5 + 58 = 63 words
-  EXPECT_EQ(FusionDecisionBroadcastWords(30), 128u);
-  EXPECT_EQ(FusionDecisionBroadcastWords(243), 512u);  // BERT-large's: 4 KiB, not 16
-  EXPECT_EQ(FusionDecisionBroadcastWords(kMaxGroupMembers), kFusionDecisionBroadcastWords);
-  EXPECT_EQ(FusionDecisionBroadcastWords(100000), kFusionDecisionBroadcastWords);
-  for (size_t f : {1, 2, 61, 243, 500, 1000}) {
-    EXPECT_GE(FusionDecisionMembers(FusionDecisionBroadcastWords(f)), f) << f;
+  EXPECT_EQ(FusionDecisionBroadcastWords(243), 64u);  // BERT-large's: 512 bytes (4 KiB before)
+  EXPECT_EQ(FusionDecisionWords(kMaxDecisionIterations, 243), 25u);
+  EXPECT_EQ(FusionDecisionBroadcastWords(64 * 13), 64u);       // 5 + 4 x (1 + 13) = 61
+  EXPECT_EQ(FusionDecisionBroadcastWords(64 * 13 + 1), 128u);  // 5 + 4 x (1 + 14) = 65
+  for (size_t f = 0; f <= kMaxGroupMembers; ++f) {
+    ASSERT_GE(FusionDecisionBroadcastWords(f), FusionDecisionWords(kMaxDecisionIterations, f)) << f;
+    ASSERT_EQ(FusionDecisionBroadcastWords(f) % 64, 0u) << f;
   }
 }
 
@@ -578,6 +620,45 @@ TEST(FusingRunnerTest, TheLeaderDecidesAtTheLastFusableTensorOfTheIteration) {
     const FusingRunner::Stats stats = cluster.node(i).stats();
     EXPECT_EQ(stats.fused_tensors, 5u * 3) << "node " << i;
     EXPECT_EQ(stats.fused_operations, 2u * 3) << "node " << i;  // {a, b, c} and {d, e}
+  }
+}
+
+// A decision spans at most kMaxDecisionIterations iterations: the leader closes its group
+// before a member of a fifth. Here only tensor a comes, of iterations 1 to 5 (no iteration is
+// ever complete, and nothing else closes groups): a1-a4 run as one fused collective, a5 waits for
+// its group's cycle.
+TEST(FusingRunnerTest, TheLeaderClosesAGroupBeforeAFifthIteration) {
+  FusionCluster cluster(3, dataplane::Algorithm::kRing, 64 << 10);
+  ASSERT_EQ(RunIteration(cluster, kModel, 0), 0u);
+  cluster.set_flush(false);
+  constexpr size_t kA = 1;
+  ASSERT_EQ(kModel[kA].name, "a");
+  std::vector<std::vector<std::vector<float>>> out(
+      cluster.size(), std::vector<std::vector<float>>(kMaxDecisionIterations + 2));
+  std::vector<std::vector<std::future<absl::Status>>> futures(cluster.size());
+  for (int i = 0; i < cluster.size(); ++i) {
+    for (uint64_t it = 1; it <= kMaxDecisionIterations + 1; ++it) {
+      futures[i].push_back(cluster.Start(i, kA, kModel[kA], it, out[i][it]));
+    }
+  }
+  for (int i = 0; i < cluster.size(); ++i) {
+    for (uint64_t it = 1; it <= kMaxDecisionIterations; ++it) {
+      absl::Status s = cluster.Await(futures[i][it - 1]);
+      ASSERT_TRUE(s.ok()) << "node " << i << " iteration " << it << ": " << s;
+      EXPECT_EQ(cluster.CountWrong(kA, kModel[kA], it, out[i][it]), 0u);
+    }
+  }
+  cluster.set_flush(true);
+  for (int i = 0; i < cluster.size(); ++i) {
+    const uint64_t it = kMaxDecisionIterations + 1;
+    absl::Status s = cluster.Await(futures[i][it - 1]);
+    ASSERT_TRUE(s.ok()) << "node " << i << ": " << s;
+    EXPECT_EQ(cluster.CountWrong(kA, kModel[kA], it, out[i][it]), 0u);
+  }
+  for (int i = 0; i < cluster.size(); ++i) {
+    // {a1, a2, a3, a4} and {a5}.
+    EXPECT_EQ(cluster.node(i).stats().fused_operations, 2u) << "node " << i;
+    EXPECT_EQ(cluster.node(i).stats().fused_tensors, kMaxDecisionIterations + 1) << "node " << i;
   }
 }
 
@@ -1221,7 +1302,10 @@ struct FakeFollower {
     FusionDecision d;
     d.index = index;
     for (const std::string& m : members) d.members.push_back({H(m), 1});
-    Deliver(inner->num_starts() - 1, EncodeFusionDecision(d));
+    const std::vector<uint64_t> list = {H("a"), H("b"), H("c")};  // the plan's, above
+    absl::StatusOr<std::vector<int64_t>> words = EncodeFusionDecision(d, list);
+    ASSERT_TRUE(words.ok()) << words.status();
+    Deliver(inner->num_starts() - 1, *words);
   }
 
   std::mutex mu;
