@@ -190,9 +190,19 @@ absl::StatusOr<std::vector<int64_t>> EncodeFusionDecision(const FusionDecision& 
       return absl::InvalidArgumentError(absl::StrCat("fusion decision ", d.index, ": member ",
                                                      m.name_hash, " is not on the fusable list"));
     }
+    if (m.iteration > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("fusion decision ", d.index, ": iteration ", m.iteration, " out of range"));
+    }
     std::vector<uint64_t>& bits = blocks[m.iteration];
     bits.resize(bitmap_words, 0);
-    bits[it->second / 64] |= uint64_t{1} << (it->second % 64);
+    const uint64_t bit = uint64_t{1} << (it->second % 64);
+    if ((bits[it->second / 64] & bit) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("fusion decision ", d.index, ": member ",
+                                                     m.name_hash, " iteration ", m.iteration,
+                                                     " twice"));
+    }
+    bits[it->second / 64] |= bit;
   }
   if (blocks.empty() || blocks.size() > kMaxDecisionIterations ||
       d.members.size() > kMaxGroupMembers) {
@@ -436,6 +446,14 @@ dataplane::Operation WordBroadcast(const std::string& tensor, uint64_t iteration
   return op;
 }
 
+// A sum of int64 words over every buffer of every worker node.
+dataplane::Operation WordSum(const std::string& tensor, uint64_t iteration,
+                             std::shared_ptr<std::vector<std::vector<int64_t>>> buffers) {
+  dataplane::Operation op = WordBroadcast(tensor, iteration, std::move(buffers));
+  op.reduction = dataplane::Reduction::kSum;
+  return op;
+}
+
 }  // namespace
 
 bool IsLonePassThrough(const dataplane::Operation& op) {
@@ -454,7 +472,9 @@ struct FusingRunner::Job {
   std::vector<FusionGroup> groups;  // the fusable-tensor list
   std::unordered_map<uint64_t, Fusable> fusable;
   std::vector<uint64_t> list;  // the fusable tensors' name hashes, in the list's order
-  std::vector<Held> waiting;   // iteration >= kFirstFusedIteration, before the list arrived
+  // The list as this node got it (or why not), until every worker node agreed (OnAgreement).
+  std::optional<absl::StatusOr<std::vector<FusionGroup>>> received;
+  std::vector<Held> waiting;  // iteration >= kFirstFusedIteration, before the list arrived
   std::vector<AbortedWaiting> aborted_waiting;  // aborted while waiting; handled with the list
   std::map<Key, Held> undecided;                // fusable, in no decision yet
   // The leader's open group.
@@ -466,11 +486,12 @@ struct FusingRunner::Job {
   dataplane::Reduction open_reduction = dataplane::Reduction::kSum;
   // Leader: per iteration, its fusable tensors held here so far (the last few iterations).
   std::map<uint64_t, size_t> arrived;
-  uint64_t next_decision = 0;         // leader: the next to make; follower: the next to adopt
-  uint64_t next_batch = 0;            // the next decision broadcast (its iteration)
-  size_t decision_words = 0;          // of each decision broadcast (FusionDecisionBroadcastWords)
-  bool batch_posted = false;          // one of this node's decision broadcasts is running
-  std::deque<FusionDecision> unsent;  // leader: made, in no broadcast yet
+  uint64_t next_decision = 0;  // leader: the next to make; follower: the next to adopt
+  uint64_t next_batch = 0;     // the next decision broadcast (its iteration)
+  size_t decision_words = 0;   // of each decision broadcast (FusionDecisionBroadcastWords)
+  bool batch_posted = false;   // one of this node's decision broadcasts is running
+  // Leader: made, in no broadcast yet (index, encoded).
+  std::deque<std::pair<uint64_t, std::vector<int64_t>>> unsent;
   std::map<uint64_t, Fused> fused;
   // Member -> its decision's index and its position there, until the decision completes.
   std::map<Key, InFused> in_fused;
@@ -914,68 +935,105 @@ void FusingRunner::OnPlan(const std::string& job_id, uint64_t generation,
     Job* found = shut_down_ ? nullptr : FindJobLocked(job_id, generation);
     if (found == nullptr) return;
     Job& job = *found;
-    if (job.state != PlanState::kPosted) return;
-    absl::StatusOr<std::vector<FusionGroup>> groups =
-        status.ok() ? DecodeFusionPlan((*buffers)[0])
-                    : absl::StatusOr<std::vector<FusionGroup>>(status);
-    if (!groups.ok()) {
-      job.state = PlanState::kOff;
-      Log()->warn(
-          "job {}: no tensor fusion list from worker rank 0 ({}); fusion is off for the job",
-          job_id, groups.status());
+    if (job.state != PlanState::kPosted || job.received) return;
+    job.received = status.ok() ? DecodeFusionPlan((*buffers)[0])
+                               : absl::StatusOr<std::vector<FusionGroup>>(status);
+    // Whether every worker node got the list: the root's broadcast completes once it has sent
+    // it, so without this a node that gave up waiting (the root came after the op timeout) ran
+    // with fusion off while the others ran with it on, and every fusable collective failed.
+    auto flags = WordBuffers(job.view.procs_per_node, 1);
+    (*flags)[0][0] = job.received->ok() ? 1 : 0;
+    dataplane::Operation agree = WordSum(kFusionAgreementTensor, 0, flags);
+    agree.done = [this, job_id, generation, flags](absl::Status s) {
+      OnAgreement(job_id, generation, s, flags);
+    };
+    StartLater(job_id, std::move(agree), after);
+  }
+  Run(after);
+}
+
+void FusingRunner::OnAgreement(const std::string& job_id, uint64_t generation,
+                               const absl::Status& status,
+                               std::shared_ptr<std::vector<std::vector<int64_t>>> flags) {
+  After after;
+  {
+    std::lock_guard lock(mu_);
+    Job* found = shut_down_ ? nullptr : FindJobLocked(job_id, generation);
+    if (found == nullptr) return;
+    Job& job = *found;
+    if (job.state != PlanState::kPosted || !job.received) return;
+    absl::StatusOr<std::vector<FusionGroup>> groups = *std::move(job.received);
+    job.received.reset();
+    const int64_t nodes = job.view.num_workers();
+    if (!status.ok()) {
+      groups = absl::Status(status.code(),
+                            absl::StrCat("agreeing on the fusion list: ", status.message()));
+    } else if ((*flags)[0][0] != nodes && groups.ok()) {
+      groups = absl::UnavailableError(absl::StrCat(nodes - (*flags)[0][0], " of ", nodes,
+                                                   " worker nodes did not get the fusion list"));
+    }
+    AdoptPlanLocked(job_id, job, std::move(groups), after);
+  }
+  Run(after);
+}
+
+void FusingRunner::AdoptPlanLocked(const std::string& job_id, Job& job,
+                                   absl::StatusOr<std::vector<FusionGroup>> groups, After& after) {
+  if (!groups.ok()) {
+    job.state = PlanState::kOff;
+    Log()->warn("job {}: no tensor fusion list from worker rank 0 ({}); fusion is off for the job",
+                job_id, groups.status());
+  } else {
+    job.state = PlanState::kReady;
+    for (const FusionGroup& g : *groups) {
+      for (const FusionMember& m : g.members) {
+        job.fusable[m.name_hash] = {m.count, g.dtype, g.reduction};
+        job.list.push_back(m.name_hash);  // the plan holds each once (DecodeFusionPlan)
+      }
+    }
+    job.groups = *std::move(groups);
+    job.decision_words = FusionDecisionBroadcastWords(job.fusable.size());
+    stats_.plans_adopted++;
+    Log()->info("job {}: tensor fusion: {} tensors may fuse, decisions in {}-byte broadcasts{}",
+                job_id, job.fusable.size(), job.decision_words * sizeof(int64_t),
+                job.leader ? absl::StrCat(", cycle ", job.cycle.count(), " us") : "");
+  }
+  // Aborted while they waited for the list: a fusable one fails in a decision, as if aborted
+  // now; the others (fusion off, or not in the list) run alone, so their abort goes to the
+  // inner runner.
+  std::vector<AbortedWaiting> aborted = std::move(job.aborted_waiting);
+  job.aborted_waiting.clear();
+  for (AbortedWaiting& a : aborted) {
+    const Key key{common::StableHash64(a.tensor), a.iteration};
+    if (job.state == PlanState::kReady && job.fusable.contains(key.first)) {
+      FailUnsubmittedLocked(job_id, job, key, a.reason, after);
     } else {
-      job.state = PlanState::kReady;
-      for (const FusionGroup& g : *groups) {
-        for (const FusionMember& m : g.members) {
-          job.fusable[m.name_hash] = {m.count, g.dtype, g.reduction};
-          job.list.push_back(m.name_hash);  // the plan holds each once (DecodeFusionPlan)
-        }
-      }
-      job.groups = *std::move(groups);
-      job.decision_words = FusionDecisionBroadcastWords(job.fusable.size());
-      stats_.plans_adopted++;
-      Log()->info("job {}: tensor fusion: {} tensors may fuse, decisions in {}-byte broadcasts{}",
-                  job_id, job.fusable.size(), job.decision_words * sizeof(int64_t),
-                  job.leader ? absl::StrCat(", cycle ", job.cycle.count(), " us") : "");
-    }
-    // Aborted while they waited for the list: a fusable one fails in a decision, as if aborted
-    // now; the others (fusion off, or not in the list) run alone, so their abort goes to the
-    // inner runner.
-    std::vector<AbortedWaiting> aborted = std::move(job.aborted_waiting);
-    job.aborted_waiting.clear();
-    for (AbortedWaiting& a : aborted) {
-      const Key key{common::StableHash64(a.tensor), a.iteration};
-      if (job.state == PlanState::kReady && job.fusable.contains(key.first)) {
-        FailUnsubmittedLocked(job_id, job, key, a.reason, after);
-      } else {
-        after.push_back([this, job_id, a = std::move(a)] {
-          inner_->Abort(job_id, a.tensor, a.iteration, a.reason);
-        });
-      }
-    }
-    std::vector<Held> waiting = std::move(job.waiting);
-    job.waiting.clear();
-    for (Held& w : waiting) {
-      bool taken = false;
-      StartLocked(job_id, job, w.op, taken, after);
-      if (taken) continue;
-      if (job.leader) CountPassingLocked(job_id, job, w.op);  // a refused start runs its done
-      after.push_back([this, job_id, op = std::move(w.op)]() mutable {
-        const std::string tensor = op.tensor_name;
-        const uint64_t iteration = op.iteration;
-        const bool staged = op.staged != nullptr;
-        std::function<void(absl::Status)> done = op.done;
-        absl::Status started = StartPassedThrough(job_id, std::move(op));
-        if (!started.ok()) {
-          done(started);
-        } else if (staged) {
-          // Its input may have advanced while it waited here.
-          inner_->StagedInputAdvanced(job_id, tensor, iteration);
-        }
+      after.push_back([this, job_id, a = std::move(a)] {
+        inner_->Abort(job_id, a.tensor, a.iteration, a.reason);
       });
     }
   }
-  Run(after);
+  std::vector<Held> waiting = std::move(job.waiting);
+  job.waiting.clear();
+  for (Held& w : waiting) {
+    bool taken = false;
+    StartLocked(job_id, job, w.op, taken, after);
+    if (taken) continue;
+    if (job.leader) CountPassingLocked(job_id, job, w.op);  // a refused start runs its done
+    after.push_back([this, job_id, op = std::move(w.op)]() mutable {
+      const std::string tensor = op.tensor_name;
+      const uint64_t iteration = op.iteration;
+      const bool staged = op.staged != nullptr;
+      std::function<void(absl::Status)> done = op.done;
+      absl::Status started = StartPassedThrough(job_id, std::move(op));
+      if (!started.ok()) {
+        done(started);
+      } else if (staged) {
+        // Its input may have advanced while it waited here.
+        inner_->StagedInputAdvanced(job_id, tensor, iteration);
+      }
+    });
+  }
 }
 
 void FusingRunner::CloseGroupLocked(const std::string& job_id, Job& job, After& after) {
@@ -993,7 +1051,18 @@ void FusingRunner::CloseGroupLocked(const std::string& job_id, Job& job, After& 
   job.open_iterations.clear();
   job.open_bytes = 0;
   stats_.decisions++;
-  job.unsent.push_back(d);
+  // The group holds listed tensors of at most kMaxDecisionIterations iterations: it encodes.
+  absl::StatusOr<std::vector<int64_t>> words = EncodeFusionDecision(d, job.list);
+  if (!words.ok()) {
+    // Not sent: the others wait for its members until their deadline; it fails here now.
+    Log()->error("job {}: {}", job_id, words.status());
+    AdoptDecisionLocked(job_id, job, d, after);
+    FailFusedLocked(job_id, job, d.index,
+                    absl::InternalError(absl::StrCat("tensor fusion: ", words.status().message())),
+                    after);
+    return;
+  }
+  job.unsent.emplace_back(d.index, *std::move(words));
   MaybePostDecisionLocked(job_id, job, after);
   AdoptDecisionLocked(job_id, job, d, after);
 }
@@ -1008,24 +1077,14 @@ void FusingRunner::MaybePostDecisionLocked(const std::string& job_id, Job& job, 
   if (job.unsent.empty()) return;
   std::vector<int64_t> words;
   std::vector<uint64_t> indexes;
-  while (!job.unsent.empty()) {
-    // The leader's groups hold listed tensors of at most kMaxDecisionIterations iterations, so
-    // each encodes and one fits an empty broadcast (FusionDecisionBroadcastWords).
-    absl::StatusOr<std::vector<int64_t>> one = EncodeFusionDecision(job.unsent.front(), job.list);
-    if (!one.ok()) {
-      Log()->error("job {}: {}", job_id, one.status());
-      FailFusedLocked(job_id, job, job.unsent.front().index,
-                      absl::InternalError(absl::StrCat("tensor fusion: ", one.status().message())),
-                      after);
-      job.unsent.pop_front();
-      continue;
-    }
-    if (words.size() + one->size() > job.decision_words) break;
-    words.insert(words.end(), one->begin(), one->end());
-    indexes.push_back(job.unsent.front().index);
+  // One always fits an empty broadcast (FusionDecisionBroadcastWords), so each goes.
+  while (!job.unsent.empty() &&
+         (words.empty() || words.size() + job.unsent.front().second.size() <= job.decision_words)) {
+    const auto& [index, one] = job.unsent.front();
+    words.insert(words.end(), one.begin(), one.end());
+    indexes.push_back(index);
     job.unsent.pop_front();
   }
-  if (words.empty()) return;
   PostDecisionLocked(job_id, job, std::move(words), std::move(indexes), after);
 }
 
@@ -1286,6 +1345,7 @@ void FusingRunner::FailUnsubmittedLocked(const std::string& job_id, Job& job, co
     CloseGroupLocked(job_id, job, after);
     const Fusable& f = job.fusable.at(key.first);
     job.open = {key};
+    job.open_iterations = {key.second};
     job.open_bytes = f.count * common::DataTypeSize(f.dtype);
     job.open_dtype = f.dtype;
     job.open_reduction = f.reduction;

@@ -6,11 +6,12 @@
 // Which tensors may fuse. Worker rank 0 (the leader) watches the job's first iteration -- every
 // operation started before the first one of iteration >= 1 -- and picks the all-reduces that
 // had a partner to fuse with (PlanFusionGroups). At its first operation of iteration >= 1 every
-// worker node joins one broadcast of that list from the leader (kFusionPlanTensor) and holds its
-// operations of iteration >= kFirstFusedIteration (1) until the list has arrived (at most the
-// job's op timeout); from then on, those tensors are fusable on every node (when their count,
-// dtype and reduction are the listed ones: the same test on every node). A list that fails to
-// arrive turns fusion off on that node.
+// worker node joins one broadcast of that list from the leader (kFusionPlanTensor), then a sum
+// over the worker nodes of whether each got it (kFusionAgreementTensor), and holds its
+// operations of iteration >= kFirstFusedIteration (1) until both are done (each held operation
+// at most the job's op timeout); from then on, those tensors are fusable on every node (when
+// their count, dtype and reduction are the listed ones: the same test on every node). A list
+// that fails to arrive at any node, or a sum that fails, turns fusion off on every node.
 // Everything else runs as it is, at once.
 //
 // Which fuse together: the leader decides, from what it holds. It collects its fusable operations
@@ -58,6 +59,9 @@
 namespace tributary::agent {
 
 inline constexpr char kFusionPlanTensor[] = "__tributary/fusion-plan";
+// After the list's broadcast, every worker node adds 1 if it got the list (0 if not) in a sum
+// over the worker nodes: fusion is on only when the sum is the number of worker nodes.
+inline constexpr char kFusionAgreementTensor[] = "__tributary/fusion-agreement";
 inline constexpr char kFusionDecisionTensor[] = "__tributary/fusion-decision";
 inline constexpr char kFusedTensorPrefix[] = "__tributary/fused/";
 // Fused collective k runs as tensor kFusedTensorPrefix + (k % kFusedNames), iteration
@@ -280,6 +284,13 @@ class FusingRunner final : public CollectiveRunner {
   void PostPlanLocked(const std::string& job_id, Job& job, After& after);
   void OnPlan(const std::string& job_id, uint64_t generation, const absl::Status& status,
               std::shared_ptr<std::vector<std::vector<int64_t>>> buffers);
+  // The worker nodes' sum of "got the list" (kFusionAgreementTensor): fusion goes on only when
+  // every one did, and then on every one (a sum that completes here completed everywhere).
+  void OnAgreement(const std::string& job_id, uint64_t generation, const absl::Status& status,
+                   std::shared_ptr<std::vector<std::vector<int64_t>>> flags);
+  // Fusion on with `groups`, or off (an error): releases what waited for the list.
+  void AdoptPlanLocked(const std::string& job_id, Job& job,
+                       absl::StatusOr<std::vector<FusionGroup>> groups, After& after);
   // Leader: closes the open group (decision, fused collective).
   void CloseGroupLocked(const std::string& job_id, Job& job, After& after);
   // Posts the next decision broadcast unless this node has one running or has nothing for it

@@ -286,6 +286,13 @@ TEST(FusionPlanCodingTest, DecisionsAreBitmapsOfTheListPerIteration) {
   EXPECT_THAT(EncodeFusionDecision(stranger, list).status().message(),
               HasSubstr("is not on the fusable list"));
   EXPECT_FALSE(EncodeFusionDecision(FusionDecision{}, list).ok());  // no member
+  FusionDecision twice = d;
+  twice.members.push_back(d.members[7]);  // one bit for two members: refused, not merged
+  EXPECT_THAT(EncodeFusionDecision(twice, list).status().message(), HasSubstr("twice"));
+  FusionDecision far = d;
+  far.members.resize(1);
+  far.members[0].iteration = uint64_t{1} << 63;  // not an int64 word
+  EXPECT_THAT(EncodeFusionDecision(far, list).status().message(), HasSubstr("out of range"));
 
   std::vector<int64_t> bad = *EncodeFusionDecision(d, list);
   const size_t block = 1 + (list.size() + 63) / 64;
@@ -977,6 +984,17 @@ dataplane::JobView TwoNodeJob(int my_worker_rank) {
 // The leader of TwoNodeJob on a FakeCollectiveRunner, with the launcher thread (unless told not
 // to) and without the timer thread. Buffers the runner reads must be declared before it (they
 // outlive it).
+// Completes started operation `index`, the sum of the worker nodes that got the fusion list, as
+// `sum` (TwoNodeJob's two: every one got it).
+void Agree(FakeCollectiveRunner* inner, size_t index, int64_t sum = 2) {
+  const dataplane::Operation op = inner->start(index).op;
+  ASSERT_EQ(op.tensor_name, kFusionAgreementTensor);
+  ASSERT_EQ(op.reduction, Reduction::kSum);
+  ASSERT_TRUE(op.control);
+  *reinterpret_cast<int64_t*>(op.buffers[0]) = sum;
+  inner->Complete(index, absl::OkStatus());
+}
+
 struct FakeLeader {
   explicit FakeLeader(bool launcher_thread = true) {
     auto fake = std::make_unique<FakeCollectiveRunner>();
@@ -1039,11 +1057,16 @@ TEST(FusingRunnerTest, AnOperationWaitingForThePlanFailsAtTheDeadline) {
   ASSERT_THAT(results, SizeIs(1));
   EXPECT_EQ(results[0].code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(results[0].message(), HasSubstr("fusion list from worker rank 0"));
-  // The broadcast fails: fusion is off, and later operations pass straight through.
+  // The broadcast fails: this node says so in the agreement, which fails too (rank 0 is gone);
+  // fusion is off, and later operations pass straight through.
   inner->Complete(1, absl::AbortedError("rank 0 is gone"));
+  ASSERT_EQ(inner->num_starts(), 3u);
+  ASSERT_EQ(inner->start(2).op.tensor_name, kFusionAgreementTensor);
+  EXPECT_EQ(*reinterpret_cast<const int64_t*>(inner->start(2).op.buffers[0]), 0);
+  inner->Complete(2, absl::AbortedError("rank 0 is gone"));
   ASSERT_TRUE(runner.Start(kJob, op("x", 2)).ok());
-  EXPECT_EQ(inner->num_starts(), 3u);
-  EXPECT_EQ(inner->start(2).op.tensor_name, "x");
+  EXPECT_EQ(inner->num_starts(), 4u);
+  EXPECT_EQ(inner->start(3).op.tensor_name, "x");
 }
 
 // With the launcher thread, a fused collective is launched under the runner's lock and started
@@ -1077,7 +1100,9 @@ TEST(FusingRunnerTest, AnAbortBeforeTheLaunchedCollectiveStartsFailsItUnstarted)
   ASSERT_EQ(inner->start(3).op.tensor_name, kFusionPlanTensor);
   inner->Complete(3, absl::OkStatus());
   ASSERT_TRUE(inner->WaitForStarts(5, 10s));
-  EXPECT_EQ(inner->start(4).op.tensor_name, "x");
+  Agree(inner, 4);
+  ASSERT_TRUE(inner->WaitForStarts(6, 10s));
+  EXPECT_EQ(inner->start(5).op.tensor_name, "x");
   ASSERT_EQ(runner.groups(kJob).size(), 1u);
   // b is the iteration's last fusable tensor: the group is decided, and the launcher thread
   // starts the decision broadcast -- held there -- before the copy in and the fused collective.
@@ -1099,9 +1124,9 @@ TEST(FusingRunnerTest, AnAbortBeforeTheLaunchedCollectiveStartsFailsItUnstarted)
   }
   // Only the decision broadcast started, on the launcher thread; the fused collective's abort
   // still reached the others.
-  ASSERT_EQ(inner->num_starts(), 6u);
-  EXPECT_EQ(inner->start(5).op.tensor_name, kFusionDecisionTensor);
-  EXPECT_NE(inner->start(5).thread, std::this_thread::get_id());
+  ASSERT_EQ(inner->num_starts(), 7u);
+  EXPECT_EQ(inner->start(6).op.tensor_name, kFusionDecisionTensor);
+  EXPECT_NE(inner->start(6).thread, std::this_thread::get_id());
   const std::vector<FakeCollectiveRunner::AbortCall> aborts = inner->aborts();
   ASSERT_THAT(aborts, SizeIs(1));
   EXPECT_EQ(aborts[0].tensor, FusedName(0));
@@ -1126,18 +1151,19 @@ TEST(FusingRunnerTest, AGroupInPlaceStartsOnTheSubmittingThread) {
   ASSERT_EQ(inner->num_starts(), 4u);
   ASSERT_EQ(inner->start(3).op.tensor_name, kFusionPlanTensor);
   inner->Complete(3, absl::OkStatus());
-  ASSERT_TRUE(inner->WaitForStarts(5, 10s));
+  Agree(inner, 4);
+  ASSERT_TRUE(inner->WaitForStarts(6, 10s));
   ASSERT_TRUE(runner.Start(kJob, op(1, 1)).ok());
-  ASSERT_EQ(inner->num_starts(), 5u);  // a waits for b
+  ASSERT_EQ(inner->num_starts(), 6u);  // a waits for b
   ASSERT_TRUE(runner.Start(kJob, op(2, 1)).ok());
   // b was the iteration's last fusable tensor: both started on this thread, before its Start
   // returned.
-  ASSERT_EQ(inner->num_starts(), 7u);
-  EXPECT_EQ(inner->start(5).op.tensor_name, kFusionDecisionTensor);
-  EXPECT_EQ(inner->start(5).thread, std::this_thread::get_id());
-  EXPECT_EQ(inner->start(6).op.tensor_name, FusedName(0));
+  ASSERT_EQ(inner->num_starts(), 8u);
+  EXPECT_EQ(inner->start(6).op.tensor_name, kFusionDecisionTensor);
   EXPECT_EQ(inner->start(6).thread, std::this_thread::get_id());
-  EXPECT_EQ(inner->start(6).op.buffers[0], reinterpret_cast<std::byte*>(&memory[1]));  // in place
+  EXPECT_EQ(inner->start(7).op.tensor_name, FusedName(0));
+  EXPECT_EQ(inner->start(7).thread, std::this_thread::get_id());
+  EXPECT_EQ(inner->start(7).op.buffers[0], reinterpret_cast<std::byte*>(&memory[1]));  // in place
   EXPECT_EQ(runner.stats().in_place_operations, 1u);
   runner.Shutdown();
 }
@@ -1159,25 +1185,26 @@ TEST(FusingRunnerTest, ACopyLaunchedElsewhereDoesNotSendTheNextGroupToTheLaunche
   ASSERT_EQ(inner->num_starts(), 5u);
   ASSERT_EQ(inner->start(4).op.tensor_name, kFusionPlanTensor);
   inner->Complete(4, absl::OkStatus());
-  ASSERT_TRUE(inner->WaitForStarts(6, 10s));
+  Agree(inner, 5);
+  ASSERT_TRUE(inner->WaitForStarts(7, 10s));
   // a and b wait for c; their cycle ends first, and the flush decides them: copied, started here.
   ASSERT_TRUE(runner.Start(kJob, op("a", 1)).ok());
   ASSERT_TRUE(runner.Start(kJob, op("b", 1)).ok());
-  ASSERT_EQ(inner->num_starts(), 6u);
+  ASSERT_EQ(inner->num_starts(), 7u);
   leader.clock.Advance(1s);
   runner.FlushExpiredGroups();
-  ASSERT_EQ(inner->num_starts(), 8u);
-  EXPECT_EQ(inner->start(6).op.tensor_name, kFusionDecisionTensor);
-  EXPECT_EQ(inner->start(7).op.tensor_name, FusedName(0));
+  ASSERT_EQ(inner->num_starts(), 9u);
+  EXPECT_EQ(inner->start(7).op.tensor_name, kFusionDecisionTensor);
+  EXPECT_EQ(inner->start(8).op.tensor_name, FusedName(0));
   EXPECT_EQ(runner.stats().in_place_operations, 0u);
-  inner->Complete(6, absl::OkStatus());  // the decision broadcast: the next one may go
+  inner->Complete(7, absl::OkStatus());  // the decision broadcast: the next one may go
   // c alone is in place: its decision and collective start on this thread, before Start returns.
   ASSERT_TRUE(runner.Start(kJob, op("c", 1)).ok());
-  ASSERT_EQ(inner->num_starts(), 10u);
-  EXPECT_EQ(inner->start(8).op.tensor_name, kFusionDecisionTensor);
-  EXPECT_EQ(inner->start(8).thread, std::this_thread::get_id());
-  EXPECT_EQ(inner->start(9).op.tensor_name, FusedName(1));
+  ASSERT_EQ(inner->num_starts(), 11u);
+  EXPECT_EQ(inner->start(9).op.tensor_name, kFusionDecisionTensor);
   EXPECT_EQ(inner->start(9).thread, std::this_thread::get_id());
+  EXPECT_EQ(inner->start(10).op.tensor_name, FusedName(1));
+  EXPECT_EQ(inner->start(10).thread, std::this_thread::get_id());
   runner.Shutdown();
 }
 
@@ -1196,13 +1223,42 @@ TEST(FusingRunnerTest, AnOperationReleasedByTheListRunsLoneAsOneStartedAfterIt) 
   EXPECT_EQ(inner->start(1).op.tensor_name, kFusionPlanTensor);
   EXPECT_FALSE(inner->start(1).op.lone);  // the agent's own
   inner->Complete(1, absl::OkStatus());   // the list (empty: x had no partner) arrives
-  ASSERT_EQ(inner->num_starts(), 3u);
-  EXPECT_EQ(inner->start(2).op.tensor_name, "x");
-  EXPECT_EQ(inner->start(2).op.iteration, 1u);
-  EXPECT_TRUE(inner->start(2).op.lone);
-  ASSERT_TRUE(runner.Start(kJob, OneFloat("x", 2, &data[2])).ok());
+  Agree(inner, 2);
   ASSERT_EQ(inner->num_starts(), 4u);
+  EXPECT_EQ(inner->start(3).op.tensor_name, "x");
+  EXPECT_EQ(inner->start(3).op.iteration, 1u);
   EXPECT_TRUE(inner->start(3).op.lone);
+  ASSERT_TRUE(runner.Start(kJob, OneFloat("x", 2, &data[2])).ok());
+  ASSERT_EQ(inner->num_starts(), 5u);
+  EXPECT_TRUE(inner->start(4).op.lone);
+  runner.Shutdown();
+}
+
+// The list's broadcast completes on the leader once sent, and here a node did not get it (it
+// gave up waiting: rank 0 came after the op timeout). The worker nodes' sum says so, and fusion
+// is off on the leader too, as on that node: a and b, which may fuse, run alone.
+TEST(FusingRunnerTest, FusionIsOffEverywhereWhenANodeDidNotGetTheList) {
+  float data[6] = {};
+  FakeLeader leader(/*launcher_thread=*/false);
+  FakeCollectiveRunner* inner = leader.inner;
+  FusingRunner& runner = *leader.runner;
+  ASSERT_TRUE(runner.Start(kJob, OneFloat("a", 0, &data[0])).ok());
+  ASSERT_TRUE(runner.Start(kJob, OneFloat("b", 0, &data[1])).ok());
+  for (size_t i = 0; i < 2; ++i) inner->Complete(i, absl::OkStatus());
+  ASSERT_TRUE(runner.Start(kJob, OneFloat("a", 1, &data[2])).ok());  // held for the list
+  ASSERT_EQ(inner->num_starts(), 3u);
+  ASSERT_EQ(inner->start(2).op.tensor_name, kFusionPlanTensor);
+  inner->Complete(2, absl::OkStatus());
+  ASSERT_EQ(inner->num_starts(), 4u);
+  EXPECT_EQ(*reinterpret_cast<const int64_t*>(inner->start(3).op.buffers[0]), 1);  // got it
+  Agree(inner, 3, /*sum=*/1);  // one of the two did
+  ASSERT_EQ(inner->num_starts(), 5u);
+  EXPECT_EQ(inner->start(4).op.tensor_name, "a");  // released, alone
+  ASSERT_TRUE(runner.Start(kJob, OneFloat("b", 1, &data[3])).ok());
+  ASSERT_EQ(inner->num_starts(), 6u);
+  EXPECT_EQ(inner->start(5).op.tensor_name, "b");
+  EXPECT_EQ(runner.stats().plans_adopted, 0u);
+  EXPECT_THAT(runner.groups(kJob), IsEmpty());
   runner.Shutdown();
 }
 
@@ -1261,6 +1317,7 @@ struct FakeFollower {
     FusionGroup group;
     group.members = {{H("a"), 1}, {H("b"), 1}, {H("c"), 1}};
     Deliver(4, EncodeFusionPlan({group}));
+    Agree(inner, 5);
     EXPECT_EQ(LastStart().tensor_name, kFusionDecisionTensor);
   }
   ~FakeFollower() { runner->Shutdown(); }
