@@ -13,9 +13,12 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "agent/fake_collective_runner.h"
+#include "agent/local_grpc_service.h"
 #include "common/shm_ring.h"
 #include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/agent/shm_test_util.h"
 
@@ -215,7 +218,8 @@ TEST_F(ControlRingHostTest, APollingRingThreadServesSubmissionsWithoutTheDoorbel
 // A client whose ring is full falls back to the Submit RPC; the RPC first submits what the ring
 // still holds, so a later submission of the same tensor name cannot take an earlier iteration
 // than one pushed into the ring before it. (Here the ring's thread takes nothing: its in-flight
-// bound is 0, as if it were descheduled.)
+// bound is 0, as if it were descheduled.) The RPC goes through the agent's gRPC service on a
+// unix socket, whose Submit drains the ring.
 TEST_F(ControlRingHostTest, TheSubmitRpcSubmitsWhatTheRingHoldsFirst) {
   ControlRings stalled{&service_, {.idle_wake = 20ms, .max_in_flight = 0}};
   testing::ScopedShm buf(2 * sizeof(float));
@@ -231,7 +235,20 @@ TEST_F(ControlRingHostTest, TheSubmitRpcSubmitsWhatTheRingHoldsFirst) {
   const uint64_t b = Register(s, buf);
   client.Push(RawClient::Entry(1, "grad", b, 1));  // iteration 0, at offset 0
   ASSERT_EQ(runner_.num_starts(), 0u);             // the thread takes nothing (bound 0)
-  stalled.DrainSubmissions(s);
+  LocalGrpcService grpc_service(&service_, &stalled);
+  const std::string address =
+      "unix:/tmp/tributary-ring-host-test-" + std::to_string(getpid()) + ".sock";
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials());
+  builder.RegisterService(&grpc_service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  absl::Cleanup stop = [&] {
+    server->Shutdown(std::chrono::system_clock::now() + 1s);
+    unlink(address.substr(5).c_str());
+  };
+  std::unique_ptr<tributary::v1::Agent::Stub> stub = tributary::v1::Agent::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   tributary::v1::SubmitRequest req;
   req.set_session_id(s);
   req.set_tensor_name("grad");
@@ -241,7 +258,10 @@ TEST_F(ControlRingHostTest, TheSubmitRpcSubmitsWhatTheRingHoldsFirst) {
   req.set_dtype(tributary::v1::DATA_TYPE_FLOAT32);
   req.set_op(tributary::v1::COLLECTIVE_OP_SUM);
   tributary::v1::SubmitResponse resp;
-  ASSERT_TRUE(service_.Submit(req, &resp).ok());
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + 10s);
+  const grpc::Status submitted = stub->Submit(&context, req, &resp);
+  ASSERT_TRUE(submitted.ok()) << submitted.error_message();
   ASSERT_EQ(runner_.num_starts(), 2u);
   EXPECT_EQ(runner_.start(0).op.iteration, 0u);
   EXPECT_EQ(runner_.start(1).op.iteration, 1u);

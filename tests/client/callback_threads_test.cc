@@ -57,10 +57,11 @@ class Gate {
 
 TEST(CallbackThreadsTest, BlockedTasksGetAThreadEachUpToTheBoundAndTheRestWait) {
   constexpr int kMax = 4;
-  // Leaked on purpose, as the process's one is: detached threads may outlive the test body.
-  auto* threads = new CallbackThreads(kMax / 2, kMax, 1h);
-  auto* gate = new Gate();
-  for (int i = 0; i < kMax + 3; ++i) threads->Run([gate] { gate->Pass(); });
+  // Never destroyed, as the process's one: detached threads may outlive the test body (held by
+  // statics, so that LeakSanitizer sees them reachable).
+  static auto* threads = new CallbackThreads(kMax / 2, kMax, 1h);
+  static auto* gate = new Gate();
+  for (int i = 0; i < kMax + 3; ++i) threads->Run([] { gate->Pass(); });
   EXPECT_EQ(threads->threads(), static_cast<size_t>(kMax));
   ASSERT_TRUE(gate->WaitStarted(kMax));
   EXPECT_EQ(threads->queued(), 3u);
@@ -71,10 +72,10 @@ TEST(CallbackThreadsTest, BlockedTasksGetAThreadEachUpToTheBoundAndTheRestWait) 
 }
 
 TEST(CallbackThreadsTest, IdleThreadsEnd) {
-  auto* threads = new CallbackThreads(1, 2, 1ms);
-  auto* gate = new Gate();
+  static auto* threads = new CallbackThreads(1, 2, 1ms);
+  static auto* gate = new Gate();
   gate->Open();
-  threads->Run([gate] { gate->Pass(); });
+  threads->Run([] { gate->Pass(); });
   ASSERT_TRUE(gate->WaitFinished(1));
   // The thread ends after 1 ms without work; a later task starts another.
   const auto deadline = std::chrono::steady_clock::now() + 10s;
@@ -82,13 +83,13 @@ TEST(CallbackThreadsTest, IdleThreadsEnd) {
     std::this_thread::yield();
   }
   EXPECT_EQ(threads->threads(), 0u);
-  threads->Run([gate] { gate->Pass(); });
+  threads->Run([] { gate->Pass(); });
   ASSERT_TRUE(gate->WaitFinished(2));
 }
 
 TEST(CallbackThreadsTest, ATaskWhoseThreadCannotStartRunsOnTheCallerWhenNoneRuns) {
   std::atomic<bool> fail{true};
-  auto* threads = new CallbackThreads(4, 4, 1h, [&fail](std::function<void()> body) {
+  static auto* threads = new CallbackThreads(4, 4, 1h, [&fail](std::function<void()> body) {
     if (fail)
       throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again));
     std::thread(std::move(body)).detach();
@@ -101,8 +102,8 @@ TEST(CallbackThreadsTest, ATaskWhoseThreadCannotStartRunsOnTheCallerWhenNoneRuns
 
   // With a thread running (blocked), a failed start leaves the task queued for it.
   fail = false;
-  auto* gate = new Gate();
-  threads->Run([gate] { gate->Pass(); });
+  static auto* gate = new Gate();
+  threads->Run([] { gate->Pass(); });
   ASSERT_TRUE(gate->WaitStarted(1));
   fail = true;
   std::atomic<bool> second{false};

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -324,82 +325,81 @@ TEST_F(ControlRingTest, LeaveFailsWaitersWithTheLeftError) {
   EXPECT_THAT(result.message(), HasSubstr("has left job 'pair'"));
 }
 
+// A client's ring with the agent's side played by the test: the same memory, mapped, and a
+// producer of completions on it.
+class ControlRingCloseTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<internal::ControlRing>> ring = internal::ControlRing::Create(8);
+    ASSERT_TRUE(ring.ok()) << ring.status();
+    ring_ = *std::move(ring);
+    memory_ =
+        mmap(nullptr, ring_->size_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, ring_->memfd(), 0);
+    ASSERT_NE(memory_, MAP_FAILED);
+    absl::StatusOr<common::shm_ring::RingConfig> config =
+        common::shm_ring::ReadHeader(memory_, ring_->size_bytes());
+    ASSERT_TRUE(config.ok()) << config.status();
+    const common::shm_ring::RingView view = common::shm_ring::ViewOf(memory_, *config);
+    agent_.emplace(&view.header->cq, view.cq, config->cq_capacity);
+  }
+  void TearDown() override {
+    if (memory_ != MAP_FAILED) munmap(memory_, ring_->size_bytes());
+  }
+
+  std::unique_ptr<internal::ControlRing> ring_;
+  void* memory_ = MAP_FAILED;
+  std::optional<common::shm_ring::RingProducer<common::shm_ring::CompletionEntry>> agent_;
+};
+
 // Once the client closed its ring (Leave), what the agent writes after is not read: here the
 // agent's ring thread, slower than the process's Leave, answers the submission with "session not
 // found" after the close, and the waiter -- however late it comes -- still gets the close's
 // error. (An ASan run of LeaveFailsWaitersWithTheLeftError caught the old order: drain first.)
-TEST(ControlRingCloseTest, CompletionsWrittenAfterTheCloseAreNotRead) {
-  absl::StatusOr<std::unique_ptr<internal::ControlRing>> ring = internal::ControlRing::Create(8);
-  ASSERT_TRUE(ring.ok()) << ring.status();
-  // The agent's side: the same memory, mapped.
-  void* memory =
-      mmap(nullptr, (*ring)->size_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, (*ring)->memfd(), 0);
-  ASSERT_NE(memory, MAP_FAILED);
-  absl::StatusOr<common::shm_ring::RingConfig> config =
-      common::shm_ring::ReadHeader(memory, (*ring)->size_bytes());
-  ASSERT_TRUE(config.ok()) << config.status();
-  const common::shm_ring::RingView view = common::shm_ring::ViewOf(memory, *config);
-  common::shm_ring::RingProducer<common::shm_ring::CompletionEntry> agent(&view.header->cq, view.cq,
-                                                                          config->cq_capacity);
-
+TEST_F(ControlRingCloseTest, CompletionsWrittenAfterTheCloseAreNotRead) {
   internal::RingSubmission submission;
   submission.tensor_name = "x";
   submission.count = 4;
-  std::shared_ptr<internal::RingSlot> slot = (*ring)->TrySubmit(submission);
+  std::shared_ptr<internal::RingSlot> slot = ring_->TrySubmit(submission);
   ASSERT_NE(slot, nullptr);
-  (*ring)->Close(absl::FailedPreconditionError("the client has left job 'pair'"));
-  ASSERT_EQ(agent.Push(common::shm_ring::MakeCompletion(
+  ring_->Close(absl::FailedPreconditionError("the client has left job 'pair'"));
+  ASSERT_EQ(agent_->Push(common::shm_ring::MakeCompletion(
                 slot->ticket, absl::NotFoundError("session 's' not found"))),
             common::shm_ring::RingResult::kOk);
   std::optional<absl::Status> result =
-      (*ring)->Wait(*slot, std::chrono::steady_clock::now() + std::chrono::seconds(1));
+      ring_->Wait(*slot, std::chrono::steady_clock::now() + std::chrono::seconds(1));
   ASSERT_TRUE(result.has_value());
   EXPECT_EQ(result->code(), absl::StatusCode::kFailedPrecondition) << *result;
   EXPECT_THAT(result->message(), HasSubstr("has left job 'pair'"));
-  munmap(memory, (*ring)->size_bytes());
 }
 
 // What the agent wrote before the ring closed is read: the keepalive stream's end closes the
 // ring when the agent shuts down, and results it completed first are the operations' results,
 // not the close's "lost" error.
-TEST(ControlRingCloseTest, CompletionsWrittenBeforeTheCloseAreTheResults) {
-  absl::StatusOr<std::unique_ptr<internal::ControlRing>> ring = internal::ControlRing::Create(8);
-  ASSERT_TRUE(ring.ok()) << ring.status();
-  void* memory =
-      mmap(nullptr, (*ring)->size_bytes(), PROT_READ | PROT_WRITE, MAP_SHARED, (*ring)->memfd(), 0);
-  ASSERT_NE(memory, MAP_FAILED);
-  absl::StatusOr<common::shm_ring::RingConfig> config =
-      common::shm_ring::ReadHeader(memory, (*ring)->size_bytes());
-  ASSERT_TRUE(config.ok()) << config.status();
-  const common::shm_ring::RingView view = common::shm_ring::ViewOf(memory, *config);
-  common::shm_ring::RingProducer<common::shm_ring::CompletionEntry> agent(&view.header->cq, view.cq,
-                                                                          config->cq_capacity);
-
+TEST_F(ControlRingCloseTest, CompletionsWrittenBeforeTheCloseAreTheResults) {
   internal::RingSubmission submission;
   submission.tensor_name = "x";
   submission.count = 4;
-  std::shared_ptr<internal::RingSlot> done = (*ring)->TrySubmit(submission);
-  std::shared_ptr<internal::RingSlot> failed = (*ring)->TrySubmit(submission);
-  std::shared_ptr<internal::RingSlot> pending = (*ring)->TrySubmit(submission);
+  std::shared_ptr<internal::RingSlot> done = ring_->TrySubmit(submission);
+  std::shared_ptr<internal::RingSlot> failed = ring_->TrySubmit(submission);
+  std::shared_ptr<internal::RingSlot> pending = ring_->TrySubmit(submission);
   ASSERT_TRUE(done != nullptr && failed != nullptr && pending != nullptr);
-  ASSERT_EQ(agent.Push(common::shm_ring::MakeCompletion(done->ticket, absl::OkStatus())),
+  ASSERT_EQ(agent_->Push(common::shm_ring::MakeCompletion(done->ticket, absl::OkStatus())),
             common::shm_ring::RingResult::kOk);
-  ASSERT_EQ(agent.Push(common::shm_ring::MakeCompletion(
+  ASSERT_EQ(agent_->Push(common::shm_ring::MakeCompletion(
                 failed->ticket, absl::DataLossError("x: checksum mismatch"))),
             common::shm_ring::RingResult::kOk);
-  (*ring)->Close(absl::UnavailableError("session s ended; the operation's result is lost"));
+  ring_->Close(absl::UnavailableError("session s ended; the operation's result is lost"));
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-  std::optional<absl::Status> result = (*ring)->Wait(*done, deadline);
+  std::optional<absl::Status> result = ring_->Wait(*done, deadline);
   ASSERT_TRUE(result.has_value());
   EXPECT_TRUE(result->ok()) << *result;
-  result = (*ring)->Wait(*failed, deadline);
+  result = ring_->Wait(*failed, deadline);
   ASSERT_TRUE(result.has_value());
   EXPECT_EQ(*result, absl::DataLossError("x: checksum mismatch"));
-  result = (*ring)->Wait(*pending, deadline);
+  result = ring_->Wait(*pending, deadline);
   ASSERT_TRUE(result.has_value());
   EXPECT_EQ(result->code(), absl::StatusCode::kUnavailable) << *result;
   EXPECT_THAT(result->message(), HasSubstr("result is lost"));
-  munmap(memory, (*ring)->size_bytes());
 }
 
 // A waiter whose recent waits were short polls the completion queue (here with a budget far
@@ -450,7 +450,6 @@ TEST(ControlRingSpinTest, AWaiterPollsWithABudgetAndSleepsAtOnceWithout) {
       EXPECT_TRUE(result->ok()) << *result;
       EXPECT_EQ(saw_sleeper, budget.count() == 0);
     }
-    munmap(memory, (*ring)->size_bytes());
   }
 }
 
