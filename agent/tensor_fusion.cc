@@ -1509,7 +1509,9 @@ void FusingRunner::Tick() {
           it = held.erase(it);
         }
       };
-      expire(job->waiting, "the job's tensor fusion list from worker rank 0");
+      expire(job->waiting,
+             "the job's tensor fusion list from worker rank 0 and the worker nodes' agreement on "
+             "it");
       if (!job->leader) {  // the leader's own close within a cycle
         bool expired_undecided = false;
         for (const auto& [key, held] : job->undecided) {

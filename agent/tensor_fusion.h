@@ -11,7 +11,9 @@
 // operations of iteration >= kFirstFusedIteration (1) until both are done (each held operation
 // at most the job's op timeout); from then on, those tensors are fusable on every node (when
 // their count, dtype and reduction are the listed ones: the same test on every node). A list
-// that fails to arrive at any node, or a sum that fails, turns fusion off on every node.
+// that fails to arrive at any node turns fusion off on every node, and so does a sum that fails
+// on every node (one that fails on one node after completing on another leaves them differing:
+// OnAgreement).
 // Everything else runs as it is, at once.
 //
 // Which fuse together: the leader decides, from what it holds. It collects its fusable operations
@@ -285,7 +287,11 @@ class FusingRunner final : public CollectiveRunner {
   void OnPlan(const std::string& job_id, uint64_t generation, const absl::Status& status,
               std::shared_ptr<std::vector<std::vector<int64_t>>> buffers);
   // The worker nodes' sum of "got the list" (kFusionAgreementTensor): fusion goes on only when
-  // every one did, and then on every one (a sum that completes here completed everywhere).
+  // every one did. Every node then turns it on, unless its own sum fails after another's
+  // completed (its last hop lost, or its op timeout passing within that hop): no exchange over
+  // links that may fail makes every node sure (the two generals), and that node then runs with
+  // fusion off until the membership changes, as every node did before the agreement when the
+  // list came late.
   void OnAgreement(const std::string& job_id, uint64_t generation, const absl::Status& status,
                    std::shared_ptr<std::vector<std::vector<int64_t>>> flags);
   // Fusion on with `groups`, or off (an error): releases what waited for the list.

@@ -981,9 +981,6 @@ dataplane::JobView TwoNodeJob(int my_worker_rank) {
   return view;
 }
 
-// The leader of TwoNodeJob on a FakeCollectiveRunner, with the launcher thread (unless told not
-// to) and without the timer thread. Buffers the runner reads must be declared before it (they
-// outlive it).
 // Completes started operation `index`, the sum of the worker nodes that got the fusion list, as
 // `sum` (TwoNodeJob's two: every one got it).
 void Agree(FakeCollectiveRunner* inner, size_t index, int64_t sum = 2) {
@@ -995,6 +992,9 @@ void Agree(FakeCollectiveRunner* inner, size_t index, int64_t sum = 2) {
   inner->Complete(index, absl::OkStatus());
 }
 
+// The leader of TwoNodeJob on a FakeCollectiveRunner, with the launcher thread (unless told not
+// to) and without the timer thread. Buffers the runner reads must be declared before it (they
+// outlive it).
 struct FakeLeader {
   explicit FakeLeader(bool launcher_thread = true) {
     auto fake = std::make_unique<FakeCollectiveRunner>();
@@ -1236,30 +1236,41 @@ TEST(FusingRunnerTest, AnOperationReleasedByTheListRunsLoneAsOneStartedAfterIt) 
 
 // The list's broadcast completes on the leader once sent, and here a node did not get it (it
 // gave up waiting: rank 0 came after the op timeout). The worker nodes' sum says so, and fusion
-// is off on the leader too, as on that node: a and b, which may fuse, run alone.
+// is off on the leader too, as on that node: a and b, listed (submitted together after x in
+// iteration 0), run alone. With every node's 1 they are held for their group.
 TEST(FusingRunnerTest, FusionIsOffEverywhereWhenANodeDidNotGetTheList) {
-  float data[6] = {};
-  FakeLeader leader(/*launcher_thread=*/false);
-  FakeCollectiveRunner* inner = leader.inner;
-  FusingRunner& runner = *leader.runner;
-  ASSERT_TRUE(runner.Start(kJob, OneFloat("a", 0, &data[0])).ok());
-  ASSERT_TRUE(runner.Start(kJob, OneFloat("b", 0, &data[1])).ok());
-  for (size_t i = 0; i < 2; ++i) inner->Complete(i, absl::OkStatus());
-  ASSERT_TRUE(runner.Start(kJob, OneFloat("a", 1, &data[2])).ok());  // held for the list
-  ASSERT_EQ(inner->num_starts(), 3u);
-  ASSERT_EQ(inner->start(2).op.tensor_name, kFusionPlanTensor);
-  inner->Complete(2, absl::OkStatus());
-  ASSERT_EQ(inner->num_starts(), 4u);
-  EXPECT_EQ(*reinterpret_cast<const int64_t*>(inner->start(3).op.buffers[0]), 1);  // got it
-  Agree(inner, 3, /*sum=*/1);  // one of the two did
-  ASSERT_EQ(inner->num_starts(), 5u);
-  EXPECT_EQ(inner->start(4).op.tensor_name, "a");  // released, alone
-  ASSERT_TRUE(runner.Start(kJob, OneFloat("b", 1, &data[3])).ok());
-  ASSERT_EQ(inner->num_starts(), 6u);
-  EXPECT_EQ(inner->start(5).op.tensor_name, "b");
-  EXPECT_EQ(runner.stats().plans_adopted, 0u);
-  EXPECT_THAT(runner.groups(kJob), IsEmpty());
-  runner.Shutdown();
+  for (const int64_t sum : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat("sum ", sum));
+    float data[9] = {};
+    FakeLeader leader(/*launcher_thread=*/false);
+    FakeCollectiveRunner* inner = leader.inner;
+    FusingRunner& runner = *leader.runner;
+    const char* names[] = {"x", "a", "b"};
+    for (int t = 0; t < 3; ++t)
+      ASSERT_TRUE(runner.Start(kJob, OneFloat(names[t], 0, &data[t])).ok());
+    for (size_t i = 0; i < 3; ++i) inner->Complete(i, absl::OkStatus());
+    ASSERT_TRUE(runner.Start(kJob, OneFloat("x", 1, &data[3])).ok());  // held for the list
+    ASSERT_EQ(inner->num_starts(), 4u);
+    ASSERT_EQ(inner->start(3).op.tensor_name, kFusionPlanTensor);
+    inner->Complete(3, absl::OkStatus());
+    ASSERT_EQ(inner->num_starts(), 5u);
+    EXPECT_EQ(*reinterpret_cast<const int64_t*>(inner->start(4).op.buffers[0]), 1);  // got it
+    Agree(inner, 4, sum);
+    ASSERT_EQ(inner->num_starts(), 6u);
+    EXPECT_EQ(inner->start(5).op.tensor_name, "x");  // released; not listed
+    ASSERT_TRUE(runner.Start(kJob, OneFloat("a", 1, &data[4])).ok());
+    if (sum == 1) {
+      ASSERT_EQ(inner->num_starts(), 7u);
+      EXPECT_EQ(inner->start(6).op.tensor_name, "a");  // alone, at once
+      EXPECT_EQ(runner.stats().plans_adopted, 0u);
+      EXPECT_THAT(runner.groups(kJob), IsEmpty());
+    } else {
+      EXPECT_EQ(inner->num_starts(), 6u);  // held: a waits for b
+      EXPECT_EQ(runner.stats().plans_adopted, 1u);
+      EXPECT_THAT(runner.groups(kJob), SizeIs(1));
+    }
+    runner.Shutdown();
+  }
 }
 
 // Which passed-through operations run lone: all-reduces (sum, average) under kLoneFusionBytes;
