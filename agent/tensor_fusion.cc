@@ -152,25 +152,19 @@ absl::StatusOr<std::vector<FusionGroup>> DecodeFusionPlan(std::span<const int64_
 // "DECISIO2": the bitmap form (session 38; "DECISION" was a hash and an iteration per member).
 constexpr int64_t kDecisionMagic = 0x324f495349434544;
 
-namespace {
-
-// Name hash -> position in the fusable-tensor list.
-std::unordered_map<uint64_t, size_t> Positions(std::span<const uint64_t> list) {
-  std::unordered_map<uint64_t, size_t> at;
-  at.reserve(list.size());
-  for (size_t i = 0; i < list.size(); ++i) at.emplace(list[i], i);
-  return at;
+FusableList::FusableList(std::vector<uint64_t> hashes) : hashes_(std::move(hashes)) {
+  positions_.reserve(hashes_.size());
+  for (size_t i = 0; i < hashes_.size(); ++i) positions_.emplace(hashes_[i], i);
 }
 
-}  // namespace
+std::optional<size_t> FusableList::position(uint64_t hash) const {
+  auto it = positions_.find(hash);
+  if (it == positions_.end()) return std::nullopt;
+  return it->second;
+}
 
-void CanonicalMemberOrder(std::vector<FusionDecision::Member>& members,
-                          std::span<const uint64_t> list) {
-  const std::unordered_map<uint64_t, size_t> at = Positions(list);
-  const auto position = [&](uint64_t hash) {
-    auto it = at.find(hash);
-    return it == at.end() ? list.size() : it->second;
-  };
+void CanonicalMemberOrder(std::vector<FusionDecision::Member>& members, const FusableList& list) {
+  const auto position = [&](uint64_t hash) { return list.position(hash).value_or(list.size()); };
   std::sort(members.begin(), members.end(),
             [&](const FusionDecision::Member& x, const FusionDecision::Member& y) {
               return std::pair(x.iteration, position(x.name_hash)) <
@@ -179,14 +173,13 @@ void CanonicalMemberOrder(std::vector<FusionDecision::Member>& members,
 }
 
 absl::StatusOr<std::vector<int64_t>> EncodeFusionDecision(const FusionDecision& d,
-                                                          std::span<const uint64_t> list) {
-  const std::unordered_map<uint64_t, size_t> at = Positions(list);
+                                                          const FusableList& list) {
   const size_t bitmap_words = (list.size() + 63) / 64;
   // Iteration -> its bitmap.
   std::map<uint64_t, std::vector<uint64_t>> blocks;
   for (const FusionDecision::Member& m : d.members) {
-    auto it = at.find(m.name_hash);
-    if (it == at.end()) {
+    const std::optional<size_t> at = list.position(m.name_hash);
+    if (!at) {
       return absl::InvalidArgumentError(absl::StrCat("fusion decision ", d.index, ": member ",
                                                      m.name_hash, " is not on the fusable list"));
     }
@@ -196,13 +189,13 @@ absl::StatusOr<std::vector<int64_t>> EncodeFusionDecision(const FusionDecision& 
     }
     std::vector<uint64_t>& bits = blocks[m.iteration];
     bits.resize(bitmap_words, 0);
-    const uint64_t bit = uint64_t{1} << (it->second % 64);
-    if ((bits[it->second / 64] & bit) != 0) {
+    const uint64_t bit = uint64_t{1} << (*at % 64);
+    if ((bits[*at / 64] & bit) != 0) {
       return absl::InvalidArgumentError(absl::StrCat("fusion decision ", d.index, ": member ",
                                                      m.name_hash, " iteration ", m.iteration,
                                                      " twice"));
     }
-    bits[it->second / 64] |= bit;
+    bits[*at / 64] |= bit;
   }
   if (blocks.empty() || blocks.size() > kMaxDecisionIterations ||
       d.members.size() > kMaxGroupMembers) {
@@ -225,7 +218,7 @@ absl::StatusOr<std::vector<int64_t>> EncodeFusionDecision(const FusionDecision& 
 }
 
 absl::StatusOr<FusionDecision> DecodeFusionDecision(std::span<const int64_t> words,
-                                                    std::span<const uint64_t> list) {
+                                                    const FusableList& list) {
   const auto bad = [](const std::string& what) {
     return absl::InvalidArgumentError(absl::StrCat("malformed fusion decision: ", what));
   };
@@ -273,7 +266,7 @@ absl::StatusOr<FusionDecision> DecodeFusionDecision(std::span<const int64_t> wor
         if (d.members.size() == kMaxGroupMembers) {
           return bad(absl::StrCat("more than ", kMaxGroupMembers, " members"));
         }
-        d.members.push_back({list[position], static_cast<uint64_t>(iteration)});
+        d.members.push_back({list.hash(position), static_cast<uint64_t>(iteration)});
       }
     }
     if (d.members.size() == before) return bad(absl::StrCat("iteration ", iteration, " empty"));
@@ -282,8 +275,7 @@ absl::StatusOr<FusionDecision> DecodeFusionDecision(std::span<const int64_t> wor
 }
 
 DecodedFusionDecisions DecodeFusionDecisions(std::span<const int64_t> words,
-                                             uint64_t first_at_least,
-                                             std::span<const uint64_t> list) {
+                                             uint64_t first_at_least, const FusableList& list) {
   DecodedFusionDecisions out;
   std::vector<FusionDecision>& ds = out.decisions;
   for (size_t at = 0; at < words.size();) {
@@ -471,7 +463,7 @@ struct FusingRunner::Job {
   std::chrono::microseconds cycle{0};
   std::vector<FusionGroup> groups;  // the fusable-tensor list
   std::unordered_map<uint64_t, Fusable> fusable;
-  std::vector<uint64_t> list;  // the fusable tensors' name hashes, in the list's order
+  FusableList list;  // the fusable tensors, in the list's order
   // The list as this node got it (or why not), until every worker node agreed (OnAgreement).
   std::optional<absl::StatusOr<std::vector<FusionGroup>>> received;
   std::vector<Held> waiting;  // iteration >= kFirstFusedIteration, before the list arrived
@@ -985,12 +977,14 @@ void FusingRunner::AdoptPlanLocked(const std::string& job_id, Job& job,
                 job_id, groups.status());
   } else {
     job.state = PlanState::kReady;
+    std::vector<uint64_t> list;
     for (const FusionGroup& g : *groups) {
       for (const FusionMember& m : g.members) {
         job.fusable[m.name_hash] = {m.count, g.dtype, g.reduction};
-        job.list.push_back(m.name_hash);  // the plan holds each once (DecodeFusionPlan)
+        list.push_back(m.name_hash);  // the plan holds each once (DecodeFusionPlan)
       }
     }
+    job.list = FusableList(std::move(list));
     job.groups = *std::move(groups);
     job.decision_words = FusionDecisionBroadcastWords(job.fusable.size());
     stats_.plans_adopted++;

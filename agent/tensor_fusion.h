@@ -186,19 +186,33 @@ inline constexpr uint64_t kLoneFusionBytes = uint64_t{4} << 20;
 // spares and 125 Mbit/s a single 1.23 MiB all-reduce in 64 KiB chunks took 145 ms where its
 // model is 83 ms and the ring's 125 (0.87x Gloo's ring). Control operations keep their own.
 bool IsLonePassThrough(const dataplane::Operation& op);
-// A decision in the words above, and back; `list` is the fusable-tensor list's name hashes in
-// its order. Encoding fails (INVALID_ARGUMENT) for a member not in the list, more than
-// kMaxDecisionIterations iterations or no member. DecodeFusionDecision reads one decision from
-// the start of `words` (which may go on past it) and validates it; its members come in their
-// canonical order (CanonicalMemberOrder).
+// The fusable-tensor list as decisions name it: the name hashes in the list's order, and each
+// one's position (built once, with the list).
+class FusableList {
+ public:
+  FusableList() = default;
+  FusableList(std::vector<uint64_t> hashes);  // NOLINT: a list is its hashes
+  size_t size() const { return hashes_.size(); }
+  uint64_t hash(size_t position) const { return hashes_[position]; }
+  // Where `hash` is in the list (nullopt: not in it).
+  std::optional<size_t> position(uint64_t hash) const;
+
+ private:
+  std::vector<uint64_t> hashes_;
+  std::unordered_map<uint64_t, size_t> positions_;
+};
+
+// A decision in the words above, and back; `list` is the fusable-tensor list. Encoding fails
+// (INVALID_ARGUMENT) for a member not in the list, more than kMaxDecisionIterations iterations or
+// no member. DecodeFusionDecision reads one decision from the start of `words` (which may go on
+// past it) and validates it; its members come in their canonical order (CanonicalMemberOrder).
 absl::StatusOr<std::vector<int64_t>> EncodeFusionDecision(const FusionDecision& decision,
-                                                          std::span<const uint64_t> list);
+                                                          const FusableList& list);
 absl::StatusOr<FusionDecision> DecodeFusionDecision(std::span<const int64_t> words,
-                                                    std::span<const uint64_t> list);
+                                                    const FusableList& list);
 // Sorts `members` by iteration, then by position in `list` (where every member must be): the
 // order in which a decision's members travel and are packed, on every node.
-void CanonicalMemberOrder(std::vector<FusionDecision::Member>& members,
-                          std::span<const uint64_t> list);
+void CanonicalMemberOrder(std::vector<FusionDecision::Member>& members, const FusableList& list);
 // The decisions of one decision broadcast: encoded decisions one after another, up to the end of
 // `words` or a first word 0. At least one; consecutive indexes, the first >= first_at_least (a
 // failed broadcast before may have carried the ones in between). `decisions` are the well-formed
@@ -208,8 +222,7 @@ struct DecodedFusionDecisions {
   absl::Status error;
 };
 DecodedFusionDecisions DecodeFusionDecisions(std::span<const int64_t> words,
-                                             uint64_t first_at_least,
-                                             std::span<const uint64_t> list);
+                                             uint64_t first_at_least, const FusableList& list);
 
 // "__tributary/fused/<k % kFusedNames>".
 std::string FusedName(uint64_t index);

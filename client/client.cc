@@ -421,12 +421,9 @@ absl::Status Handle::WaitOnce(const Attempt& attempt, uint32_t timeout_ms, bool*
   auto context = session_->NewContext(milliseconds(timeout_ms) + session_->rpc_timeout());
   grpc::Status status = session_->stub().Wait(context.get(), request, &response);
   // An error the agent did not give (no answer trailer) is the RPC's, not the operation's.
-  *transient =
-      !status.ok() && !context->GetServerTrailingMetadata().contains(common::kAgentAnswerTrailer);
-  if (*transient) {
-    *transient = status.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                 status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
-  }
+  *transient = (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) &&
+               !context->GetServerTrailingMetadata().contains(common::kAgentAnswerTrailer);
   *done = !*transient && (!status.ok() || response.done());
   if (status.ok() && response.done()) state_->version.store(response.version());
   return common::FromGrpcStatus(status);
@@ -592,11 +589,11 @@ absl::StatusOr<bool> Handle::Test() const {
     if (!rpc_turn.owns_lock()) return false;
     {
       std::lock_guard lock(state_->mu);
-      if (state_->done || state_->attempt_number != number) {
-        if (!state_->done) return false;  // submitted again meanwhile
+      if (state_->done) {
         RETURN_IF_ERROR(state_->result);
         return true;
       }
+      if (state_->attempt_number != number) return false;  // submitted again meanwhile
     }
     bool done = false;
     bool transient = false;
