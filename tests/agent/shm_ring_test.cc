@@ -178,6 +178,36 @@ TEST(ShmRingTest, ProducerAndConsumerThreadsExchangeEveryEntryOnceInOrder) {
   EXPECT_EQ(v.header->sq.waiting, 0u);
 }
 
+// A producer rings once per sleep: the woken consumer may wait for a CPU before it clears
+// `waiting`, and the pushes meanwhile make no system call (they did, one FUTEX_WAKE each).
+TEST(ShmRingTest, ProducerRingsOncePerSleep) {
+  Mapping m({8, 8});
+  RingView v = m.view();
+  RingProducer<SubmissionEntry> producer(&v.header->sq, v.sq, 8);
+  const uint32_t doorbell = v.header->sq.doorbell;
+  v.header->sq.waiting = 1;  // as the consumer leaves it when it goes to sleep
+  ASSERT_EQ(producer.Push(Entry(1)), RingResult::kOk);
+  EXPECT_TRUE(producer.Notify());
+  EXPECT_EQ(v.header->sq.waiting, 0u);
+  EXPECT_EQ(v.header->sq.doorbell, doorbell + 1);
+  for (uint64_t t = 2; t <= 4; ++t) {
+    ASSERT_EQ(producer.Push(Entry(t)), RingResult::kOk);
+    EXPECT_FALSE(producer.Notify());
+  }
+  EXPECT_EQ(v.header->sq.doorbell, doorbell + 1);
+  // The consumer's next sleep announces itself again, and the next push rings.
+  v.header->sq.waiting = 1;
+  ASSERT_EQ(producer.Push(Entry(5)), RingResult::kOk);
+  EXPECT_TRUE(producer.Notify());
+  EXPECT_EQ(v.header->sq.doorbell, doorbell + 2);
+  RingConsumer<SubmissionEntry> consumer(&v.header->sq, v.sq, 8);
+  SubmissionEntry out;
+  for (uint64_t t = 1; t <= 5; ++t) {
+    ASSERT_EQ(consumer.Pop(&out), RingResult::kOk);
+    EXPECT_EQ(out.ticket, t);
+  }
+}
+
 TEST(ShmRingTest, DoorbellWakesAConsumerInAnotherProcess) {
   constexpr uint64_t kEntries = 2000;
   Mapping m({4, 4});
