@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -57,7 +58,9 @@ struct Session {
   // The plan version of the session's last Resync: retriable failures of operations that ran
   // under an older plan belong to the iterations before it and are not retried.
   uint64_t synced_plan_version = 0;
-  std::map<std::string, uint64_t> iterations;  // per tensor name: the next iteration
+  // Per tensor name: the next iteration (hashed: a std::map compared the names' long common
+  // prefixes, "encoder.layer.N.", at every submission).
+  std::unordered_map<std::string, uint64_t> iterations;
   // Per tensor name: iterations that failed as retriable, with the epoch (plan version) they
   // failed under. The next submission of the name runs the lowest of them again instead of
   // taking a new iteration, so that every process of the job agrees on what a retry is.

@@ -164,12 +164,17 @@ std::optional<size_t> FusableList::position(uint64_t hash) const {
 }
 
 void CanonicalMemberOrder(std::vector<FusionDecision::Member>& members, const FusableList& list) {
-  const auto position = [&](uint64_t hash) { return list.position(hash).value_or(list.size()); };
-  std::sort(members.begin(), members.end(),
-            [&](const FusionDecision::Member& x, const FusionDecision::Member& y) {
-              return std::pair(x.iteration, position(x.name_hash)) <
-                     std::pair(y.iteration, position(y.name_hash));
-            });
+  // Each member's list position looked up once, not in every comparison (a group of BERT-large's
+  // 243 tensors took ~4,000 hash lookups, on the leader's path from its last tensor to the
+  // decision).
+  std::vector<std::pair<std::pair<uint64_t, size_t>, FusionDecision::Member>> keyed;
+  keyed.reserve(members.size());
+  for (const FusionDecision::Member& m : members) {
+    keyed.push_back({{m.iteration, list.position(m.name_hash).value_or(list.size())}, m});
+  }
+  std::stable_sort(keyed.begin(), keyed.end(),
+                   [](const auto& x, const auto& y) { return x.first < y.first; });
+  for (size_t i = 0; i < keyed.size(); ++i) members[i] = keyed[i].second;
 }
 
 absl::StatusOr<std::vector<int64_t>> EncodeFusionDecision(const FusionDecision& d,
