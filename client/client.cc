@@ -14,6 +14,7 @@
 #include "client/agent_session.h"
 #include "client/buffer_channel.h"
 #include "client/cuda_export.h"
+#include "client/input_pool.h"
 #include "common/logging.h"
 #include "common/rpc/grpc_status.h"
 #include "common/status_macros.h"
@@ -250,58 +251,6 @@ bool IsMembershipChanged(const absl::Status& status) {
   return status.code() == absl::StatusCode::kAborted &&
          absl::StartsWith(status.message(), "[membership changed");
 }
-
-namespace internal {
-
-// Copies of submitted regions kept for retries (ClientOptions::retry_collectives), reused so that
-// a copy costs a memcpy into memory already faulted in, not a fresh allocation whose pages the
-// kernel must hand over first (on a loaded machine that was ~40x slower for 64 MiB). Holds at
-// most kMaxBlocks free blocks and kMaxBytes free bytes; blocks in use are the handles'.
-// Thread-safe.
-class InputPool {
- public:
-  struct Block {
-    std::unique_ptr<std::byte[]> data;
-    size_t capacity = 0;
-  };
-  static constexpr size_t kMaxBlocks = 64;
-  static constexpr size_t kMaxBytes = size_t{1} << 30;
-
-  // A block of at least `bytes` (the smallest free one that fits, else a new one).
-  Block Take(size_t bytes) {
-    {
-      std::lock_guard lock(mu_);
-      auto best = free_.end();
-      for (auto it = free_.begin(); it != free_.end(); ++it) {
-        if (it->capacity >= bytes && (best == free_.end() || it->capacity < best->capacity)) {
-          best = it;
-        }
-      }
-      if (best != free_.end()) {
-        Block b = std::move(*best);
-        free_bytes_ -= b.capacity;
-        free_.erase(best);
-        return b;
-      }
-    }
-    return Block{std::unique_ptr<std::byte[]>(new std::byte[std::max<size_t>(bytes, 1)]),
-                 std::max<size_t>(bytes, 1)};
-  }
-  void Give(Block b) {
-    if (b.data == nullptr) return;
-    std::lock_guard lock(mu_);
-    if (free_.size() >= kMaxBlocks || free_bytes_ + b.capacity > kMaxBytes) return;
-    free_bytes_ += b.capacity;
-    free_.push_back(std::move(b));
-  }
-
- private:
-  std::mutex mu_;
-  std::vector<Block> free_;  // Guarded by mu_.
-  size_t free_bytes_ = 0;    // Guarded by mu_.
-};
-
-}  // namespace internal
 
 // One submission of the operation to the agent: a ring ticket or an agent handle.
 struct Handle::Attempt {
