@@ -121,10 +121,12 @@ class ControlRings::Host : public std::enable_shared_from_this<Host> {
       if (!corrupt.empty()) break;
       if (progressed) continue;
       if (in_flight_.load(std::memory_order_acquire) >= options_.max_in_flight) {
-        // Entries wait in the queue; FlushLocked rings the doorbell when results go out.
-        throttled_.store(true, std::memory_order_seq_cst);
+        // Entries wait in the queue; FlushLocked rings the doorbell when results go out. The
+        // sequence is read before the flag is set, as in RingConsumer::Sleep: a flush that
+        // takes the flag rings after it.
         const uint32_t seq =
             std::atomic_ref(view_.header->sq.doorbell).load(std::memory_order_seq_cst);
+        throttled_.store(true, std::memory_order_seq_cst);
         if (in_flight_.load(std::memory_order_seq_cst) >= options_.max_in_flight &&
             !stop_.load(std::memory_order_seq_cst)) {
           ring::FutexWait(&view_.header->sq.doorbell, seq, options_.idle_wake);

@@ -274,10 +274,14 @@ class RingConsumer {
   }
   // Sleeps on the doorbell for at most `timeout` unless there is work or `wake_early()` is
   // true once this consumer has announced itself. Returns without sleeping in those cases.
+  // The doorbell's sequence is read before `waiting` is set: a producer that takes the flag
+  // (Notify) then rings after it, and the futex wait returns at once. Read after, a late Notify
+  // for an entry already popped could take the flag and ring in between, and the next push,
+  // seeing no flag, would not ring: the sleep would last its whole timeout.
   template <typename Predicate>
   void Sleep(std::chrono::nanoseconds timeout, Predicate wake_early) {
-    std::atomic_ref(c_->waiting).store(1, std::memory_order_seq_cst);
     const uint32_t seq = std::atomic_ref(c_->doorbell).load(std::memory_order_seq_cst);
+    std::atomic_ref(c_->waiting).store(1, std::memory_order_seq_cst);
     if (!HasWork() && !wake_early()) FutexWait(&c_->doorbell, seq, timeout);
     std::atomic_ref(c_->waiting).store(0, std::memory_order_seq_cst);
   }
