@@ -10,7 +10,8 @@ the end window from the first node's end of it to the last process's result.
       awk '{t=$3; sub(":","",t); printf "%s %s %s ", $1,$2,t; for(i=5;i<=NF;i++) printf "%s ", $i; print ""}' > samples.txt
   python3 start_window.py DIR samples.txt [COMM whose symbols to list, default: the processes]
 
-Each sample is 250 us of one CPU (4000 Hz).
+Each sample is 250 us of one CPU (4000 Hz). Written for session 39's runs: 4 worker nodes
+without spares (the first 4 agent traces, each node's fused collective a ring span), 2 CPUs.
 """
 import json,glob,collections,bisect,sys
 TRACE=sys.argv[1]; SAMPLES=sys.argv[2]
@@ -67,12 +68,14 @@ for k in range(len(ranks[0][0])):
         key=s[1] if s[1]!='tributary' else pid2name.get(s[2],'rank?')
         ends[key]+=1
 # 4000 Hz per CPU: each sample = 250us of one CPU
+if nwin == 0 or nend == 0:
+    sys.exit('no iteration of the traces falls within the profile (was perf run with -k CLOCK_MONOTONIC?)')
 print('start windows',nwin,'mean dur %.2f ms'%(dur/nwin/1000),'capacity %.2f core-ms'%(2*dur/nwin/1000))
 for k,n in tot.most_common(15): print('  %-18s %.3f core-ms per window'%(k,n*0.25/nwin))
 print('end windows',nend,'mean dur %.2f ms'%(dure/nend/1000))
 for k,n in ends.most_common(15): print('  %-18s %.3f core-ms per window'%(k,n*0.25/nend))
-print('---', WHO, 'symbols in the start windows')
 WHO=sys.argv[3] if len(sys.argv)>3 else "tributary"
+print('---', WHO, 'symbols in the start windows')
 sym=collections.Counter()
 for k in range(len(ranks[0][0])):
     t0=min(r[0][k]['ts'] for r in ranks)
