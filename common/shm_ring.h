@@ -220,9 +220,12 @@ class RingProducer {
     std::atomic_ref(c_->head).store(head_, std::memory_order_seq_cst);
     return RingResult::kOk;
   }
-  // Free slots as of the consumer's current tail (0 when it is corrupt).
+  // Free slots as of the consumer's current tail (0 when it is corrupt). seq_cst: after the
+  // agent's store of `cq_blocked`, against the client's store of `tail` then load of
+  // `cq_blocked` (an acquire load is outside the total order, and both sides could miss the
+  // other where acquire loads are weaker than seq_cst ones, as with AArch64's LDAPR).
   uint32_t free_slots() const {
-    const uint64_t tail = std::atomic_ref(c_->tail).load(std::memory_order_acquire);
+    const uint64_t tail = std::atomic_ref(c_->tail).load(std::memory_order_seq_cst);
     const uint64_t used = head_ - tail;
     return used > capacity_ ? 0 : capacity_ - static_cast<uint32_t>(used);
   }

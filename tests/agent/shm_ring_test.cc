@@ -208,6 +208,41 @@ TEST(ShmRingTest, ProducerRingsOncePerSleep) {
   }
 }
 
+// What ConsumeInOrder saw.
+struct Consumed {
+  uint64_t next = 1;  // the next ticket expected: count + 1 when every entry came
+  bool in_order = true;
+  bool corrupt = false;
+  std::chrono::steady_clock::duration longest_sleep{};
+};
+
+// Pops the entries with tickets 1..count, sleeping on the doorbell (at most `sleep` each time)
+// while the ring is empty, for at most `limit` in all; `taken(ticket)` runs after each entry.
+template <typename Taken>
+Consumed ConsumeInOrder(RingConsumer<SubmissionEntry>& consumer, uint64_t count,
+                        std::chrono::nanoseconds sleep, std::chrono::nanoseconds limit,
+                        Taken taken) {
+  Consumed c;
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (c.next <= count && std::chrono::steady_clock::now() < deadline) {
+    SubmissionEntry out;
+    const RingResult r = consumer.Pop(&out);
+    if (r == RingResult::kCorrupt) {
+      c.corrupt = true;
+      break;
+    }
+    if (r == RingResult::kEmpty) {
+      const auto start = std::chrono::steady_clock::now();
+      consumer.Sleep(sleep, [] { return false; });
+      c.longest_sleep = std::max(c.longest_sleep, std::chrono::steady_clock::now() - start);
+      continue;
+    }
+    c.in_order = c.in_order && out.ticket == c.next;
+    taken(c.next++);
+  }
+  return c;
+}
+
 // Late Notify calls -- a producer's, for an entry the consumer has already popped -- may take the
 // consumer's `waiting` flag at any moment. A thread that does nothing else stands for them here,
 // while a producer pushes one entry at a time and waits for it to be taken, so that the consumer
@@ -238,28 +273,16 @@ TEST(ShmRingTest, LateNotifiesNeverLoseAWakeUp) {
     }
   });
   RingConsumer<SubmissionEntry> consumer(&v.header->sq, v.sq, 8);
-  uint64_t next = 1;
-  auto longest_sleep = std::chrono::steady_clock::duration::zero();
-  const auto deadline = std::chrono::steady_clock::now() + 120s;
-  while (next <= kEntries && std::chrono::steady_clock::now() < deadline) {
-    SubmissionEntry out;
-    const RingResult r = consumer.Pop(&out);
-    ASSERT_NE(r, RingResult::kCorrupt);
-    if (r == RingResult::kEmpty) {
-      const auto start = std::chrono::steady_clock::now();
-      consumer.Sleep(5s, [] { return false; });
-      longest_sleep = std::max(longest_sleep, std::chrono::steady_clock::now() - start);
-      continue;
-    }
-    EXPECT_EQ(out.ticket, next);
-    consumed = next++;
-  }
+  const Consumed c =
+      ConsumeInOrder(consumer, kEntries, 5s, 120s, [&](uint64_t ticket) { consumed = ticket; });
   done = true;
   producer_thread.join();
   late_notifier.join();
   EXPECT_TRUE(pushed_all);
-  EXPECT_EQ(next, kEntries + 1);
-  EXPECT_LT(longest_sleep, 2500ms);
+  EXPECT_FALSE(c.corrupt);
+  EXPECT_TRUE(c.in_order);
+  EXPECT_EQ(c.next, kEntries + 1);
+  EXPECT_LT(c.longest_sleep, 2500ms);
 }
 
 TEST(ShmRingTest, DoorbellWakesAConsumerInAnotherProcess) {
@@ -282,29 +305,16 @@ TEST(ShmRingTest, DoorbellWakesAConsumerInAnotherProcess) {
     _exit(0);
   }
   RingConsumer<SubmissionEntry> consumer(&v.header->sq, v.sq, 4);
-  uint64_t next = 1;
-  auto longest_sleep = std::chrono::steady_clock::duration::zero();
-  const auto deadline = std::chrono::steady_clock::now() + 60s;
-  while (next <= kEntries && std::chrono::steady_clock::now() < deadline) {
-    SubmissionEntry out;
-    const RingResult r = consumer.Pop(&out);
-    ASSERT_NE(r, RingResult::kCorrupt);
-    if (r == RingResult::kEmpty) {
-      const auto start = std::chrono::steady_clock::now();
-      consumer.Sleep(20s, [] { return false; });
-      longest_sleep = std::max(longest_sleep, std::chrono::steady_clock::now() - start);
-      continue;
-    }
-    ASSERT_EQ(out.ticket, next);
-    ++next;
-  }
+  const Consumed c = ConsumeInOrder(consumer, kEntries, 20s, 60s, [](uint64_t) {});
   int status = 0;
   ASSERT_EQ(waitpid(child, &status, 0), child);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-  EXPECT_EQ(next, kEntries + 1);
+  EXPECT_FALSE(c.corrupt);
+  EXPECT_TRUE(c.in_order);
+  EXPECT_EQ(c.next, kEntries + 1);
   // Every sleep ended by the other process's FUTEX_WAKE, none by the 20 s timeout (a
   // process-private futex would not reach this process).
-  EXPECT_LT(longest_sleep, 10s);
+  EXPECT_LT(c.longest_sleep, 10s);
 }
 
 TEST(SpinPolicyTest, SpinsWhileRecentWaitsAreShortAndSleepsAfterLongOnes) {

@@ -44,29 +44,31 @@ for line in open(SAMPLES):
     sym=' '.join(p[3:])
     samples.append((t,comm,pid,sym))
 samples.sort(); ts=[s[0] for s in samples]
+def windows():
+    """(iteration, start window, end window, sample index ranges) for every iteration that the
+    profile covers: start = first process's barrier exit .. last node's fused-ring start, end =
+    first node's fused-ring end .. last process's result."""
+    for k in range(len(ranks[0][0])):
+        t0=min(r[0][k]['ts'] for r in ranks)
+        rs=[]
+        for h in range(4):
+            c=[x for x in rings[h] if x[0]>=t0-3000 and x[0]<t0+60000]
+            if c: rs.append(c[0])
+        if len(rs)<4: continue
+        t1=max(x[0] for x in rs)
+        if t0<ts[0] or t1>ts[-1]: continue
+        e0=min(x[1] for x in rs); e1=max(r[0][k]['ts']+r[0][k]['dur'] for r in ranks)
+        yield ((t0,t1),(e0,e1),(bisect.bisect_left(ts,t0),bisect.bisect_left(ts,t1)),
+               (bisect.bisect_left(ts,e0),bisect.bisect_left(ts,e1)))
+def who(s):
+    return s[1] if s[1]!='tributary' else pid2name.get(s[2],'rank?')
 tot=collections.Counter(); nwin=0; dur=0
 ends=collections.Counter(); nend=0; dure=0
-for k in range(len(ranks[0][0])):
-    t0=min(r[0][k]['ts'] for r in ranks)
-    rs=[]
-    for h in range(4):
-        c=[x for x in rings[h] if x[0]>=t0-3000 and x[0]<t0+60000]
-        if c: rs.append(c[0])
-    if len(rs)<4: continue
-    t1=max(x[0] for x in rs)
-    if t0<ts[0] or t1>ts[-1]: continue
-    i=bisect.bisect_left(ts,t0); j=bisect.bisect_left(ts,t1)
+for (t0,t1),(e0,e1),(i,j),(ei,ej) in windows():
     nwin+=1; dur+=t1-t0
-    for s in samples[i:j]:
-        key=s[1] if s[1]!='tributary' else pid2name.get(s[2],'rank?')
-        tot[key]+=1
-    # end window: from first ring end to last rank end
-    e0=min(x[1] for x in rs); e1=max(r[0][k]['ts']+r[0][k]['dur'] for r in ranks)
-    i=bisect.bisect_left(ts,e0); j=bisect.bisect_left(ts,e1)
+    for s in samples[i:j]: tot[who(s)]+=1
     nend+=1; dure+=e1-e0
-    for s in samples[i:j]:
-        key=s[1] if s[1]!='tributary' else pid2name.get(s[2],'rank?')
-        ends[key]+=1
+    for s in samples[ei:ej]: ends[who(s)]+=1
 # 4000 Hz per CPU: each sample = 250us of one CPU
 if nwin == 0 or nend == 0:
     sys.exit('no iteration of the traces falls within the profile (was perf run with -k CLOCK_MONOTONIC?)')
@@ -77,16 +79,7 @@ for k,n in ends.most_common(15): print('  %-18s %.3f core-ms per window'%(k,n*0.
 WHO=sys.argv[3] if len(sys.argv)>3 else "tributary"
 print('---', WHO, 'symbols in the start windows')
 sym=collections.Counter()
-for k in range(len(ranks[0][0])):
-    t0=min(r[0][k]['ts'] for r in ranks)
-    rs=[]
-    for h in range(4):
-        c=[x for x in rings[h] if x[0]>=t0-3000 and x[0]<t0+60000]
-        if c: rs.append(c[0])
-    if len(rs)<4: continue
-    t1=max(x[0] for x in rs)
-    if t0<ts[0] or t1>ts[-1]: continue
-    i=bisect.bisect_left(ts,t0); j=bisect.bisect_left(ts,t1)
+for _,_,(i,j),_ in windows():
     for s in samples[i:j]:
         if s[1]==WHO: sym[s[3][:90]]+=1
 for k,n in sym.most_common(25): print('  %.3f  %s'%(n*0.25/nwin,k))
