@@ -121,13 +121,21 @@ class ControlRings::Host : public std::enable_shared_from_this<Host> {
       if (!corrupt.empty()) break;
       if (progressed) continue;
       if (in_flight_.load(std::memory_order_acquire) >= options_.max_in_flight) {
-        // Entries wait in the queue; FlushLocked rings the doorbell when results go out. The
+        // Entries wait in the queue; FlushLocked rings the doorbell when results go out, and
+        // the client rings it when it frees completion slots that results wait for. The
         // sequence is read before the flag is set, as in RingConsumer::Sleep: a flush that
-        // takes the flag rings after it.
+        // takes the flag rings after it. A client's ring that fell before the read freed the
+        // slots, which the look under cq_mu_ then sees.
+        if (options_.before_throttled_sleep) options_.before_throttled_sleep();
         const uint32_t seq =
             std::atomic_ref(view_.header->sq.doorbell).load(std::memory_order_seq_cst);
         throttled_.store(true, std::memory_order_seq_cst);
-        if (in_flight_.load(std::memory_order_seq_cst) >= options_.max_in_flight &&
+        bool results_fit = false;
+        {
+          std::lock_guard lock(cq_mu_);
+          results_fit = (!pending_.empty() && cq_.free_slots() > 0) || !cq_corrupt_.empty();
+        }
+        if (!results_fit && in_flight_.load(std::memory_order_seq_cst) >= options_.max_in_flight &&
             !stop_.load(std::memory_order_seq_cst)) {
           ring::FutexWait(&view_.header->sq.doorbell, seq, options_.idle_wake);
         }

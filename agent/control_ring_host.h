@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -45,6 +46,9 @@ class ControlRings {
     // shorter than this polls the ring for up to this long (common/shm_ring.h SpinPolicy);
     // zero: always sleep at once.
     std::chrono::microseconds spin = common::shm_ring::kDefaultSpin;
+    // Tests: runs on a ring thread at its in-flight bound, after its last look at the queues and
+    // before it reads the doorbell to sleep on (where a client's ring can fall).
+    std::function<void()> before_throttled_sleep;
   };
 
   // `service` must outlive this object.

@@ -351,6 +351,49 @@ TEST_F(ControlRingHostTest, ResultsThatFindTheCompletionQueueFullWaitAndNoneIsLo
   EXPECT_EQ(c.header()->cq_blocked, 0u);
 }
 
+// A ring thread at its in-flight bound waits for results to leave. When results wait for a full
+// completion queue, only the client's ring after it frees slots wakes the thread, and that ring
+// can fall between the thread's last look at the queue and its reading of the doorbell. Here the
+// client drains and rings exactly there (the test seam, on the ring thread): the thread must
+// publish the waiting results, not sleep out its idle wake (an hour).
+TEST_F(ControlRingHostTest, AThrottledRingThreadSeesTheClientsRingThatCameBeforeItSlept) {
+  runner_.CompleteOnStart(true);
+  testing::ScopedShm buf(64);
+  RawClient c({8, 2});
+  std::promise<std::vector<ring::CompletionEntry>> drained;
+  bool first = true;
+  ControlRings throttled(&service_,
+                         {.idle_wake = 3600s, .max_in_flight = 2, .before_throttled_sleep = [&] {
+                            if (!std::exchange(first, false)) return;
+                            drained.set_value(c.Drain());  // rings: cq_blocked
+                          }});
+  const std::string session = Join("solo", 0, 1);
+  absl::StatusOr<uint64_t> ring_id = testing::RegisterShm(service_, session, c.shm());
+  ASSERT_TRUE(ring_id.ok()) << ring_id.status();
+  tributary::v1::AttachControlRingRequest req;
+  req.set_session_id(session);
+  req.set_buffer_id(*ring_id);
+  tributary::v1::AttachControlRingResponse resp;
+  ASSERT_TRUE(throttled.Attach(req, &resp).ok());
+  const uint64_t b = Register(session, buf);
+  buf.as<float>()[0] = 3.0f;
+  // Results 1 and 2 fill the completion queue, 3 and 4 wait in the agent at the bound of 2.
+  for (uint64_t t = 1; t <= 4; ++t) c.PushQuietly(RawClient::Entry(t, "t", b, 1));
+  ring::Ring(&c.header()->sq.doorbell);
+  std::future<std::vector<ring::CompletionEntry>> first_two = drained.get_future();
+  ASSERT_EQ(first_two.wait_for(kDeadline), std::future_status::ready);
+  std::vector<ring::CompletionEntry> got = first_two.get();
+  ASSERT_EQ(got.size(), 2u);
+  for (auto& e : c.Await(2)) got.push_back(e);
+  ASSERT_EQ(got.size(), 4u) << "results 3 and 4 were not published within " << kDeadline;
+  for (uint64_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(got[i].ticket, i + 1);
+    EXPECT_TRUE(ring::StatusOf(got[i]).ok()) << ring::StatusOf(got[i]);
+  }
+  EXPECT_EQ(buf.as<float>()[0], 3.0f);
+  throttled.Shutdown();
+}
+
 TEST_F(ControlRingHostTest, ACorruptSubmissionHeadEndsOnlyThatSession) {
   runner_.CompleteOnStart(true);
   testing::ScopedShm buf(64);
