@@ -1,6 +1,7 @@
 // The c10d backend's future-callback threads (client/python/c10d/callback_threads.h): a task
-// that blocks gets a thread of its own up to the bound, the rest wait for one; a thread that
-// cannot be started leaves the task to a running thread, or to the caller when none runs.
+// that blocks gets a thread of its own up to the bound, the rest wait for one, and for a thread
+// past the bound when no thread takes a task for the bound's wait; a thread that cannot be
+// started leaves the task to a running thread, or to the caller when none runs.
 #include "client/python/c10d/callback_threads.h"
 
 #include <atomic>
@@ -59,7 +60,7 @@ TEST(CallbackThreadsTest, BlockedTasksGetAThreadEachUpToTheBoundAndTheRestWait) 
   constexpr int kMax = 4;
   // Never destroyed, as the process's one: detached threads may outlive the test body (held by
   // statics, so that LeakSanitizer sees them reachable).
-  static auto* threads = new CallbackThreads(kMax / 2, kMax, 1h);
+  static auto* threads = new CallbackThreads(kMax / 2, kMax, 1h, 1h);
   static auto* gate = new Gate();
   for (int i = 0; i < kMax + 3; ++i) threads->Run([] { gate->Pass(); });
   EXPECT_EQ(threads->threads(), static_cast<size_t>(kMax));
@@ -71,8 +72,24 @@ TEST(CallbackThreadsTest, BlockedTasksGetAThreadEachUpToTheBoundAndTheRestWait) 
   EXPECT_EQ(threads->threads(), static_cast<size_t>(kMax));
 }
 
+// Every thread runs a callback blocked on what a queued task does (DDP's PowerSGD hook waiting on
+// the future of a collective whose completion is behind it): after the bound's wait, a thread
+// past the bound runs that task, and everything finishes.
+TEST(CallbackThreadsTest, TasksBlockedOnAQueuedTaskGetAThreadPastTheBoundAfterItsWait) {
+  constexpr int kMax = 2;
+  static auto* threads = new CallbackThreads(kMax, kMax, 1h, 5ms);
+  static auto* gate = new Gate();
+  for (int i = 0; i < kMax; ++i) threads->Run([] { gate->Pass(); });
+  ASSERT_TRUE(gate->WaitStarted(kMax));
+  threads->Run([] { gate->Open(); });
+  EXPECT_EQ(threads->threads(), static_cast<size_t>(kMax));
+  ASSERT_TRUE(gate->WaitFinished(kMax));
+  EXPECT_EQ(threads->threads(), static_cast<size_t>(kMax + 1));
+  EXPECT_EQ(threads->queued(), 0u);
+}
+
 TEST(CallbackThreadsTest, IdleThreadsEnd) {
-  static auto* threads = new CallbackThreads(1, 2, 1ms);
+  static auto* threads = new CallbackThreads(1, 2, 1ms, 1h);
   static auto* gate = new Gate();
   gate->Open();
   threads->Run([] { gate->Pass(); });
@@ -89,7 +106,7 @@ TEST(CallbackThreadsTest, IdleThreadsEnd) {
 
 TEST(CallbackThreadsTest, ATaskWhoseThreadCannotStartRunsOnTheCallerWhenNoneRuns) {
   std::atomic<bool> fail{true};
-  static auto* threads = new CallbackThreads(4, 4, 1h, [&fail](std::function<void()> body) {
+  static auto* threads = new CallbackThreads(4, 4, 1h, 1h, [&fail](std::function<void()> body) {
     if (fail)
       throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again));
     std::thread(std::move(body)).detach();
