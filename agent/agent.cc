@@ -213,15 +213,25 @@ absl::Status Agent::ServeLocal(const std::string& address, const SocketAccess& a
     ASSIGN_OR_RETURN(refuse_server_, RefusingServer::Start(RefusalMessage(access)));
     ASSIGN_OR_RETURN(grpc_listener_, GrpcUnixListener::Start(path, access, server_.get(),
                                                              refuse_server_->server()));
-    ASSIGN_OR_RETURN(buffer_socket_,
-                     BufferSocketServer::Start(
-                         common::buffer_socket::PathFor(path), access,
-                         [service = local_.get()](const common::PeerCredentials& peer,
-                                                  const std::string& session_id,
-                                                  uint64_t size_bytes, common::UniqueFd fd) {
-                           return service->RegisterBuffer(peer, session_id, size_bytes,
-                                                          std::move(fd));
-                         }));
+    ASSIGN_OR_RETURN(
+        buffer_socket_,
+        BufferSocketServer::Start(
+            common::buffer_socket::PathFor(path), access,
+            [service = local_.get()](const common::PeerCredentials& peer,
+                                     const std::string& session_id, uint64_t size_bytes,
+                                     common::UniqueFd fd) {
+              return service->RegisterBuffer(peer, session_id, size_bytes, std::move(fd));
+            },
+            [service = local_.get()](const std::string& session_id, uint64_t buffer_id) {
+              tributary::v1::UnregisterBufferRequest req;
+              req.set_session_id(session_id);
+              req.set_buffer_id(buffer_id);
+              const absl::Status released = service->UnregisterBuffer(req);
+              if (!released.ok()) {
+                Log()->warn("releasing buffer {} of session {}: {}", buffer_id, session_id,
+                            released.ToString());
+              }
+            }));
   }
   common::SetServing(server_.get(), "tributary.v1.Agent");
   return absl::OkStatus();

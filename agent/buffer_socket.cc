@@ -45,15 +45,16 @@ absl::StatusOr<sockaddr_un> UnixAddress(const std::string& path) {
   return address;
 }
 
-void Respond(int fd, absl::Status status, uint64_t buffer_id) {
+// Not OK when the answer could not be sent (the client shut the connection).
+absl::Status Respond(int fd, absl::Status status, uint64_t buffer_id) {
   protocol::Response response;
   response.code = static_cast<int32_t>(status.code());
   response.buffer_id = buffer_id;
   const std::string message(status.message());
   std::memcpy(response.message, message.data(),
               std::min(message.size(), sizeof(response.message) - 1));
-  (void)common::SendWithFd(fd, {reinterpret_cast<const std::byte*>(&response), sizeof(response)},
-                           -1);
+  return common::SendWithFd(fd, {reinterpret_cast<const std::byte*>(&response), sizeof(response)},
+                            -1);
 }
 
 }  // namespace
@@ -138,21 +139,24 @@ absl::StatusOr<common::UniqueFd> ListenUnix(const std::string& path, int type, i
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<BufferSocketServer>> BufferSocketServer::Start(
-    const std::string& path, SocketAccess access, Handler handler) {
+    const std::string& path, SocketAccess access, Handler handler, Release release) {
   ASSIGN_OR_RETURN(common::UniqueFd listener, ListenUnix(path, SOCK_SEQPACKET, 64, access));
   common::UniqueFd wake(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake.valid()) return Errno("eventfd", path);
-  std::unique_ptr<BufferSocketServer> server(new BufferSocketServer(
-      path, std::move(access), std::move(handler), std::move(listener), std::move(wake)));
+  std::unique_ptr<BufferSocketServer> server(
+      new BufferSocketServer(path, std::move(access), std::move(handler), std::move(release),
+                             std::move(listener), std::move(wake)));
   server->acceptor_ = std::thread([s = server.get()] { s->AcceptLoop(); });
   return server;
 }
 
 BufferSocketServer::BufferSocketServer(std::string path, SocketAccess access, Handler handler,
-                                       common::UniqueFd listener, common::UniqueFd wake)
+                                       Release release, common::UniqueFd listener,
+                                       common::UniqueFd wake)
     : path_(std::move(path)),
       access_(std::move(access)),
       handler_(std::move(handler)),
+      release_(std::move(release)),
       listener_(std::move(listener)),
       wake_(std::move(wake)) {}
 
@@ -203,10 +207,11 @@ void BufferSocketServer::AcceptLoop() {
     ReapLocked();
     if (connections_.size() >= kMaxConnections) {
       refused_++;
-      Respond(fd.get(),
-              absl::ResourceExhaustedError(absl::StrCat(
-                  "the agent serves at most ", kMaxConnections, " buffer-socket connections")),
-              0);
+      (void)Respond(
+          fd.get(),
+          absl::ResourceExhaustedError(absl::StrCat("the agent serves at most ", kMaxConnections,
+                                                    " buffer-socket connections")),
+          0);
       continue;
     }
     Connection& c = connections_.emplace_back();
@@ -238,9 +243,9 @@ void BufferSocketServer::Serve(Connection* connection) {
     }
     if (status.ok()) status = allowed;
     uint64_t id = 0;
+    std::string session;
     if (status.ok()) {
-      const std::string session(request.session_id,
-                                strnlen(request.session_id, sizeof(request.session_id)));
+      session.assign(request.session_id, strnlen(request.session_id, sizeof(request.session_id)));
       absl::StatusOr<uint64_t> registered =
           handler_(*peer, session, request.size_bytes, std::move(memfd));
       status = registered.status();
@@ -251,7 +256,17 @@ void BufferSocketServer::Serve(Connection* connection) {
       Log()->warn("buffer socket: request from pid {} uid {} refused: {}",
                   peer.ok() ? peer->pid : 0, peer.ok() ? peer->uid : 0, status.ToString());
     }
-    Respond(fd, status, id);
+    const absl::Status answered = Respond(fd, status, id);
+    if (!answered.ok() && status.ok()) {
+      // The client gave up on this registration (its deadline passed) and shut the connection
+      // before the answer: nobody will ever name the buffer, so it goes now.
+      Log()->warn(
+          "buffer socket: the answer to pid {}'s registration of buffer {} in session {} could "
+          "not be sent ({}); releasing the buffer",
+          peer.ok() ? peer->pid : 0, id, session, answered.message());
+      released_++;
+      if (release_) release_(session, id);
+    }
     // A malformed message ends the connection: the stream cannot be trusted any more.
     if (absl::IsInvalidArgument(received)) break;
   }

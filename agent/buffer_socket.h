@@ -56,18 +56,27 @@ class BufferSocketServer {
                                                          const std::string& session_id,
                                                          uint64_t size_bytes, common::UniqueFd fd)>;
 
+  // Undoes a registration of `handler` whose answer could not be sent: the client gave up on
+  // it (its deadline passed) and shut the connection, so nobody knows the buffer's id and it
+  // would stay mapped until its session ends. Runs on a connection's thread.
+  using Release = std::function<void(const std::string& session_id, uint64_t buffer_id)>;
+
   static constexpr int kMaxConnections = 256;
 
-  // Claims `path`, listens (SOCK_SEQPACKET) and serves until Stop.
+  // Claims `path`, listens (SOCK_SEQPACKET) and serves until Stop. `release` may be empty
+  // (registrations whose answer was lost then stay).
   static absl::StatusOr<std::unique_ptr<BufferSocketServer>> Start(const std::string& path,
                                                                    SocketAccess access,
-                                                                   Handler handler);
+                                                                   Handler handler,
+                                                                   Release release = nullptr);
   ~BufferSocketServer();
   // Closes the socket (removes the file) and every connection; joins the threads. Idempotent.
   void Stop();
 
   const std::string& path() const { return path_; }
   uint64_t refused_requests() const { return refused_.load(); }
+  // Registrations undone because their answer could not be sent.
+  uint64_t released_registrations() const { return released_.load(); }
 
  private:
   struct Connection {
@@ -75,7 +84,7 @@ class BufferSocketServer {
     std::thread thread;
     std::atomic<bool> done{false};
   };
-  BufferSocketServer(std::string path, SocketAccess access, Handler handler,
+  BufferSocketServer(std::string path, SocketAccess access, Handler handler, Release release,
                      common::UniqueFd listener, common::UniqueFd wake);
   void AcceptLoop();
   void Serve(Connection* connection);
@@ -84,10 +93,12 @@ class BufferSocketServer {
   const std::string path_;
   const SocketAccess access_;
   const Handler handler_;
+  const Release release_;
   common::UniqueFd listener_;
   common::UniqueFd wake_;  // eventfd: Stop wakes the acceptor
   std::thread acceptor_;
   std::atomic<uint64_t> refused_{0};
+  std::atomic<uint64_t> released_{0};
 
   std::mutex mu_;
   bool stopped_ = false;
@@ -133,6 +144,7 @@ class GrpcUnixListener {
   std::thread acceptor_;
   std::atomic<uint64_t> accepted_{0};
   std::atomic<uint64_t> refused_{0};
+  std::atomic<uint64_t> released_{0};
   std::deque<std::chrono::steady_clock::time_point> recent_refusals_;  // acceptor thread only
   std::once_flag stop_;
 };

@@ -83,6 +83,28 @@ absl::StatusOr<uint64_t> BufferChannel::Register(const std::string& session_id, 
                                         {reinterpret_cast<std::byte*>(&response), sizeof(response)},
                                         nullptr, timeout)
                 : sent;
+  if (absl::IsDeadlineExceeded(received)) {
+    // Giving up. Shutting the connection down first decides the race with the agent's answer:
+    // an answer queued before the shutdown is read here (the buffer is registered after all),
+    // and one sent after it fails, and the agent then releases the buffer (nobody would know its
+    // id). Either way no registration stays behind unknown.
+    shutdown(socket_.get(), SHUT_RDWR);
+    received = common::ReceiveWithFd(socket_.get(),
+                                     {reinterpret_cast<std::byte*>(&response), sizeof(response)},
+                                     nullptr, std::chrono::milliseconds(0));
+    socket_.Reset();  // shut down: the next call connects again
+    if (received.ok() && response.magic == protocol::kResponseMagic && response.code == 0) {
+      return response.buffer_id;
+    }
+    if (received.ok() && response.magic == protocol::kResponseMagic) {
+      return absl::Status(
+          static_cast<absl::StatusCode>(response.code),
+          std::string(response.message, strnlen(response.message, sizeof(response.message))));
+    }
+    return absl::DeadlineExceededError(
+        absl::StrCat("registering a buffer over '", path_, "': no answer within ", timeout.count(),
+                     " ms (the agent releases the buffer if it answers later)"));
+  }
   if (!received.ok() || response.magic != protocol::kResponseMagic) {
     socket_.Reset();  // the stream is out of step: the next call connects again
     const std::string why =

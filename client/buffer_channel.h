@@ -24,7 +24,9 @@ class BufferChannel {
   // Registers the sealed memfd `fd` of `size_bytes` bytes with session `session_id`; the agent's
   // status comes back as is. Thread-safe (one request at a time). A request that failed on the
   // connection (no or a malformed answer within `timeout`) closes it; the next request connects
-  // again (registration does not depend on the connection).
+  // again (registration does not depend on the connection). Without an answer within `timeout`
+  // the connection is shut down: DEADLINE_EXCEEDED, and the agent, whose late answer then cannot
+  // be sent, releases the buffer (an answer that came before the shutdown is used).
   absl::StatusOr<uint64_t> Register(const std::string& session_id, int fd, uint64_t size_bytes,
                                     std::chrono::milliseconds timeout);
 

@@ -1,6 +1,7 @@
 // The agent's buffer socket over a real Unix socket: memfds in, ids out; every malformed or
 // unauthorised request is refused with a status the client can act on and the socket keeps
-// serving; socket paths are claimed without ever deleting what is not ours.
+// serving; a registration whose answer cannot be sent (the client gave up) is undone; socket
+// paths are claimed without ever deleting what is not ours.
 #include "agent/buffer_socket.h"
 
 #include <fcntl.h>
@@ -12,11 +13,16 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "common/buffer_socket_protocol.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -168,6 +174,75 @@ TEST_F(BufferSocketTest, HostileRequestsAreRefusedAndTheSocketKeepsServing) {
   protocol::Response ok = Request(client.get(), "s1", 64, memfd.get());
   EXPECT_EQ(ok.code, 0) << ok.message;
   EXPECT_GE(server_->refused_requests(), 7u);
+}
+
+// A client whose deadline passed shuts its connection down before the agent answers (client/
+// buffer_channel.cc): the answer cannot be sent, so the registration is undone (Release) instead
+// of leaving a mapped buffer whose id nobody knows. The socket keeps serving.
+TEST(BufferSocketReleaseTest, ARegistrationWhoseAnswerCannotBeSentIsReleased) {
+  const std::string path = TempPath("release");
+  std::mutex mu;
+  std::condition_variable cv;
+  bool proceed = false, entered = false;
+  std::vector<std::pair<std::string, uint64_t>> released;
+  uint64_t next_id = 7;
+  auto server = BufferSocketServer::Start(
+      path, {},
+      [&](const common::PeerCredentials&, const std::string&, uint64_t,
+          common::UniqueFd) -> absl::StatusOr<uint64_t> {
+        std::unique_lock lock(mu);
+        entered = true;
+        cv.notify_all();
+        cv.wait_for(lock, std::chrono::seconds(10), [&] { return proceed; });
+        return next_id++;
+      },
+      [&](const std::string& session, uint64_t id) {
+        std::lock_guard lock(mu);
+        released.emplace_back(session, id);
+        cv.notify_all();
+      });
+  ASSERT_TRUE(server.ok()) << server.status();
+  absl::Cleanup stop = [&] {
+    (*server)->Stop();
+    std::filesystem::remove(path);
+  };
+
+  common::UniqueFd client = Connect(path);
+  ASSERT_TRUE(client.valid());
+  protocol::Request request;
+  std::strncpy(request.session_id, "s1", sizeof(request.session_id) - 1);
+  request.size_bytes = 4096;
+  common::UniqueFd memfd = SealedMemfd(4096);
+  ASSERT_TRUE(common::SendWithFd(client.get(),
+                                 {reinterpret_cast<const std::byte*>(&request), sizeof(request)},
+                                 memfd.get())
+                  .ok());
+  {
+    std::unique_lock lock(mu);
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return entered; }));
+  }
+  ASSERT_EQ(shutdown(client.get(), SHUT_RDWR), 0);  // the client gives up
+  {
+    std::unique_lock lock(mu);
+    proceed = true;
+    cv.notify_all();
+    ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(10), [&] { return !released.empty(); }));
+    ASSERT_EQ(released.size(), 1u);
+    EXPECT_EQ(released[0].first, "s1");
+    EXPECT_EQ(released[0].second, 7u);
+  }
+  EXPECT_EQ((*server)->released_registrations(), 1u);
+
+  // An answered registration is never released.
+  common::UniqueFd again = Connect(path);
+  ASSERT_TRUE(again.valid());
+  common::UniqueFd memfd2 = SealedMemfd(4096);
+  protocol::Response r = Request(again.get(), "s1", 4096, memfd2.get());
+  EXPECT_EQ(r.code, 0) << r.message;
+  EXPECT_EQ(r.buffer_id, 8u);
+  std::lock_guard lock(mu);
+  EXPECT_EQ(released.size(), 1u);
+  EXPECT_EQ((*server)->released_registrations(), 1u);
 }
 
 TEST_F(BufferSocketTest, TheSocketFileGetsTheConfiguredMode) {

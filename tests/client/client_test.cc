@@ -118,6 +118,7 @@ class FakeAgent final : public v1::Agent::Service {
     munmap(it->second.data, it->second.size);
     buffers_.erase(it);
     ++unregistered_;
+    cv_.notify_all();
     return grpc::Status::OK;
   }
 
@@ -249,6 +250,10 @@ class FakeAgent final : public v1::Agent::Service {
     std::lock_guard lock(mu_);
     return unregistered_;
   }
+  bool WaitUnregistered(int n) {
+    std::unique_lock lock(mu_);
+    return cv_.wait_for(lock, 10s, [&] { return unregistered_ >= n; });
+  }
   int waits() {
     std::lock_guard lock(mu_);
     return waits_;
@@ -308,6 +313,14 @@ class ClientTest : public ::testing::Test {
         [this](const common::PeerCredentials& peer, const std::string& session, uint64_t size,
                common::UniqueFd fd) {
           return agent_.RegisterBuffer(peer, session, size, std::move(fd));
+        },
+        [this](const std::string& session, uint64_t id) {  // as agent/agent.cc does
+          v1::UnregisterBufferRequest req;
+          req.set_session_id(session);
+          req.set_buffer_id(id);
+          v1::UnregisterBufferResponse resp;
+          grpc::ServerContext context;
+          (void)agent_.UnregisterBuffer(&context, &req, &resp);
         });
     ASSERT_TRUE(buffers.ok()) << buffers.status();
     buffers_ = *std::move(buffers);
@@ -659,7 +672,9 @@ TEST_F(ClientTest, AWaitOnAnUnreachableAgentEndsWhenTheSessionEnds) {
 }
 
 // A registration that timed out leaves the buffer socket's stream out of step; the client
-// closes it, and the next AllocateBuffer connects again instead of failing for good.
+// shuts it down, and the next AllocateBuffer connects again instead of failing for good. The
+// agent's late answer then cannot be sent, so the agent releases that buffer: nothing stays
+// mapped under an id nobody knows.
 TEST_F(ClientTest, AllocateBufferConnectsAgainAfterATimedOutRegistration) {
   options_.rpc_timeout = 300ms;
   std::unique_ptr<Client> client = Join();
@@ -667,11 +682,16 @@ TEST_F(ClientTest, AllocateBufferConnectsAgainAfterATimedOutRegistration) {
   agent_.BlockRegistrations(true);
   auto late = client->AllocateBuffer(1024);
   EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded) << late.status();
+  EXPECT_THAT(late.status().message(), HasSubstr("the agent releases the buffer"));
   agent_.BlockRegistrations(false);
+  ASSERT_TRUE(agent_.WaitUnregistered(1));
+  EXPECT_EQ(agent_.registered(), 0u);
+  EXPECT_EQ(buffers_->released_registrations(), 1u);
   auto buffer = client->AllocateBuffer(1024);
   ASSERT_TRUE(buffer.ok()) << buffer.status();
   EXPECT_TRUE(
       client->AllReduce("t", **buffer, 0, 4, common::DataType::kFloat32, ReduceOp::kSum).ok());
+  EXPECT_EQ(agent_.registered(), 1u);
 }
 
 TEST_F(ClientTest, LeaveEndsTheSessionAndBuffersCleanUp) {
