@@ -144,7 +144,6 @@ class GrpcUnixListener {
   std::thread acceptor_;
   std::atomic<uint64_t> accepted_{0};
   std::atomic<uint64_t> refused_{0};
-  std::atomic<uint64_t> released_{0};
   std::deque<std::chrono::steady_clock::time_point> recent_refusals_;  // acceptor thread only
   std::once_flag stop_;
 };

@@ -135,8 +135,10 @@ class ControlRings::Host : public std::enable_shared_from_this<Host> {
           std::lock_guard lock(cq_mu_);
           results_fit = (!pending_.empty() && cq_.free_slots() > 0) || !cq_corrupt_.empty();
         }
-        if (!results_fit && in_flight_.load(std::memory_order_seq_cst) >= options_.max_in_flight &&
-            !stop_.load(std::memory_order_seq_cst)) {
+        if (results_fit) {
+          throttled_.store(false, std::memory_order_seq_cst);  // the flush is ours to run
+        } else if (in_flight_.load(std::memory_order_seq_cst) >= options_.max_in_flight &&
+                   !stop_.load(std::memory_order_seq_cst)) {
           ring::FutexWait(&view_.header->sq.doorbell, seq, options_.idle_wake);
         }
         continue;

@@ -92,26 +92,18 @@ absl::StatusOr<uint64_t> BufferChannel::Register(const std::string& session_id, 
     received = common::ReceiveWithFd(socket_.get(),
                                      {reinterpret_cast<std::byte*>(&response), sizeof(response)},
                                      nullptr, std::chrono::milliseconds(0));
-    socket_.Reset();  // shut down: the next call connects again
-    if (received.ok() && response.magic == protocol::kResponseMagic && response.code == 0) {
-      return response.buffer_id;
+    socket_.Reset();                   // shut down: the next call connects again
+    if (absl::IsNotFound(received)) {  // nothing came before the shutdown
+      return absl::DeadlineExceededError(
+          absl::StrCat("registering a buffer over '", path_, "': no answer within ",
+                       timeout.count(), " ms (the agent releases the buffer if it answers later)"));
     }
-    if (received.ok() && response.magic == protocol::kResponseMagic) {
-      return absl::Status(
-          static_cast<absl::StatusCode>(response.code),
-          std::string(response.message, strnlen(response.message, sizeof(response.message))));
-    }
-    return absl::DeadlineExceededError(
-        absl::StrCat("registering a buffer over '", path_, "': no answer within ", timeout.count(),
-                     " ms (the agent releases the buffer if it answers later)"));
   }
   if (!received.ok() || response.magic != protocol::kResponseMagic) {
     socket_.Reset();  // the stream is out of step: the next call connects again
     const std::string why =
         received.ok() ? std::string("a malformed response") : std::string(received.message());
-    return absl::Status(absl::IsDeadlineExceeded(received) ? absl::StatusCode::kDeadlineExceeded
-                                                           : absl::StatusCode::kUnavailable,
-                        absl::StrCat("registering a buffer over '", path_, "': ", why));
+    return absl::UnavailableError(absl::StrCat("registering a buffer over '", path_, "': ", why));
   }
   if (response.code != 0) {
     return absl::Status(

@@ -86,11 +86,23 @@ std::string CallbackThreads::StartLoopLocked() {
 
 void CallbackThreads::Watch() {
   std::unique_lock<std::mutex> lock(mu_);
+  bool logged_stuck = false;  // one line per spell for what cannot be helped
   while (!tasks_.empty()) {
     const uint64_t taken = taken_;
     if (watch_cv_.wait_for(lock, bound_wait_, [&] { return tasks_.empty(); })) break;
     if (taken_ != taken || idle_ >= tasks_.size()) continue;  // the threads make progress
     const size_t busy = threads_;
+    if (busy >= 2 * max_threads_) {
+      ++ceiling_hits_;
+      if (!std::exchange(logged_stuck, true)) {
+        Log()->error(
+            "no future-callback thread took a completion for {} ms with all {} busy, twice the "
+            "bound: starting no more ({} completions wait; callbacks that block on other "
+            "collectives hold every thread)",
+            bound_wait_.count(), busy, tasks_.size());
+      }
+      continue;
+    }
     const std::string error = StartLoopLocked();
     if (error.empty()) {
       Log()->error(
@@ -98,7 +110,7 @@ void CallbackThreads::Watch() {
           "more (callbacks blocked on collectives whose completions wait behind them would "
           "otherwise wait for good; {} completions wait)",
           bound_wait_.count(), busy, tasks_.size());
-    } else {
+    } else if (!std::exchange(logged_stuck, true)) {
       Log()->error("no future-callback thread took a completion for {} ms and none can start ({})",
                    bound_wait_.count(), error);
     }
@@ -109,6 +121,11 @@ void CallbackThreads::Watch() {
 size_t CallbackThreads::threads() const {
   std::lock_guard<std::mutex> lock(mu_);
   return threads_;
+}
+
+uint64_t CallbackThreads::ceiling_hits() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ceiling_hits_;
 }
 
 size_t CallbackThreads::queued() const {

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 
 namespace tributary::client::c10d {
 
@@ -22,9 +23,10 @@ namespace tributary::client::c10d {
 // thread. That wait has a deadline: when no thread has taken a task for `bound_wait`, the
 // threads may all be callbacks blocked on completions that wait behind them, so one thread more
 // is started past the bound (logged as an error), and again after each `bound_wait` without
-// progress. A thread idle for `idle_timeout` ends. When no thread can be started (start_thread
-// throws: the process is out of threads), the task waits for a running thread, or runs on the
-// caller's when there is none.
+// progress, up to twice the bound (then tasks wait, as callbacks that block on each other
+// cannot be helped by threads). A thread idle for `idle_timeout` ends. When no thread can be
+// started (start_thread throws: the process is out of threads), the task waits for a running
+// thread, or runs on the caller's when there is none.
 //
 // Threading: Run from any thread. The threads are detached: the object must outlive them (the
 // process's one, Process(), is never destroyed, as its threads may still run callbacks while
@@ -49,6 +51,8 @@ class CallbackThreads {
   // Threads started and not ended (past the bound included); tasks waiting for a thread.
   size_t threads() const;
   size_t queued() const;
+  // Times the watcher found no progress with twice the bound of threads busy.
+  uint64_t ceiling_hits() const;
 
  private:
   static void DetachedThread(std::function<void()> body);
@@ -73,6 +77,7 @@ class CallbackThreads {
   bool warned_max_ = false;                  // Guarded by mu_.
   bool watching_ = false;                    // Guarded by mu_: Watch runs.
   uint64_t taken_ = 0;                       // Guarded by mu_: tasks taken by threads, ever.
+  uint64_t ceiling_hits_ = 0;                // Guarded by mu_.
 };
 
 }  // namespace tributary::client::c10d
