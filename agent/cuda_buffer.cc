@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "dataplane/cuda/cuda_ipc.h"
 #include "dataplane/cuda/cuda_status.h"
@@ -18,6 +19,9 @@ namespace {
 
 namespace cuda = dataplane::cuda;
 
+constexpr auto Log = common::ComponentLog<"agent">;
+constexpr std::chrono::milliseconds kTeardownWait{1000};
+
 // The imported device buffer, its pinned mirror and the stream its copies run on. The copies
 // run on the agent's one staging thread (mirror_stager.h); the stream keeps them in order.
 class CudaMirror final : public MirroredMemory {
@@ -25,9 +29,21 @@ class CudaMirror final : public MirroredMemory {
   CudaMirror(int device, std::unique_ptr<cuda::CudaIpcImport> import, std::byte* host,
              cudaStream_t stream, cudaEvent_t done)
       : device_(device), import_(std::move(import)), host_(host), stream_(stream), done_(done) {}
+  // Work is left on the stream only after a wait that timed out (a copy behind a process's ready
+  // event that never came). The last reference can go under the service's lock, so the
+  // teardown waits for it at most kTeardownWait; past that the stream, the pinned mirror and the
+  // imported handle are left to the process's exit rather than freed under queued copies.
   ~CudaMirror() override {
     cuda::ScopedCudaDevice on_device(device_);
-    cudaStreamSynchronize(stream_);
+    const absl::Status idle = WaitForStream(kTeardownWait, "the copies queued on the buffer");
+    if (!idle.ok()) {
+      Log()->error(
+          "CUDA buffer of {} bytes on device {}: {}; leaving its stream, pinned mirror and IPC "
+          "handle in place until the agent exits",
+          import_->bytes(), device_, idle.message());
+      (void)import_.release();  // not closed: the queued copies still name it
+      return;
+    }
     cudaEventDestroy(done_);
     cudaStreamDestroy(stream_);
     cudaFreeHost(host_);
@@ -84,9 +100,9 @@ class CudaMirror final : public MirroredMemory {
       const cudaError_t e = cudaEventQuery(done_);
       if (e != cudaErrorNotReady) return cuda::CudaStatus(e, "cudaEventQuery");
       if (std::chrono::steady_clock::now() >= deadline) {
-        return absl::DeadlineExceededError(
-            absl::StrCat(what, " did not finish within ", timeout.count(),
-                         " ms (the job's op deadline): is a kernel of the process stuck?"));
+        return absl::DeadlineExceededError(absl::StrCat(what, " did not finish within ",
+                                                        timeout.count(),
+                                                        " ms: is a kernel of the process stuck?"));
       }
       std::this_thread::sleep_for(pause);  // polling a GPU event, bounded by the deadline
       pause = std::min<std::chrono::microseconds>(2 * pause, std::chrono::milliseconds(1));
