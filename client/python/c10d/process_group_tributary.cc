@@ -5,6 +5,7 @@
 #include <c10/core/InferenceMode.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <map>
@@ -156,22 +157,42 @@ WorkTributary::WorkTributary(int rank, OpType type, std::string what,
       outputs_(std::move(outputs)),
       future_(
           c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {
+  future_->addCallback([done = future_done_](c10::ivalue::Future&) {
+    {
+      std::lock_guard<std::mutex> lock(done->mu);
+      done->done = true;
+    }
+    done->cv.notify_all();
+  });
 }
 
 bool WorkTributary::wait(std::chrono::milliseconds timeout) {
+  const auto deadline = timeout == kNoTimeout ? std::chrono::steady_clock::time_point::max()
+                                              : std::chrono::steady_clock::now() + timeout;
   {
     std::unique_lock<std::mutex> lock(mutex_);
     if (timeout == kNoTimeout) {
       cv_.wait(lock, [&] { return completed_; });
-    } else if (!cv_.wait_for(lock, timeout, [&] { return completed_; })) {
+    } else if (!cv_.wait_until(lock, deadline, [&] { return completed_; })) {
       TORCH_CHECK(false, "tributary: ", what_, " not done after ", timeout.count(),
                   " ms (the wait timed out; the operation goes on)");
     }
   }
   // The future is completed just after the work, on a callback thread (Finish): once wait()
   // returns, getFuture() is complete too. (A callback of this future that waits on its own work
-  // returns at once: the future is marked completed before its callbacks run.)
-  future_->wait();
+  // returns at once: future_done_ is set by the future's first callback.) The same timeout
+  // bounds this wait: every callback thread can be busy (callback_threads.h).
+  {
+    std::unique_lock<std::mutex> lock(future_done_->mu);
+    if (timeout == kNoTimeout) {
+      future_done_->cv.wait(lock, [&] { return future_done_->done; });
+    } else if (!future_done_->cv.wait_until(lock, deadline, [&] { return future_done_->done; })) {
+      TORCH_CHECK(false, "tributary: ", what_,
+                  " finished, but its future was not completed within ", timeout.count(),
+                  " ms (every future-callback thread is busy: callbacks blocked on other "
+                  "collectives?)");
+    }
+  }
   if (exception_) std::rethrow_exception(exception_);
   return true;
 }
@@ -296,7 +317,8 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupTributary::Start(
   TORCH_CHECK(handle.ok(), "tributary ", work->what(), " failed: ", StatusText(handle.status()));
   {
     std::lock_guard<std::mutex> lock(mu_);
-    pending_.push_back(Pending{*std::move(handle), work, *std::move(lease), std::move(copy_out)});
+    pending_.push_back(Pending{*std::move(handle), work, *std::move(lease), std::move(copy_out),
+                               std::chrono::steady_clock::now() + timeout_});
   }
   cv_.notify_one();
   return work;
@@ -312,8 +334,17 @@ void ProcessGroupTributary::CompletionLoop() {
       p = std::move(pending_.front());
       pending_.pop_front();
     }
-    // A blocking wait (on the control ring's doorbell or Wait RPCs), bounded by the timeout.
-    absl::Status status = p.handle.Wait(timeout_);
+    // A blocking wait (on the control ring's doorbell or Wait RPCs), until the group's timeout
+    // from the submission.
+    // Rounded up: the wait's own deadline is then never before p.deadline.
+    const auto left =
+        std::chrono::ceil<std::chrono::milliseconds>(p.deadline - std::chrono::steady_clock::now());
+    absl::Status status = p.handle.Wait(std::max(left, std::chrono::milliseconds(0)));
+    if (absl::IsDeadlineExceeded(status) && std::chrono::steady_clock::now() >= p.deadline) {
+      status = absl::DeadlineExceededError(
+          absl::StrCat("not done within the process group's timeout of ", timeout_.count(),
+                       " ms from its submission (", status.message(), ")"));
+    }
     std::exception_ptr error;
     if (status.ok()) {
       try {

@@ -40,9 +40,9 @@ class WorkTributary : public ::c10d::Work {
   // `what` names the call in messages ("allreduce of c10d.0.allreduce.float32.10").
   WorkTributary(int rank, ::c10d::OpType type, std::string what, std::vector<at::Tensor> outputs);
 
-  // Waits until finished or `timeout` passes (kNoTimeout: no limit; the operation itself is
-  // bounded by the process group's timeout). Throws the operation's error, or a timeout error
-  // naming the call.
+  // Waits until finished and the future completed, or `timeout` passes for both together
+  // (kNoTimeout: no limit; the operation itself is bounded by the process group's timeout from
+  // its submission). Throws the operation's error, or a timeout error naming the call.
   bool wait(std::chrono::milliseconds timeout) override;
   // Completed with the output tensors (a list), or with the operation's error.
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
@@ -53,9 +53,19 @@ class WorkTributary : public ::c10d::Work {
   const std::string& what() const { return what_; }
 
  private:
+  // Set by the future's first callback, which runs when it is marked completed and before any
+  // callback added later (a callback that waits on its own work then returns at once). Shared
+  // with the callback: the future may outlive the work.
+  struct FutureDone {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;  // Guarded by mu.
+  };
+
   const std::string what_;
   const std::vector<at::Tensor> outputs_;
   const c10::intrusive_ptr<c10::ivalue::Future> future_;
+  const std::shared_ptr<FutureDone> future_done_ = std::make_shared<FutureDone>();
 };
 
 // Every process group of a job has the job's whole world: rank == the client's global rank,
@@ -167,6 +177,9 @@ class ProcessGroupTributary : public ::c10d::ProcessGroup {
     c10::intrusive_ptr<WorkTributary> work;
     std::unique_ptr<StagingPool::Lease> lease;
     std::function<void(const char* staged)> copy_out;
+    // Submission + the group's timeout: works queued behind a slow one do not get a timeout of
+    // their own each.
+    std::chrono::steady_clock::time_point deadline;
   };
 
   // Stages `bytes` (copy_in fills the buffer), submits with `submit`, queues the rest.

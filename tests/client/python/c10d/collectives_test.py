@@ -180,6 +180,32 @@ class CollectivesTest(unittest.TestCase):
         self.assertEqual(default.staging_allocations, before + (1 if self.rank == 0 else 2))
         dist.barrier()
 
+    def test_works_queued_behind_a_stuck_one_time_out_from_their_submission(self):
+        # Ranks 1-3 submit three all-reduces that rank 0 holds back: each fails at the group's
+        # timeout from its own submission, not one timeout after the work before it (until
+        # session 40 the third failed after three timeouts).
+        import datetime
+        import time
+        import tributary.distributed as td
+        short = td.create(None, self.rank, self.world, datetime.timedelta(seconds=2))
+        dist.barrier()
+        tensors = [pattern(n) * (self.rank + 1) for n in (11, 12, 13)]  # three names
+        if self.rank != 0:
+            start = time.monotonic()
+            works = [short.allreduce([t]) for t in tensors]
+            for w in works:
+                with self.assertRaises(RuntimeError) as raised:
+                    w.wait()
+                self.assertIn("not done within the process group's timeout of 2000 ms from its "
+                              "submission", str(raised.exception))
+            self.assertLess(time.monotonic() - start, 4.0)
+        dist.barrier()
+        if self.rank == 0:  # now the others' operations complete in the agents
+            for t, n in zip(tensors, (11, 12, 13)):
+                short.allreduce([t]).wait()
+                self.assertTrue(torch.equal(t, pattern(n) * self.sum_of_ranks()))
+        dist.barrier()
+
     def test_allreduce_coalesced(self):
         # Tensors of several sizes and shapes (one not contiguous), one all-reduce for all.
         base = pattern(2 * N).reshape(N // 10, 20) * (self.rank + 1)
