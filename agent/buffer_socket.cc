@@ -96,9 +96,12 @@ absl::Status ClaimSocketPath(const std::string& path) {
   }
   ASSIGN_OR_RETURN(sockaddr_un address, UnixAddress(path));
   for (int type : {SOCK_STREAM, SOCK_SEQPACKET}) {
-    common::UniqueFd probe(socket(AF_UNIX, type | SOCK_CLOEXEC, 0));
+    // Non-blocking: a listener whose backlog is full (a stuck process) answers EAGAIN at once
+    // instead of blocking the agent's start; it is alive, so the path is not ours.
+    common::UniqueFd probe(socket(AF_UNIX, type | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
     if (!probe.valid()) return Errno("socket", path);
-    if (connect(probe.get(), reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0) {
+    if (connect(probe.get(), reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 ||
+        errno == EAGAIN) {
       return absl::AlreadyExistsError(absl::StrCat(
           "another process is serving '", path, "' (another agent on this node?); not taking it"));
     }
@@ -201,7 +204,16 @@ void BufferSocketServer::AcceptLoop() {
     }
     if (fds[1].revents != 0) return;
     common::UniqueFd fd(accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
-    if (!fd.valid()) continue;
+    if (!fd.valid()) {
+      if (errno == EMFILE || errno == ENFILE) {
+        // As GrpcUnixListener: the connection stays pending and poll would report it at once
+        // again; wait (for Stop, at most 100 ms) instead of spinning.
+        Log()->warn("buffer socket '{}': accept: {}", path_, std::strerror(errno));
+        pollfd wake = {wake_.get(), POLLIN, 0};
+        if (poll(&wake, 1, 100) > 0) return;
+      }
+      continue;
+    }
     std::lock_guard lock(mu_);
     if (stopped_) return;
     ReapLocked();

@@ -1,5 +1,6 @@
 #include "client/buffer_channel.h"
 
+#include <fcntl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -37,12 +38,19 @@ absl::StatusOr<common::UniqueFd> BufferChannel::Dial(const std::string& path) {
         absl::StrCat("buffer socket path '", path, "' is too long for a unix socket"));
   }
   std::memcpy(address.sun_path, path.data(), path.size());
-  common::UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  // Non-blocking for the connect only: a unix socket's connect blocks while the listener's
+  // backlog is full (an agent that stopped accepting); non-blocking, it fails at once (EAGAIN).
+  common::UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!fd.valid()) {
     return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
   }
   if (connect(fd.get(), reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
     const int error = errno;
+    if (error == EAGAIN) {
+      return absl::UnavailableError(
+          absl::StrCat("the agent's buffer socket '", path,
+                       "' accepts no connections (its backlog is full: is the agent stuck?)"));
+    }
     if (error == EACCES || error == EPERM) {
       return absl::PermissionDeniedError(absl::StrCat(
           "cannot connect to the agent's buffer socket '", path, "': ", std::strerror(error),
@@ -50,6 +58,11 @@ absl::StatusOr<common::UniqueFd> BufferChannel::Dial(const std::string& path) {
     }
     return absl::UnavailableError(absl::StrCat("cannot connect to the agent's buffer socket '",
                                                path, "': ", std::strerror(error)));
+  }
+  // Requests block in sendmsg (bounded: one request in flight) and wait for answers in poll.
+  const int flags = fcntl(fd.get(), F_GETFL);
+  if (flags < 0 || fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK) != 0) {
+    return absl::InternalError(absl::StrCat("fcntl: ", std::strerror(errno)));
   }
   return fd;
 }

@@ -336,6 +336,24 @@ TEST(ClaimSocketPathTest, NeverDeletesWhatIsNotAStaleSocket) {
   EXPECT_EQ(second.status().code(), absl::StatusCode::kAlreadyExists);
   (*server)->Stop();
 
+  // A socket whose process stopped accepting, its backlog full: alive, so ALREADY_EXISTS at
+  // once (the probe does not block on it).
+  const std::string stuck = TempPath("stuck");
+  {
+    common::UniqueFd listener(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_un address{};
+    address.sun_family = AF_UNIX;
+    std::strncpy(address.sun_path, stuck.c_str(), sizeof(address.sun_path) - 1);
+    ASSERT_EQ(bind(listener.get(), reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+    ASSERT_EQ(listen(listener.get(), 0), 0);
+    common::UniqueFd pending(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    ASSERT_EQ(connect(pending.get(), reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+    s = ClaimSocketPath(stuck);
+    EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists) << s;
+    EXPECT_TRUE(std::filesystem::exists(stuck));
+  }
+  std::filesystem::remove(stuck);
+
   // A stale socket (bound, nobody listening any more): removed.
   const std::string stale = TempPath("stale");
   {
