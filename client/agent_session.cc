@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "client/buffer_channel.h"
+#include "common/rpc/grpc_status.h"
 
 namespace tributary::client::internal {
 
@@ -32,6 +33,20 @@ std::optional<absl::Status> AgentSession::ended() const {
   if (!ended_flag_.load(std::memory_order_acquire)) return std::nullopt;
   std::lock_guard lock(ended_mu_);
   return ended_;
+}
+
+absl::Status AgentSession::ProbeAgent() const {
+  v1::WaitRequest request;
+  request.set_session_id(session_id_);
+  request.set_handle(0);
+  request.set_timeout_ms(0);
+  v1::WaitResponse response;
+  std::unique_ptr<grpc::ClientContext> context = NewContext();
+  const grpc::Status status = stub_->Wait(context.get(), request, &response);
+  if (context->GetServerTrailingMetadata().contains(common::kAgentAnswerTrailer)) {
+    return absl::OkStatus();
+  }
+  return status.ok() ? absl::OkStatus() : common::FromGrpcStatus(status);
 }
 
 std::unique_ptr<grpc::ClientContext> AgentSession::NewContext(

@@ -52,6 +52,13 @@ class AgentSession {
   // A fresh context with the default deadline (rpc_timeout).
   std::unique_ptr<grpc::ClientContext> NewContext() const { return NewContext(rpc_timeout_); }
 
+  // Asks the agent whether it still answers: a Wait RPC for handle 0, which is never a handle
+  // (the agent answers NOT_FOUND), with the default deadline. OK when the agent answered (its
+  // answer trailer came back, whatever the status), else the RPC's own failure. For waits on
+  // the control ring, where a frozen agent (its connection and the KeepAlive stream still open)
+  // otherwise shows only as results that do not come.
+  absl::Status ProbeAgent() const;
+
   // False once the Client has left the job (or is leaving it).
   bool active() const { return active_.load(std::memory_order_acquire); }
   void MarkInactive() { active_.store(false, std::memory_order_release); }

@@ -380,7 +380,29 @@ absl::Status Handle::WaitOnce(const Attempt& attempt, uint32_t timeout_ms, bool*
 
 std::optional<absl::Status> Handle::WaitAttempt(const Attempt& attempt,
                                                 Clock::time_point deadline) const {
-  if (attempt.slot != nullptr) return session_->ring()->Wait(*attempt.slot, deadline);
+  if (attempt.slot != nullptr) {
+    // Results come through the ring, from no RPC: a frozen agent (its connection and the
+    // KeepAlive stream still open) shows only as results that do not come. So after each
+    // max_unanswered_wait without the result the agent is asked whether it still answers.
+    while (true) {
+      const auto now = Clock::now();
+      // (At least 100 ms between questions: a limit of 0 would ask in a loop.)
+      const Clock::duration limit = std::max(session_->max_unanswered_wait(), milliseconds(100));
+      const auto slice_end = deadline - now > limit ? now + limit : deadline;
+      if (std::optional<absl::Status> result = session_->ring()->Wait(*attempt.slot, slice_end)) {
+        return result;
+      }
+      if (Clock::now() >= deadline) return std::nullopt;
+      if (absl::Status answered = session_->ProbeAgent(); !answered.ok()) {
+        if (std::optional<absl::Status> ended = session_->ended()) return *ended;
+        return absl::UnavailableError(
+            absl::StrCat("operation ", state_->name, ": no result on the control ring for ",
+                         std::chrono::duration_cast<milliseconds>(Clock::now() - now).count(),
+                         " ms and the agent did not answer (", answered.ToString(),
+                         "); the operation may go on there"));
+      }
+    }
+  }
   milliseconds backoff = kInitialWaitBackoff;
   // Since when the Wait RPCs have failed without an answer (none failed: nullopt).
   std::optional<Clock::time_point> unanswered_since;

@@ -41,7 +41,8 @@ struct ClientOptions {
   // A Wait RPC that fails before the agent answers (UNAVAILABLE or past its deadline, from gRPC
   // itself) is asked again, until the wait's deadline or the end of the session; Wait RPCs
   // failing without an answer for this long end the wait with UNAVAILABLE (a frozen agent keeps
-  // the session open).
+  // the session open). A wait on the control ring asks the agent whether it answers after each
+  // max_unanswered_wait without the result, and ends the same way when it does not.
   std::chrono::milliseconds max_unanswered_wait{30000};
   // Submit collectives through the session's control ring (shared memory, no RPC per
   // operation; see control_ring.h) when the agent serves one. Submissions still use the Submit

@@ -18,6 +18,7 @@
 #include "agent/buffer_socket.h"
 #include "common/buffer_socket_protocol.h"
 #include "common/rpc/grpc_status.h"
+#include "common/shm_ring.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -150,11 +151,14 @@ class FakeAgent final : public v1::Agent::Service {
     std::string name;
     int rpc = 0;  // this RPC's number for its handle, from 1
     {
-      std::lock_guard lock(mu_);
+      std::unique_lock lock(mu_);
       ++waits_;
       max_wait_timeout_ms_ = std::max(max_wait_timeout_ms_, request->timeout_ms());
       auto it = names_.find(request->handle());
       if (it == names_.end()) {
+        if (request->handle() == 0) ++probes_;
+        // Frozen: no answer (until thawed, at most 10 s).
+        cv_.wait_for(lock, 10s, [&] { return !frozen_; });
         context->AddTrailingMetadata(common::kAgentAnswerTrailer, "1");
         return grpc::Status(grpc::StatusCode::NOT_FOUND, "no such handle");
       }
@@ -204,6 +208,29 @@ class FakeAgent final : public v1::Agent::Service {
     }
     response->set_done(true);
     return grpc::Status::OK;
+  }
+
+  // The fast path's attach, when offered: the ring is accepted and never served (its
+  // submissions are never taken), as by an agent whose threads stopped.
+  grpc::Status AttachControlRing(grpc::ServerContext*, const v1::AttachControlRingRequest*,
+                                 v1::AttachControlRingResponse* response) override {
+    std::lock_guard lock(mu_);
+    if (!offer_ring_) return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "no control ring");
+    response->set_version(common::shm_ring::kVersion);
+    return grpc::Status::OK;
+  }
+  void OfferRing() {
+    std::lock_guard lock(mu_);
+    offer_ring_ = true;
+  }
+  void Freeze(bool frozen) {
+    std::lock_guard lock(mu_);
+    frozen_ = frozen;
+    cv_.notify_all();
+  }
+  int probes() {
+    std::lock_guard lock(mu_);
+    return probes_;
   }
 
   // Waits (at most `timeout`) until `n` Wait RPCs for "gated" arrived.
@@ -295,6 +322,9 @@ class FakeAgent final : public v1::Agent::Service {
   bool gate_open_ = false;
   bool end_keepalive_ = false;
   bool block_registrations_ = false;
+  bool offer_ring_ = false;
+  bool frozen_ = false;
+  int probes_ = 0;
   std::vector<v1::SubmitRequest> submits_;
 };
 
@@ -651,6 +681,36 @@ TEST_F(ClientTest, AWaitEndsWhenTheAgentHasNotAnsweredForTheLimit) {
   options_.max_unanswered_wait = -1ms;
   EXPECT_EQ(Client::Connect(options_, "job", 1, 2).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// On the control ring a frozen agent shows only as results that do not come: after each
+// max_unanswered_wait without the result the client asks the agent whether it answers. While it
+// does, the wait runs to its own deadline; once it does not, the wait ends with UNAVAILABLE.
+TEST_F(ClientTest, ARingWaitAsksTheAgentAndEndsWhenItDoesNotAnswer) {
+  agent_.OfferRing();
+  options_.control_ring = true;
+  options_.max_unanswered_wait = 100ms;
+  options_.rpc_timeout = 300ms;
+  std::unique_ptr<Client> client = Join();
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->has_control_ring());
+  auto buffer = client->AllocateBuffer(1024);
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  auto handle =
+      client->AllReduceAsync("t", **buffer, 0, 4, common::DataType::kFloat32, ReduceOp::kSum);
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  ASSERT_TRUE(handle->via_control_ring());
+
+  absl::Status status = handle->Wait(1s);  // answered each time: to the deadline
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+  EXPECT_GE(agent_.probes(), 2);
+
+  agent_.Freeze(true);
+  status = handle->Wait(std::chrono::milliseconds::max());
+  agent_.Freeze(false);
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_THAT(status.message(), HasSubstr("operation t: no result on the control ring for"));
+  EXPECT_THAT(status.message(), HasSubstr("the agent did not answer"));
 }
 
 // ... until the session ended: then the wait ends with that, long before its deadline.
