@@ -57,6 +57,16 @@ absl::Status Respond(int fd, absl::Status status, uint64_t buffer_id) {
                             -1);
 }
 
+// After a failed accept (errno set): out of descriptors, the connection stays pending and poll
+// would report it at once again, so say so and wait (for the stop eventfd `wake`, at most
+// 100 ms) instead of spinning. True when the wait ended by a stop.
+bool StoppedDuringAcceptPause(int wake, std::string_view what, const std::string& path) {
+  if (errno != EMFILE && errno != ENFILE) return false;
+  Log()->warn("{} '{}': accept: {}", what, path, std::strerror(errno));
+  pollfd stop = {wake, POLLIN, 0};
+  return poll(&stop, 1, 100) > 0;
+}
+
 }  // namespace
 
 static std::string AllowedPeers(const SocketAccess& access) {
@@ -205,13 +215,7 @@ void BufferSocketServer::AcceptLoop() {
     if (fds[1].revents != 0) return;
     common::UniqueFd fd(accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
     if (!fd.valid()) {
-      if (errno == EMFILE || errno == ENFILE) {
-        // As GrpcUnixListener: the connection stays pending and poll would report it at once
-        // again; wait (for Stop, at most 100 ms) instead of spinning.
-        Log()->warn("buffer socket '{}': accept: {}", path_, std::strerror(errno));
-        pollfd wake = {wake_.get(), POLLIN, 0};
-        if (poll(&wake, 1, 100) > 0) return;
-      }
+      if (StoppedDuringAcceptPause(wake_.get(), "buffer socket", path_)) return;
       continue;
     }
     std::lock_guard lock(mu_);
@@ -382,13 +386,7 @@ void GrpcUnixListener::AcceptLoop() {
     // Non-blocking, as gRPC's endpoints expect of a descriptor they are handed.
     common::UniqueFd fd(accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
     if (!fd.valid()) {
-      if (errno == EMFILE || errno == ENFILE) {
-        // Out of descriptors: the connection stays pending, and poll would report it at once
-        // again. Say so, and wait (for Stop, at most 100 ms) instead of spinning.
-        Log()->warn("local socket '{}': accept: {}", path_, std::strerror(errno));
-        pollfd wake = {wake_.get(), POLLIN, 0};
-        if (poll(&wake, 1, 100) > 0) return;
-      }
+      if (StoppedDuringAcceptPause(wake_.get(), "local socket", path_)) return;
       continue;
     }
     absl::StatusOr<common::PeerCredentials> peer = common::GetPeerCredentials(fd.get());

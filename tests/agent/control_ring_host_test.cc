@@ -125,13 +125,17 @@ class ControlRingHostTest : public ::testing::Test {
     return id.value_or(0);
   }
   absl::Status Attach(const std::string& session, const RawClient& client) {
+    return AttachTo(rings_, session, client);
+  }
+  // The session's ring, registered and attached to `rings` (a test's own options).
+  absl::Status AttachTo(ControlRings& rings, const std::string& session, const RawClient& client) {
     absl::StatusOr<uint64_t> id = testing::RegisterShm(service_, session, client.shm());
     if (!id.ok()) return id.status();
     tributary::v1::AttachControlRingRequest req;
     req.set_session_id(session);
     req.set_buffer_id(*id);
     tributary::v1::AttachControlRingResponse resp;
-    absl::Status s = rings_.Attach(req, &resp);
+    absl::Status s = rings.Attach(req, &resp);
     if (s.ok()) EXPECT_EQ(resp.version(), ring::kVersion);
     return s;
   }
@@ -189,13 +193,7 @@ TEST_F(ControlRingHostTest, APollingRingThreadServesSubmissionsWithoutTheDoorbel
   testing::ScopedShm buf(kCount * sizeof(float));
   RawClient c({8, 8});
   const std::string session = Join("solo", 0, 1);
-  absl::StatusOr<uint64_t> ring_id = testing::RegisterShm(service_, session, c.shm());
-  ASSERT_TRUE(ring_id.ok()) << ring_id.status();
-  tributary::v1::AttachControlRingRequest req;
-  req.set_session_id(session);
-  req.set_buffer_id(*ring_id);
-  tributary::v1::AttachControlRingResponse resp;
-  ASSERT_TRUE(polling.Attach(req, &resp).ok());
+  ASSERT_TRUE(AttachTo(polling, session, c).ok());
   const uint64_t b = Register(session, buf);
   bool saw_sleeper = false;
   for (uint64_t op = 1; op <= 20; ++op) {
@@ -225,13 +223,7 @@ TEST_F(ControlRingHostTest, TheSubmitRpcSubmitsWhatTheRingHoldsFirst) {
   testing::ScopedShm buf(2 * sizeof(float));
   RawClient client({8, 8});
   const std::string s = Join("solo", 0, 1);
-  absl::StatusOr<uint64_t> ring_id = testing::RegisterShm(service_, s, client.shm());
-  ASSERT_TRUE(ring_id.ok()) << ring_id.status();
-  tributary::v1::AttachControlRingRequest attach;
-  attach.set_session_id(s);
-  attach.set_buffer_id(*ring_id);
-  tributary::v1::AttachControlRingResponse attached;
-  ASSERT_TRUE(stalled.Attach(attach, &attached).ok());
+  ASSERT_TRUE(AttachTo(stalled, s, client).ok());
   const uint64_t b = Register(s, buf);
   client.Push(RawClient::Entry(1, "grad", b, 1));  // iteration 0, at offset 0
   ASSERT_EQ(runner_.num_starts(), 0u);             // the thread takes nothing (bound 0)
@@ -368,13 +360,7 @@ TEST_F(ControlRingHostTest, AThrottledRingThreadSeesTheClientsRingThatCameBefore
                             drained.set_value(c.Drain());  // rings: cq_blocked
                           }});
   const std::string session = Join("solo", 0, 1);
-  absl::StatusOr<uint64_t> ring_id = testing::RegisterShm(service_, session, c.shm());
-  ASSERT_TRUE(ring_id.ok()) << ring_id.status();
-  tributary::v1::AttachControlRingRequest req;
-  req.set_session_id(session);
-  req.set_buffer_id(*ring_id);
-  tributary::v1::AttachControlRingResponse resp;
-  ASSERT_TRUE(throttled.Attach(req, &resp).ok());
+  ASSERT_TRUE(AttachTo(throttled, session, c).ok());
   const uint64_t b = Register(session, buf);
   buf.as<float>()[0] = 3.0f;
   // Results 1 and 2 fill the completion queue, 3 and 4 wait in the agent at the bound of 2.
