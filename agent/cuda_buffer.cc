@@ -30,13 +30,14 @@ class CudaMirror final : public MirroredMemory {
              cudaStream_t stream, cudaEvent_t done)
       : device_(device), import_(std::move(import)), host_(host), stream_(stream), done_(done) {}
   // Work is left on the stream only after a wait that timed out (a copy behind a process's ready
-  // event that never came). The last reference can go under the service's lock, so the
-  // teardown waits for it at most kTeardownWait; past that the stream, the pinned mirror and the
-  // imported handle are left to the process's exit rather than freed under queued copies.
+  // event that never came). The teardown waits for it at most kTeardownWait (the service drops
+  // its buffers outside its lock); past that the stream, the pinned mirror and the imported
+  // handle are left to the process's exit rather than freed under queued copies. Any other
+  // error (a context already torn down at exit) frees them as before.
   ~CudaMirror() override {
     cuda::ScopedCudaDevice on_device(device_);
     const absl::Status idle = WaitForStream(kTeardownWait, "the copies queued on the buffer");
-    if (!idle.ok()) {
+    if (absl::IsDeadlineExceeded(idle)) {
       Log()->error(
           "CUDA buffer of {} bytes on device {}: {}; leaving its stream, pinned mirror and IPC "
           "handle in place until the agent exits",

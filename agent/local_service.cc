@@ -306,6 +306,8 @@ void LocalService::EndSessionLocked(const std::string& session_id, const std::st
   for (auto& [id, handle] : session->handles) {
     after.Add([handle] { handle->ExpireWaiters({}, /*all=*/true); });
   }
+  // The buffers go after the lock too: a CUDA mirror's teardown may wait for its stream.
+  after.Add([buffers = std::move(session->buffers)] {});
 }
 
 absl::StatusOr<uint64_t> LocalService::RegisterBuffer(const common::PeerCredentials& peer,
@@ -350,10 +352,16 @@ absl::StatusOr<std::shared_ptr<SharedMemoryMapping>> LocalService::FindBuffer(
 }
 
 absl::Status LocalService::UnregisterBuffer(const tributary::v1::UnregisterBufferRequest& req) {
+  // Dropped after the lock (declared before it): a CUDA mirror's teardown may wait for its
+  // stream (agent/cuda_buffer.cc).
+  std::shared_ptr<SharedMemoryMapping> released;
   std::lock_guard lock(mu_);
   ASSIGN_OR_RETURN(std::shared_ptr<Session> session, sessions_.Find(req.session_id()));
   // Operations still running keep their own reference to the mapping.
-  session->buffers.erase(req.buffer_id());
+  if (auto it = session->buffers.find(req.buffer_id()); it != session->buffers.end()) {
+    released = std::move(it->second);
+    session->buffers.erase(it);
+  }
   return absl::OkStatus();
 }
 

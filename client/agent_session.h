@@ -1,6 +1,7 @@
 // The connection to the local agent that a Client, its SharedBuffers and its Handles share.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -40,7 +41,10 @@ class AgentSession {
   std::chrono::milliseconds rpc_timeout() const { return rpc_timeout_; }
   // ClientOptions::max_unanswered_wait; set once, before the session is shared.
   std::chrono::milliseconds max_unanswered_wait() const { return max_unanswered_wait_; }
-  void set_max_unanswered_wait(std::chrono::milliseconds limit) { max_unanswered_wait_ = limit; }
+  // Capped at 100 years: milliseconds::max() ("never") overflowed in the clock's nanoseconds.
+  void set_max_unanswered_wait(std::chrono::milliseconds limit) {
+    max_unanswered_wait_ = std::min(limit, std::chrono::milliseconds(std::chrono::hours(876000)));
+  }
   // Null when the session has no control ring.
   ControlRing* ring() const { return ring_.get(); }
   // The agent's buffer socket; null when it could not be reached at join (then

@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/buffer_socket_protocol.h"
@@ -44,12 +46,20 @@ absl::StatusOr<common::UniqueFd> BufferChannel::Dial(const std::string& path) {
   if (!fd.valid()) {
     return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
   }
-  if (connect(fd.get(), reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+  // A full backlog can be a burst of processes joining at once: asked again for about 300 ms
+  // (10 ms doubling to 160 ms) before it counts as an agent that stopped accepting.
+  int connected = connect(fd.get(), reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  for (auto pause = std::chrono::milliseconds(10);
+       connected != 0 && errno == EAGAIN && pause <= std::chrono::milliseconds(160); pause *= 2) {
+    std::this_thread::sleep_for(pause);  // a bounded retry of a refused connect, not a wait
+    connected = connect(fd.get(), reinterpret_cast<sockaddr*>(&address), sizeof(address));
+  }
+  if (connected != 0) {
     const int error = errno;
     if (error == EAGAIN) {
-      return absl::UnavailableError(
-          absl::StrCat("the agent's buffer socket '", path,
-                       "' accepts no connections (its backlog is full: is the agent stuck?)"));
+      return absl::UnavailableError(absl::StrCat(
+          "the agent's buffer socket '", path,
+          "' accepted no connection for 300 ms (its backlog is full: is the agent stuck?)"));
     }
     if (error == EACCES || error == EPERM) {
       return absl::PermissionDeniedError(absl::StrCat(

@@ -683,6 +683,22 @@ TEST_F(ClientTest, AWaitEndsWhenTheAgentHasNotAnsweredForTheLimit) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// A limit of milliseconds::max() means never (it overflowed in the clock's nanoseconds into a
+// limit already passed, and the second unanswered RPC ended the wait).
+TEST_F(ClientTest, AnUnansweredWaitLimitOfMaxNeverEndsTheWait) {
+  options_.max_unanswered_wait = std::chrono::milliseconds::max();
+  std::unique_ptr<Client> client = Join();
+  ASSERT_NE(client, nullptr);
+  auto buffer = client->AllocateBuffer(1024);
+  ASSERT_TRUE(buffer.ok());
+  auto handle = client->AllReduceAsync("unreachable", **buffer, 0, 4, common::DataType::kFloat32,
+                                       ReduceOp::kSum);
+  ASSERT_TRUE(handle.ok());
+  absl::Status status = handle->Wait(300ms);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+  EXPECT_GE(agent_.waits_for(handle->id()), 2);
+}
+
 // On the control ring a frozen agent shows only as results that do not come: after each
 // max_unanswered_wait without the result the client asks the agent whether it answers. While it
 // does, the wait runs to its own deadline; once it does not, the wait ends with UNAVAILABLE.
@@ -690,7 +706,7 @@ TEST_F(ClientTest, ARingWaitAsksTheAgentAndEndsWhenItDoesNotAnswer) {
   agent_.OfferRing();
   options_.control_ring = true;
   options_.max_unanswered_wait = 100ms;
-  options_.rpc_timeout = 300ms;
+  options_.rpc_timeout = 2s;  // an answered question within it, even under sanitizers
   std::unique_ptr<Client> client = Join();
   ASSERT_NE(client, nullptr);
   ASSERT_TRUE(client->has_control_ring());

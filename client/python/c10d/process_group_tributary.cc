@@ -11,6 +11,7 @@
 #include <map>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/python/c10d/callback_threads.h"
@@ -18,6 +19,17 @@
 
 namespace tributary::client::c10d {
 namespace {
+
+// `timeout` from now, saturated: a timeout meant as "no limit" (a huge timedelta) overflowed in
+// nanoseconds into a deadline in the past.
+std::chrono::steady_clock::time_point DeadlineAfter(std::chrono::milliseconds timeout) {
+  const auto now = std::chrono::steady_clock::now();
+  if (timeout >= std::chrono::duration_cast<std::chrono::milliseconds>(
+                     std::chrono::steady_clock::time_point::max() - now)) {
+    return std::chrono::steady_clock::time_point::max();
+  }
+  return now + std::max(timeout, std::chrono::milliseconds(0));
+}
 
 using ::c10d::OpType;
 
@@ -167,8 +179,8 @@ WorkTributary::WorkTributary(int rank, OpType type, std::string what,
 }
 
 bool WorkTributary::wait(std::chrono::milliseconds timeout) {
-  const auto deadline = timeout == kNoTimeout ? std::chrono::steady_clock::time_point::max()
-                                              : std::chrono::steady_clock::now() + timeout;
+  const auto deadline =
+      timeout == kNoTimeout ? std::chrono::steady_clock::time_point::max() : DeadlineAfter(timeout);
   {
     std::unique_lock<std::mutex> lock(mutex_);
     if (timeout == kNoTimeout) {
@@ -318,7 +330,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupTributary::Start(
   {
     std::lock_guard<std::mutex> lock(mu_);
     pending_.push_back(Pending{*std::move(handle), work, *std::move(lease), std::move(copy_out),
-                               std::chrono::steady_clock::now() + timeout_});
+                               DeadlineAfter(timeout_)});
   }
   cv_.notify_one();
   return work;
@@ -340,7 +352,10 @@ void ProcessGroupTributary::CompletionLoop() {
     const auto left =
         std::chrono::ceil<std::chrono::milliseconds>(p.deadline - std::chrono::steady_clock::now());
     absl::Status status = p.handle.Wait(std::max(left, std::chrono::milliseconds(0)));
-    if (absl::IsDeadlineExceeded(status) && std::chrono::steady_clock::now() >= p.deadline) {
+    // The wait's own "not done" (Handle::Wait), not the agent's deadline for the operation.
+    if (absl::IsDeadlineExceeded(status) && std::chrono::steady_clock::now() >= p.deadline &&
+        absl::StartsWith(status.message(), "operation ") &&
+        absl::StrContains(status.message(), " not done after ")) {
       status = absl::DeadlineExceededError(
           absl::StrCat("not done within the process group's timeout of ", timeout_.count(),
                        " ms from its submission (", status.message(), ")"));

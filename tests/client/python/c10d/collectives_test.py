@@ -206,6 +206,17 @@ class CollectivesTest(unittest.TestCase):
                 self.assertTrue(torch.equal(t, pattern(n) * self.sum_of_ranks()))
         dist.barrier()
 
+    def test_a_group_timeout_meant_as_no_limit(self):
+        # A timedelta of a thousand years overflowed the deadlines (in the clock's nanoseconds)
+        # into the past, and every collective failed at once.
+        import datetime
+        import tributary.distributed as td
+        forever = td.create(None, self.rank, self.world, datetime.timedelta(days=365 * 1000))
+        t = pattern(N) * (self.rank + 1)
+        work = forever.allreduce([t])
+        self.assertTrue(work.wait())
+        self.assertTrue(torch.equal(t, pattern(N) * self.sum_of_ranks()))
+
     def test_allreduce_coalesced(self):
         # Tensors of several sizes and shapes (one not contiguous), one all-reduce for all.
         base = pattern(2 * N).reshape(N // 10, 20) * (self.rank + 1)
