@@ -384,6 +384,7 @@ std::optional<absl::Status> Handle::WaitAttempt(const Attempt& attempt,
     // Results come through the ring, from no RPC: a frozen agent (its connection and the
     // KeepAlive stream still open) shows only as results that do not come. So after each
     // max_unanswered_wait without the result the agent is asked whether it still answers.
+    const auto waiting_since = Clock::now();
     while (true) {
       const auto now = Clock::now();
       // (At least 100 ms between questions: a limit of 0 would ask in a loop.)
@@ -395,11 +396,11 @@ std::optional<absl::Status> Handle::WaitAttempt(const Attempt& attempt,
       if (Clock::now() >= deadline) return std::nullopt;
       if (absl::Status answered = session_->ProbeAgent(); !answered.ok()) {
         if (std::optional<absl::Status> ended = session_->ended()) return *ended;
-        return absl::UnavailableError(
-            absl::StrCat("operation ", state_->name, ": no result on the control ring for ",
-                         std::chrono::duration_cast<milliseconds>(Clock::now() - now).count(),
-                         " ms and the agent did not answer (", answered.ToString(),
-                         "); the operation may go on there"));
+        return absl::UnavailableError(absl::StrCat(
+            "operation ", state_->name, ": no result on the control ring for ",
+            std::chrono::duration_cast<milliseconds>(Clock::now() - waiting_since).count(),
+            " ms and the agent did not answer (", answered.ToString(),
+            "); the operation may go on there"));
       }
     }
   }

@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -372,6 +373,27 @@ class ClientTest : public ::testing::Test {
     return client.ok() ? std::move(*client) : nullptr;
   }
 
+  // A joined client with an all-reduce of 4 floats named `name` (the fake agent's names steer
+  // its answers) started on a buffer of its own; nullopt (with the failure reported) if any
+  // step failed.
+  struct Started {
+    std::unique_ptr<Client> client;
+    std::shared_ptr<SharedBuffer> buffer;
+    Handle handle;
+  };
+  std::optional<Started> StartAllReduce(const std::string& name) {
+    std::unique_ptr<Client> client = Join();
+    if (client == nullptr) return std::nullopt;
+    auto buffer = client->AllocateBuffer(1024);
+    EXPECT_TRUE(buffer.ok()) << buffer.status();
+    if (!buffer.ok()) return std::nullopt;
+    auto handle =
+        client->AllReduceAsync(name, **buffer, 0, 4, common::DataType::kFloat32, ReduceOp::kSum);
+    EXPECT_TRUE(handle.ok()) << handle.status();
+    if (!handle.ok()) return std::nullopt;
+    return Started{std::move(client), *std::move(buffer), *std::move(handle)};
+  }
+
   std::string socket_path_;
   FakeAgent agent_;
   std::unique_ptr<grpc::Server> server_;
@@ -651,14 +673,9 @@ TEST_F(ClientTest, AWaitRpcThatFailedInTransportIsAskedAgain) {
 // An answer lost on the way back: the agent no longer knows the handle when asked again. That is
 // UNAVAILABLE "result lost", not the agent's NOT_FOUND.
 TEST_F(ClientTest, AResultLostOnTheWayBackIsUnavailable) {
-  std::unique_ptr<Client> client = Join();
-  ASSERT_NE(client, nullptr);
-  auto buffer = client->AllocateBuffer(1024);
-  ASSERT_TRUE(buffer.ok());
-  auto handle = client->AllReduceAsync("answer-lost", **buffer, 0, 4, common::DataType::kFloat32,
-                                       ReduceOp::kSum);
-  ASSERT_TRUE(handle.ok());
-  absl::Status status = handle->Wait(20s);
+  std::optional<Started> op = StartAllReduce("answer-lost");
+  ASSERT_TRUE(op);
+  absl::Status status = op->handle.Wait(20s);
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
   EXPECT_THAT(status.message(), HasSubstr("operation answer-lost: its result was lost"));
 }
@@ -667,17 +684,12 @@ TEST_F(ClientTest, AResultLostOnTheWayBackIsUnavailable) {
 // after max_unanswered_wait, not at its own deadline.
 TEST_F(ClientTest, AWaitEndsWhenTheAgentHasNotAnsweredForTheLimit) {
   options_.max_unanswered_wait = 200ms;
-  std::unique_ptr<Client> client = Join();
-  ASSERT_NE(client, nullptr);
-  auto buffer = client->AllocateBuffer(1024);
-  ASSERT_TRUE(buffer.ok());
-  auto handle = client->AllReduceAsync("unreachable", **buffer, 0, 4, common::DataType::kFloat32,
-                                       ReduceOp::kSum);
-  ASSERT_TRUE(handle.ok());
-  absl::Status status = handle->Wait(std::chrono::milliseconds::max());
+  std::optional<Started> op = StartAllReduce("unreachable");
+  ASSERT_TRUE(op);
+  absl::Status status = op->handle.Wait(std::chrono::milliseconds::max());
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
   EXPECT_THAT(status.message(), HasSubstr("the agent has not answered Wait RPCs for"));
-  EXPECT_GE(agent_.waits_for(handle->id()), 2);
+  EXPECT_GE(agent_.waits_for(op->handle.id()), 2);
   options_.max_unanswered_wait = -1ms;
   EXPECT_EQ(Client::Connect(options_, "job", 1, 2).status().code(),
             absl::StatusCode::kInvalidArgument);
@@ -687,16 +699,11 @@ TEST_F(ClientTest, AWaitEndsWhenTheAgentHasNotAnsweredForTheLimit) {
 // limit already passed, and the second unanswered RPC ended the wait).
 TEST_F(ClientTest, AnUnansweredWaitLimitOfMaxNeverEndsTheWait) {
   options_.max_unanswered_wait = std::chrono::milliseconds::max();
-  std::unique_ptr<Client> client = Join();
-  ASSERT_NE(client, nullptr);
-  auto buffer = client->AllocateBuffer(1024);
-  ASSERT_TRUE(buffer.ok());
-  auto handle = client->AllReduceAsync("unreachable", **buffer, 0, 4, common::DataType::kFloat32,
-                                       ReduceOp::kSum);
-  ASSERT_TRUE(handle.ok());
-  absl::Status status = handle->Wait(300ms);
+  std::optional<Started> op = StartAllReduce("unreachable");
+  ASSERT_TRUE(op);
+  absl::Status status = op->handle.Wait(300ms);
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
-  EXPECT_GE(agent_.waits_for(handle->id()), 2);
+  EXPECT_GE(agent_.waits_for(op->handle.id()), 2);
 }
 
 // On the control ring a frozen agent shows only as results that do not come: after each
@@ -707,22 +714,17 @@ TEST_F(ClientTest, ARingWaitAsksTheAgentAndEndsWhenItDoesNotAnswer) {
   options_.control_ring = true;
   options_.max_unanswered_wait = 100ms;
   options_.rpc_timeout = 2s;  // an answered question within it, even under sanitizers
-  std::unique_ptr<Client> client = Join();
-  ASSERT_NE(client, nullptr);
-  ASSERT_TRUE(client->has_control_ring());
-  auto buffer = client->AllocateBuffer(1024);
-  ASSERT_TRUE(buffer.ok()) << buffer.status();
-  auto handle =
-      client->AllReduceAsync("t", **buffer, 0, 4, common::DataType::kFloat32, ReduceOp::kSum);
-  ASSERT_TRUE(handle.ok()) << handle.status();
-  ASSERT_TRUE(handle->via_control_ring());
+  std::optional<Started> op = StartAllReduce("t");
+  ASSERT_TRUE(op);
+  ASSERT_TRUE(op->client->has_control_ring());
+  ASSERT_TRUE(op->handle.via_control_ring());
 
-  absl::Status status = handle->Wait(1s);  // answered each time: to the deadline
+  absl::Status status = op->handle.Wait(1s);  // answered each time: to the deadline
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
   EXPECT_GE(agent_.probes(), 2);
 
   agent_.Freeze(true);
-  status = handle->Wait(std::chrono::milliseconds::max());
+  status = op->handle.Wait(std::chrono::milliseconds::max());
   agent_.Freeze(false);
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
   EXPECT_THAT(status.message(), HasSubstr("operation t: no result on the control ring for"));
