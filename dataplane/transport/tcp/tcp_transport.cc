@@ -83,6 +83,24 @@ void SetNoDelay(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
+// TCP_USER_TIMEOUT and keepalive for `timeout` (see TcpTransportOptions::peer_timeout): probes
+// after a third of it idle, then every sixth of it (whole seconds, at least one each), and the
+// connection fails once `timeout` passed without an answer. 0 leaves the kernel's defaults.
+void SetPeerTimeout(int fd, std::chrono::milliseconds timeout) {
+  if (timeout.count() <= 0) return;
+  const int user_timeout = static_cast<int>(std::min<int64_t>(timeout.count(), INT32_MAX));
+  const int seconds = static_cast<int>(std::min<int64_t>(timeout.count() / 1000, 32767));
+  const int idle = std::max(1, seconds / 3);
+  const int interval = std::max(1, seconds / 6);
+  const int count = std::max(1, (seconds - idle) / interval);
+  const int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof(user_timeout));
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof(interval));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
+}
+
 // TCP_NOTSENT_LOWAT: the socket takes no more bytes while this many are still unsent. 0 is the
 // system's default (net.ipv4.tcp_notsent_lowat: a send buffer of up to tcp_wmem's 4 MiB), also on
 // a socket that had a limit before.
@@ -175,6 +193,11 @@ class TcpTransport::Impl {
     }
     if (options_.read_budget_bytes == 0) {
       return absl::InvalidArgumentError("read_budget_bytes must be at least 1");
+    }
+    if (options_.peer_timeout.count() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("peer_timeout must be 0 (the kernel's defaults) or positive, not ",
+                       options_.peer_timeout.count(), " ms"));
     }
     if (!options_.congestion_control.empty()) {
       if (absl::Status usable = CheckTcpCongestionControl(options_.congestion_control);
@@ -591,6 +614,7 @@ class TcpTransport::Impl {
         socket(op.sockaddr.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) return unavailable(absl::StrCat("socket: ", ErrnoText(errno)));
     SetNoDelay(fd);
+    SetPeerTimeout(fd, options_.peer_timeout);
     SetNotSentLowat(fd, UnsentLimitFor(op.address));
     if (unsent_limits_.contains(op.address)) ++limits_applied_;
     ApplyCongestionControl(op.address, fd, /*at_connect=*/true);
@@ -665,7 +689,7 @@ class TcpTransport::Impl {
       }
       if (n < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return true;
-        FailPeer(peer, absl::StrCat("connection failed: ", ErrnoText(errno)));
+        FailPeer(peer, absl::StrCat("connection failed: ", ConnectionError(errno)));
         return false;
       }
       peer.ack_received += static_cast<size_t>(n);
@@ -687,7 +711,7 @@ class TcpTransport::Impl {
     }
     if (n < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return true;
-      FailPeer(peer, absl::StrCat("connection failed: ", ErrnoText(errno)));
+      FailPeer(peer, absl::StrCat("connection failed: ", ConnectionError(errno)));
       return false;
     }
     ++protocol_errors_;
@@ -739,7 +763,7 @@ class TcpTransport::Impl {
           SetWantOut(peer, true);
           break;
         }
-        FailPeer(peer, absl::StrCat("send failed: ", ErrnoText(errno)));
+        FailPeer(peer, absl::StrCat("send failed: ", ConnectionError(errno)));
         alive = false;
         break;
       }
@@ -828,6 +852,7 @@ class TcpTransport::Impl {
       conn->remote = FormatAddress(reinterpret_cast<const sockaddr*>(&remote));
       conn->handshake_deadline = Clock::now() + options_.handshake_timeout;
       SetNoDelay(fd);
+      SetPeerTimeout(fd, options_.peer_timeout);
       epoll_event event{};
       event.events = EPOLLIN;
       event.data.u64 = conn->id;
@@ -934,6 +959,15 @@ class TcpTransport::Impl {
     SetLowWater(conn);
   }
 
+  // Why a connection failed, from its errno; a timeout names the peer timeout that set it.
+  std::string ConnectionError(int error) const {
+    if (error == ETIMEDOUT && options_.peer_timeout.count() > 0) {
+      return absl::StrCat("no answer from the peer within the peer timeout of ",
+                          options_.peer_timeout.count(), " ms (", ErrnoText(error), ")");
+    }
+    return ErrnoText(error);
+  }
+
   static bool WouldBlock(ssize_t n) {
     return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR);
   }
@@ -968,7 +1002,7 @@ class TcpTransport::Impl {
     if (n > 0) return true;
     if (n < 0) {
       Log()->info("tcp transport {}: connection from {} failed: {}{}", address_, conn.Name(),
-                  ErrnoText(errno), conn.in_frame ? " (a partial frame is dropped)" : "");
+                  ConnectionError(errno), conn.in_frame ? " (a partial frame is dropped)" : "");
       CloseInbound(conn);
       return false;
     }

@@ -68,6 +68,15 @@ struct TcpTransportOptions {
   std::chrono::milliseconds connect_timeout{5000};
   // How long an accepted connection may take to send its complete handshake before it is closed.
   std::chrono::milliseconds handshake_timeout{5000};
+  // How long a connection may go without an answer from its peer's kernel before it fails: sent
+  // bytes unacknowledged, a receive window closed, or keepalive probes unanswered on an idle
+  // connection (TCP_USER_TIMEOUT and SO_KEEPALIVE, on outgoing and accepted connections). A peer
+  // host that is gone, or a peer that stopped reading, then fails the sends queued to it with
+  // UNAVAILABLE and releases their payloads, instead of holding them for the kernel's default
+  // retransmission limit (net.ipv4.tcp_retries2: about 15 minutes) or for good. Keepalive
+  // counts whole seconds, so an idle connection's probes start after at least 1 s. 0 leaves the
+  // kernel's defaults; negative is INVALID_ARGUMENT.
+  std::chrono::milliseconds peer_timeout{30000};
   // The largest payload a frame may announce, in bytes; larger sends fail with INVALID_ARGUMENT,
   // larger incoming frames close their connection.
   uint64_t max_payload_bytes = uint64_t{1} << 30;

@@ -184,6 +184,127 @@ TEST(TcpTransportTest, BadOptionsAreInvalidArgument) {
   options = {};
   options.read_budget_bytes = 0;
   EXPECT_EQ(TcpTransport::Create(options).status().code(), absl::StatusCode::kInvalidArgument);
+  options = {};
+  options.peer_timeout = std::chrono::milliseconds(-1);
+  const absl::Status negative = TcpTransport::Create(options).status();
+  EXPECT_EQ(negative.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(negative.message(), HasSubstr("peer_timeout"));
+}
+
+// The descriptors of this process's TCP connections accepted on `listener`'s port.
+std::vector<int> ConnectionsAcceptedOn(const std::string& listener) {
+  std::vector<int> found;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    const int fd = std::stoi(entry.path().filename().string());
+    sockaddr_in local{}, remote{};
+    socklen_t length = sizeof(local);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) != 0 ||
+        local.sin_family != AF_INET) {
+      continue;
+    }
+    length = sizeof(remote);
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&remote), &length) != 0) continue;
+    if (absl::StrCat("127.0.0.1:", ntohs(local.sin_port)) == listener) found.push_back(fd);
+  }
+  return found;
+}
+
+struct PeerTimeoutOptions {
+  int user_timeout_ms = -1;
+  int keepalive = -1;
+  int idle_s = -1;
+  int interval_s = -1;
+  int count = -1;
+};
+
+PeerTimeoutOptions PeerTimeoutOf(int fd) {
+  PeerTimeoutOptions got;
+  socklen_t size = sizeof(int);
+  getsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &got.user_timeout_ms, &size);
+  size = sizeof(int);
+  getsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &got.keepalive, &size);
+  size = sizeof(int);
+  getsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &got.idle_s, &size);
+  size = sizeof(int);
+  getsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &got.interval_s, &size);
+  size = sizeof(int);
+  getsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &got.count, &size);
+  return got;
+}
+
+// Both ends of a connection carry the peer timeout: TCP_USER_TIMEOUT, and keepalive probes after
+// a third of it idle, every sixth, failing at the timeout.
+TEST(TcpTransportTest, ConnectionsCarryThePeerTimeout) {
+  TcpTransportOptions options;
+  options.peer_timeout = std::chrono::milliseconds(30000);
+  auto a = Make(options);
+  auto b = Make(options);
+  ASSERT_TRUE(a && b);
+  Inbox b_inbox;
+  StopOnExit stop{a.get(), b.get()};
+  b->SetReceiveHandler(b_inbox.Handler());
+  ASSERT_TRUE(SendAndWait(*a, b->Address(), Bytes("a"), Pattern(100, 1)).ok());
+  ASSERT_TRUE(b_inbox.WaitFor(1));
+
+  const int outgoing = ConnectionTo(b->Address());
+  ASSERT_GE(outgoing, 0);
+  const std::vector<int> accepted = ConnectionsAcceptedOn(b->Address());
+  ASSERT_EQ(accepted.size(), 1u);
+  for (const int fd : {outgoing, accepted[0]}) {
+    const PeerTimeoutOptions got = PeerTimeoutOf(fd);
+    EXPECT_EQ(got.user_timeout_ms, 30000) << "fd " << fd;
+    EXPECT_EQ(got.keepalive, 1) << "fd " << fd;
+    EXPECT_EQ(got.idle_s, 10) << "fd " << fd;
+    EXPECT_EQ(got.interval_s, 5) << "fd " << fd;
+    EXPECT_EQ(got.count, 4) << "fd " << fd;
+  }
+}
+
+// peer_timeout 0 leaves the kernel's defaults: no user timeout, no keepalive.
+TEST(TcpTransportTest, PeerTimeoutZeroLeavesTheKernelDefaults) {
+  TcpTransportOptions options;
+  options.peer_timeout = std::chrono::milliseconds(0);
+  auto a = Make(options);
+  auto b = Make(options);
+  ASSERT_TRUE(a && b);
+  Inbox b_inbox;
+  StopOnExit stop{a.get(), b.get()};
+  b->SetReceiveHandler(b_inbox.Handler());
+  ASSERT_TRUE(SendAndWait(*a, b->Address(), Bytes("a"), Pattern(100, 1)).ok());
+  ASSERT_TRUE(b_inbox.WaitFor(1));
+  const PeerTimeoutOptions got = PeerTimeoutOf(ConnectionTo(b->Address()));
+  EXPECT_EQ(got.user_timeout_ms, 0);
+  EXPECT_EQ(got.keepalive, 0);
+}
+
+// A peer that completed the handshake and then stopped reading (a stuck process; a host that is
+// gone looks the same to the sender once its bytes go unacknowledged): the send that cannot
+// leave fails with UNAVAILABLE naming the peer once the peer timeout passes, instead of holding
+// its payload while the kernel probes the closed window for good; the next send reconnects.
+TEST(TcpTransportTest, PeerThatStopsReadingFailsTheSendAtThePeerTimeout) {
+  TcpTransportOptions options;
+  options.peer_timeout = std::chrono::milliseconds(300);
+  auto a = Make(options);
+  ASSERT_NE(a, nullptr);
+  BlackHole stuck;
+  Completions completions;
+  StopOnExit stop{a.get()};
+  // More than the two kernels' buffers hold (send buffer, receive buffer): it cannot complete.
+  const std::vector<std::byte> payload = Pattern(64 << 20, 3);
+  const auto start = Clock::now();
+  a->Send(stuck.address(), Bytes("h"), payload, completions.Callback());
+  const int fd = accept(stuck.fd(), nullptr, nullptr);
+  ASSERT_GE(fd, 0);
+  const std::vector<std::byte> ack = tcp::EncodeAck();
+  ASSERT_EQ(send(fd, ack.data(), ack.size(), MSG_NOSIGNAL), static_cast<ssize_t>(ack.size()));
+  // Never read: the window closes, the kernel probes it, and the peer timeout ends it.
+  ASSERT_TRUE(completions.WaitFor(1, std::chrono::seconds(20)));
+  const absl::Status status = completions.Statuses()[0];
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_THAT(status.message(), HasSubstr(stuck.address()));
+  EXPECT_THAT(status.message(), HasSubstr("peer timeout of 300 ms"));
+  EXPECT_GE(Clock::now() - start, std::chrono::milliseconds(300));
+  close(fd);
 }
 
 TEST(TcpTransportTest, OneConnectionPerDirectionIsReused) {
