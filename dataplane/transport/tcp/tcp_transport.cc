@@ -928,13 +928,14 @@ class TcpTransport::Impl {
           conn.in_frame ? conn.frame.payload_length - conn.payload_received : 0;
       if (conn.in_frame && conn.header_received == conn.frame.header_length &&
           conn.begin == conn.end && payload_left >= kDirectReadBytes) {
-        const ssize_t n = recv(conn.fd, conn.payload.get() + conn.payload_received,
-                               std::min<uint64_t>(payload_left, budget), 0);
+        const size_t wanted = static_cast<size_t>(std::min<uint64_t>(payload_left, budget));
+        const ssize_t n = recv(conn.fd, conn.payload.get() + conn.payload_received, wanted, 0);
         if (WouldBlock(n)) break;
         if (!Received(conn, n)) return;
         conn.payload_received += static_cast<uint64_t>(n);
         budget -= std::min(budget, static_cast<size_t>(n));
         if (conn.payload_received == conn.frame.payload_length) DeliverPartial(conn);
+        if (static_cast<size_t>(n) < wanted) break;  // Drained (see below).
         continue;
       }
       if (conn.begin == conn.end) {
@@ -946,12 +947,16 @@ class TcpTransport::Impl {
         conn.end -= conn.begin;
         conn.begin = 0;
       }
-      const ssize_t n = recv(conn.fd, conn.buffer.get() + conn.end, kReadBufferBytes - conn.end, 0);
+      const size_t wanted = kReadBufferBytes - conn.end;
+      const ssize_t n = recv(conn.fd, conn.buffer.get() + conn.end, wanted, 0);
       if (WouldBlock(n)) break;
       if (!Received(conn, n)) return;
       conn.end += static_cast<size_t>(n);
       budget -= std::min(budget, static_cast<size_t>(n));
       if (!ParseBuffered(conn)) return;
+      // A short read took everything queued: stop here rather than pay a recv that finds the
+      // socket empty (one per wake-up; epoll is level-triggered and reports what comes later).
+      if (static_cast<size_t>(n) < wanted) break;
     }
     // The socket would block or the budget ran out: either way the mark must follow what was
     // read since it was set (on the budget with bytes still queued too: a frame whose rest fell
