@@ -9,7 +9,6 @@
 #include <atomic>
 #include <cstring>
 #include <map>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -230,75 +229,6 @@ void WorkTributary::Finish(std::exception_ptr error) {
   });
 }
 
-// Before a new group's first collective, every rank runs an all-reduce of one element under
-// "c10d.<group>.join.<attempt>", and the group is returned once it has summed to the world size.
-//
-// Why: a process that joins the job again (a job in phases calls destroy_process_group, then
-// init_process_group) is a replaced process to its agent, and the job moves to a new membership
-// generation. A process whose session is older than that move -- it joined before it, or it kept
-// the session of a group it still holds -- has its collectives refused with "[membership
-// changed ...]". Here nothing has run in the new group yet, so such a rank resyncs its session
-// and submits again; an attempt that ran across the move fails for every rank ("plan changed
-// ... retry"), and all try again under the next attempt's name. The all-reduce completes only
-// once every rank is in the same generation, and the group's collectives start on a settled
-// membership instead of failing the first one (tests/client/python/c10d/reinit_kept_test.py).
-// Bounded by the group's timeout.
-namespace {
-absl::Status SettleMembership(Connection& connection, int group_index,
-                              std::chrono::milliseconds timeout) {
-  Client& client = *connection.client;
-  const auto deadline = DeadlineAfter(timeout);
-  absl::StatusOr<std::unique_ptr<StagingPool::Lease>> lease = connection.pool->Acquire(1);
-  if (!lease.ok()) return lease.status();
-  std::chrono::milliseconds backoff(50);
-  for (int attempt = 0;;) {
-    const std::string name = absl::StrCat("c10d.", group_index, ".join.", attempt);
-    const float one = 1;
-    std::memcpy((*lease)->data(), &one, sizeof(one));
-    absl::StatusOr<Handle> handle = client.AllReduceAsync(
-        name, (*lease)->buffer(), 0, 1, common::DataType::kFloat32, ReduceOp::kSum);
-    absl::Status status = handle.status();
-    if (handle.ok()) {
-      const auto left =
-          std::chrono::ceil<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      status = handle->Wait(std::max(left, std::chrono::milliseconds(0)));
-    }
-    if (status.ok()) {
-      float sum = 0;
-      std::memcpy(&sum, (*lease)->data(), sizeof(sum));
-      if (sum != static_cast<float>(client.world_size())) {
-        return absl::InternalError(absl::StrCat("the group's first all-reduce summed to ", sum,
-                                                ", not the job's ", client.world_size(),
-                                                " processes"));
-      }
-      return absl::OkStatus();
-    }
-    const bool membership = IsMembershipChanged(status);
-    if ((!membership && !absl::IsUnavailable(status)) ||
-        std::chrono::steady_clock::now() >= deadline) {
-      (*lease)->Discard();  // It may still run in the agent.
-      return status;
-    }
-    if (membership) {
-      // Refused (or aborted before it ran) for a session of an older generation: the others'
-      // attempt still waits for this one, under the same name, at iteration 0 after the resync.
-      if (absl::Status resynced = client.Resync(); !resynced.ok()) {
-        return absl::Status(resynced.code(),
-                            absl::StrCat("resyncing after a membership change (", status.message(),
-                                         "): ", resynced.message()));
-      }
-      continue;
-    }
-    // It ran and failed, for every rank (a collective's failure reaches all of its ranks):
-    // typically ranks on both sides of the generation's move, on different plans. All try
-    // again under the next name.
-    ++attempt;
-    std::this_thread::sleep_for(backoff);
-    backoff = std::min(backoff * 2, std::chrono::milliseconds(500));
-  }
-}
-}  // namespace
-
 c10::intrusive_ptr<ProcessGroupTributary> ProcessGroupTributary::Create(int rank, int size,
                                                                         const Options& options) {
   std::shared_ptr<Connection> connection;
@@ -331,34 +261,18 @@ c10::intrusive_ptr<ProcessGroupTributary> ProcessGroupTributary::Create(int rank
       g_connection = connection;
     }
   }
-  // Where the job puts this process; checked before the first all-reduce (a rank that fails
-  // them does not leave the others waiting for it) and after (a resync may move an elastic job).
-  const auto check_place = [&] {
-    const Client& c = *connection->client;
-    TORCH_CHECK(size == static_cast<int>(c.world_size()),
-                "tributary: a process group must hold the whole job: job ", c.job_id(), " has ",
-                c.world_size(), " processes but the group asks for ", size,
-                " (subgroups are not supported; the world size must equal the job's, as "
-                "TRIBUTARY_WORLD_SIZE says)");
-    TORCH_CHECK(rank == static_cast<int>(c.global_rank()),
-                "tributary: the group gives this process rank ", rank, " but job ", c.job_id(),
-                " has it at global rank ", c.global_rank(), " (node rank * ", c.local_size(),
-                " + local rank ", c.local_rank(), "); set RANK to TRIBUTARY_RANK");
-  };
-  check_place();
-  const int group_index = g_next_group++;
-  {
-    // The wait blocks on the other ranks: without the GIL.
-    PyThreadState* saved = nullptr;
-    if (Py_IsInitialized() && PyGILState_Check()) saved = PyEval_SaveThread();
-    const absl::Status settled = SettleMembership(*connection, group_index, options.timeout);
-    if (saved != nullptr) PyEval_RestoreThread(saved);
-    TORCH_CHECK(settled.ok(), "tributary: the new process group's first all-reduce (every rank ",
-                "joining job ", connection->client->job_id(), ") failed: ", StatusText(settled));
-  }
-  check_place();
+  const Client& c = *connection->client;
+  TORCH_CHECK(size == static_cast<int>(c.world_size()),
+              "tributary: a process group must hold the whole job: job ", c.job_id(), " has ",
+              c.world_size(), " processes but the group asks for ", size,
+              " (subgroups are not supported; the world size must equal the job's, as "
+              "TRIBUTARY_WORLD_SIZE says)");
+  TORCH_CHECK(rank == static_cast<int>(c.global_rank()),
+              "tributary: the group gives this process rank ", rank, " but job ", c.job_id(),
+              " has it at global rank ", c.global_rank(), " (node rank * ", c.local_size(),
+              " + local rank ", c.local_rank(), "); set RANK to TRIBUTARY_RANK");
   return c10::make_intrusive<ProcessGroupTributary>(rank, size, std::move(connection),
-                                                    options.timeout, group_index);
+                                                    options.timeout, g_next_group++);
 }
 
 ProcessGroupTributary::ProcessGroupTributary(int rank, int size,
