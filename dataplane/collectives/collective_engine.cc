@@ -174,6 +174,14 @@ uint64_t CollectiveEngine::GenerationStartLocked(uint64_t job) const {
   return g == generations_.end() ? 0 : g->second.second;
 }
 
+std::chrono::nanoseconds CollectiveEngine::EarlyTtlLocked(uint64_t job) const {
+  std::chrono::nanoseconds ttl = kTombstoneTtl;
+  if (auto it = jobs_.find(job); it != jobs_.end()) {
+    ttl = std::max(ttl, std::chrono::nanoseconds(it->second->op_timeout));
+  }
+  return ttl;
+}
+
 void CollectiveEngine::RemoveJob(uint64_t job) {
   std::vector<Outgoing> out;
   std::vector<Completion> done;
@@ -900,10 +908,20 @@ void CollectiveEngine::ExpireStale() {
     }
     for (auto it = early_.begin(); it != early_.end();) {
       auto& q = it->second;
-      while (!q.empty() && now - q.front().arrived > kTombstoneTtl) {
+      const std::chrono::nanoseconds ttl = EarlyTtlLocked(it->first.job);
+      uint64_t dropped = 0;
+      while (!q.empty() && now - q.front().arrived > ttl) {
         early_bytes_ -= q.front().payload.size() + sizeof(WireHeader);
         stats_.early_dropped++;
+        ++dropped;
         q.pop_front();
+      }
+      if (dropped > 0) {
+        Log()->warn(
+            "{} early message(s) for tensor {:016x} iteration {} dropped after {} s: the "
+            "collective did not start on this rank within the job's op timeout",
+            dropped, it->first.tensor, it->first.iteration,
+            std::chrono::duration_cast<std::chrono::seconds>(ttl).count());
       }
       it = q.empty() ? early_.erase(it) : std::next(it);
     }

@@ -683,6 +683,69 @@ TEST(EarlyMessagesTest, ARankThatStartsFirstIsBufferedUntilThePeerStarts) {
   }
 }
 
+// Early messages are kept for the job's op timeout when it is longer than kTombstoneTtl: ranks
+// may start one collective minutes apart. BERT-large's fused collectives on a 4-rank ring at
+// 125 Mbit/s started up to 80 s apart (op timeout 300 s); the first step, dropped after 60 s,
+// left its receiver waiting until the op timeout and the whole ring with it (session 41). Past
+// the op timeout they are dropped (the memory stays bounded) with a warning.
+TEST(EarlyMessagesTest, AreKeptForTheJobsOpTimeout) {
+  testing::ClusterOptions o;
+  o.workers = 2;
+  o.job_id = "job-e";
+  o.plan_version = 3;
+  o.algorithm = Algorithm::kRing;
+  o.partition_bytes = 16;
+  o.op_timeout = std::chrono::seconds(300);
+  testing::Cluster cluster(o);
+  const uint64_t count = 100;
+  std::vector<std::vector<std::byte>> bufs(2, std::vector<std::byte>(count * 4));
+  for (int r = 0; r < 2; ++r) {
+    for (uint64_t i = 0; i < count; ++i) PutValue(DataType::kInt32, bufs[r].data(), i, r + 1);
+  }
+  const auto early_at_rank_1 = [&] {
+    const auto until = std::chrono::steady_clock::now() + kRingGuard;
+    while (cluster.node(1).engine().stats().early_messages == 0 &&
+           std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return cluster.node(1).engine().stats().early_messages.load();
+  };
+  auto first =
+      cluster.Post(0, Algorithm::kRing,
+                   MakeRingOp("late", 1, DataType::kInt32, count, Reduction::kSum, bufs[0]));
+  ASSERT_GT(early_at_rank_1(), 0u);
+  // Rank 1 starts 90 s later: past kTombstoneTtl, within the op timeout.
+  cluster.clock().Advance(CollectiveEngine::kTombstoneTtl + std::chrono::seconds(30));
+  cluster.node(1).engine().ExpireStale();
+  EXPECT_EQ(cluster.node(1).engine().stats().early_dropped, 0u);
+  auto second =
+      cluster.Post(1, Algorithm::kRing,
+                   MakeRingOp("late", 1, DataType::kInt32, count, Reduction::kSum, bufs[1]));
+  EXPECT_TRUE(Await(first).ok());
+  EXPECT_TRUE(Await(second).ok());
+  for (int r = 0; r < 2; ++r) {
+    for (uint64_t i = 0; i < count; ++i) {
+      ASSERT_EQ(GetValue(DataType::kInt32, bufs[r].data(), i), 3) << "rank " << r << " at " << i;
+    }
+  }
+
+  // Past the op timeout an early message goes.
+  auto lone =
+      cluster.Post(0, Algorithm::kRing,
+                   MakeRingOp("alone", 1, DataType::kInt32, count, Reduction::kSum, bufs[0]));
+  const uint64_t before = cluster.node(1).engine().stats().early_messages.load();
+  const auto until = std::chrono::steady_clock::now() + kRingGuard;
+  while (cluster.node(1).engine().stats().early_messages == before &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  cluster.clock().Advance(o.op_timeout + std::chrono::milliseconds(1));
+  cluster.node(1).engine().ExpireStale();
+  EXPECT_GT(cluster.node(1).engine().stats().early_dropped, 0u);
+  cluster.node(0).engine().ExpireStale();  // rank 0's own operation times out
+  EXPECT_EQ(Await(lone).code(), absl::StatusCode::kDeadlineExceeded);
+}
+
 // With two local processes the engine sums their buffers before the nodes run and copies the
 // result back to the second after: that copy, and the average, run in done, after the engine
 // dropped its operation. The operation's keepalive (the processes' shared-memory mappings in the
