@@ -84,8 +84,10 @@ void SetNoDelay(int fd) {
 }
 
 // TCP_USER_TIMEOUT and keepalive for `timeout` (see TcpTransportOptions::peer_timeout): probes
-// after a third of it idle, then every sixth of it (whole seconds, at least one each), and the
-// connection fails once `timeout` passed without an answer. 0 leaves the kernel's defaults.
+// after a third of it idle, then every sixth of it (whole seconds, at least one each); the
+// connection fails once `timeout` passed without an answer (for an idle one, at the first
+// unanswered probe past it: with TCP_USER_TIMEOUT set, Linux ignores TCP_KEEPCNT, which is set
+// for kernels that do not). 0 leaves the kernel's defaults.
 void SetPeerTimeout(int fd, std::chrono::milliseconds timeout) {
   if (timeout.count() <= 0) return;
   const int user_timeout = static_cast<int>(std::min<int64_t>(timeout.count(), INT32_MAX));

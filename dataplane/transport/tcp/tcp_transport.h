@@ -73,9 +73,10 @@ struct TcpTransportOptions {
   // connection (TCP_USER_TIMEOUT and SO_KEEPALIVE, on outgoing and accepted connections). A peer
   // host that is gone, or a peer that stopped reading, then fails the sends queued to it with
   // UNAVAILABLE and releases their payloads, instead of holding them for the kernel's default
-  // retransmission limit (net.ipv4.tcp_retries2: about 15 minutes) or for good. Keepalive
-  // counts whole seconds, so an idle connection's probes start after at least 1 s. 0 leaves the
-  // kernel's defaults; negative is INVALID_ARGUMENT.
+  // retransmission limit (net.ipv4.tcp_retries2: about 15 minutes) or for good (a closed window
+  // fails at the timeout from Linux 5.11 on). Keepalive counts whole seconds: an idle
+  // connection fails at its first unanswered probe past the timeout, not before 2 s. 0 leaves
+  // the kernel's defaults; negative is INVALID_ARGUMENT.
   std::chrono::milliseconds peer_timeout{30000};
   // The largest payload a frame may announce, in bytes; larger sends fail with INVALID_ARGUMENT,
   // larger incoming frames close their connection.
