@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -561,8 +562,11 @@ void CollectiveEngine::HandleMessage(const WireHeader& h, std::span<const std::b
       stats_.late_messages++;
     } else if (early_bytes_ + payload.size() + sizeof(WireHeader) > kMaxEarlyBytes) {
       stats_.early_dropped++;
-      Log()->warn("early message for tensor {:016x} iteration {} dropped: {} bytes already held",
-                  h.tensor, h.iteration, early_bytes_);
+      // The first drop until the next ExpireStale is logged, the rest summed up there.
+      if (early_capped_since_sweep_++ == 0) {
+        Log()->warn("early message for tensor {:016x} iteration {} dropped: {} bytes already held",
+                    h.tensor, h.iteration, early_bytes_);
+      }
     } else {
       stats_.early_messages++;
       early_bytes_ += payload.size() + sizeof(WireHeader);
@@ -865,6 +869,19 @@ void CollectiveEngine::Flush(std::vector<Outgoing> out, std::vector<Completion> 
 void CollectiveEngine::SetTombstoneLocked(const CollectiveKey& key, absl::Status status,
                                           uint64_t epoch) {
   const common::Clock::TimePoint expires = clock_->Now() + kTombstoneTtl;
+  // The early messages a failure makes useless go now rather than at their (long) expiry: those
+  // of this epoch and older (a newer plan's may belong to a run that is still to start).
+  if (!status.ok()) {
+    if (auto e = early_.find(key); e != early_.end()) {
+      std::erase_if(e->second, [&](const Early& m) {
+        if (m.header.plan_version > epoch) return false;
+        early_bytes_ -= m.payload.size() + sizeof(WireHeader);
+        stats_.early_dropped++;
+        return true;
+      });
+      if (e->second.empty()) early_.erase(e);
+    }
+  }
   tombstones_[key] = Tombstone{std::move(status), expires, epoch};
   tombstone_expiry_.emplace_back(expires, key);
 }
@@ -906,24 +923,38 @@ void CollectiveEngine::ExpireStale() {
                                   "/", op->steps.size(), ", ", waiting)),
                  true, out, done);
     }
+    if (early_capped_since_sweep_ > 1) {
+      Log()->warn("{} more early messages dropped at the {}-byte limit",
+                  early_capped_since_sweep_ - 1, kMaxEarlyBytes);
+    }
+    early_capped_since_sweep_ = 0;
+    // One line per sweep for the messages that expired: a peer that died can leave hundreds.
+    uint64_t expired = 0, expired_collectives = 0;
+    std::optional<std::pair<CollectiveKey, std::chrono::nanoseconds>> example;
     for (auto it = early_.begin(); it != early_.end();) {
       auto& q = it->second;
       const std::chrono::nanoseconds ttl = EarlyTtlLocked(it->first.job);
-      uint64_t dropped = 0;
+      const uint64_t before = expired;
       while (!q.empty() && now - q.front().arrived > ttl) {
         early_bytes_ -= q.front().payload.size() + sizeof(WireHeader);
         stats_.early_dropped++;
-        ++dropped;
+        ++expired;
         q.pop_front();
       }
-      if (dropped > 0) {
-        Log()->warn(
-            "{} early message(s) for tensor {:016x} iteration {} dropped after {} s: the "
-            "collective did not start on this rank within the job's op timeout",
-            dropped, it->first.tensor, it->first.iteration,
-            std::chrono::duration_cast<std::chrono::seconds>(ttl).count());
+      if (expired > before) {
+        ++expired_collectives;
+        if (!example) example.emplace(it->first, ttl);
       }
       it = q.empty() ? early_.erase(it) : std::next(it);
+    }
+    if (example) {
+      Log()->warn(
+          "{} early message(s) of {} collective(s) dropped (the first: tensor {:016x} iteration "
+          "{}, after {} s): they did not start on this rank within the longer of {} s and their "
+          "job's op timeout",
+          expired, expired_collectives, example->first.tensor, example->first.iteration,
+          std::chrono::duration_cast<std::chrono::seconds>(example->second).count(),
+          kTombstoneTtl.count());
     }
     // Oldest first: every tombstone lives kTombstoneTtl, so the queue is in expiry order and
     // this touches only what expires (walking the whole map cost 7% of the CPU of a 4 KiB

@@ -237,6 +237,8 @@ class CollectiveEngine : public CollectiveAlgorithm {
   // 4-rank ring at 125 Mbit/s started up to 80 s apart, and a first step dropped after 60 s left
   // the receiver waiting for it until the op timeout, and the whole ring with it (session 41).
   std::chrono::nanoseconds EarlyTtlLocked(uint64_t job) const;
+  // Early messages dropped at kMaxEarlyBytes since the last ExpireStale (the first is logged).
+  uint64_t early_capped_since_sweep_ = 0;
   std::map<CollectiveKey, std::shared_ptr<OpState>> ops_;
   std::map<CollectiveKey, std::deque<Early>> early_;
   uint64_t early_bytes_ = 0;

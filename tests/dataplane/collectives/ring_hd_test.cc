@@ -730,10 +730,10 @@ TEST(EarlyMessagesTest, AreKeptForTheJobsOpTimeout) {
   }
 
   // Past the op timeout an early message goes.
+  const uint64_t before = cluster.node(1).engine().stats().early_messages.load();
   auto lone =
       cluster.Post(0, Algorithm::kRing,
                    MakeRingOp("alone", 1, DataType::kInt32, count, Reduction::kSum, bufs[0]));
-  const uint64_t before = cluster.node(1).engine().stats().early_messages.load();
   const auto until = std::chrono::steady_clock::now() + kRingGuard;
   while (cluster.node(1).engine().stats().early_messages == before &&
          std::chrono::steady_clock::now() < until) {
@@ -744,6 +744,30 @@ TEST(EarlyMessagesTest, AreKeptForTheJobsOpTimeout) {
   EXPECT_GT(cluster.node(1).engine().stats().early_dropped, 0u);
   cluster.node(0).engine().ExpireStale();  // rank 0's own operation times out
   EXPECT_EQ(Await(lone).code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+// The early messages of a collective that failed go when the failure arrives, not at their
+// expiry (an op timeout later): they can no longer be used and would hold the shared limit.
+TEST(EarlyMessagesTest, ThoseOfAFailedCollectiveGoWithTheFailure) {
+  Ring ring(2);
+  const uint64_t count = 100;
+  std::vector<std::byte> buf(count * 4);
+  auto first = ring.Post(0, Algorithm::kRing,
+                         MakeRingOp("doomed", 2, DataType::kInt32, count, Reduction::kSum, buf));
+  const auto until = std::chrono::steady_clock::now() + kRingGuard;
+  while (ring.engine(1).stats().early_messages == 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_GT(ring.engine(1).stats().early_messages, 0u);
+  EXPECT_EQ(ring.engine(1).stats().early_dropped, 0u);
+  ring.node(0).Abort("job-r", "doomed", 2, absl::CancelledError("client left"));
+  EXPECT_EQ(Await(first).code(), absl::StatusCode::kCancelled);
+  const auto dropped_by = std::chrono::steady_clock::now() + kRingGuard;
+  while (ring.engine(1).stats().early_dropped == 0 &&
+         std::chrono::steady_clock::now() < dropped_by) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(ring.engine(1).stats().early_dropped, ring.engine(1).stats().early_messages);
 }
 
 // With two local processes the engine sums their buffers before the nodes run and copies the
