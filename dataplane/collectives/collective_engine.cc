@@ -200,7 +200,7 @@ void CollectiveEngine::RemoveJob(uint64_t job) {
     }
     for (auto it = early_.begin(); it != early_.end();) {
       if (it->first.job == job) {
-        for (const Early& e : it->second) early_bytes_ -= e.payload.size() + sizeof(WireHeader);
+        for (const Early& e : it->second) early_bytes_ -= e.bytes();
         it = early_.erase(it);
       } else {
         ++it;
@@ -436,7 +436,7 @@ absl::Status CollectiveEngine::Post(const std::string& job_id, Algorithm algorit
     if (auto e = early_.find(key); e != early_.end()) {
       std::erase_if(e->second, [&](const Early& m) {
         if (m.header.plan_version >= generation_start) return false;
-        early_bytes_ -= m.payload.size() + sizeof(WireHeader);
+        early_bytes_ -= m.bytes();
         stats_.fenced_messages++;
         return true;
       });
@@ -453,7 +453,7 @@ absl::Status CollectiveEngine::Post(const std::string& job_id, Algorithm algorit
       if (auto e = early_.find(key); e != early_.end()) {
         std::deque<Early> early = std::move(e->second);
         early_.erase(e);
-        for (const Early& m : early) early_bytes_ -= m.payload.size() + sizeof(WireHeader);
+        for (const Early& m : early) early_bytes_ -= m.bytes();
         for (const Early& m : early) {
           if (state->finished) break;
           DeliverLocked(state, m.header, m.payload, out, done);
@@ -875,7 +875,7 @@ void CollectiveEngine::SetTombstoneLocked(const CollectiveKey& key, absl::Status
     if (auto e = early_.find(key); e != early_.end()) {
       std::erase_if(e->second, [&](const Early& m) {
         if (m.header.plan_version > epoch) return false;
-        early_bytes_ -= m.payload.size() + sizeof(WireHeader);
+        early_bytes_ -= m.bytes();
         stats_.early_dropped++;
         return true;
       });
@@ -936,7 +936,7 @@ void CollectiveEngine::ExpireStale() {
       const std::chrono::nanoseconds ttl = EarlyTtlLocked(it->first.job);
       const uint64_t before = expired;
       while (!q.empty() && now - q.front().arrived > ttl) {
-        early_bytes_ -= q.front().payload.size() + sizeof(WireHeader);
+        early_bytes_ -= q.front().bytes();
         stats_.early_dropped++;
         ++expired;
         q.pop_front();

@@ -191,6 +191,8 @@ class CollectiveEngine : public CollectiveAlgorithm {
     WireHeader header;
     std::vector<std::byte> payload;
     common::Clock::TimePoint arrived;
+    // What it counts against kMaxEarlyBytes.
+    size_t bytes() const { return payload.size() + sizeof(WireHeader); }
   };
   struct Tombstone {
     absl::Status status;  // OK: finished

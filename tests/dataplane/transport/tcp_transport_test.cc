@@ -117,20 +117,39 @@ std::unique_ptr<TcpTransport> Make(TcpTransportOptions options = {}) {
   return transport.ok() ? *std::move(transport) : nullptr;
 }
 
-// This process's socket connected to `peer` ("127.0.0.1:port"), found by its remote address
-// among the open descriptors; -1 when there is none.
-int ConnectionTo(const std::string& peer) {
+// "ip:port" of an IPv4 socket address.
+std::string AddressText(const sockaddr_in& address) {
+  char host[INET_ADDRSTRLEN] = {};
+  inet_ntop(AF_INET, &address.sin_addr, host, sizeof(host));
+  return absl::StrCat(host, ":", ntohs(address.sin_port));
+}
+
+// This process's connected IPv4 sockets: descriptor, local and remote "ip:port".
+struct OpenSocket {
+  int fd;
+  std::string local, remote;
+};
+std::vector<OpenSocket> OpenSockets() {
+  std::vector<OpenSocket> found;
   for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
     const int fd = std::stoi(entry.path().filename().string());
-    sockaddr_in remote{};
-    socklen_t length = sizeof(remote);
-    if (getpeername(fd, reinterpret_cast<sockaddr*>(&remote), &length) != 0 ||
+    sockaddr_in local{}, remote{};
+    socklen_t local_length = sizeof(local), remote_length = sizeof(remote);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_length) != 0 ||
+        getpeername(fd, reinterpret_cast<sockaddr*>(&remote), &remote_length) != 0 ||
         remote.sin_family != AF_INET) {
       continue;
     }
-    char host[INET_ADDRSTRLEN] = {};
-    inet_ntop(AF_INET, &remote.sin_addr, host, sizeof(host));
-    if (absl::StrCat(host, ":", ntohs(remote.sin_port)) == peer) return fd;
+    found.push_back({fd, AddressText(local), AddressText(remote)});
+  }
+  return found;
+}
+
+// This process's socket connected to `peer` ("127.0.0.1:port"), found by its remote address
+// among the open descriptors; -1 when there is none.
+int ConnectionTo(const std::string& peer) {
+  for (const OpenSocket& s : OpenSockets()) {
+    if (s.remote == peer) return s.fd;
   }
   return -1;
 }
@@ -194,17 +213,8 @@ TEST(TcpTransportTest, BadOptionsAreInvalidArgument) {
 // The descriptors of this process's TCP connections accepted on `listener`'s port.
 std::vector<int> ConnectionsAcceptedOn(const std::string& listener) {
   std::vector<int> found;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
-    const int fd = std::stoi(entry.path().filename().string());
-    sockaddr_in local{}, remote{};
-    socklen_t length = sizeof(local);
-    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) != 0 ||
-        local.sin_family != AF_INET) {
-      continue;
-    }
-    length = sizeof(remote);
-    if (getpeername(fd, reinterpret_cast<sockaddr*>(&remote), &length) != 0) continue;
-    if (absl::StrCat("127.0.0.1:", ntohs(local.sin_port)) == listener) found.push_back(fd);
+  for (const OpenSocket& s : OpenSockets()) {
+    if (s.local == listener) found.push_back(s.fd);
   }
   return found;
 }
@@ -232,49 +242,52 @@ PeerTimeoutOptions PeerTimeoutOf(int fd) {
   return got;
 }
 
+// The peer-timeout options of both ends of a connection between two transports made with
+// `options`, after one message: {outgoing, accepted}; empty, with a failure, when they are not
+// found.
+std::vector<PeerTimeoutOptions> PeerTimeoutsOfBothEnds(const TcpTransportOptions& options) {
+  auto a = Make(options);
+  auto b = Make(options);
+  if (!a || !b) return {};
+  Inbox b_inbox;
+  StopOnExit stop{a.get(), b.get()};
+  b->SetReceiveHandler(b_inbox.Handler());
+  EXPECT_TRUE(SendAndWait(*a, b->Address(), Bytes("a"), Pattern(100, 1)).ok());
+  EXPECT_TRUE(b_inbox.WaitFor(1));
+  const int outgoing = ConnectionTo(b->Address());
+  const std::vector<int> accepted = ConnectionsAcceptedOn(b->Address());
+  EXPECT_GE(outgoing, 0);
+  EXPECT_EQ(accepted.size(), 1u);
+  if (outgoing < 0 || accepted.size() != 1) return {};
+  return {PeerTimeoutOf(outgoing), PeerTimeoutOf(accepted[0])};
+}
+
 // Both ends of a connection carry the peer timeout: TCP_USER_TIMEOUT, and keepalive probes after
 // a third of it idle, every sixth, failing at the timeout.
 TEST(TcpTransportTest, ConnectionsCarryThePeerTimeout) {
   TcpTransportOptions options;
   options.peer_timeout = std::chrono::milliseconds(30000);
-  auto a = Make(options);
-  auto b = Make(options);
-  ASSERT_TRUE(a && b);
-  Inbox b_inbox;
-  StopOnExit stop{a.get(), b.get()};
-  b->SetReceiveHandler(b_inbox.Handler());
-  ASSERT_TRUE(SendAndWait(*a, b->Address(), Bytes("a"), Pattern(100, 1)).ok());
-  ASSERT_TRUE(b_inbox.WaitFor(1));
-
-  const int outgoing = ConnectionTo(b->Address());
-  ASSERT_GE(outgoing, 0);
-  const std::vector<int> accepted = ConnectionsAcceptedOn(b->Address());
-  ASSERT_EQ(accepted.size(), 1u);
-  for (const int fd : {outgoing, accepted[0]}) {
-    const PeerTimeoutOptions got = PeerTimeoutOf(fd);
-    EXPECT_EQ(got.user_timeout_ms, 30000) << "fd " << fd;
-    EXPECT_EQ(got.keepalive, 1) << "fd " << fd;
-    EXPECT_EQ(got.idle_s, 10) << "fd " << fd;
-    EXPECT_EQ(got.interval_s, 5) << "fd " << fd;
-    EXPECT_EQ(got.count, 4) << "fd " << fd;
+  const std::vector<PeerTimeoutOptions> ends = PeerTimeoutsOfBothEnds(options);
+  ASSERT_EQ(ends.size(), 2u);
+  for (size_t end = 0; end < ends.size(); ++end) {
+    EXPECT_EQ(ends[end].user_timeout_ms, 30000) << "end " << end;
+    EXPECT_EQ(ends[end].keepalive, 1) << "end " << end;
+    EXPECT_EQ(ends[end].idle_s, 10) << "end " << end;
+    EXPECT_EQ(ends[end].interval_s, 5) << "end " << end;
+    EXPECT_EQ(ends[end].count, 4) << "end " << end;
   }
 }
 
-// peer_timeout 0 leaves the kernel's defaults: no user timeout, no keepalive.
+// peer_timeout 0 leaves the kernel's defaults: no user timeout, no keepalive, at either end.
 TEST(TcpTransportTest, PeerTimeoutZeroLeavesTheKernelDefaults) {
   TcpTransportOptions options;
   options.peer_timeout = std::chrono::milliseconds(0);
-  auto a = Make(options);
-  auto b = Make(options);
-  ASSERT_TRUE(a && b);
-  Inbox b_inbox;
-  StopOnExit stop{a.get(), b.get()};
-  b->SetReceiveHandler(b_inbox.Handler());
-  ASSERT_TRUE(SendAndWait(*a, b->Address(), Bytes("a"), Pattern(100, 1)).ok());
-  ASSERT_TRUE(b_inbox.WaitFor(1));
-  const PeerTimeoutOptions got = PeerTimeoutOf(ConnectionTo(b->Address()));
-  EXPECT_EQ(got.user_timeout_ms, 0);
-  EXPECT_EQ(got.keepalive, 0);
+  const std::vector<PeerTimeoutOptions> ends = PeerTimeoutsOfBothEnds(options);
+  ASSERT_EQ(ends.size(), 2u);
+  for (size_t end = 0; end < ends.size(); ++end) {
+    EXPECT_EQ(ends[end].user_timeout_ms, 0) << "end " << end;
+    EXPECT_EQ(ends[end].keepalive, 0) << "end " << end;
+  }
 }
 
 // A peer that completed the handshake and then stopped reading (a stuck process; a host that is
