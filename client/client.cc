@@ -729,9 +729,11 @@ absl::Status Client::Resync() {
       global_rank_ = response.global_rank();
       world_size_ = response.world_size();
       plan_version_ = response.plan_version();
-      Log()->info("job {}: resynced at membership generation {} (was {}): global rank {} of {}",
-                  job_id_, response.generation(), old, response.global_rank(),
-                  response.world_size());
+      if (old != response.generation()) {
+        Log()->info("job {}: resynced at membership generation {} (was {}): global rank {} of {}",
+                    job_id_, response.generation(), old, response.global_rank(),
+                    response.world_size());
+      }
       return absl::OkStatus();
     }
     const auto waited = std::chrono::duration_cast<milliseconds>(Clock::now() - start);
@@ -742,6 +744,28 @@ absl::Status Client::Resync() {
     std::this_thread::sleep_for(std::min(backoff, options_.join_timeout - waited));
     backoff = std::min(backoff * 2, kMaxJoinBackoff);
   }
+}
+
+absl::Status Client::ResyncTo(uint64_t generation, milliseconds timeout) {
+  const auto start = Clock::now();
+  milliseconds backoff = kInitialJoinBackoff;
+  while (generation_ < generation) {
+    RETURN_IF_ERROR(Resync());
+    if (generation_ >= generation) break;
+    // The agent has not heard of the generation yet (it comes with the controller's next plan):
+    // ask again.
+    const auto waited = std::chrono::duration_cast<milliseconds>(Clock::now() - start);
+    if (waited >= timeout) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "job '", job_id_, "': this process's agent is still at membership generation ",
+          generation_.load(), " after ", waited.count(), " ms, but another process of the job ",
+          "joined at generation ", generation,
+          " (has the agent lost the controller? its log and /metrics say)"));
+    }
+    std::this_thread::sleep_for(std::min(backoff, timeout - waited));
+    backoff = std::min(backoff * 2, kMaxJoinBackoff);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Client::Leave() {

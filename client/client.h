@@ -272,6 +272,16 @@ class Client {
   // it while collectives of this client are in flight.
   absl::Status Resync();
 
+  // Binds the session to membership generation `generation` or a newer one: calls Resync until
+  // the agent has it, for up to `timeout` (each Resync may also retry for up to
+  // options.join_timeout). For processes that agree on a generation out of band after some of
+  // them joined as replacements (tributary/distributed.py does it on torch's rendezvous store
+  // when a process group is created): a process that joined before the last replacement, or
+  // whose agent has not yet heard of the generation another process joined at, is otherwise
+  // behind, and its first collective fails with a membership change. DEADLINE_EXCEEDED, naming
+  // both generations, when the agent does not reach it in time. Same caveats as Resync.
+  absl::Status ResyncTo(uint64_t generation, std::chrono::milliseconds timeout);
+
   // Leaves the job: LeaveJob (its error is returned, but the session is closed locally
   // regardless), then closes the KeepAlive stream. Idempotent; later calls on this client fail
   // with FAILED_PRECONDITION.

@@ -58,6 +58,14 @@ PYBIND11_MODULE(_c10d, m) {
           "local_size",
           [](const ProcessGroupTributary& pg) { return pg.connection().client->local_size(); })
       .def_property_readonly("group_index", &ProcessGroupTributary::group_index)
+      .def_property_readonly("generation", &ProcessGroupTributary::generation,
+                             "The job's membership generation this process's session is bound "
+                             "to.")
+      .def("resync_to", &ProcessGroupTributary::ResyncTo, py::arg("generation"),
+           py::call_guard<py::gil_scoped_release>(),
+           "Moves this process's session to membership generation `generation` (or newer), "
+           "waiting up to the group's timeout for the agent to have it; raises RuntimeError "
+           "otherwise. Called by tributary.distributed when the group is created.")
       .def_property_readonly("staging_allocations", &ProcessGroupTributary::staging_allocations,
                              "Staging buffers this process has allocated (all groups).");
 }

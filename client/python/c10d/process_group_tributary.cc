@@ -299,6 +299,19 @@ ProcessGroupTributary::~ProcessGroupTributary() {
   if (saved != nullptr) PyEval_RestoreThread(saved);
 }
 
+void ProcessGroupTributary::ResyncTo(uint64_t generation) {
+  Client& c = *connection_->client;
+  const absl::Status status = c.ResyncTo(generation, timeout_);
+  TORCH_CHECK(status.ok(), "tributary: job ", c.job_id(), ": cannot move this process (rank ",
+              rank_, ") to membership generation ", generation,
+              ", where another process of the group joined: ", StatusText(status));
+  TORCH_CHECK(
+      static_cast<int>(c.global_rank()) == rank_ && static_cast<int>(c.world_size()) == size_,
+      "tributary: job ", c.job_id(), " now has this process at global rank ", c.global_rank(),
+      " of ", c.world_size(), " (membership generation ", c.generation(),
+      "), but the group has it at rank ", rank_, " of ", size_, "; create the process group again");
+}
+
 std::string ProcessGroupTributary::TensorName(const char* op, common::DataType dtype,
                                               size_t count) const {
   return absl::StrCat("c10d.", group_index_, ".", op, ".", std::string(common::DataTypeName(dtype)),

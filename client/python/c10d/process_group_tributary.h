@@ -162,6 +162,14 @@ class ProcessGroupTributary : public ::c10d::ProcessGroup {
   c10::intrusive_ptr<::c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors,
                                                  int tag) override;
 
+  // The job's membership generation this process's session is bound to.
+  uint64_t generation() const { return connection_->client->generation(); }
+  // Moves the session to membership generation `generation` (or newer), the newest one a
+  // process of the group joined at, for up to the group's timeout (Client::ResyncTo); raises
+  // when the agent does not get there or the job no longer has this process at the group's
+  // rank. tributary/distributed.py calls it when the group is created, before any collective.
+  void ResyncTo(uint64_t generation);
+
   // The client's session, for tests and the Python side.
   const Connection& connection() const { return *connection_; }
   int group_index() const { return group_index_; }

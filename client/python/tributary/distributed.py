@@ -46,17 +46,41 @@ def _environment():
             values["TRIBUTARY_LOCAL_RANK"], values["TRIBUTARY_LOCAL_SIZE"])
 
 
+def _agree_on_generation(store, group, rank, size):
+    """Every process of the group at the same membership generation before its first collective.
+
+    Processes that create their groups again (destroy_process_group, then init_process_group)
+    join as replacements, one after another, and each replacement moves the job to a new
+    membership generation: a process that joined before the last one, or whose agent has not yet
+    heard of it, would run its first collective in an older generation and fail with a
+    membership change. Each process publishes the generation it joined at on the group's
+    rendezvous store (torch's PrefixStore for this group; get waits up to the store's timeout)
+    and moves to the newest one.
+    """
+    prefix = "tributary/%s/generation/" % group.job
+    store.set(prefix + str(rank), str(group.generation))
+    newest = max(int(store.get(prefix + str(r))) for r in range(size))
+    if newest > group.generation:
+        group.resync_to(newest)
+
+
 def create(store, rank, size, timeout):
     """The backend's creator, as torch.distributed calls it: joins the job through the local agent
-    and returns a ProcessGroupTributary. `store` is not used (the agent and the controller do the
-    rendezvous); (rank, size) must be this process's global rank and the job's world size."""
+    and returns a ProcessGroupTributary. The agent and the controller do the rendezvous; `store`
+    carries only each process's membership generation (_agree_on_generation); None skips that,
+    for a caller outside torch.distributed whose processes already share a generation (another
+    group of the same processes is alive). (rank, size) must be this process's global rank and
+    the job's world size."""
     agent_address, job, local_rank, local_size = _environment()
     if isinstance(timeout, datetime.timedelta):
         timeout_s = timeout.total_seconds()
     else:
         timeout_s = float(timeout)
-    return ProcessGroupTributary.create(rank, size, agent_address, job, local_rank, local_size,
-                                        timeout_s)
+    group = ProcessGroupTributary.create(rank, size, agent_address, job, local_rank, local_size,
+                                         timeout_s)
+    if store is not None:
+        _agree_on_generation(store, group, rank, size)
+    return group
 
 
 def _register():
