@@ -868,7 +868,8 @@ void CollectiveEngine::Flush(std::vector<Outgoing> out, std::vector<Completion> 
 
 void CollectiveEngine::SetTombstoneLocked(const CollectiveKey& key, absl::Status status,
                                           uint64_t epoch) {
-  const common::Clock::TimePoint expires = clock_->Now() + kTombstoneTtl;
+  const common::Clock::TimePoint expires =
+      clock_->Now() + (status.ok() ? kTombstoneTtl : EarlyTtlLocked(key.job));
   // The early messages a failure makes useless go now rather than at their (long) expiry: those
   // of this epoch and older (a newer plan's may belong to a run that is still to start).
   if (!status.ok()) {
@@ -882,8 +883,12 @@ void CollectiveEngine::SetTombstoneLocked(const CollectiveKey& key, absl::Status
       if (e->second.empty()) early_.erase(e);
     }
   }
+  if (status.ok()) {
+    tombstone_expiry_.emplace_back(expires, key);
+  } else {
+    failure_expiry_.emplace(expires, key);
+  }
   tombstones_[key] = Tombstone{std::move(status), expires, epoch};
-  tombstone_expiry_.emplace_back(expires, key);
 }
 
 void CollectiveEngine::ExpireStale() {
@@ -956,16 +961,21 @@ void CollectiveEngine::ExpireStale() {
           std::chrono::duration_cast<std::chrono::seconds>(example->second).count(),
           kTombstoneTtl.count());
     }
-    // Oldest first: every tombstone lives kTombstoneTtl, so the queue is in expiry order and
-    // this touches only what expires (walking the whole map cost 7% of the CPU of a 4 KiB
-    // all-reduce loop, which leaves ~1,500 tombstones a second).
-    while (!tombstone_expiry_.empty() && tombstone_expiry_.front().first <= now) {
+    // Oldest first, so this touches only what expires (walking the whole map cost 7% of the CPU
+    // of a 4 KiB all-reduce loop, which leaves ~1,500 tombstones a second).
+    const auto expire = [&](const CollectiveKey& key) {
       // The key may have been removed or set again since; only the entry that expired goes.
-      if (auto t = tombstones_.find(tombstone_expiry_.front().second);
-          t != tombstones_.end() && t->second.expires <= now) {
+      if (auto t = tombstones_.find(key); t != tombstones_.end() && t->second.expires <= now) {
         tombstones_.erase(t);
       }
+    };
+    while (!tombstone_expiry_.empty() && tombstone_expiry_.front().first <= now) {
+      expire(tombstone_expiry_.front().second);
       tombstone_expiry_.pop_front();
+    }
+    while (!failure_expiry_.empty() && failure_expiry_.top().first <= now) {
+      expire(failure_expiry_.top().second);
+      failure_expiry_.pop();
     }
     // Failed operations whose sends the transport has held for kFailedSendGrace are completed
     // anyway: every wait has a deadline (the transport is told nothing; it may still read).

@@ -27,6 +27,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <queue>
 #include <span>
 #include <string>
 #include <vector>
@@ -141,8 +142,8 @@ struct CollectiveEngineStats {
 class CollectiveEngine : public CollectiveAlgorithm {
  public:
   static constexpr uint64_t kMaxEarlyBytes = uint64_t{256} << 20;
-  // How long the memory of failed and finished operations is kept, and early messages at least
-  // (EarlyTtlLocked: at least the job's op timeout).
+  // How long the memory of finished operations is kept, and that of failed ones and early
+  // messages at least (EarlyTtlLocked: at least the job's op timeout).
   static constexpr std::chrono::seconds kTombstoneTtl{60};
   // A failed operation is completed once the transport has finished every send that reads its
   // buffer (the caller may free it when told), or after this long (ExpireStale).
@@ -221,7 +222,9 @@ class CollectiveEngine : public CollectiveAlgorithm {
                   std::vector<Outgoing>& out, std::vector<Completion>& done);
   // The failure of `op` held for its sends (FailLocked), now. mu_ held.
   void CompleteFailureLocked(const std::shared_ptr<OpState>& op, std::vector<Completion>& done);
-  // Remembers how the collective `key` ended (OK: finished) for kTombstoneTtl.
+  // Remembers how the collective `key` ended: finished (OK) for kTombstoneTtl, failed for
+  // EarlyTtlLocked (a rank that starts it up to an op timeout later fails at once with the
+  // reason, rather than waiting out its own op timeout for peers that are done with it).
   void SetTombstoneLocked(const CollectiveKey& key, absl::Status status, uint64_t epoch);
   void OnSendDone(const std::shared_ptr<OpState>& op, int peer, uint32_t step, uint32_t chunk,
                   absl::Status status);
@@ -233,11 +236,12 @@ class CollectiveEngine : public CollectiveAlgorithm {
   CollectiveEngineStats stats_;
   mutable std::mutex mu_;
   std::map<uint64_t, std::shared_ptr<const JobView>> jobs_;
-  // How long messages of a collective not started here yet are kept: kTombstoneTtl, or the job's
-  // op timeout when longer. A rank may start a collective up to an op timeout after another (its
-  // own intake, fusion and earlier collectives come first): BERT-large's fused collectives on a
-  // 4-rank ring at 125 Mbit/s started up to 80 s apart, and a first step dropped after 60 s left
-  // the receiver waiting for it until the op timeout, and the whole ring with it (session 41).
+  // How long messages of a collective not started here yet, and failures of one, are kept:
+  // kTombstoneTtl, or the job's op timeout when longer. A rank may start a collective up to an op
+  // timeout after another (its own intake, fusion and earlier collectives come first): BERT-large's
+  // fused collectives on a 4-rank ring at 125 Mbit/s started up to 80 s apart, and a first step
+  // dropped after 60 s left the receiver waiting for it until the op timeout, and the whole ring
+  // with it (session 41).
   std::chrono::nanoseconds EarlyTtlLocked(uint64_t job) const;
   // Early messages dropped at kMaxEarlyBytes since the last ExpireStale (the first is logged).
   uint64_t early_capped_since_sweep_ = 0;
@@ -245,9 +249,13 @@ class CollectiveEngine : public CollectiveAlgorithm {
   std::map<CollectiveKey, std::deque<Early>> early_;
   uint64_t early_bytes_ = 0;
   std::map<CollectiveKey, Tombstone> tombstones_;
-  // (expires, key) of every tombstone set, in the order set (so in expiry order); an entry whose
-  // key was set again later, or removed, is skipped when it comes up.
-  std::deque<std::pair<common::Clock::TimePoint, CollectiveKey>> tombstone_expiry_;
+  // (expires, key) of every finished operation's tombstone, in the order set (they all live
+  // kTombstoneTtl: expiry order), and of every failure's in a min-heap (they live EarlyTtlLocked,
+  // which depends on the job); an entry whose key was set again later, or removed, is skipped
+  // when it comes up.
+  using Expiry = std::pair<common::Clock::TimePoint, CollectiveKey>;
+  std::deque<Expiry> tombstone_expiry_;
+  std::priority_queue<Expiry, std::vector<Expiry>, std::greater<>> failure_expiry_;
   // Failed operations waiting for their sends (OpState::failure_pending).
   std::vector<std::shared_ptr<OpState>> draining_;
   // Per job hash: its membership generation and the first plan version (epoch) seen in it (0

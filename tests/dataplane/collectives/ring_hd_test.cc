@@ -770,6 +770,63 @@ TEST(EarlyMessagesTest, ThoseOfAFailedCollectiveGoWithTheFailure) {
   EXPECT_EQ(ring.engine(1).stats().early_dropped, ring.engine(1).stats().early_messages);
 }
 
+// A failure is remembered as long as early messages are kept (the job's op timeout when longer
+// than kTombstoneTtl): a rank that starts the collective 90 s after another rank aborted it
+// fails at once with the abort's reason. It waited out its own op timeout for peers that were
+// done with it when the failure was kept for 60 s only. Past the op timeout it is forgotten.
+TEST(TombstonesTest, AFailureReachesARankThatStartsAnOpTimeoutLater) {
+  testing::ClusterOptions o;
+  o.workers = 2;
+  o.job_id = "job-t";
+  o.algorithm = Algorithm::kRing;
+  o.op_timeout = std::chrono::seconds(300);
+  testing::Cluster cluster(o);
+  const uint64_t count = 100;
+  std::vector<std::vector<std::byte>> bufs(2, std::vector<std::byte>(count * 4));
+  const auto abort_reaches_rank_1 = [&](const std::string& name, uint64_t iteration) {
+    const uint64_t early = cluster.node(1).engine().stats().early_messages.load();
+    const uint64_t before = cluster.node(1).engine().stats().early_dropped.load();
+    auto first = cluster.Post(
+        0, Algorithm::kRing,
+        MakeRingOp(name, iteration, DataType::kInt32, count, Reduction::kSum, bufs[0]));
+    const auto until = std::chrono::steady_clock::now() + kRingGuard;
+    while (cluster.node(1).engine().stats().early_messages == early &&
+           std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    cluster.node(0).Abort(o.job_id, name, iteration, absl::CancelledError("client left"));
+    EXPECT_EQ(Await(first).code(), absl::StatusCode::kCancelled);
+    // The abort's tombstone drops rank 1's early messages of the collective.
+    while (cluster.node(1).engine().stats().early_dropped == before &&
+           std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ASSERT_GT(cluster.node(1).engine().stats().early_dropped, before);
+  };
+  abort_reaches_rank_1("aborted", 1);
+  cluster.clock().Advance(CollectiveEngine::kTombstoneTtl + std::chrono::seconds(30));
+  cluster.node(1).engine().ExpireStale();
+  auto late =
+      cluster.Post(1, Algorithm::kRing,
+                   MakeRingOp("aborted", 1, DataType::kInt32, count, Reduction::kSum, bufs[1]));
+  const absl::Status status = Await(late);
+  EXPECT_EQ(status.code(), absl::StatusCode::kCancelled) << status;
+  EXPECT_THAT(status.message(), HasSubstr("client left"));
+
+  // Past the op timeout the failure is forgotten: a rank starting then waits for its peer (and
+  // fails at its own op timeout; here the peer never starts).
+  abort_reaches_rank_1("forgotten", 1);
+  cluster.clock().Advance(o.op_timeout + std::chrono::seconds(1));
+  cluster.node(1).engine().ExpireStale();
+  auto too_late =
+      cluster.Post(1, Algorithm::kRing,
+                   MakeRingOp("forgotten", 1, DataType::kInt32, count, Reduction::kSum, bufs[1]));
+  EXPECT_EQ(too_late.wait_for(std::chrono::milliseconds(100)), std::future_status::timeout);
+  cluster.clock().Advance(o.op_timeout + std::chrono::seconds(1));
+  cluster.node(1).engine().ExpireStale();
+  EXPECT_EQ(Await(too_late).code(), absl::StatusCode::kDeadlineExceeded);
+}
+
 // With two local processes the engine sums their buffers before the nodes run and copies the
 // result back to the second after: that copy, and the average, run in done, after the engine
 // dropped its operation. The operation's keepalive (the processes' shared-memory mappings in the
