@@ -60,6 +60,7 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& in) {
   data_plane.reducer_threads = options.reducer_threads;
   data_plane.bundling.max_record_bytes = options.bundle_record_bytes;
   data_plane.peer_recovery_bytes = options.peer_recovery_bytes;
+  data_plane.early_message_bytes = options.early_message_bytes;
   data_plane.push_backlog_bytes = options.push_backlog_bytes;
   data_plane.push_spare_unsent_bytes = options.push_spare_unsent_bytes;
   data_plane.tcp_notsent_lowat_bytes = options.tcp_notsent_lowat_bytes;

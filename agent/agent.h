@@ -23,6 +23,7 @@
 #include "common/clock.h"
 #include "common/rpc/tls.h"
 #include "dataplane/collectives/allreduce_push_pull.h"
+#include "dataplane/collectives/collective_engine.h"
 #include "dataplane/transport/tcp/tcp_transport.h"
 #include "grpcpp/grpcpp.h"
 #include "prometheus/collectable.h"
@@ -68,6 +69,9 @@ struct AgentOptions {
   // At most this many bytes of push/pull sums kept for peer recovery (up to twice each tensor's
   // size while it fits); 0 = keep none.
   uint64_t peer_recovery_bytes = dataplane::kDefaultRetainBytes;
+  // The ring / halving-doubling engine's memory for messages of collectives not started here yet
+  // (CollectiveEngine::SetEarlyMessageLimit).
+  uint64_t early_message_bytes = dataplane::CollectiveEngine::kMaxEarlyBytes;
   // Push/pull: unsent pushes per summation server at most before the job's later chunks wait
   // (PushPullWorker::SetServerBacklog); 0 = off.
   uint64_t push_backlog_bytes = dataplane::kDefaultServerBacklog;

@@ -164,6 +164,7 @@ absl::StatusOr<std::unique_ptr<DataPlaneRunner>> DataPlaneRunner::Create(
   r->metrics_ = std::make_unique<dataplane::DataPlaneMetrics>(registry);
   r->node_->SetMetrics(r->metrics_.get(), clock);
   r->node_->push_pull().worker().SetRetainBudget(options.peer_recovery_bytes);
+  r->node_->engine().SetEarlyMessageLimit(options.early_message_bytes);
   r->node_->push_pull().worker().SetServerBacklog(options.push_backlog_bytes);
   r->node_->push_pull().worker().SetSpareServerUnsentLimit(options.push_spare_unsent_bytes);
   r->node_->SetWorkerCongestionControl(worker_congestion);

@@ -14,6 +14,7 @@
 #include "agent/collective_runner.h"
 #include "agent/data_plane_transport.h"
 #include "dataplane/collectives/algorithm_selector.h"
+#include "dataplane/collectives/collective_engine.h"
 #include "dataplane/collectives/data_plane_node.h"
 #include "dataplane/collectives/dataplane_metrics.h"
 #include "dataplane/collectives/message_auth.h"
@@ -40,6 +41,8 @@ class DataPlaneRunner final : public CollectiveRunner {
     dataplane::BundlingOptions bundling;
     // Push/pull's budget for sums kept for peer recovery (PushPullWorker::SetRetainBudget).
     uint64_t peer_recovery_bytes = dataplane::kDefaultRetainBytes;
+    // CollectiveEngine::SetEarlyMessageLimit.
+    uint64_t early_message_bytes = dataplane::CollectiveEngine::kMaxEarlyBytes;
     // Push/pull's per-server backlog of unsent pushes (PushPullWorker::SetServerBacklog); 0 = off.
     uint64_t push_backlog_bytes = dataplane::kDefaultServerBacklog;
     // What a connection to a spare summation server holds unsent with a backlog set

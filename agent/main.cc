@@ -109,6 +109,14 @@ int main(int argc, char** argv) {
                  "fits; tensors past it have no peer copy); 0 = keep none")
       ->capture_default_str()
       ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 24));
+  uint64_t early_message_mib = options.early_message_bytes >> 20;
+  app.add_option("--early-message-mib", early_message_mib,
+                 "Memory for data-plane messages of collectives this node has not started yet "
+                 "(a peer ahead of it); a message past it fails its collective on every rank "
+                 "with RESOURCE_EXHAUSTED. Raise it when ranks start collectives of large "
+                 "tensors far apart")
+      ->capture_default_str()
+      ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 24));
   uint64_t push_backlog_kib = options.push_backlog_bytes >> 10;
   app.add_option("--push-backlog-kib", push_backlog_kib,
                  "Push/pull: unsent pushes per summation server at most; when the next chunk's "
@@ -192,6 +200,7 @@ int main(int argc, char** argv) {
   tributary::agent::SetMirrorStagingChunkBytes(staging_chunk_kib << 10);
   options.ring_spin = std::chrono::microseconds(ring_spin_us);
   options.peer_recovery_bytes = peer_recovery_mib << 20;
+  options.early_message_bytes = early_message_mib << 20;
   options.push_backlog_bytes = push_backlog_kib << 10;
   options.tcp_notsent_lowat_bytes = tcp_notsent_lowat_kib << 10;
   options.tcp_congestion_control = tcp_congestion == "system" ? "" : tcp_congestion;

@@ -170,6 +170,11 @@ void CollectiveEngine::SetJob(const JobView& view) {
   jobs_[view.job_hash()] = std::make_shared<const JobView>(view);
 }
 
+void CollectiveEngine::SetEarlyMessageLimit(uint64_t bytes) {
+  std::lock_guard lock(mu_);
+  max_early_bytes_ = bytes;
+}
+
 uint64_t CollectiveEngine::GenerationStartLocked(uint64_t job) const {
   auto g = generations_.find(job);
   return g == generations_.end() ? 0 : g->second.second;
@@ -502,19 +507,45 @@ void CollectiveEngine::Abort(const std::string& job_id, const std::string& tenso
       h.sender = static_cast<uint32_t>(rank);
       SetTombstoneLocked(key, status, view.plan_version);
     }
-    h.error_code = static_cast<uint32_t>(status.code());
-    auto message = std::make_shared<const std::string>(std::string(status.message()));
-    for (int r = 0; r < n; ++r) {
-      if (r == rank) continue;
-      Outgoing o;
-      o.address = view.worker_addresses[r];
-      o.header = h;
-      o.payload = {reinterpret_cast<const std::byte*>(message->data()), message->size()};
-      o.message = message;
-      out.push_back(std::move(o));
-    }
+    TellPeersLocked(view, h, status, out);
   }
   Flush(std::move(out), std::move(done));
+}
+
+void CollectiveEngine::TellPeersLocked(const JobView& view, WireHeader h,
+                                       const absl::Status& status, std::vector<Outgoing>& out) {
+  h.kind = static_cast<uint8_t>(MessageKind::kAbort);
+  h.error_code = static_cast<uint32_t>(status.code());
+  auto message = std::make_shared<const std::string>(std::string(status.message()));
+  for (int r = 0; r < view.num_workers(); ++r) {
+    if (r == view.my_worker_rank) continue;
+    Outgoing o;
+    o.address = view.worker_addresses[r];
+    o.header = h;
+    o.payload = {reinterpret_cast<const std::byte*>(message->data()), message->size()};
+    o.message = message;
+    out.push_back(std::move(o));
+  }
+}
+
+void CollectiveEngine::FailAtEarlyLimitLocked(const CollectiveKey& key, const WireHeader& h,
+                                              std::vector<Outgoing>& out) {
+  stats_.early_dropped++;
+  auto job = jobs_.find(key.job);
+  const int rank = job == jobs_.end() ? -1 : job->second->my_worker_rank;
+  const absl::Status status = absl::ResourceExhaustedError(absl::StrCat(
+      "rank ", rank, " dropped a message of tensor ", absl::Hex(h.tensor, absl::kZeroPad16),
+      " iteration ", h.iteration, " from rank ", h.sender, ": it already holds ", early_bytes_,
+      " bytes of messages of collectives it has not started yet, the limit (the agent's "
+      "--early-message-mib; a rank far behind its peers?); the collective fails for every rank"));
+  // The first until the next ExpireStale is logged, the rest summed up there.
+  if (early_capped_since_sweep_++ == 0) Log()->warn("{}", status.message());
+  // Fails it here when it starts, frees its early messages, and drops its later ones as late.
+  SetTombstoneLocked(key, status, h.plan_version);
+  if (job == jobs_.end() || rank < 0 || rank >= job->second->num_workers()) return;
+  WireHeader abort = h;
+  abort.sender = static_cast<uint32_t>(rank);
+  TellPeersLocked(*job->second, abort, status, out);
 }
 
 void CollectiveEngine::HandleMessage(const WireHeader& h, std::span<const std::byte> payload) {
@@ -560,13 +591,8 @@ void CollectiveEngine::HandleMessage(const WireHeader& h, std::span<const std::b
                t != tombstones_.end() && t->second.epoch >= h.plan_version) {
       // Late: its collective is over (a tombstone of a newer epoch: the message is stale).
       stats_.late_messages++;
-    } else if (early_bytes_ + payload.size() + sizeof(WireHeader) > kMaxEarlyBytes) {
-      stats_.early_dropped++;
-      // The first drop until the next ExpireStale is logged, the rest summed up there.
-      if (early_capped_since_sweep_++ == 0) {
-        Log()->warn("early message for tensor {:016x} iteration {} dropped: {} bytes already held",
-                    h.tensor, h.iteration, early_bytes_);
-      }
+    } else if (early_bytes_ + payload.size() + sizeof(WireHeader) > max_early_bytes_) {
+      FailAtEarlyLimitLocked(key, h, out);
     } else {
       stats_.early_messages++;
       early_bytes_ += payload.size() + sizeof(WireHeader);
@@ -929,8 +955,8 @@ void CollectiveEngine::ExpireStale() {
                  true, out, done);
     }
     if (early_capped_since_sweep_ > 1) {
-      Log()->warn("{} more early messages dropped at the {}-byte limit",
-                  early_capped_since_sweep_ - 1, kMaxEarlyBytes);
+      Log()->warn("{} more collectives failed at the {}-byte limit of early messages",
+                  early_capped_since_sweep_ - 1, max_early_bytes_);
     }
     early_capped_since_sweep_ = 0;
     // One line per sweep for the messages that expired: a peer that died can leave hundreds.

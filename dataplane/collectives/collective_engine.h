@@ -134,8 +134,9 @@ struct CollectiveEngineStats {
 // network; sums run there under the engine's lock. Sends and done callbacks run outside locks.
 // Invariants: an operation is identified by (job, tensor, iteration); messages of other
 // iterations never touch its buffer. Messages for an operation not started here yet are copied
-// and kept (at most kMaxEarlyBytes, for the longer of kTombstoneTtl and the job's op timeout:
-// ranks may start one collective that far apart); a range of the buffer is rewritten
+// and kept (at most kMaxEarlyBytes by default, for the longer of kTombstoneTtl and the job's op
+// timeout: ranks may start one collective that far apart; a message over the limit fails its
+// collective for every rank with RESOURCE_EXHAUSTED); a range of the buffer is rewritten
 // only after every earlier send that read it has been received by its peer. A failure, or an
 // abort, of an operation is told to every other rank at once; one that arrives before the
 // operation starts here leaves a tombstone that fails it when it starts.
@@ -174,6 +175,12 @@ class CollectiveEngine : public CollectiveAlgorithm {
   // and sends an abort to every other rank of the job, which does the same there.
   void Abort(const std::string& job_id, const std::string& tensor_name, uint64_t iteration,
              const absl::Status& reason) override;
+
+  // The most bytes of early messages kept (kMaxEarlyBytes by default; counted with their
+  // headers). A message that would pass it fails its collective here and at every other rank
+  // (RESOURCE_EXHAUSTED, naming the tensor and the limit): the collective cannot complete
+  // without it, and its ranks learn so at once rather than at their op timeouts.
+  void SetEarlyMessageLimit(uint64_t bytes);
 
   const CollectiveEngineStats& stats() const { return stats_; }
   // Operations running now.
@@ -222,6 +229,14 @@ class CollectiveEngine : public CollectiveAlgorithm {
                   std::vector<Outgoing>& out, std::vector<Completion>& done);
   // The failure of `op` held for its sends (FailLocked), now. mu_ held.
   void CompleteFailureLocked(const std::shared_ptr<OpState>& op, std::vector<Completion>& done);
+  // Sends an abort (h with kind kAbort and status's code; its message as the payload) to every
+  // other worker of the job.
+  void TellPeersLocked(const JobView& view, WireHeader h, const absl::Status& status,
+                       std::vector<Outgoing>& out);
+  // A message of a collective not started here that would pass max_early_bytes_: fails the
+  // collective here (tombstone) and at every other rank.
+  void FailAtEarlyLimitLocked(const CollectiveKey& key, const WireHeader& h,
+                              std::vector<Outgoing>& out);
   // Remembers how the collective `key` ended: finished (OK) for kTombstoneTtl, failed for
   // EarlyTtlLocked (a rank that starts it up to an op timeout later fails at once with the
   // reason, rather than waiting out its own op timeout for peers that are done with it).
@@ -243,11 +258,12 @@ class CollectiveEngine : public CollectiveAlgorithm {
   // dropped after 60 s left the receiver waiting for it until the op timeout, and the whole ring
   // with it (session 41).
   std::chrono::nanoseconds EarlyTtlLocked(uint64_t job) const;
-  // Early messages dropped at kMaxEarlyBytes since the last ExpireStale (the first is logged).
+  // Collectives failed at max_early_bytes_ since the last ExpireStale (the first is logged).
   uint64_t early_capped_since_sweep_ = 0;
   std::map<CollectiveKey, std::shared_ptr<OpState>> ops_;
   std::map<CollectiveKey, std::deque<Early>> early_;
   uint64_t early_bytes_ = 0;
+  uint64_t max_early_bytes_ = kMaxEarlyBytes;
   std::map<CollectiveKey, Tombstone> tombstones_;
   // (expires, key) of every finished operation's tombstone, in the order set (they all live
   // kTombstoneTtl: expiry order), and of every failure's in a min-heap (they live EarlyTtlLocked,

@@ -770,6 +770,54 @@ TEST(EarlyMessagesTest, ThoseOfAFailedCollectiveGoWithTheFailure) {
   EXPECT_EQ(ring.engine(1).stats().early_dropped, ring.engine(1).stats().early_messages);
 }
 
+// A message of a collective not started yet that would pass the early-message limit fails the
+// collective at once for every rank, with the limit named: the collective cannot complete
+// without it (the message was dropped and its ranks waited out their op timeouts). The next
+// collective is exact.
+TEST(EarlyMessagesTest, OneOverTheLimitFailsItsCollectiveForEveryRank) {
+  testing::ClusterOptions o;
+  o.workers = 2;
+  o.job_id = "job-l";
+  o.algorithm = Algorithm::kRing;
+  o.op_timeout = std::chrono::seconds(300);
+  testing::Cluster cluster(o);
+  cluster.node(1).engine().SetEarlyMessageLimit(1024);
+  const uint64_t count = 1000;  // int32: a 2,000-byte step each way
+  std::vector<std::vector<std::byte>> bufs(2, std::vector<std::byte>(count * 4));
+  for (int r = 0; r < 2; ++r) {
+    for (uint64_t i = 0; i < count; ++i) PutValue(DataType::kInt32, bufs[r].data(), i, r + 1);
+  }
+  auto first = cluster.Post(
+      0, Algorithm::kRing, MakeRingOp("big", 1, DataType::kInt32, count, Reduction::kSum, bufs[0]));
+  const absl::Status at_0 = Await(first);
+  EXPECT_EQ(at_0.code(), absl::StatusCode::kResourceExhausted) << at_0;
+  EXPECT_THAT(at_0.message(), HasSubstr("--early-message-mib"));
+  EXPECT_EQ(cluster.node(1).engine().stats().early_messages, 0u);
+  EXPECT_EQ(cluster.node(1).engine().stats().early_dropped, 1u);
+  // Rank 1 starts it later: it fails at once with the same reason.
+  auto second = cluster.Post(
+      1, Algorithm::kRing, MakeRingOp("big", 1, DataType::kInt32, count, Reduction::kSum, bufs[1]));
+  const absl::Status at_1 = Await(second);
+  EXPECT_EQ(at_1.code(), absl::StatusCode::kResourceExhausted) << at_1;
+  EXPECT_EQ(at_1.message(), at_0.message());
+
+  // Rank 1 first this time: its messages are early at rank 0, whose limit is the default.
+  for (int r = 0; r < 2; ++r) {
+    for (uint64_t i = 0; i < count; ++i) PutValue(DataType::kInt32, bufs[r].data(), i, r + 1);
+  }
+  auto next_1 = cluster.Post(
+      1, Algorithm::kRing, MakeRingOp("big", 2, DataType::kInt32, count, Reduction::kSum, bufs[1]));
+  auto next_0 = cluster.Post(
+      0, Algorithm::kRing, MakeRingOp("big", 2, DataType::kInt32, count, Reduction::kSum, bufs[0]));
+  EXPECT_TRUE(Await(next_1).ok());
+  EXPECT_TRUE(Await(next_0).ok());
+  for (int r = 0; r < 2; ++r) {
+    for (uint64_t i = 0; i < count; ++i) {
+      ASSERT_EQ(GetValue(DataType::kInt32, bufs[r].data(), i), 3) << "rank " << r << " at " << i;
+    }
+  }
+}
+
 // A failure is remembered as long as early messages are kept (the job's op timeout when longer
 // than kTombstoneTtl): a rank that starts the collective 90 s after another rank aborted it
 // fails at once with the abort's reason. It waited out its own op timeout for peers that were
