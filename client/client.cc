@@ -713,7 +713,9 @@ const std::string& Client::session_id() const { return session_->session_id(); }
 
 bool Client::has_control_ring() const { return session_->ring() != nullptr; }
 
-absl::Status Client::Resync() {
+absl::Status Client::Resync() { return ResyncWithin(options_.join_timeout); }
+
+absl::Status Client::ResyncWithin(milliseconds limit) {
   if (!session_->active()) return LeftError(job_id_);
   v1::ResyncRequest request;
   request.set_session_id(session_->session_id());
@@ -737,11 +739,11 @@ absl::Status Client::Resync() {
       return absl::OkStatus();
     }
     const auto waited = std::chrono::duration_cast<milliseconds>(Clock::now() - start);
-    if (status.code() != absl::StatusCode::kUnavailable || waited >= options_.join_timeout) {
+    if (status.code() != absl::StatusCode::kUnavailable || waited >= limit) {
       return Annotate(status, absl::StrCat("resyncing with job '", job_id_, "' after ",
                                            waited.count(), " ms: "));
     }
-    std::this_thread::sleep_for(std::min(backoff, options_.join_timeout - waited));
+    std::this_thread::sleep_for(std::min(backoff, limit - waited));
     backoff = std::min(backoff * 2, kMaxJoinBackoff);
   }
 }
@@ -750,19 +752,23 @@ absl::Status Client::ResyncTo(uint64_t generation, milliseconds timeout) {
   const auto start = Clock::now();
   milliseconds backoff = kInitialJoinBackoff;
   while (generation_ < generation) {
-    RETURN_IF_ERROR(Resync());
+    const auto waited = std::chrono::duration_cast<milliseconds>(Clock::now() - start);
+    // UNAVAILABLE past the limit: a replacement on this node still waits for the controller.
+    absl::Status status = ResyncWithin(std::max(timeout - waited, milliseconds(0)));
+    if (!status.ok() && !absl::IsUnavailable(status)) return status;
     if (generation_ >= generation) break;
     // The agent has not heard of the generation yet (it comes with the controller's next plan):
     // ask again.
-    const auto waited = std::chrono::duration_cast<milliseconds>(Clock::now() - start);
-    if (waited >= timeout) {
+    const auto now_waited = std::chrono::duration_cast<milliseconds>(Clock::now() - start);
+    if (now_waited >= timeout) {
       return absl::DeadlineExceededError(absl::StrCat(
           "job '", job_id_, "': this process's agent is still at membership generation ",
-          generation_.load(), " after ", waited.count(), " ms, but another process of the job ",
-          "joined at generation ", generation,
-          " (has the agent lost the controller? its log and /metrics say)"));
+          generation_.load(), " after ", now_waited.count(),
+          " ms, but another process of the job joined at generation ", generation,
+          status.ok() ? " (has the agent lost the controller? its log and /metrics say)"
+                      : absl::StrCat(" (", status.message(), ")")));
     }
-    std::this_thread::sleep_for(std::min(backoff, timeout - waited));
+    std::this_thread::sleep_for(std::min(backoff, timeout - now_waited));
     backoff = std::min(backoff * 2, kMaxJoinBackoff);
   }
   return absl::OkStatus();

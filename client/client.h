@@ -273,8 +273,8 @@ class Client {
   absl::Status Resync();
 
   // Binds the session to membership generation `generation` or a newer one: calls Resync until
-  // the agent has it, for up to `timeout` (each Resync may also retry for up to
-  // options.join_timeout). For processes that agree on a generation out of band after some of
+  // the agent has it, for up to `timeout` (a Resync held back by a replacement on this node is
+  // retried within it too). For processes that agree on a generation out of band after some of
   // them joined as replacements (tributary/distributed.py does it on torch's rendezvous store
   // when a process group is created): a process that joined before the last replacement, or
   // whose agent has not yet heard of the generation another process joined at, is otherwise
@@ -288,6 +288,9 @@ class Client {
   absl::Status Leave();
 
  private:
+  // Resync, retrying UNAVAILABLE for up to `limit`.
+  absl::Status ResyncWithin(std::chrono::milliseconds limit);
+
   Client(ClientOptions options, std::string job_id, uint32_t local_rank, uint32_t local_size,
          uint32_t global_rank, uint32_t world_size, uint64_t plan_version,
          std::shared_ptr<internal::AgentSession> session);

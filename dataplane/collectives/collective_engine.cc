@@ -451,6 +451,11 @@ absl::Status CollectiveEngine::Post(const std::string& job_id, Algorithm algorit
       // Another rank already failed or aborted this collective (or this one aborted it).
       state->finished = true;
       stats_.ops_failed++;
+      if (t->second.tell_peers) {
+        // A failure of this rank's the peers have not heard of (FailAtEarlyLimitLocked).
+        t->second.tell_peers = false;
+        TellPeersLocked(*view, d, t->second.status, out);
+      }
       done.emplace_back(std::move(state->op.done), t->second.status);
     } else {
       ops_[key] = state;
@@ -529,22 +534,38 @@ void CollectiveEngine::TellPeersLocked(const JobView& view, WireHeader h,
 }
 
 void CollectiveEngine::FailAtEarlyLimitLocked(const CollectiveKey& key, const WireHeader& h,
-                                              std::vector<Outgoing>& out) {
+                                              size_t bytes, std::vector<Outgoing>& out) {
   stats_.early_dropped++;
+  if (h.plan_version < GenerationStartLocked(key.job)) {
+    // A straggler of an older membership generation, whose iterations counted from 0 too: its
+    // collective is over, and the same numbers may be running now. Dropped, as Post would.
+    stats_.fenced_messages++;
+    return;
+  }
   auto job = jobs_.find(key.job);
-  const int rank = job == jobs_.end() ? -1 : job->second->my_worker_rank;
+  const bool known = job != jobs_.end() && job->second->my_worker_rank >= 0 &&
+                     job->second->my_worker_rank < job->second->num_workers();
   const absl::Status status = absl::ResourceExhaustedError(absl::StrCat(
-      "rank ", rank, " dropped a message of tensor ", absl::Hex(h.tensor, absl::kZeroPad16),
-      " iteration ", h.iteration, " from rank ", h.sender, ": it already holds ", early_bytes_,
-      " bytes of messages of collectives it has not started yet, the limit (the agent's "
-      "--early-message-mib; a rank far behind its peers?); the collective fails for every rank"));
+      known ? absl::StrCat("rank ", job->second->my_worker_rank) : std::string("a rank"),
+      " dropped a message (", bytes, " bytes) of tensor ", absl::Hex(h.tensor, absl::kZeroPad16),
+      " iteration ", h.iteration, " from rank ", h.sender, ": it already held ", early_bytes_,
+      " bytes of messages of collectives it has not started yet, and the limit is ",
+      max_early_bytes_,
+      " (the agent's --early-message-mib; a rank far behind its peers?); the collective fails "
+      "for every rank"));
   // The first until the next ExpireStale is logged, the rest summed up there.
   if (early_capped_since_sweep_++ == 0) Log()->warn("{}", status.message());
   // Fails it here when it starts, frees its early messages, and drops its later ones as late.
   SetTombstoneLocked(key, status, h.plan_version);
-  if (job == jobs_.end() || rank < 0 || rank >= job->second->num_workers()) return;
+  if (!known) {
+    // No plan for the job here yet (its messages can arrive first): the peers are told when this
+    // rank posts the collective (Post), which needs the plan.
+    tombstones_[key].tell_peers = true;
+    return;
+  }
   WireHeader abort = h;
-  abort.sender = static_cast<uint32_t>(rank);
+  abort.sender = static_cast<uint32_t>(job->second->my_worker_rank);
+  abort.world_size = static_cast<uint32_t>(job->second->num_workers());
   TellPeersLocked(*job->second, abort, status, out);
 }
 
@@ -592,7 +613,7 @@ void CollectiveEngine::HandleMessage(const WireHeader& h, std::span<const std::b
       // Late: its collective is over (a tombstone of a newer epoch: the message is stale).
       stats_.late_messages++;
     } else if (early_bytes_ + payload.size() + sizeof(WireHeader) > max_early_bytes_) {
-      FailAtEarlyLimitLocked(key, h, out);
+      FailAtEarlyLimitLocked(key, h, payload.size(), out);
     } else {
       stats_.early_messages++;
       early_bytes_ += payload.size() + sizeof(WireHeader);

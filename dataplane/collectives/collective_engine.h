@@ -113,7 +113,7 @@ struct CollectiveEngineStats {
   std::atomic<uint64_t> bytes_received{0};
   std::atomic<uint64_t> malformed_messages{0};  // dropped: bad header, range, sender, duplicate
   std::atomic<uint64_t> early_messages{0};      // buffered before their operation started
-  std::atomic<uint64_t> early_dropped{0};       // over kMaxEarlyBytes or expired
+  std::atomic<uint64_t> early_dropped{0};       // over the limit (SetEarlyMessageLimit) or expired
   std::atomic<uint64_t> late_messages{0};       // for an operation already failed or finished
   std::atomic<uint64_t> send_failures{0};       // transport sends that failed
   // Data of another epoch (plan version) than the running operation's: dropped, never summed;
@@ -209,6 +209,9 @@ class CollectiveEngine : public CollectiveAlgorithm {
     // iterations count from 0 again under a newer epoch, and an older tombstone of the same
     // (tensor, iteration) is another collective's.
     uint64_t epoch = 0;
+    // A failure found here that the other ranks have not been told of (the job was not known
+    // when it happened): Post tells them when it fails the collective.
+    bool tell_peers = false;
   };
   using Completion = std::pair<std::function<void(absl::Status)>, absl::Status>;
 
@@ -234,8 +237,9 @@ class CollectiveEngine : public CollectiveAlgorithm {
   void TellPeersLocked(const JobView& view, WireHeader h, const absl::Status& status,
                        std::vector<Outgoing>& out);
   // A message of a collective not started here that would pass max_early_bytes_: fails the
-  // collective here (tombstone) and at every other rank.
-  void FailAtEarlyLimitLocked(const CollectiveKey& key, const WireHeader& h,
+  // collective here (tombstone) and at every other rank (when the job is not known here yet,
+  // when this rank posts it). A straggler of an older membership generation is only dropped.
+  void FailAtEarlyLimitLocked(const CollectiveKey& key, const WireHeader& h, size_t bytes,
                               std::vector<Outgoing>& out);
   // Remembers how the collective `key` ended: finished (OK) for kTombstoneTtl, failed for
   // EarlyTtlLocked (a rank that starts it up to an op timeout later fails at once with the

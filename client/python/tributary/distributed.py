@@ -56,8 +56,15 @@ def _agree_on_generation(store, group, rank, size):
     membership change. Each process publishes the generation it joined at on the group's
     rendezvous store (torch's PrefixStore for this group; get waits up to the store's timeout)
     and moves to the newest one.
+
+    The keys carry how many groups this rank has created on this store under this prefix (every
+    rank creates the same groups in the same order): a store that outlives destroy_process_group
+    (a reused one, torchelastic's) keeps the previous round's keys, and torch names the next
+    default group as it named the last one.
     """
-    prefix = "tributary/%s/generation/" % group.job
+    base = "tributary/%s/" % group.job
+    round_ = store.add(base + "creates/" + str(rank), 1)
+    prefix = base + "generation/%d/" % round_
     store.set(prefix + str(rank), str(group.generation))
     newest = max(int(store.get(prefix + str(r))) for r in range(size))
     if newest > group.generation:

@@ -818,6 +818,101 @@ TEST(EarlyMessagesTest, OneOverTheLimitFailsItsCollectiveForEveryRank) {
   }
 }
 
+// Over the limit before this engine has the job's plan (a peer got it first): the other ranks
+// cannot be told then; the rank tells them when it posts the collective, which fails at once.
+TEST(EarlyMessagesTest, OverTheLimitBeforeThePlanThePeersAreToldAtThePost) {
+  testing::ClusterOptions o;
+  o.workers = 2;
+  o.job_id = "job-u";
+  o.algorithm = Algorithm::kRing;
+  o.op_timeout = std::chrono::seconds(300);
+  testing::Cluster cluster(o);
+  CollectiveEngine& engine_1 = cluster.node(1).engine();
+  engine_1.RemoveJob(cluster.ViewOf(1).job_hash());
+  engine_1.SetEarlyMessageLimit(1024);
+  const uint64_t count = 1000;
+  std::vector<std::vector<std::byte>> bufs(2, std::vector<std::byte>(count * 4));
+  auto first = cluster.Post(
+      0, Algorithm::kRing, MakeRingOp("big", 1, DataType::kInt32, count, Reduction::kSum, bufs[0]));
+  const auto until = std::chrono::steady_clock::now() + kRingGuard;
+  while (engine_1.stats().early_dropped == 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(engine_1.stats().early_dropped, 1u);
+  EXPECT_EQ(first.wait_for(std::chrono::seconds(0)), std::future_status::timeout);
+  engine_1.SetJob(cluster.ViewOf(1));
+  auto second = cluster.Post(
+      1, Algorithm::kRing, MakeRingOp("big", 1, DataType::kInt32, count, Reduction::kSum, bufs[1]));
+  const absl::Status at_1 = Await(second);
+  EXPECT_EQ(at_1.code(), absl::StatusCode::kResourceExhausted) << at_1;
+  EXPECT_THAT(at_1.message(), HasSubstr("the limit is 1024"));
+  const absl::Status at_0 = Await(first);  // told by rank 1's post
+  EXPECT_EQ(at_0.code(), absl::StatusCode::kResourceExhausted) << at_0;
+  EXPECT_EQ(at_0.message(), at_1.message());
+}
+
+// A straggler of an older membership generation (iterations count from 0 again in each) that
+// comes over the limit is dropped as stale: the collective of the same numbers running now in
+// the new generation is not failed on any rank.
+TEST(EarlyMessagesTest, AStragglerOfAnOlderGenerationOverTheLimitFailsNothing) {
+  testing::ClusterOptions o;
+  o.workers = 2;
+  o.job_id = "job-g";
+  o.plan_version = 3;
+  o.algorithm = Algorithm::kRing;
+  o.op_timeout = std::chrono::seconds(300);
+  testing::Cluster cluster(o);
+  for (int r = 0; r < 2; ++r) {
+    JobView v = cluster.ViewOf(r);
+    v.plan_version = 5;
+    v.generation = 1;
+    cluster.SetJob(r, v);
+  }
+  cluster.node(1).engine().SetEarlyMessageLimit(1024);
+  const uint64_t count = 100;  // int32: 200-byte steps, under the limit
+  std::vector<std::vector<std::byte>> bufs(2, std::vector<std::byte>(count * 4));
+  for (int r = 0; r < 2; ++r) {
+    for (uint64_t i = 0; i < count; ++i) PutValue(DataType::kInt32, bufs[r].data(), i, r + 1);
+  }
+  auto first =
+      cluster.Post(0, Algorithm::kRing,
+                   MakeRingOp("grad", 0, DataType::kInt32, count, Reduction::kSum, bufs[0]));
+  // Generation 0's message of the same tensor and iteration, 2,000 bytes, from rank 0.
+  WireHeader h;
+  h.kind = static_cast<uint8_t>(MessageKind::kData);
+  h.algorithm = static_cast<uint8_t>(Algorithm::kRing);
+  h.dtype = static_cast<uint8_t>(DataType::kInt32);
+  h.reduce = static_cast<uint8_t>(Reduction::kSum);
+  h.job = cluster.ViewOf(1).job_hash();
+  h.tensor = common::StableHash64("grad");
+  h.iteration = 0;
+  h.plan_version = 3;
+  h.tensor_count = 1000;
+  h.world_size = 2;
+  h.sender = 0;
+  h.num_chunks = 1;
+  h.chunk_count = 500;
+  std::vector<std::byte> payload(2000);
+  const uint64_t fenced = cluster.node(1).engine().stats().fenced_messages.load();
+  cluster.network().Inject(cluster.ViewOf(1).worker_addresses[1], AsBytes(h), payload);
+  const auto until = std::chrono::steady_clock::now() + kRingGuard;
+  while (cluster.node(1).engine().stats().fenced_messages == fenced &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(cluster.node(1).engine().stats().fenced_messages, fenced + 1);
+  auto second =
+      cluster.Post(1, Algorithm::kRing,
+                   MakeRingOp("grad", 0, DataType::kInt32, count, Reduction::kSum, bufs[1]));
+  EXPECT_TRUE(Await(first).ok());
+  EXPECT_TRUE(Await(second).ok());
+  for (int r = 0; r < 2; ++r) {
+    for (uint64_t i = 0; i < count; ++i) {
+      ASSERT_EQ(GetValue(DataType::kInt32, bufs[r].data(), i), 3) << "rank " << r << " at " << i;
+    }
+  }
+}
+
 // A failure is remembered as long as early messages are kept (the job's op timeout when longer
 // than kTombstoneTtl): a rank that starts the collective 90 s after another rank aborted it
 // fails at once with the abort's reason. It waited out its own op timeout for peers that were

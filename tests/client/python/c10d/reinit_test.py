@@ -31,13 +31,13 @@ def summed():
     return bool(torch.all(t == world * (world + 1) / 2)), rank
 
 
-def _side_store(world):
+def _side_store_path():
     """A FileStore beside the process groups' (torch's own keys and prefixes are its business):
-    ranks 0 and 1 say there that they joined."""
+    ranks 0 and 1 say there that they joined. Named after this launch (the controller's address
+    and the launcher's pid); rank 0 removes it at the end, so a later launch never reads it."""
     launch = re.sub(r"[^0-9A-Za-z]", "_", os.environ.get("TRIBUTARY_CONTROLLER", "local"))
-    path = os.path.join(tempfile.gettempdir(),
+    return os.path.join(tempfile.gettempdir(),
                         f"tributary-test-reinit-order-{launch}-{os.getppid()}")
-    return dist.FileStore(path, world)
 
 
 def say_when_joined(store, rank):
@@ -57,7 +57,8 @@ def say_when_joined(store, rank):
 
 def second_store():
     """init_method for the second init_process_group: a FileStore named after this launch. torch
-    runs a barrier on the rendezvous store even though the backend does not use it, and env://
+    runs a barrier on the rendezvous store (the backend itself keeps only each rank's membership
+    generation there), and env://
     again (a TCPStore at MASTER_PORT) raced with the first one's teardown on rank 0: another rank
     connected to the closing server and failed with "Broken pipe" (CI, sessions 37 and 38)."""
     launch = re.sub(r"[^0-9A-Za-z]", "_", os.environ.get("TRIBUTARY_CONTROLLER", "local"))
@@ -70,7 +71,8 @@ def main():
     dist.init_process_group("tributary", timeout=TIMEOUT)
     first_ok, first_rank = summed()
     world = dist.get_world_size()
-    side = _side_store(world)
+    side_path = _side_store_path()
+    side = dist.FileStore(side_path, world)
     if first_rank < 2:
         say_when_joined(side, first_rank)
     else:
@@ -89,6 +91,12 @@ def main():
                         time.monotonic() - start, "OK" if ok else "FAILED"))
     sys.stdout.flush()
     dist.destroy_process_group()
+    if first_rank == 0:
+        # Every rank read the side store before the second group's all-reduce.
+        try:
+            os.remove(side_path)
+        except OSError:
+            pass
     os._exit(0 if ok else 1)
 
 
