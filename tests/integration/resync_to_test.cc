@@ -3,6 +3,8 @@
 // exactly (real controller and agent processes: 2 worker nodes, one process each). This is what
 // tributary/distributed.py does on torch's store when a process group is created again.
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
@@ -121,6 +123,80 @@ TEST(ResyncToTest, AProcessMovesToTheGenerationAReplacementJoinedAt) {
   const Round again = AllReduceOnce({a->get(), replacement->get()});
   for (const auto& s : again.statuses) EXPECT_TRUE(s.ok()) << s;  // no membership change
   EXPECT_EQ(again.wrong, 0);
+}
+
+// The other process of the same node is replaced while the controller is down: the agent holds
+// the replacement's join and this process's Resync back (UNAVAILABLE) until the controller's new
+// generation arrives. ResyncTo keeps asking within its own timeout although the client's
+// join_timeout (Resync's own retry limit) is shorter than the controller's absence; it returned
+// Resync's UNAVAILABLE before.
+TEST(ResyncToTest, AReplacementOnTheSameNodeIsWaitedForWithinTheTimeout) {
+  char dir_template[] = "/tmp/tributary-resync-to-XXXXXX";
+  ASSERT_NE(mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  client::LocalClusterOptions o;
+  o.bin_dir = TRIBUTARY_BIN_DIR;
+  o.workers = 1;
+  o.spares = 0;
+  o.state_db = dir + "/controller.db";  // the job outlives the controller's restart
+  auto started = client::LocalCluster::Start(o);
+  ASSERT_TRUE(started.ok()) << started.status();
+  std::unique_ptr<client::LocalCluster> cluster = *std::move(started);
+  v1::CreateJobRequest req;
+  req.set_job_id("resync");
+  req.mutable_spec()->add_worker_nodes(cluster->worker_node_ids()[0]);
+  req.mutable_spec()->set_procs_per_node(2);
+  req.mutable_spec()->set_op_timeout_ms(10000);
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    v1::Job job;
+    ASSERT_TRUE(cluster->controller().CreateJob(&ctx, req, &job).ok());
+  }
+  const auto join = [&](uint32_t local_rank, milliseconds join_timeout) {
+    client::ClientOptions c;
+    c.agent_address = cluster->agent_address(0);
+    c.join_timeout = join_timeout;
+    c.op_timeout = milliseconds(10000);
+    return client::Client::Connect(c, "resync", local_rank, 2);
+  };
+  auto b = join(1, milliseconds(20000));  // waits for the plan
+  ASSERT_TRUE(b.ok()) << b.status();
+  constexpr milliseconds kShortJoinTimeout(1000);
+  auto a = join(0, kShortJoinTimeout);
+  ASSERT_TRUE(a.ok()) << a.status();
+  const uint64_t before = (*a)->generation();
+
+  cluster->KillController();
+  b->reset();
+  absl::StatusOr<std::unique_ptr<client::Client>> replacement;
+  std::thread rejoin([&] { replacement = join(1, milliseconds(60000)); });
+  // Until the replacement's join reaches the agent, a Resync finds nothing to do; then it is
+  // held back (bounded: the replacement's Connect keeps asking).
+  absl::Status held = absl::OkStatus();
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (held.ok() && std::chrono::steady_clock::now() < until) {
+    held = (*a)->Resync();
+    if (held.ok()) std::this_thread::sleep_for(milliseconds(10));
+  }
+  EXPECT_EQ(held.code(), absl::StatusCode::kUnavailable) << held;
+  absl::Status moved;
+  std::thread move([&] { moved = (*a)->ResyncTo(before + 1, milliseconds(60000)); });
+  // The controller stays away for longer than a's join_timeout: a Resync alone gives up first.
+  std::this_thread::sleep_for(kShortJoinTimeout + milliseconds(500));
+  absl::Status restarted = cluster->RestartController(std::chrono::seconds(20));
+  move.join();
+  rejoin.join();
+  ASSERT_TRUE(restarted.ok()) << restarted;
+  ASSERT_TRUE(moved.ok()) << moved;
+  ASSERT_TRUE(replacement.ok()) << replacement.status();
+  EXPECT_GE((*a)->generation(), before + 1);
+  EXPECT_EQ((*a)->generation(), (*replacement)->generation());
+  const Round round = AllReduceOnce({a->get(), replacement->get()});
+  for (const auto& s : round.statuses) EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(round.wrong, 0);
+  cluster.reset();
+  std::filesystem::remove_all(dir);
 }
 
 TEST(ResyncToTest, AProcessAlreadyThereDoesNotAskTheAgent) {
