@@ -14,6 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "client/cluster/local_cluster.h"
+#include "common/rpc/grpc_status.h"
+#include "common/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -68,26 +70,32 @@ Round AllReduceOnce(const std::vector<client::Client*>& clients) {
   return round;
 }
 
-TEST(ResyncToTest, AProcessMovesToTheGenerationAReplacementJoinedAt) {
+// A local cluster of `workers` worker nodes and job "resync" on all of them.
+absl::StatusOr<std::unique_ptr<client::LocalCluster>> StartWithJob(int workers,
+                                                                   uint32_t procs_per_node,
+                                                                   std::string state_db = "") {
   client::LocalClusterOptions o;
   o.bin_dir = TRIBUTARY_BIN_DIR;
-  o.workers = 2;
+  o.workers = workers;
   o.spares = 0;
-  auto started = client::LocalCluster::Start(o);
-  ASSERT_TRUE(started.ok()) << started.status();
-  std::unique_ptr<client::LocalCluster> cluster = *std::move(started);
+  o.state_db = std::move(state_db);
+  ASSIGN_OR_RETURN(std::unique_ptr<client::LocalCluster> cluster, client::LocalCluster::Start(o));
   v1::CreateJobRequest req;
   req.set_job_id("resync");
   for (const auto& w : cluster->worker_node_ids()) req.mutable_spec()->add_worker_nodes(w);
-  req.mutable_spec()->set_procs_per_node(1);
+  req.mutable_spec()->set_procs_per_node(procs_per_node);
   req.mutable_spec()->set_op_timeout_ms(10000);
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    v1::Job job;
-    grpc::Status s = cluster->controller().CreateJob(&ctx, req, &job);
-    ASSERT_TRUE(s.ok()) << s.error_message();
-  }
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::Job job;
+  RETURN_IF_ERROR(common::FromGrpcStatus(cluster->controller().CreateJob(&ctx, req, &job)));
+  return cluster;
+}
+
+TEST(ResyncToTest, AProcessMovesToTheGenerationAReplacementJoinedAt) {
+  auto started = StartWithJob(2, 1);
+  ASSERT_TRUE(started.ok()) << started.status();
+  std::unique_ptr<client::LocalCluster> cluster = *std::move(started);
   auto a = Join(cluster->agent_address(0));
   ASSERT_TRUE(a.ok()) << a.status();
   auto b = Join(cluster->agent_address(1));
@@ -134,25 +142,10 @@ TEST(ResyncToTest, AReplacementOnTheSameNodeIsWaitedForWithinTheTimeout) {
   char dir_template[] = "/tmp/tributary-resync-to-XXXXXX";
   ASSERT_NE(mkdtemp(dir_template), nullptr);
   const std::string dir = dir_template;
-  client::LocalClusterOptions o;
-  o.bin_dir = TRIBUTARY_BIN_DIR;
-  o.workers = 1;
-  o.spares = 0;
-  o.state_db = dir + "/controller.db";  // the job outlives the controller's restart
-  auto started = client::LocalCluster::Start(o);
+  // The job outlives the controller's restart.
+  auto started = StartWithJob(1, 2, dir + "/controller.db");
   ASSERT_TRUE(started.ok()) << started.status();
   std::unique_ptr<client::LocalCluster> cluster = *std::move(started);
-  v1::CreateJobRequest req;
-  req.set_job_id("resync");
-  req.mutable_spec()->add_worker_nodes(cluster->worker_node_ids()[0]);
-  req.mutable_spec()->set_procs_per_node(2);
-  req.mutable_spec()->set_op_timeout_ms(10000);
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    v1::Job job;
-    ASSERT_TRUE(cluster->controller().CreateJob(&ctx, req, &job).ok());
-  }
   const auto join = [&](uint32_t local_rank, milliseconds join_timeout) {
     client::ClientOptions c;
     c.agent_address = cluster->agent_address(0);
@@ -200,23 +193,9 @@ TEST(ResyncToTest, AReplacementOnTheSameNodeIsWaitedForWithinTheTimeout) {
 }
 
 TEST(ResyncToTest, AProcessAlreadyThereDoesNotAskTheAgent) {
-  client::LocalClusterOptions o;
-  o.bin_dir = TRIBUTARY_BIN_DIR;
-  o.workers = 1;
-  o.spares = 0;
-  auto started = client::LocalCluster::Start(o);
+  auto started = StartWithJob(1, 1);
   ASSERT_TRUE(started.ok()) << started.status();
   std::unique_ptr<client::LocalCluster> cluster = *std::move(started);
-  v1::CreateJobRequest req;
-  req.set_job_id("resync");
-  req.mutable_spec()->add_worker_nodes(cluster->worker_node_ids()[0]);
-  req.mutable_spec()->set_procs_per_node(1);
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    v1::Job job;
-    ASSERT_TRUE(cluster->controller().CreateJob(&ctx, req, &job).ok());
-  }
   auto a = Join(cluster->agent_address(0));
   ASSERT_TRUE(a.ok()) << a.status();
   const uint64_t generation = (*a)->generation();

@@ -683,25 +683,45 @@ TEST(EarlyMessagesTest, ARankThatStartsFirstIsBufferedUntilThePeerStarts) {
   }
 }
 
+// Two ranks running a ring job with a 300 s op timeout (long past the tests' fake-clock steps).
+testing::ClusterOptions TwoRanks(const std::string& job_id, uint64_t plan_version = 1) {
+  testing::ClusterOptions o;
+  o.workers = 2;
+  o.job_id = job_id;
+  o.plan_version = plan_version;
+  o.algorithm = Algorithm::kRing;
+  o.op_timeout = std::chrono::seconds(300);
+  return o;
+}
+
+// Rank r's int32 input r + 1 at every element.
+void FillRanks(std::vector<std::vector<std::byte>>& bufs, uint64_t count) {
+  for (size_t r = 0; r < bufs.size(); ++r) {
+    for (uint64_t i = 0; i < count; ++i) PutValue(DataType::kInt32, bufs[r].data(), i, r + 1);
+  }
+}
+
+// Every element of every rank's buffer is `sum`.
+void ExpectSums(const std::vector<std::vector<std::byte>>& bufs, uint64_t count, double sum) {
+  for (size_t r = 0; r < bufs.size(); ++r) {
+    for (uint64_t i = 0; i < count; ++i) {
+      ASSERT_EQ(GetValue(DataType::kInt32, bufs[r].data(), i), sum) << "rank " << r << " at " << i;
+    }
+  }
+}
+
 // Early messages are kept for the job's op timeout when it is longer than kTombstoneTtl: ranks
 // may start one collective minutes apart. BERT-large's fused collectives on a 4-rank ring at
 // 125 Mbit/s started up to 80 s apart (op timeout 300 s); the first step, dropped after 60 s,
 // left its receiver waiting until the op timeout and the whole ring with it (session 41). Past
 // the op timeout they are dropped (the memory stays bounded) with a warning.
 TEST(EarlyMessagesTest, AreKeptForTheJobsOpTimeout) {
-  testing::ClusterOptions o;
-  o.workers = 2;
-  o.job_id = "job-e";
-  o.plan_version = 3;
-  o.algorithm = Algorithm::kRing;
+  testing::ClusterOptions o = TwoRanks("job-e", 3);
   o.partition_bytes = 16;
-  o.op_timeout = std::chrono::seconds(300);
   testing::Cluster cluster(o);
   const uint64_t count = 100;
   std::vector<std::vector<std::byte>> bufs(2, std::vector<std::byte>(count * 4));
-  for (int r = 0; r < 2; ++r) {
-    for (uint64_t i = 0; i < count; ++i) PutValue(DataType::kInt32, bufs[r].data(), i, r + 1);
-  }
+  FillRanks(bufs, count);
   const auto early_at_rank_1 = [&] {
     const auto until = std::chrono::steady_clock::now() + kRingGuard;
     while (cluster.node(1).engine().stats().early_messages == 0 &&
@@ -723,11 +743,7 @@ TEST(EarlyMessagesTest, AreKeptForTheJobsOpTimeout) {
                    MakeRingOp("late", 1, DataType::kInt32, count, Reduction::kSum, bufs[1]));
   EXPECT_TRUE(Await(first).ok());
   EXPECT_TRUE(Await(second).ok());
-  for (int r = 0; r < 2; ++r) {
-    for (uint64_t i = 0; i < count; ++i) {
-      ASSERT_EQ(GetValue(DataType::kInt32, bufs[r].data(), i), 3) << "rank " << r << " at " << i;
-    }
-  }
+  ExpectSums(bufs, count, 3);
 
   // Past the op timeout an early message goes.
   const uint64_t before = cluster.node(1).engine().stats().early_messages.load();
@@ -775,18 +791,12 @@ TEST(EarlyMessagesTest, ThoseOfAFailedCollectiveGoWithTheFailure) {
 // without it (the message was dropped and its ranks waited out their op timeouts). The next
 // collective is exact.
 TEST(EarlyMessagesTest, OneOverTheLimitFailsItsCollectiveForEveryRank) {
-  testing::ClusterOptions o;
-  o.workers = 2;
-  o.job_id = "job-l";
-  o.algorithm = Algorithm::kRing;
-  o.op_timeout = std::chrono::seconds(300);
+  const testing::ClusterOptions o = TwoRanks("job-l");
   testing::Cluster cluster(o);
   cluster.node(1).engine().SetEarlyMessageLimit(1024);
   const uint64_t count = 1000;  // int32: a 2,000-byte step each way
   std::vector<std::vector<std::byte>> bufs(2, std::vector<std::byte>(count * 4));
-  for (int r = 0; r < 2; ++r) {
-    for (uint64_t i = 0; i < count; ++i) PutValue(DataType::kInt32, bufs[r].data(), i, r + 1);
-  }
+  FillRanks(bufs, count);
   auto first = cluster.Post(
       0, Algorithm::kRing, MakeRingOp("big", 1, DataType::kInt32, count, Reduction::kSum, bufs[0]));
   const absl::Status at_0 = Await(first);
@@ -802,30 +812,20 @@ TEST(EarlyMessagesTest, OneOverTheLimitFailsItsCollectiveForEveryRank) {
   EXPECT_EQ(at_1.message(), at_0.message());
 
   // Rank 1 first this time: its messages are early at rank 0, whose limit is the default.
-  for (int r = 0; r < 2; ++r) {
-    for (uint64_t i = 0; i < count; ++i) PutValue(DataType::kInt32, bufs[r].data(), i, r + 1);
-  }
+  FillRanks(bufs, count);
   auto next_1 = cluster.Post(
       1, Algorithm::kRing, MakeRingOp("big", 2, DataType::kInt32, count, Reduction::kSum, bufs[1]));
   auto next_0 = cluster.Post(
       0, Algorithm::kRing, MakeRingOp("big", 2, DataType::kInt32, count, Reduction::kSum, bufs[0]));
   EXPECT_TRUE(Await(next_1).ok());
   EXPECT_TRUE(Await(next_0).ok());
-  for (int r = 0; r < 2; ++r) {
-    for (uint64_t i = 0; i < count; ++i) {
-      ASSERT_EQ(GetValue(DataType::kInt32, bufs[r].data(), i), 3) << "rank " << r << " at " << i;
-    }
-  }
+  ExpectSums(bufs, count, 3);
 }
 
 // Over the limit before this engine has the job's plan (a peer got it first): the other ranks
 // cannot be told then; the rank tells them when it posts the collective, which fails at once.
 TEST(EarlyMessagesTest, OverTheLimitBeforeThePlanThePeersAreToldAtThePost) {
-  testing::ClusterOptions o;
-  o.workers = 2;
-  o.job_id = "job-u";
-  o.algorithm = Algorithm::kRing;
-  o.op_timeout = std::chrono::seconds(300);
+  const testing::ClusterOptions o = TwoRanks("job-u");
   testing::Cluster cluster(o);
   CollectiveEngine& engine_1 = cluster.node(1).engine();
   engine_1.RemoveJob(cluster.ViewOf(1).job_hash());
@@ -855,12 +855,7 @@ TEST(EarlyMessagesTest, OverTheLimitBeforeThePlanThePeersAreToldAtThePost) {
 // comes over the limit is dropped as stale: the collective of the same numbers running now in
 // the new generation is not failed on any rank.
 TEST(EarlyMessagesTest, AStragglerOfAnOlderGenerationOverTheLimitFailsNothing) {
-  testing::ClusterOptions o;
-  o.workers = 2;
-  o.job_id = "job-g";
-  o.plan_version = 3;
-  o.algorithm = Algorithm::kRing;
-  o.op_timeout = std::chrono::seconds(300);
+  const testing::ClusterOptions o = TwoRanks("job-g", 3);
   testing::Cluster cluster(o);
   for (int r = 0; r < 2; ++r) {
     JobView v = cluster.ViewOf(r);
@@ -871,9 +866,7 @@ TEST(EarlyMessagesTest, AStragglerOfAnOlderGenerationOverTheLimitFailsNothing) {
   cluster.node(1).engine().SetEarlyMessageLimit(1024);
   const uint64_t count = 100;  // int32: 200-byte steps, under the limit
   std::vector<std::vector<std::byte>> bufs(2, std::vector<std::byte>(count * 4));
-  for (int r = 0; r < 2; ++r) {
-    for (uint64_t i = 0; i < count; ++i) PutValue(DataType::kInt32, bufs[r].data(), i, r + 1);
-  }
+  FillRanks(bufs, count);
   auto first =
       cluster.Post(0, Algorithm::kRing,
                    MakeRingOp("grad", 0, DataType::kInt32, count, Reduction::kSum, bufs[0]));
@@ -906,11 +899,7 @@ TEST(EarlyMessagesTest, AStragglerOfAnOlderGenerationOverTheLimitFailsNothing) {
                    MakeRingOp("grad", 0, DataType::kInt32, count, Reduction::kSum, bufs[1]));
   EXPECT_TRUE(Await(first).ok());
   EXPECT_TRUE(Await(second).ok());
-  for (int r = 0; r < 2; ++r) {
-    for (uint64_t i = 0; i < count; ++i) {
-      ASSERT_EQ(GetValue(DataType::kInt32, bufs[r].data(), i), 3) << "rank " << r << " at " << i;
-    }
-  }
+  ExpectSums(bufs, count, 3);
 }
 
 // A failure is remembered as long as early messages are kept (the job's op timeout when longer
@@ -918,11 +907,7 @@ TEST(EarlyMessagesTest, AStragglerOfAnOlderGenerationOverTheLimitFailsNothing) {
 // fails at once with the abort's reason. It waited out its own op timeout for peers that were
 // done with it when the failure was kept for 60 s only. Past the op timeout it is forgotten.
 TEST(TombstonesTest, AFailureReachesARankThatStartsAnOpTimeoutLater) {
-  testing::ClusterOptions o;
-  o.workers = 2;
-  o.job_id = "job-t";
-  o.algorithm = Algorithm::kRing;
-  o.op_timeout = std::chrono::seconds(300);
+  const testing::ClusterOptions o = TwoRanks("job-t");
   testing::Cluster cluster(o);
   const uint64_t count = 100;
   std::vector<std::vector<std::byte>> bufs(2, std::vector<std::byte>(count * 4));
