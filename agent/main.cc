@@ -227,6 +227,10 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
+  // Before the agent's socket and metrics say it is up: a SIGTERM right after that must stop it
+  // in order, not by the default action.
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
   auto agent = tributary::agent::Agent::Start(options);
   if (!agent.ok()) {
     tributary::common::Logger("agent")->critical("{}", agent.status().message());
@@ -249,8 +253,6 @@ int main(int argc, char** argv) {
     tributary::common::Logger("agent")->info("metrics on {} (port {})",
                                              process_flags.metrics_listen, metrics->port());
   }
-  std::signal(SIGINT, OnSignal);
-  std::signal(SIGTERM, OnSignal);
   while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   (*agent)->Stop();
   if (absl::Status s = tributary::common::Trace::Stop(); !s.ok()) {

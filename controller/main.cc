@@ -122,6 +122,11 @@ int main(int argc, char** argv) {
     log->critical("cannot start: {}", restored.status().message());
     return 2;
   }
+  // Before anything says the controller is up (the metrics and --port-file): a SIGTERM sent as
+  // soon as the port file appeared killed it by the default action, skipping the orderly
+  // shutdown (ControllerRestartTest.CorruptStateDatabaseIsAClearStartupError got 143 in CI).
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
   tributary::controller::ControllerService service(&state, registry.get(), &authz);
   std::shared_ptr<prometheus::Collectable> state_collector = state.collector();
   auto process = std::make_shared<tributary::common::metrics::ProcessCollector>();
@@ -183,8 +188,6 @@ int main(int argc, char** argv) {
     }
   }
 
-  std::signal(SIGINT, OnSignal);
-  std::signal(SIGTERM, OnSignal);
   {
     std::unique_lock lock(g_mu);
     while (!g_stop) {
