@@ -26,12 +26,14 @@ using std::chrono::milliseconds;
 
 constexpr size_t kCount = 5000;
 
-absl::StatusOr<std::unique_ptr<client::Client>> Join(const std::string& agent) {
+absl::StatusOr<std::unique_ptr<client::Client>> Join(
+    const std::string& agent, uint32_t local_rank = 0, uint32_t local_size = 1,
+    milliseconds join_timeout = milliseconds(20000)) {
   client::ClientOptions o;
   o.agent_address = agent;
-  o.join_timeout = milliseconds(20000);
+  o.join_timeout = join_timeout;
   o.op_timeout = milliseconds(10000);
-  return client::Client::Connect(o, "resync", 0, 1);
+  return client::Client::Connect(o, "resync", local_rank, local_size);
 }
 
 // Each client all-reduces (rank + 1) * (e % 5 + 1) once, in its own thread; the statuses in
@@ -147,11 +149,7 @@ TEST(ResyncToTest, AReplacementOnTheSameNodeIsWaitedForWithinTheTimeout) {
   ASSERT_TRUE(started.ok()) << started.status();
   std::unique_ptr<client::LocalCluster> cluster = *std::move(started);
   const auto join = [&](uint32_t local_rank, milliseconds join_timeout) {
-    client::ClientOptions c;
-    c.agent_address = cluster->agent_address(0);
-    c.join_timeout = join_timeout;
-    c.op_timeout = milliseconds(10000);
-    return client::Client::Connect(c, "resync", local_rank, 2);
+    return Join(cluster->agent_address(0), local_rank, 2, join_timeout);
   };
   auto b = join(1, milliseconds(20000));  // waits for the plan
   ASSERT_TRUE(b.ok()) << b.status();
