@@ -21,6 +21,7 @@
 #include "common/rpc/grpc_status.h"
 #include "common/rpc/tls.h"
 #include "common/status_macros.h"
+#include "common/thread_name.h"
 #include "topology/topology_discovery.h"
 #include "topology/topology_file.h"
 
@@ -403,6 +404,7 @@ void Agent::Tick() {
 }
 
 void Agent::TickLoop() {
+  common::SetCurrentThreadName("trib-tick");
   std::unique_lock lock(tick_mu_);
   while (!stopping_) {
     tick_cv_.wait_for(lock, tick_, [this] { return stopping_; });

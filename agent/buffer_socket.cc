@@ -17,6 +17,7 @@
 #include "common/buffer_socket_protocol.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "common/thread_name.h"
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
@@ -205,6 +206,7 @@ void BufferSocketServer::ReapLocked() {
 }
 
 void BufferSocketServer::AcceptLoop() {
+  common::SetCurrentThreadName("trib-buf-accept");
   while (true) {
     pollfd fds[2] = {{listener_.get(), POLLIN, 0}, {wake_.get(), POLLIN, 0}};
     if (poll(fds, 2, -1) < 0) {
@@ -237,6 +239,7 @@ void BufferSocketServer::AcceptLoop() {
 }
 
 void BufferSocketServer::Serve(Connection* connection) {
+  common::SetCurrentThreadName("trib-buffers");
   const int fd = connection->fd.get();
   absl::StatusOr<common::PeerCredentials> peer = common::GetPeerCredentials(fd);
   absl::Status allowed = peer.ok() ? CheckPeer(access_, *peer) : peer.status();
@@ -375,6 +378,7 @@ void GrpcUnixListener::Stop() {
 }
 
 void GrpcUnixListener::AcceptLoop() {
+  common::SetCurrentThreadName("trib-rpc-accept");
   while (true) {
     pollfd fds[2] = {{listener_.get(), POLLIN, 0}, {wake_.get(), POLLIN, 0}};
     if (poll(fds, 2, -1) < 0) {

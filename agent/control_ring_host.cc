@@ -12,6 +12,7 @@
 #include "common/logging.h"
 #include "common/shm_ring.h"
 #include "common/status_macros.h"
+#include "common/thread_name.h"
 
 namespace tributary::agent {
 namespace {
@@ -82,6 +83,7 @@ class ControlRings::Host : public std::enable_shared_from_this<Host> {
  private:
   // The thread: take submissions, flush waiting results, sleep on the doorbell.
   void Run() {
+    common::SetCurrentThreadName("trib-ring");
     std::string corrupt;
     // When the ring thread last found the queue empty (none: it is taking entries).
     std::optional<std::chrono::steady_clock::time_point> idle_since;

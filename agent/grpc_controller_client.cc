@@ -8,6 +8,7 @@
 #include "agent/load_delta.h"
 #include "common/logging.h"
 #include "common/rpc/tls.h"
+#include "common/thread_name.h"
 #include "grpcpp/grpcpp.h"
 #include "tributary/v1/assigned_plan.h"
 
@@ -93,6 +94,7 @@ void GrpcControllerClient::Deliver(uint64_t version, std::vector<tributary::v1::
 }
 
 void GrpcControllerClient::WatchLoop() {
+  common::SetCurrentThreadName("trib-watch");
   ReconnectBackoff backoff(options_.backoff);
   uint64_t refused = 0;  // an incarnation the controller does not know: wait for the next one
   while (true) {
@@ -173,6 +175,7 @@ std::unique_ptr<grpc::ClientContext> GrpcControllerClient::Context() const {
 }
 
 void GrpcControllerClient::Run() {
+  common::SetCurrentThreadName("trib-heartbeat");
   uint64_t incarnation = 0;
   int behind = 0;  // heartbeats in a row whose version the watch had not delivered
   auto interval = std::chrono::milliseconds(500);

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "agent/gpu_aggregation.h"
 #include "common/logging.h"
+#include "common/thread_name.h"
 
 namespace tributary::agent {
 namespace {
@@ -167,6 +168,7 @@ uint64_t MirrorStager::tasks_run() const {
 }
 
 void MirrorStager::Run() {
+  common::SetCurrentThreadName("trib-mirror");
   while (true) {
     std::function<void()> task;
     {

@@ -14,6 +14,7 @@
 #include "common/hash.h"
 #include "common/logging.h"
 #include "common/metrics/metrics.h"
+#include "common/thread_name.h"
 #include "common/trace.h"
 
 namespace tributary::agent {
@@ -570,6 +571,7 @@ void FusingRunner::Launch(After& after) {
 }
 
 void FusingRunner::LauncherLoop() {
+  common::SetCurrentThreadName("trib-launch");
   std::unique_lock lock(launch_mu_);
   while (true) {
     launch_cv_.wait(lock, [&] { return launcher_stop_ || !launches_.empty(); });
@@ -1455,6 +1457,7 @@ void FusingRunner::FlushExpiredLocked(After& after) {
 }
 
 void FusingRunner::TimerLoop() {
+  common::SetCurrentThreadName("trib-fusion");
   std::unique_lock lock(mu_);
   while (!shut_down_) {
     std::optional<common::Clock::TimePoint> next;

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/thread_name.h"
 #include "nlohmann/json.hpp"
 
 namespace tributary::common {
@@ -91,6 +92,7 @@ void WriteLocked(State& s) {
 }
 
 void WriterLoop(State* s) {
+  SetCurrentThreadName("trib-trace");
   std::unique_lock lock(s->mu);
   while (!s->stopping) {
     s->cv.wait_for(lock, std::chrono::milliseconds(250));

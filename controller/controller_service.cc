@@ -5,6 +5,7 @@
 
 #include "common/metrics/metrics.h"
 #include "common/rpc/grpc_status.h"
+#include "common/thread_name.h"
 
 namespace tributary::controller {
 namespace {
@@ -236,6 +237,7 @@ ControllerService::~ControllerService() {
 }
 
 void ControllerService::PlanningLoop() {
+  common::SetCurrentThreadName("trib-planner");
   std::unique_lock lock(planning_mu_);
   while (true) {
     planning_cv_.wait(lock, [this] { return planning_stop_ || !planning_queue_.empty(); });

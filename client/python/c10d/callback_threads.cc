@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "common/logging.h"
+#include "common/thread_name.h"
 
 namespace tributary::client::c10d {
 namespace {
@@ -27,7 +28,10 @@ CallbackThreads& CallbackThreads::Process() {
 }
 
 void CallbackThreads::DetachedThread(std::function<void()> body) {
-  std::thread(std::move(body)).detach();
+  std::thread([body = std::move(body)] {
+    common::SetCurrentThreadName("trib-c10d-cb");
+    body();
+  }).detach();
 }
 
 void CallbackThreads::Run(std::function<void()> task) {

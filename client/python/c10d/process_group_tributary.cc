@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "client/python/c10d/callback_threads.h"
 #include "common/hash.h"
+#include "common/thread_name.h"
 
 namespace tributary::client::c10d {
 namespace {
@@ -350,6 +351,7 @@ c10::intrusive_ptr<::c10d::Work> ProcessGroupTributary::Start(
 }
 
 void ProcessGroupTributary::CompletionLoop() {
+  common::SetCurrentThreadName("trib-c10d-done");
   for (;;) {
     Pending p;
     {

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/status_macros.h"
+#include "common/thread_name.h"
 
 namespace tributary::dataplane {
 
@@ -51,6 +52,7 @@ void WorkerPool::ParallelFor(int parts, absl::FunctionRef<void(int)> fn) {
 }
 
 void WorkerPool::WorkerLoop() {
+  common::SetCurrentThreadName("trib-reduce");
   std::unique_lock lock(mu_);
   while (true) {
     work_cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });

@@ -27,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/logging.h"
+#include "common/thread_name.h"
 #include "dataplane/transport/send_queue.h"
 #include "dataplane/transport/socket_address.h"
 #include "dataplane/transport/tcp/tcp_wire.h"
@@ -252,6 +253,7 @@ class TcpTransport::Impl {
     }
     Log()->debug("tcp transport listening on {}", address_);
     thread_ = std::thread([this] { Run(); });
+    common::SetThreadName(thread_, "trib-tcp");
     return absl::OkStatus();
   }
 

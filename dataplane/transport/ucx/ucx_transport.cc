@@ -30,6 +30,7 @@
 #include "absl/strings/string_view.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "common/thread_name.h"
 #include "dataplane/transport/send_queue.h"
 #include "dataplane/transport/socket_address.h"
 #include "dataplane/transport/ucx/ucx_status.h"
@@ -228,6 +229,7 @@ class UcxTransport::Impl {
   // --- Progress thread only below. ---
 
   void Run(std::promise<absl::Status>& started) {
+    common::SetCurrentThreadName("trib-ucx");
     sends_.SetProgressThread();
     absl::Status status = Init();
     if (!status.ok()) {

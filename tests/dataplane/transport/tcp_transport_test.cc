@@ -193,6 +193,26 @@ TEST(TcpTransportTest, BusyPortFailsCreateAsUnavailable) {
   EXPECT_THAT(second.status().message(), HasSubstr(std::to_string(options.port)));
 }
 
+// Threads of this process named `name` (/proc/self/task/*/comm: what top -H and perf show).
+int ThreadsNamed(const std::string& name) {
+  int count = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream in(task.path() / "comm");
+    std::string comm;
+    if (std::getline(in, comm) && comm == name) ++count;
+  }
+  return count;
+}
+
+TEST(TcpTransportTest, ProgressThreadIsNamed) {
+  const int before = ThreadsNamed("trib-tcp");
+  auto transport = Make();
+  ASSERT_NE(transport, nullptr);
+  EXPECT_EQ(ThreadsNamed("trib-tcp"), before + 1);
+  transport->Shutdown();
+  EXPECT_EQ(ThreadsNamed("trib-tcp"), before);
+}
+
 TEST(TcpTransportTest, BadOptionsAreInvalidArgument) {
   TcpTransportOptions options;
   options.listen_host = "no such host.invalid";
