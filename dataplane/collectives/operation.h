@@ -143,8 +143,9 @@ struct Operation {
   // collective it decided with under kLoneFusionBytes of the job in flight, and FusingRunner of
   // every all-reduce under kLoneFusionBytes it runs unfused; agent/tensor_fusion.h): the
   // collective's time is its pipeline's fill and drain, not its share of a busy link, so
-  // push/pull cuts it into chunks of down to kMinLoneChunkBytes instead of
-  // kMinPipelineChunkBytes (dataplane/schedule/chunk_map.h). Every node must pass the same value
+  // push/pull cuts it into chunks of down to kMinLoneChunkBytes (kLoneBulkChunkBytes once that
+  // gives every server kLoneBulkChunksPerServer of them) instead of kMinPipelineChunkBytes
+  // (dataplane/schedule/chunk_map.h). Every node must pass the same value
   // for the same collective (workers that do not fail it with INVALID_ARGUMENT).
   bool lone = false;
 };

@@ -16,9 +16,14 @@ uint32_t PushPullChunks(uint64_t count, size_t element_size, uint64_t partition_
                         size_t num_servers, bool lone) {
   const uint32_t by_partition = NumChunks(count, element_size, partition_bytes);
   const uint64_t bytes = count * element_size;
-  const uint64_t by_size =
-      std::max<uint64_t>(1, bytes / (lone ? kMinLoneChunkBytes : kMinPipelineChunkBytes));
   const uint64_t servers = std::max<size_t>(1, num_servers);
+  uint64_t min_chunk = kMinPipelineChunkBytes;
+  if (lone) {
+    min_chunk = bytes / servers >= kLoneBulkChunkBytes * kLoneBulkChunksPerServer
+                    ? kLoneBulkChunkBytes
+                    : kMinLoneChunkBytes;
+  }
+  const uint64_t by_size = std::max<uint64_t>(1, bytes / min_chunk);
   const uint64_t spread = std::min<uint64_t>(servers, bytes / kMinSpreadChunkBytes);
   const uint64_t wanted =
       std::max(spread, std::min<uint64_t>(by_size, uint64_t{kPipelineChunksPerServer} * servers));

@@ -41,8 +41,19 @@ uint32_t NumChunks(uint64_t count, size_t element_size, uint64_t partition_bytes
 // worker hosts 1.6x the CPU for the same time (bench/results/lone_chunks_125mbit_s27/). An
 // all-reduce under 4 MiB that runs unfused is lone too (agent/tensor_fusion.h
 // IsLonePassThrough): one 1.23 MiB tensor took 145 ms in 64 KiB chunks and 93 ms lone.
+//
+// A lone collective large enough to give every server kLoneBulkChunksPerServer chunks of
+// kLoneBulkChunkBytes goes down to those only: a 4 KiB chunk fills half a 9000-byte frame, and
+// the messages, not the bytes, were the CPU. BERT-large's fused 1.29 MB over 4 servers in 157
+// chunks of 8 KiB instead of 256 of 5 KiB took the same time (98-100 ms against 99-100) at
+// 0.75x the worker hosts' CPU (18-19 core-ms per iteration against 24-25) and 0.63x the
+// spares'; 1 MiB took 77 ms against 79, 2 MiB 148 against 154. Smaller collectives have fewer
+// chunks per server to pipeline and keep 4 KiB: 128 KiB in 8 KiB chunks took 16.4 ms against
+// 12.9 (bench/results/lone_bulk_chunks_125mbit_s44/).
 inline constexpr uint64_t kMinPipelineChunkBytes = 64 << 10;
 inline constexpr uint64_t kMinLoneChunkBytes = 4 << 10;
+inline constexpr uint64_t kLoneBulkChunkBytes = 8 << 10;
+inline constexpr uint64_t kLoneBulkChunksPerServer = 16;
 inline constexpr uint32_t kPipelineChunksPerServer = 64;
 inline constexpr uint64_t kMinSpreadChunkBytes = 8 << 10;
 uint32_t PushPullChunks(uint64_t count, size_t element_size, uint64_t partition_bytes,

@@ -82,15 +82,21 @@ TEST(ChunkMap, PushPullChunksPipelineEveryServer) {
   EXPECT_EQ(next, count);
 }
 
-// A lone collective (nothing else in flight to hide its fill behind) goes down to 4 KiB chunks,
-// up to the same 64 per server; a busy one keeps the 64 KiB floor.
+// A lone collective (nothing else in flight to hide its fill behind) goes down to 4 KiB chunks
+// (8 KiB from 16 of them per server on), up to the same 64 per server; a busy one keeps the
+// 64 KiB floor.
 TEST(ChunkMap, LoneCollectivesAreCutFiner) {
   constexpr uint64_t kMiB = 1 << 20;
-  // BERT-large's 243 small tensors fused: 1.29 MB over 4 servers. 19 chunks busy (64 KiB); lone,
-  // 315 of 4 KiB would be more than 64 per server, so 256 of ~5 KiB.
+  // BERT-large's 243 small tensors fused: 1.29 MB over 4 or 8 servers. 19 chunks busy (64 KiB);
+  // lone, every server gets 16 and more of 8 KiB, so 157 of ~8 KiB (not 315 of 4 KiB).
   const uint64_t bert_1d = 1290240 / 4;
   EXPECT_EQ(PushPullChunks(bert_1d, 4, kMiB, 4), 19u);
-  EXPECT_EQ(PushPullChunks(bert_1d, 4, kMiB, 4, /*lone=*/true), 256u);
+  EXPECT_EQ(PushPullChunks(bert_1d, 4, kMiB, 4, /*lone=*/true), 157u);
+  EXPECT_EQ(PushPullChunks(bert_1d, 4, kMiB, 8, /*lone=*/true), 157u);
+  // 8 KiB chunks from 16 per server on: 1 MiB over 8 servers is 128 of them; just under, 4 KiB.
+  EXPECT_EQ(PushPullChunks(kMiB / 4, 4, kMiB, 8, true), 128u);
+  EXPECT_EQ(PushPullChunks(kMiB / 4 - 8, 4, kMiB, 8, true), 255u);
+  EXPECT_EQ(PushPullChunks(kMiB / 4 - 8, 4, kMiB, 4, true), 127u);
   // 256 KiB: 4 chunks busy, 64 of 4 KiB lone.
   EXPECT_EQ(PushPullChunks(64 << 10, 4, kMiB, 4), 4u);
   EXPECT_EQ(PushPullChunks(64 << 10, 4, kMiB, 4, true), 64u);
