@@ -246,6 +246,14 @@ class PushPullServer {
 // different orders never wait for each other's windows (each operation's first chunks always
 // go).
 inline constexpr uint32_t kPushPullAhead = 4;
+// The same bound for a lone operation (Operation::lone: its chunks are 4-8 KiB and nothing else
+// of the job is in flight): one chunk per server until its sum comes back. Deeper windows let
+// the workers' small pushes queue up at the servers' links out of step, and each sum waits for
+// the last of its pushes: with 4 spares at 125 Mbit/s, 64 KiB took 4.98 ms in step against
+// 7.24 with 4 ahead, 128 KiB 10.4 against 13.1, 1 MiB 73.7 against 79.6 (2 ahead: 5.20, 10.7,
+// 74.0; 16: 7.08, 17.9, 128), and BERT-large's fused small tensors 95 ms against 99
+// (bench/results/lone_ahead_125mbit_s44/).
+inline constexpr uint32_t kLonePushPullAhead = 1;
 // The agent's PushPullWorker::SetServerBacklog by default: 256 KiB, with the connections to spare
 // servers at kDefaultSpareServerUnsent. ResNet-50's gradients with 4 spares at 125 Mbit/s, one
 // cluster each, 3 runs: 7133 ms per iteration (runs 7082-7379) against 7357 ms (7332-7974)

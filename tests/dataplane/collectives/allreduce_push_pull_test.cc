@@ -488,6 +488,42 @@ TEST(PushPull, AWorkerRunsAtMostAFewChunksAheadOfEachServersSums) {
       CountWrong(DataType::kFloat32, b, count, [](uint64_t i) { return 1.0 + 2.0 * (i % 3); }), 0);
 }
 
+// A lone operation runs in step: one chunk per server until its sum comes back
+// (kLonePushPullAhead), then the next, and its sums stay exact.
+TEST(PushPull, ALoneOperationPushesOneChunkPerServerAheadOfItsSums) {
+  const uint64_t partition = 1 << 20, credit = 1 << 20;
+  Cluster cluster(PushPullCluster(2, 1, 1, partition, credit));
+  const uint64_t count = 40000;  // 160 KB of float32, lone: 4 KiB chunks, ~13 per server
+  Buffers b =
+      MakeBuffers(2, 1, DataType::kFloat32, count, [](int g, uint64_t i) { return g + i % 5; });
+  auto map = ChunkMap::Create(cluster.view().server_weights);
+  ASSERT_TRUE(map.ok());
+  const uint32_t chunks = PushPullChunks(count, 4, partition, map->num_servers(), /*lone=*/true);
+  std::vector<uint32_t> owned(map->num_servers());
+  for (uint32_t c = 0; c < chunks; ++c)
+    owned[map->ServerOf(common::StableHash64("w"), chunks, c)]++;
+  uint32_t allowed = 0;
+  for (uint32_t o : owned) {
+    ASSERT_GT(o, kPushPullAhead);  // a busy operation would push more
+    allowed += std::min(o, kLonePushPullAhead);
+  }
+  auto lone_op = [&](int node) {
+    Operation op = MakeOp("w", 0, DataType::kFloat32, count, Reduction::kSum, b[node]);
+    op.lone = true;
+    return op;
+  };
+  auto first = cluster.Start(0, lone_op(0));
+  const PushPullStats& s = cluster.node(0).push_pull().stats();
+  EXPECT_EQ(s.chunks_pushed.load(), allowed);
+  EXPECT_GT(s.ahead_waits.load(), 0u);
+  auto second = cluster.Start(1, lone_op(1));
+  ASSERT_TRUE(Await(first).ok());
+  ASSERT_TRUE(Await(second).ok());
+  EXPECT_EQ(s.chunks_pushed.load(), chunks);
+  EXPECT_EQ(
+      CountWrong(DataType::kFloat32, b, count, [](uint64_t i) { return 1.0 + 2.0 * (i % 5); }), 0);
+}
+
 // An operation whose window is full at every server holds back none of the operations queued
 // behind it: their chunks go at once (the pump passes the whole operation in one step).
 TEST(PushPull, AnOperationWithEveryWindowFullHoldsBackNoneBehindIt) {
