@@ -48,8 +48,9 @@ uint32_t NumChunks(uint64_t count, size_t element_size, uint64_t partition_bytes
 // chunks of 8 KiB instead of 256 of 5 KiB took the same time (98-100 ms against 99-100) at
 // 0.75x the worker hosts' CPU (18-19 core-ms per iteration against 24-25) and 0.63x the
 // spares'; 1 MiB took 77 ms against 79, 2 MiB 148 against 154. Smaller collectives have fewer
-// chunks per server to pipeline and keep 4 KiB: 128 KiB in 8 KiB chunks took 16.4 ms against
-// 12.9 (bench/results/lone_bulk_chunks_125mbit_s44/).
+// chunks per server to pipeline and keep 4 KiB: 128 KiB in 8 KiB chunks took 15.8 ms against
+// 12.9-13.0 (bench/results/lone_bulk_chunks_125mbit_s44/; both with 4 chunks per server ahead
+// of their sums, before kLonePushPullAhead).
 inline constexpr uint64_t kMinPipelineChunkBytes = 64 << 10;
 inline constexpr uint64_t kMinLoneChunkBytes = 4 << 10;
 inline constexpr uint64_t kLoneBulkChunkBytes = 8 << 10;
