@@ -168,6 +168,23 @@ def build_peers(bin_dir, work):
 # CPU use per host: a poller sums utime+stime of every process in each host's namespace.
 
 
+def host_processes(host_of):
+    """(host, pid) of every process whose network namespace is in `host_of` ({(st_dev, st_ino) of
+    /run/netns/NAME: host}), matched by inode as `ip netns identify` does. (Running `ip netns
+    pids` per host, 32 processes a second on 8 hosts, took 10 % of a core and stalled the 2-core
+    machine every 0.25 s.) Also bench/suite/thread_cpu.py."""
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            st = os.stat(f"/proc/{entry.name}/ns/net")
+        except OSError:
+            continue
+        host = host_of.get((st.st_dev, st.st_ino))
+        if host is not None:
+            yield host, entry.name
+
+
 class CpuMeter:
     def __init__(self, hosts):
         self.hosts = hosts
@@ -181,9 +198,7 @@ class CpuMeter:
         self.thread = None
 
     def _sample(self):
-        # One pass over /proc, each process's network namespace matched by inode as
-        # `ip netns identify` does. (Running `ip netns pids` per host, 32 processes a second
-        # on 8 hosts, took 10 % of a core and stalled the 2-core machine every 0.25 s.)
+        # One pass over /proc (host_processes).
         host_of = {}
         for h in self.hosts:
             try:
@@ -192,18 +207,12 @@ class CpuMeter:
             except OSError:
                 pass
         out = {}
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
+        for h, pid in host_processes(host_of):
             try:
-                st = os.stat(f"/proc/{entry.name}/ns/net")
-                h = host_of.get((st.st_dev, st.st_ino))
-                if h is None:
-                    continue
-                with open(f"/proc/{entry.name}/stat") as f:
+                with open(f"/proc/{pid}/stat") as f:
                     fields = f.read().rsplit(")", 1)[1].split()
                 ticks = int(fields[11]) + int(fields[12]) + int(fields[13]) + int(fields[14])
-                out[(h, entry.name, fields[19])] = ticks
+                out[(h, pid, fields[19])] = ticks
             except (OSError, IndexError, ValueError):
                 pass
         return out

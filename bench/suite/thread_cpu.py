@@ -26,6 +26,8 @@ import re
 import sys
 import time
 
+from run import host_processes
+
 NS_PREFIX = "trib-h"  # scripts/emulated_cluster.sh: TRIB_EMU_NAME (default trib) + "-h"
 
 
@@ -68,15 +70,8 @@ def read_thread(pid, tid):
 def sample(hosts):
     """{(host, pid, tid, process name): (thread name, ticks, vol, invol)}."""
     out = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        pid = entry.name
+    for host, pid in host_processes(hosts):
         try:
-            st = os.stat(f"/proc/{pid}/ns/net")
-            host = hosts.get((st.st_dev, st.st_ino))
-            if host is None:
-                continue
             with open(f"/proc/{pid}/comm") as f:
                 process = f.read().strip()
             tids = os.listdir(f"/proc/{pid}/task")
@@ -102,7 +97,7 @@ def main():
     hosts = namespaces(args.prefix)
     if not hosts:
         sys.exit(f"thread_cpu: no namespaces /run/netns/{args.prefix}K: is a cluster up (root)?")
-    first, last, when = {}, {}, {}
+    first, last = {}, {}
     start = time.monotonic()
     while True:
         now = time.monotonic()

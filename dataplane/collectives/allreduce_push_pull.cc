@@ -499,10 +499,10 @@ struct PushPullWorker::OpState {
   // 5 the operation failed while the chunk's send was in flight (see sends_at_failure).
   std::vector<uint8_t> chunk_state;
   uint32_t chunks_done = 0;
-  // Per server index: chunks pushed to it whose sum has not come back (at most `ahead`:
-  // kPushPullAhead, kLonePushPullAhead for a lone op), and the positions (QueuedChunk::position)
-  // of its chunks still in the worker's queue.
-  uint32_t ahead = kPushPullAhead;
+  // Chunks pushed to one server ahead of their sums, at most: kLonePushPullAhead for a lone op.
+  uint32_t ahead() const { return op.lone ? kLonePushPullAhead : kPushPullAhead; }
+  // Per server index: chunks pushed to it whose sum has not come back (at most ahead()), and
+  // the positions (QueuedChunk::position) of its chunks still in the worker's queue.
   std::vector<uint32_t> outstanding;
   std::vector<std::set<uint32_t>> queued;
   common::Clock::TimePoint deadline;
@@ -881,7 +881,6 @@ absl::Status PushPullWorker::StartLocked(const std::string& job_id, Operation& o
     state->num_chunks =
         PushPullChunks(op.count, element_size, partition, state->map.num_servers(), op.lone);
     state->chunk_state.assign(state->num_chunks, 0);
-    state->ahead = op.lone ? kLonePushPullAhead : kPushPullAhead;
     state->outstanding.assign(state->map.num_servers(), 0);
     state->queued.assign(state->map.num_servers(), {});
     state->deadline =
@@ -942,7 +941,7 @@ void PushPullWorker::PumpLocked(std::vector<std::function<void()>>& sends) {
   // smallest chunk fits the credit left: it passes each operation at most once, not each chunk.
   const auto window_full = [](const OpState& o) {
     for (size_t s = 0; s < o.queued.size(); ++s) {
-      if (!o.queued[s].empty() && o.outstanding[s] < o.ahead) return false;
+      if (!o.queued[s].empty() && o.outstanding[s] < o.ahead()) return false;
     }
     return true;
   };
@@ -953,7 +952,7 @@ void PushPullWorker::PumpLocked(std::vector<std::function<void()>>& sends) {
   const auto next_with_room = [this, &next_op](const OpState& o, const QueuedChunk& c) {
     uint32_t next = std::numeric_limits<uint32_t>::max();
     for (size_t s = 0; s < o.queued.size(); ++s) {
-      if (o.outstanding[s] >= o.ahead) continue;
+      if (o.outstanding[s] >= o.ahead()) continue;
       auto p = o.queued[s].upper_bound(c.position);
       if (p != o.queued[s].end()) next = std::min(next, *p);
     }
@@ -1001,7 +1000,7 @@ void PushPullWorker::PumpLocked(std::vector<std::function<void()>>& sends) {
     }
     const uint64_t bytes = it->bytes;
     const uint32_t server = it->server;
-    if (op->outstanding[server] >= op->ahead) {
+    if (op->outstanding[server] >= op->ahead()) {
       stats_->ahead_waits++;
       it = next_with_room(*op, *it);  // its chunks for other servers, and other ops, may go
       continue;
