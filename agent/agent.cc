@@ -15,6 +15,7 @@
 #include "agent/plan_view.h"
 #include "agent/tensor_fusion.h"
 #include "common/allocator.h"
+#include "common/buffer_pool.h"
 #include "common/buffer_socket_protocol.h"
 #include "common/logging.h"
 #include "common/metrics/metrics.h"
@@ -29,6 +30,33 @@ namespace tributary::agent {
 namespace {
 
 constexpr auto Log = common::ComponentLog<"agent">;
+
+// The process's buffer pool (common/buffer_pool.h) as metrics.
+std::shared_ptr<prometheus::Collectable> BufferPoolCollector(const common::BufferPool& pool) {
+  return std::make_shared<common::metrics::FunctionCollector>([&pool] {
+    using common::metrics::AddSample;
+    using common::metrics::MakeFamily;
+    const common::BufferPool::Stats s = pool.stats();
+    std::vector<prometheus::MetricFamily> out;
+    out.push_back(MakeFamily("tributary_agent_buffer_pool_kept_bytes",
+                             "Free fused buffers and sum copies kept for the next collectives.",
+                             prometheus::MetricType::Gauge));
+    AddSample(out.back(), static_cast<double>(s.kept_bytes));
+    out.push_back(MakeFamily("tributary_agent_buffer_pool_reused_total",
+                             "Buffers handed out again from the pool.",
+                             prometheus::MetricType::Counter));
+    AddSample(out.back(), static_cast<double>(s.reused));
+    out.push_back(MakeFamily("tributary_agent_buffer_pool_allocated_total",
+                             "Buffers allocated because none of their size class was kept.",
+                             prometheus::MetricType::Counter));
+    AddSample(out.back(), static_cast<double>(s.allocated));
+    out.push_back(MakeFamily("tributary_agent_buffer_pool_freed_total",
+                             "Kept buffers freed to stay within --buffer-pool-mib.",
+                             prometheus::MetricType::Counter));
+    AddSample(out.back(), static_cast<double>(s.freed));
+    return out;
+  });
+}
 
 }  // namespace
 
@@ -134,6 +162,8 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Start(const AgentOptions& in) {
   // Small all-reduces of the jobs whose plan asks for it run fused (tensor_fusion.h).
   auto fusing = std::make_unique<FusingRunner>(std::move(runner), common::SystemClock::Get());
   parts.collectables.push_back(fusing->stats_collector());
+  common::BufferPool::Process().SetKeepBytes(options.buffer_pool_bytes);
+  parts.collectables.push_back(BufferPoolCollector(common::BufferPool::Process()));
   parts.runner = std::move(fusing);
   parts.controller = std::make_unique<GrpcControllerClient>(std::move(copts));
   parts.clock = common::SystemClock::Get();

@@ -20,6 +20,7 @@
 #include "agent/data_plane_transport.h"
 #include "agent/local_grpc_service.h"
 #include "agent/local_service.h"
+#include "common/buffer_pool.h"
 #include "common/clock.h"
 #include "common/rpc/tls.h"
 #include "dataplane/collectives/allreduce_push_pull.h"
@@ -69,6 +70,9 @@ struct AgentOptions {
   // At most this many bytes of push/pull sums kept for peer recovery (up to twice each tensor's
   // size while it fits); 0 = keep none.
   uint64_t peer_recovery_bytes = dataplane::kDefaultRetainBytes;
+  // Free fused buffers and copies of sums kept for the next collectives, at most
+  // (common/buffer_pool.h; the pool is the process's).
+  uint64_t buffer_pool_bytes = common::BufferPool::kDefaultKeepBytes;
   // The ring / halving-doubling engine's memory for messages of collectives not started here yet
   // (CollectiveEngine::SetEarlyMessageLimit).
   uint64_t early_message_bytes = dataplane::CollectiveEngine::kMaxEarlyBytes;

@@ -109,6 +109,12 @@ int main(int argc, char** argv) {
                  "fits; tensors past it have no peer copy); 0 = keep none")
       ->capture_default_str()
       ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 24));
+  uint64_t buffer_pool_mib = options.buffer_pool_bytes >> 20;
+  app.add_option("--buffer-pool-mib", buffer_pool_mib,
+                 "Memory for free fused buffers and copies of sums kept for the next "
+                 "collectives, whose pages are then already mapped; 0 = keep none")
+      ->capture_default_str()
+      ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 24));
   uint64_t early_message_mib = options.early_message_bytes >> 20;
   app.add_option("--early-message-mib", early_message_mib,
                  "Memory for data-plane messages of collectives this node has not started yet "
@@ -201,6 +207,7 @@ int main(int argc, char** argv) {
   options.ring_spin = std::chrono::microseconds(ring_spin_us);
   options.peer_recovery_bytes = peer_recovery_mib << 20;
   options.early_message_bytes = early_message_mib << 20;
+  options.buffer_pool_bytes = buffer_pool_mib << 20;
   options.push_backlog_bytes = push_backlog_kib << 10;
   options.tcp_notsent_lowat_bytes = tcp_notsent_lowat_kib << 10;
   options.tcp_congestion_control = tcp_congestion == "system" ? "" : tcp_congestion;

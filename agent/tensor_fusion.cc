@@ -11,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/buffer_pool.h"
 #include "common/hash.h"
 #include "common/logging.h"
 #include "common/metrics/metrics.h"
@@ -362,7 +363,7 @@ struct Fused {
 // What a running fused operation keeps alive: its buffers and its members.
 struct FusedState {
   // One per local process; empty when the collective runs in place on its members' buffers.
-  std::vector<std::unique_ptr<std::byte[]>> storage;
+  std::vector<std::shared_ptr<std::byte[]>> storage;  // from common::BufferPool::Process()
   std::vector<dataplane::Operation> members;
   std::vector<uint64_t> offsets;  // elements
   size_t element = 0;
@@ -1257,7 +1258,7 @@ void FusingRunner::MaybeLaunchLocked(const std::string& job_id, Job& job, uint64
   } else {
     // Allocated here, filled from the members once mu_ is released (below).
     for (size_t p = 0; p < procs; ++p) {
-      state->storage.push_back(std::make_unique_for_overwrite<std::byte[]>(total * state->element));
+      state->storage.push_back(common::BufferPool::Process().Get(total * state->element));
       op.buffers.push_back(state->storage.back().get());
     }
   }

@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/buffer_pool.h"
 #include "common/hash.h"
 #include "common/logging.h"
 #include "common/trace.h"
@@ -710,7 +711,6 @@ void PushPullWorker::RemoveJob(uint64_t job_hash) {
     }
     tuning_.erase(tuning_.lower_bound({job_hash, 0}), tuning_.lower_bound({job_hash + 1, 0}));
     retained_.erase(retained_.lower_bound({job_hash, 0}), retained_.lower_bound({job_hash + 1, 0}));
-    DropSparesLocked(0);
     std::vector<CollectiveKey> keys;
     for (auto& [key, op] : ops_) {
       if (key.job == job_hash) keys.push_back(key);
@@ -905,18 +905,15 @@ absl::Status PushPullWorker::StartLocked(const std::string& job_id, Operation& o
     const uint64_t bytes = op.count * element_size;
     if (job->num_workers() > 1 && dedicated_servers_[job_hash]) {
       // Peer recovery keeps a copy of the sums (see kDefaultRetainBytes).
-      state->sums = TakeSpareLocked(bytes);
-      // Spares of other sizes give way to a new buffer, the oldest first, where that makes room.
-      if (const uint64_t others = stats_->worker_retained_bytes.load() - spare_bytes_;
-          !state->sums && others + bytes <= retain_budget_) {
-        DropSparesLocked(retain_budget_ - bytes - others);
-      }
-      if (!state->sums && stats_->worker_retained_bytes.load() + bytes <= retain_budget_) {
+      if (stats_->worker_retained_bytes.load() + bytes <= retain_budget_) {
         stats_->worker_retained_bytes += bytes;
-        state->sums =
-            std::shared_ptr<std::byte[]>(new std::byte[bytes], [this, bytes](std::byte* p) {
+        // From the process's pool: last iteration's pages, already mapped (common/buffer_pool.h).
+        std::shared_ptr<std::byte[]> buffer = common::BufferPool::Process().Get(bytes);
+        std::byte* const data = buffer.get();
+        state->sums = std::shared_ptr<std::byte[]>(
+            data, [this, bytes, buffer = std::move(buffer)](std::byte*) mutable {
               stats_->worker_retained_bytes -= bytes;
-              delete[] p;
+              buffer.reset();
             });
       }
     }
@@ -1322,33 +1319,6 @@ void PushPullWorker::TraceChunkLocked(const OpState& op, uint32_t chunk, uint32_
                        {{"chunk", chunk}, {"bytes", bytes}});
 }
 
-void PushPullWorker::KeepSpareLocked(Retained& retained) {
-  std::shared_ptr<std::byte[]> sums = std::move(retained.sums);
-  // Not while a copy is still being sent from them (a peer's fetch).
-  if (!sums || sums.use_count() != 1) return;
-  const uint64_t bytes = retained.count * DataTypeSize(static_cast<DataType>(retained.dtype));
-  spare_sums_.push_back({bytes, std::move(sums)});
-  spare_bytes_ += bytes;
-  DropSparesLocked(stats_->worker_retained_bytes.load() - spare_bytes_);
-}
-
-std::shared_ptr<std::byte[]> PushPullWorker::TakeSpareLocked(uint64_t bytes) {
-  auto it = std::find_if(spare_sums_.begin(), spare_sums_.end(),
-                         [bytes](const SpareSums& s) { return s.bytes == bytes; });
-  if (it == spare_sums_.end()) return nullptr;
-  std::shared_ptr<std::byte[]> sums = std::move(it->sums);
-  spare_bytes_ -= bytes;
-  spare_sums_.erase(it);
-  return sums;
-}
-
-void PushPullWorker::DropSparesLocked(uint64_t limit) {
-  while (spare_bytes_ > limit && !spare_sums_.empty()) {
-    spare_bytes_ -= spare_sums_.front().bytes;
-    spare_sums_.pop_front();  // frees it (the deleter counts it out of worker_retained_bytes)
-  }
-}
-
 void PushPullWorker::ChunkDoneLocked(const std::shared_ptr<OpState>& op, uint32_t chunk,
                                      std::vector<Completion>& done) {
   op->chunk_state[chunk] = 2;
@@ -1376,10 +1346,10 @@ void PushPullWorker::ChunkDoneLocked(const std::shared_ptr<OpState>& op, uint32_
     }
   }
   if (op->sums) {
-    Retained& r = retained_[{op->job_hash, op->tensor_hash}];
-    // The earlier sums become a later collective's buffer.
-    KeepSpareLocked(r);
-    r = Retained{op->op.iteration, op->op.count,     static_cast<uint8_t>(op->op.dtype),
+    // The earlier sums go back to the pool (or, while a copy is being sent from them to a
+    // peer, once it is sent), for a later collective's copy.
+    retained_[{op->job_hash, op->tensor_hash}] =
+        Retained{op->op.iteration, op->op.count,     static_cast<uint8_t>(op->op.dtype),
                  op->num_chunks,   op->decision_kib, op->job,
                  op->sums};
   }

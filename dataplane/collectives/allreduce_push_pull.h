@@ -444,13 +444,6 @@ class PushPullWorker {
   void FetchNextLocked(OpState& op, std::vector<Completion>& done);
   // A recovering op heard from every peer, none with the sums: fail it. mu_ held.
   void MaybeEndRecoveryLocked(const CollectiveKey& key, std::vector<Completion>& done);
-  // Moves `retained`'s sums to spare_sums_, unless a copy is still being sent from them (then
-  // they are freed when it is done). mu_ held.
-  void KeepSpareLocked(Retained& retained);
-  // Takes a spare of exactly `bytes`, or null. mu_ held.
-  std::shared_ptr<std::byte[]> TakeSpareLocked(uint64_t bytes);
-  // Frees the oldest spares until they hold at most `limit` bytes. mu_ held.
-  void DropSparesLocked(uint64_t limit);
   // Records the chunk's phases in the trace (common/trace.h). mu_ held.
   void TraceChunkLocked(const OpState& op, uint32_t chunk, uint32_t server);
   // Removes a chunk from queue_ (and queued_bytes_); returns the next. mu_ held.
@@ -482,21 +475,6 @@ class PushPullWorker {
   std::map<CollectiveKey, std::vector<Held>> held_;               // by the key they wait for
   std::map<std::pair<uint64_t, uint64_t>, TensorTuning> tuning_;  // by (job, tensor)
   std::map<std::pair<uint64_t, uint64_t>, Retained> retained_;    // by (job, tensor)
-  // Sum buffers free again (kept sums that a later collective of their tensor replaced), oldest
-  // first: the next collective of the same size, whatever its tensor, writes its sums into one
-  // instead of fresh memory, whose first touch costs a page fault per 4 KiB, more than the copy
-  // itself. Tensor fusion's collectives take kFusedNames names in turn, so a spare kept per
-  // tensor was first reused by the 129th fused collective (page faults were 8% of a worker
-  // agent's CPU on BERT-large's small tensors); now from the 65th. They count in
-  // worker_retained_bytes and hold at most as many bytes as the sums kept and in use
-  // (spare_bytes_): the oldest go first, and first when a new buffer would pass the budget. A
-  // removed job drops them all (every job's: they are memory).
-  struct SpareSums {
-    uint64_t bytes = 0;
-    std::shared_ptr<std::byte[]> sums;
-  };
-  std::deque<SpareSums> spare_sums_;
-  uint64_t spare_bytes_ = 0;
   std::map<uint64_t, bool> dedicated_servers_;  // per job: a server that is not a worker
   uint64_t retain_budget_ = kDefaultRetainBytes;
   ThroughputHook throughput_hook_;

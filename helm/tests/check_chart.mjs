@@ -141,7 +141,7 @@ function validatePodTemplate(template, what) {
 // --- value sets --------------------------------------------------------------------------------
 const VALUE_SETS = {
   default: {},
-  "gpu-only": { "agent.gpu.enabled": true, "agent.cpu.enabled": false, "agent.gpu.summation": false, "agent.gpu.peerRecoveryMiB": 1024, "agent.gpu.earlyMessageMiB": 512 },
+  "gpu-only": { "agent.gpu.enabled": true, "agent.cpu.enabled": false, "agent.gpu.summation": false, "agent.gpu.peerRecoveryMiB": 1024, "agent.gpu.bufferPoolMiB": 64, "agent.gpu.earlyMessageMiB": 512 },
   "spare-cpu": { "agent.cpu.enabled": true, "agent.cpu.tolerations": [{ key: "spare", operator: "Exists", effect: "NoSchedule" }] },
   "host-network": { "agent.hostNetwork": true, "agent.ucx": { netDevices: "mlx5_0:1", tls: "rc,sm,self" }, "agent.nicGbps": 100 },
   persistence: { "controller.persistence.enabled": true, "controller.persistence.storageClassName": "fast" },
@@ -249,10 +249,12 @@ function assertChartObjects(name, set, objs) {
       assert.equal(spec.nodeSelector["nvidia.com/gpu.present"], "true");
       assert.equal(a.args.includes("--no-summation"), get("agent.gpu.summation", true) === false);
       assert.equal(Number(argValue(a.args, "--peer-recovery-mib")), get("agent.gpu.peerRecoveryMiB", 4096));
+      assert.equal(Number(argValue(a.args, "--buffer-pool-mib")), get("agent.gpu.bufferPoolMiB", 512));
       assert.equal(Number(argValue(a.args, "--early-message-mib")), get("agent.gpu.earlyMessageMiB", 256));
     } else {
       assert.equal(a.args.includes("--no-summation"), false, "spare CPU agents sum");
       assert.equal(a.args.includes("--peer-recovery-mib"), false, "spare CPU agents are not workers");
+      assert.equal(a.args.includes("--buffer-pool-mib"), false, "spare CPU agents fuse nothing");
       assert.equal(a.args.includes("--early-message-mib"), false, "spare CPU agents are not workers");
       assert.equal(spec.nodeSelector["tributary.io/spare"], "true");
       assert.deepEqual(tolerations, get("agent.cpu.tolerations", []));

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/buffer_pool.h"
 #include "common/hash.h"
 #include "dataplane/collectives/data_plane_node.h"
 #include "dataplane/schedule/chunk_map.h"
@@ -86,7 +87,7 @@ bool RecoveryEventually(const std::function<bool()>& done) {
 
 const PushPullStats& Stats(Cluster& cluster, int i) { return cluster.node(i).push_pull().stats(); }
 
-// Worker 1 comes to hold exactly `bytes` of kept and spare sums (a completed operation's state
+// Worker 1 comes to hold exactly `bytes` of kept sums (a completed operation's state
 // can outlive its caller's Await by a moment on the engine's thread).
 void ExpectWorkerOneHolds(Cluster& cluster, uint64_t bytes) {
   EXPECT_TRUE(RecoveryEventually([&] {
@@ -325,27 +326,32 @@ void RunExact(Cluster& cluster, const std::string& tensor, uint64_t iteration, u
   }
 }
 
-// The sums a later collective of their tensor replaced are a spare buffer for the next
-// collective of the same size, whatever its tensor (tensor fusion's collectives take 64 names in
-// turn): after "a" twice and "b" once, a worker holds a's and b's kept sums and nothing else,
-// where a spare kept per tensor would make three buffers.
-TEST(PeerRecovery, ReplacedSumsServeTheNextCollectiveOfTheSameSize) {
+// The sums a later collective of their tensor replaced go back to the process's buffer pool
+// (common/buffer_pool.h), and the next collective of their size class, whatever its tensor
+// (tensor fusion's collectives take 64 names in turn), writes its copy into them: after "a"
+// twice and "b" once, every worker holds a's and b's kept sums, and b's are a's first ones.
+TEST(PeerRecovery, ReplacedSumsServeTheNextCollectiveOfTheirSize) {
   Cluster cluster(RecoveryJob());
-  RunExact(cluster, "a", 0, kRecoveryCount);
-  RunExact(cluster, "a", 1, kRecoveryCount);
-  RunExact(cluster, "b", 0, kRecoveryCount);
-  ExpectWorkerOneHolds(cluster, 2 * kRecoveryCount * 4);
+  RunExact(cluster, "a", 0, kBigCount);
+  const common::BufferPool::Stats before = common::BufferPool::Process().stats();
+  RunExact(cluster, "a", 1, kBigCount);  // a copy per worker, none kept to take yet
+  const common::BufferPool::Stats middle = common::BufferPool::Process().stats();
+  EXPECT_EQ(middle.allocated - before.allocated, 3u);
+  EXPECT_EQ(middle.reused - before.reused, 0u);
+  EXPECT_GE(middle.kept_buffers, 3u);          // a's iteration-0 copies, replaced
+  RunExact(cluster, "b", 0, kBigCount - 100);  // the same size class
+  const common::BufferPool::Stats after = common::BufferPool::Process().stats();
+  EXPECT_EQ(after.allocated - middle.allocated, 0u);
+  EXPECT_EQ(after.reused - middle.reused, 3u);
+  ExpectWorkerOneHolds(cluster, (2 * kBigCount - 100) * 4);
 }
 
-// Spares hold at most as many bytes as the sums kept and in use, the oldest dropped first: a
-// tensor whose size changes at every collective leaves one spare (its previous size), not one
-// per size it had.
-TEST(PeerRecovery, SparesOfSizesThatDoNotComeBackAreBounded) {
+// A tensor whose size changes at every collective holds only its last sums.
+TEST(PeerRecovery, ReplacedSumsAreNotHeld) {
   Cluster cluster(RecoveryJob());
   constexpr uint64_t kCollectives = 10;
   for (uint64_t k = 0; k < kCollectives; ++k) RunExact(cluster, "f", k, kRecoveryCount + k);
-  // The last two sizes: the kept sums and one spare.
-  ExpectWorkerOneHolds(cluster, (2 * kRecoveryCount + 2 * kCollectives - 3) * 4);
+  ExpectWorkerOneHolds(cluster, (kRecoveryCount + kCollectives - 1) * 4);
 }
 
 TEST(PeerRecovery, SumsOfAnEarlierMembershipGenerationAreNeverGiven) {
@@ -358,7 +364,7 @@ TEST(PeerRecovery, SumsOfAnEarlierMembershipGenerationAreNeverGiven) {
     v.generation = 1;
     cluster.SetJob(i, v);
   }
-  // Nothing kept, nothing spare: the sums go once the last reference to them does.
+  // Nothing kept: the sums go once the last reference to them does.
   ExpectWorkerOneHolds(cluster, 0);
   // Worker 0 runs the new generation's iteration 0 alone; its servers time it out, and the
   // others, who kept the old iteration 0's sums, say no.
