@@ -1,7 +1,7 @@
 """A process that leaves the job and a new session that takes its place: the job goes on.
 
 Run by ctest through the launcher (4 ranks: 2 agents x 2 processes, 2 spares):
-  tributary-run --np 4 --procs-per-node 2 --spares 2 --timeout-ms 3000 -- python3 rejoin_test.py
+  tributary-run --np 4 --procs-per-node 2 --spares 2 --timeout-ms 5000 -- python3 rejoin_test.py
 
 Each step all-reduces integer-valued contributions of every rank into a state vector, so the
 final state is exact. At step REJOIN_STEP rank 3 leaves (shutdown) and joins again (init), as a
