@@ -4,10 +4,10 @@
 // Why: an agent frees and allocates a tensor's worth of such buffers every iteration, of sizes
 // that change from one iteration to the next (fusion cuts differently). malloc (jemalloc here)
 // either purges the freed pages after its decay time or, with purging off, still places many
-// new buffers on fresh addresses; either way the first write of every page faults again. On
-// ResNet-50 that was 2,000-2,800 minor faults per second per worker agent, at 12 us per fault on
-// virtualized page tables (BENCHMARKS.md, session 45). A pool keyed by size class hands the same
-// pages back, already mapped.
+// new buffers on fresh addresses; either way the first write of every page faults again, at
+// 12 us per fault on virtualized page tables. With nothing recycled a worker agent spent 1.9x
+// the CPU per ResNet-50 iteration (BENCHMARKS.md, session 45). A pool keyed by size class hands the
+// same pages back, already mapped.
 //
 // Buffers of at least kMinPooledBytes are rounded up to a size class (four per doubling, so at
 // most a quarter more than asked) and come back to the pool when the last reference goes; the
