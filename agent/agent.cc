@@ -34,26 +34,30 @@ constexpr auto Log = common::ComponentLog<"agent">;
 // The process's buffer pool (common/buffer_pool.h) as metrics.
 std::shared_ptr<prometheus::Collectable> BufferPoolCollector(const common::BufferPool& pool) {
   return std::make_shared<common::metrics::FunctionCollector>([&pool] {
-    using common::metrics::AddSample;
-    using common::metrics::MakeFamily;
     const common::BufferPool::Stats s = pool.stats();
+    struct Row {
+      const char* name;
+      const char* help;
+      prometheus::MetricType type;
+      uint64_t value;
+    };
+    constexpr auto kCounter = prometheus::MetricType::Counter;
+    const Row rows[] = {
+        {"tributary_agent_buffer_pool_kept_bytes",
+         "Free fused buffers and sum copies kept for the next collectives.",
+         prometheus::MetricType::Gauge, s.kept_bytes},
+        {"tributary_agent_buffer_pool_reused_total", "Buffers handed out again from the pool.",
+         kCounter, s.reused},
+        {"tributary_agent_buffer_pool_allocated_total",
+         "Buffers allocated because none of their size class was kept.", kCounter, s.allocated},
+        {"tributary_agent_buffer_pool_freed_total",
+         "Kept buffers freed to stay within --buffer-pool-mib.", kCounter, s.freed},
+    };
     std::vector<prometheus::MetricFamily> out;
-    out.push_back(MakeFamily("tributary_agent_buffer_pool_kept_bytes",
-                             "Free fused buffers and sum copies kept for the next collectives.",
-                             prometheus::MetricType::Gauge));
-    AddSample(out.back(), static_cast<double>(s.kept_bytes));
-    out.push_back(MakeFamily("tributary_agent_buffer_pool_reused_total",
-                             "Buffers handed out again from the pool.",
-                             prometheus::MetricType::Counter));
-    AddSample(out.back(), static_cast<double>(s.reused));
-    out.push_back(MakeFamily("tributary_agent_buffer_pool_allocated_total",
-                             "Buffers allocated because none of their size class was kept.",
-                             prometheus::MetricType::Counter));
-    AddSample(out.back(), static_cast<double>(s.allocated));
-    out.push_back(MakeFamily("tributary_agent_buffer_pool_freed_total",
-                             "Kept buffers freed to stay within --buffer-pool-mib.",
-                             prometheus::MetricType::Counter));
-    AddSample(out.back(), static_cast<double>(s.freed));
+    for (const Row& r : rows) {
+      out.push_back(common::metrics::MakeFamily(r.name, r.help, r.type));
+      common::metrics::AddSample(out.back(), static_cast<double>(r.value));
+    }
     return out;
   });
 }

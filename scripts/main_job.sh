@@ -13,7 +13,7 @@
 # build/main-job/): push/pull forced, and jobs left to the agent's own choice per tensor (auto:
 # recursive doubling, halving-doubling, ring or push/pull by size), then a ResNet-50 iteration's
 # gradients, and real PyTorch ResNet-50 iterations with tributary.torch's DistributedOptimizer
-# and with DDP over the "tributary" backend against DDP over PyTorch's own Gloo backend. About 45
+# and with DDP over the "tributary" backend against DDP over PyTorch's own Gloo backend. About 50
 # minutes. Otherwise it runs on loopback
 # and every agent paces its data-plane egress to a declared 1 Gbit/s (--emulate-nic).
 # TRIB_MAIN_JOB=loopback or =emulated forces one. Extra arguments go to the runner.

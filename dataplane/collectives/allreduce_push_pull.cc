@@ -905,14 +905,16 @@ absl::Status PushPullWorker::StartLocked(const std::string& job_id, Operation& o
     const uint64_t bytes = op.count * element_size;
     if (job->num_workers() > 1 && dedicated_servers_[job_hash]) {
       // Peer recovery keeps a copy of the sums (see kDefaultRetainBytes).
-      if (stats_->worker_retained_bytes.load() + bytes <= retain_budget_) {
-        stats_->worker_retained_bytes += bytes;
-        // From the process's pool: last iteration's pages, already mapped (common/buffer_pool.h).
+      // From the process's pool: last iteration's pages, already mapped (common/buffer_pool.h).
+      // The budget counts the memory held, the buffer's size class (up to a quarter more).
+      const uint64_t held = common::BufferPool::ClassBytes(bytes);
+      if (stats_->worker_retained_bytes.load() + held <= retain_budget_) {
+        stats_->worker_retained_bytes += held;
         std::shared_ptr<std::byte[]> buffer = common::BufferPool::Process().Get(bytes);
         std::byte* const data = buffer.get();
         state->sums = std::shared_ptr<std::byte[]>(
-            data, [this, bytes, buffer = std::move(buffer)](std::byte*) mutable {
-              stats_->worker_retained_bytes -= bytes;
+            data, [this, held, buffer = std::move(buffer)](std::byte*) mutable {
+              stats_->worker_retained_bytes -= held;
               buffer.reset();
             });
       }

@@ -78,7 +78,7 @@ struct PushPullStats {
   std::atomic<uint64_t> peer_recoveries_started{0};
   std::atomic<uint64_t> peer_recoveries{0};
   std::atomic<uint64_t> peer_chunks_served{0};
-  std::atomic<uint64_t> worker_retained_bytes{0};  // gauge: sums kept for peer recovery
+  std::atomic<uint64_t> worker_retained_bytes{0};  // gauge: memory of sums kept (peer recovery)
 };
 
 // Online partition tuning (DESIGN.md §1.3, MIAD), agreed by construction. The tensor's home

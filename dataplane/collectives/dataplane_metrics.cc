@@ -261,8 +261,8 @@ std::vector<prometheus::MetricFamily> DataPlaneStatsCollector::Collect() const {
       "Worker role: collectives that asked the job's other workers for their sums before failing.",
       MetricType::Counter, p.peer_recoveries_started.load());
   add("tributary_dataplane_retained_bytes",
-      "Worker role: bytes of sums kept for peer recovery (the last completed collective of each "
-      "tensor, and the ones in flight).",
+      "Worker role: memory holding sums kept for peer recovery (the last completed collective of "
+      "each tensor, and the ones in flight), in bytes.",
       MetricType::Gauge, p.worker_retained_bytes.load());
   add("tributary_dataplane_p2p_sent_bytes_total",
       "Ring / halving-doubling engine: payload bytes sent.", MetricType::Counter,

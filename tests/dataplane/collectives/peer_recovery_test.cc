@@ -343,7 +343,9 @@ TEST(PeerRecovery, ReplacedSumsServeTheNextCollectiveOfTheirSize) {
   const common::BufferPool::Stats after = common::BufferPool::Process().stats();
   EXPECT_EQ(after.allocated - middle.allocated, 0u);
   EXPECT_EQ(after.reused - middle.reused, 3u);
-  ExpectWorkerOneHolds(cluster, (2 * kBigCount - 100) * 4);
+  // Held as their size class: 120,000 and 119,600 bytes each in a 128 KiB buffer.
+  ExpectWorkerOneHolds(cluster, 2 * common::BufferPool::ClassBytes(kBigCount * 4));
+  EXPECT_EQ(common::BufferPool::ClassBytes(kBigCount * 4), uint64_t{128} << 10);
 }
 
 // A tensor whose size changes at every collective holds only its last sums.
