@@ -4,8 +4,11 @@
 #include "client/cluster/local_cluster.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <condition_variable>
@@ -19,10 +22,12 @@
 #include <set>
 #include <span>
 #include <sstream>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
 #include "common/hash.h"
+#include "common/unix_fd.h"
 #include "dataplane/collectives/operation.h"
 #include "dataplane/collectives/wire.h"
 #include "dataplane/transport/tcp/tcp_transport.h"
@@ -418,10 +423,42 @@ TEST_F(LocalClusterTest, ProcessThatDisconnectsFailsItsPeersPromptly) {
   }
 }
 
+// Every process connects, then all submit together (a FIFO barrier: a process that started late
+// on a loaded machine could otherwise submit after its node-mate had already hit the deadline
+// and left the job) and get DEADLINE_EXCEEDED. The op deadline stays under the data plane's
+// connect timeout, which would make the failure retriable and re-plan the spare away.
 TEST_F(LocalClusterTest, FrozenSummationServerBecomesADeadlineError) {
   ASSERT_NO_FATAL_FAILURE(CreateJob("frozen", /*timeout_ms=*/3000));
+  const std::string signal = absl::StrCat(cluster_->run_dir(), "/frozen-signal");
+  const std::string go = absl::StrCat(cluster_->run_dir(), "/frozen-go");
+  ASSERT_EQ(mkfifo(signal.c_str(), 0600), 0);
+  ASSERT_EQ(mkfifo(go.c_str(), 0600), 0);
+  // Both held open to read and write: the processes' opens do not block, and their reads of the
+  // go FIFO never see an end of file.
+  common::UniqueFd signal_fd(open(signal.c_str(), O_RDWR));
+  common::UniqueFd go_fd(open(go.c_str(), O_RDWR));
+  ASSERT_GE(signal_fd.get(), 0);
+  ASSERT_GE(go_fd.get(), 0);
+  const int processes = kLocalWorkers * kLocalProcsPerNode;
+
   cluster_->FreezeNode(kLocalWorkers);  // spare-0
-  auto results = RunWorkers("frozen", "timeout");
+  std::vector<WorkerResult> results;
+  std::thread run([&] {
+    results = RunWorkers("frozen", "timeout", {"--signal-fifo", signal, "--go-fifo", go});
+  });
+  int signalled = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (signalled < processes && std::chrono::steady_clock::now() < deadline) {
+    pollfd p{signal_fd.get(), POLLIN, 0};
+    if (poll(&p, 1, 1000) != 1) continue;
+    char b[8];
+    const ssize_t n = read(signal_fd.get(), b, sizeof(b));
+    if (n > 0) signalled += static_cast<int>(n);
+  }
+  EXPECT_EQ(signalled, processes) << "not every process connected within 60 s";
+  const std::string bytes(processes, 'g');  // releases those that did, even on failure
+  EXPECT_EQ(write(go_fd.get(), bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+  run.join();
   cluster_->ThawNode(kLocalWorkers);
   ExpectAllPassed(results);
 }

@@ -1,6 +1,7 @@
 // One training process for the integration tests: joins a job through its node's agent, runs a
 // scenario, checks every element, and exits non-zero on any wrong element or unexpected error.
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -439,9 +440,28 @@ void Disconnect(Client& c, uint32_t procs_per_node) {
   (void)procs_per_node;
 }
 
-void Timeout(Client& c) {
+// With `fifo` and `go_fifo`, every process writes one byte to `fifo` once connected and waits
+// (up to 60 s) for one from `go_fifo` before it submits: the test lets them go together, so that
+// every process's submission is inside the same operation on its agent. (Started unsynchronized
+// on a loaded machine, a process could submit after its node-mate had hit the deadline and left
+// the job, and get ABORTED for the missing node-mate instead.)
+void Timeout(Client& c, const std::string& fifo, const std::string& go_fifo) {
   auto buf = c.AllocateBuffer(1 << 20);
   if (!buf.ok()) return Fail(std::string(buf.status().message()));
+  if (!fifo.empty()) {
+    const int fd = open(fifo.c_str(), O_WRONLY);  // the test holds the read end open
+    if (fd < 0) return Fail(absl::StrCat("open ", fifo, ": ", std::strerror(errno)));
+    const char b = 1;
+    Expect(write(fd, &b, 1) == 1, "signal the test");
+    close(fd);
+    const int go = open(go_fifo.c_str(), O_RDONLY);  // the test holds it open to read and write
+    if (go < 0) return Fail(absl::StrCat("open ", go_fifo, ": ", std::strerror(errno)));
+    pollfd p{go, POLLIN, 0};
+    char g = 0;
+    const bool ok = poll(&p, 1, 60000) == 1 && read(go, &g, 1) == 1;
+    close(go);
+    if (!ok) return Fail("no go from the test within 60 s");
+  }
   const auto start = std::chrono::steady_clock::now();
   absl::Status s = c.AllReduce("t.frozen", **buf, 0, 200000, DataType::kFloat32, ReduceOp::kSum);
   const double seconds =
@@ -469,7 +489,8 @@ int main(int argc, char** argv) {
   int warmup = 0;
   app.add_option("--count", count, "bandwidth: floats in the tensor");
   app.add_option("--warmup", warmup, "bandwidth: iterations before --go-fifo");
-  app.add_option("--signal-fifo", signal_fifo, "failover: rank 0 writes a byte here and...");
+  app.add_option("--signal-fifo", signal_fifo,
+                 "failover: every rank writes a byte here and rank 0... (timeout: every rank...)");
   app.add_option("--go-fifo", go_fifo, "...waits for one from here before...");
   app.add_option("--signal-at", signal_at, "...each of these iterations");
   CLI11_PARSE(app, argc, argv);
@@ -503,7 +524,7 @@ int main(int argc, char** argv) {
   } else if (scenario == "disconnect") {
     Disconnect(**c, local_size);
   } else if (scenario == "timeout") {
-    Timeout(**c);
+    Timeout(**c, signal_fifo, go_fifo);
   } else if (scenario == "failover") {
     Failover(**c, iterations, signal_fifo, go_fifo, signal_at);
   } else {
