@@ -55,6 +55,11 @@ uint64_t FloorKiB(uint64_t bytes) { return bytes / 1024 * 1024; }
 
 }  // namespace
 
+std::chrono::milliseconds RetainedLifetime(std::chrono::milliseconds op_timeout) {
+  return std::max<std::chrono::milliseconds>(std::chrono::minutes(2),
+                                             4 * (op_timeout + WorkerGrace(op_timeout)));
+}
+
 std::chrono::milliseconds WorkerGrace(std::chrono::milliseconds op_timeout) {
   return std::clamp<std::chrono::milliseconds>(op_timeout / 8, std::chrono::milliseconds(250),
                                                std::chrono::milliseconds(5000));
@@ -1351,9 +1356,14 @@ void PushPullWorker::ChunkDoneLocked(const std::shared_ptr<OpState>& op, uint32_
     // The earlier sums go back to the pool (or, while a copy is being sent from them to a
     // peer, once it is sent), for a later collective's copy.
     retained_[{op->job_hash, op->tensor_hash}] =
-        Retained{op->op.iteration, op->op.count,     static_cast<uint8_t>(op->op.dtype),
-                 op->num_chunks,   op->decision_kib, op->job,
-                 op->sums};
+        Retained{op->op.iteration,
+                 op->op.count,
+                 static_cast<uint8_t>(op->op.dtype),
+                 op->num_chunks,
+                 op->decision_kib,
+                 op->job,
+                 op->sums,
+                 clock_->Now() + RetainedLifetime(op->job->op_timeout)};
   }
   if (op->recovering) {
     stats_->peer_recoveries++;
@@ -1529,6 +1539,9 @@ void PushPullWorker::ExpireStale() {
           done);
     }
     if (!expired.empty() || !expired_held.empty() || !unrecovered.empty()) PumpLocked(sends);
+    // Kept sums past their lifetime go back to the pool (a copy being sent to a peer holds them
+    // until it is sent).
+    std::erase_if(retained_, [now](const auto& r) { return r.second.expires <= now; });
     // Failed operations whose sends the transport has held for kFailedSendGrace are completed
     // anyway: every wait has a deadline (the transport is told nothing; it may still read).
     std::vector<std::shared_ptr<OpState>> overdue;

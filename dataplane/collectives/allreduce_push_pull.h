@@ -290,7 +290,16 @@ inline constexpr uint32_t kDefaultSpareServerUnsent = 128 << 10;
 //    when every worker said no, or no answer came within WorkerGrace past the deadline, it fails
 //    with the error it had, and the agent's retry runs the iteration again under the new epoch.
 // A worker completes from the servers' sums or from a copy of them: never a different sum.
+// Kept sums also go RetainedLifetime after their collective completed here: a tensor name that
+// never comes again (PyTorch DDP's buckets before it rebuilds them, one-off collectives) would
+// otherwise hold its copy, and the budget, for as long as the job runs.
 inline constexpr uint64_t kDefaultRetainBytes = uint64_t{4} << 30;
+// How long kept sums stay after their collective completed: 4 x (op_timeout + WorkerGrace), and
+// at least 2 minutes. Every worker had pushed before this one completed, so a worker that needs
+// the copy asks when its own attempt fails (within op_timeout + WorkerGrace of this completion)
+// or when a retry of it, started after the re-plan, fails in turn; both lie well inside this.
+// A query later than that finds no copy, and fails as it would without peer recovery.
+std::chrono::milliseconds RetainedLifetime(std::chrono::milliseconds op_timeout);
 
 class PushPullWorker {
  public:
@@ -397,6 +406,7 @@ class PushPullWorker {
     uint32_t decision_kib = 0;  // carried by chunk 0's sum
     std::shared_ptr<const JobView> job;
     std::shared_ptr<std::byte[]> sums;
+    common::Clock::TimePoint expires;  // RetainedLifetime after the collective completed
   };
   // Partition tuning of one tensor at this worker.
   struct TensorTuning {

@@ -356,6 +356,32 @@ TEST(PeerRecovery, ReplacedSumsAreNotHeld) {
   ExpectWorkerOneHolds(cluster, (kRecoveryCount + kCollectives - 1) * 4);
 }
 
+// Kept sums of a tensor that never comes again (DDP's buckets before it rebuilds them) go
+// RetainedLifetime after their collective completed, 2 minutes at this job's 5 s op timeout;
+// those of a later collective stay their own lifetime.
+TEST(PeerRecovery, KeptSumsOfATensorThatNeverComesAgainExpire) {
+  EXPECT_EQ(RetainedLifetime(std::chrono::seconds(5)), std::chrono::minutes(2));
+  // 4 x (60 s + WorkerGrace, at most 5 s).
+  EXPECT_EQ(RetainedLifetime(std::chrono::seconds(60)), std::chrono::seconds(260));
+  Cluster cluster(RecoveryJob());
+  RunExact(cluster, "once", 0, kRecoveryCount);
+  ExpectWorkerOneHolds(cluster, kRecoveryCount * 4);
+  cluster.clock().Advance(std::chrono::seconds(119));
+  cluster.node(1).push_pull().worker().ExpireStale();
+  EXPECT_EQ(Stats(cluster, 1).worker_retained_bytes.load(), kRecoveryCount * 4);
+  RunExact(cluster, "later", 0, kRecoveryCount);  // kept until 239 s
+  ExpectWorkerOneHolds(cluster, 2 * kRecoveryCount * 4);
+  cluster.clock().Advance(std::chrono::seconds(1));
+  cluster.node(1).push_pull().worker().ExpireStale();
+  ExpectWorkerOneHolds(cluster, kRecoveryCount * 4);  // "once"'s went
+  cluster.clock().Advance(std::chrono::seconds(118));
+  cluster.node(1).push_pull().worker().ExpireStale();
+  EXPECT_EQ(Stats(cluster, 1).worker_retained_bytes.load(), kRecoveryCount * 4);
+  cluster.clock().Advance(std::chrono::seconds(1));
+  cluster.node(1).push_pull().worker().ExpireStale();
+  ExpectWorkerOneHolds(cluster, 0);
+}
+
 TEST(PeerRecovery, SumsOfAnEarlierMembershipGenerationAreNeverGiven) {
   // Every worker completed iteration 0, then the job moved to a new membership generation, which
   // counts its iterations from 0 again: the same number is another collective.
