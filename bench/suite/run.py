@@ -1117,7 +1117,7 @@ def main():
                          "agent's choice per tensor, what a job gets by default; until session "
                          "35 push-pull)")
     ap.add_argument("--torch-iters", type=int, default=3,
-                    help="timed PyTorch iterations per run (after one warm-up)")
+                    help="timed PyTorch iterations per run (after two warm-up iterations)")
     ap.add_argument("--print-workload", default=None, choices=sorted(WORKLOADS),
                     help="print a workload's tensor list and totals, then exit")
     ap.add_argument("--partition-bytes", type=int, default=0,

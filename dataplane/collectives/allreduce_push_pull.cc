@@ -57,7 +57,7 @@ uint64_t FloorKiB(uint64_t bytes) { return bytes / 1024 * 1024; }
 
 std::chrono::milliseconds RetainedLifetime(std::chrono::milliseconds op_timeout) {
   return std::max<std::chrono::milliseconds>(std::chrono::minutes(2),
-                                             4 * (op_timeout + WorkerGrace(op_timeout)));
+                                             8 * (op_timeout + WorkerGrace(op_timeout)));
 }
 
 std::chrono::milliseconds WorkerGrace(std::chrono::milliseconds op_timeout) {

@@ -294,11 +294,14 @@ inline constexpr uint32_t kDefaultSpareServerUnsent = 128 << 10;
 // never comes again (PyTorch DDP's buckets before it rebuilds them, one-off collectives) would
 // otherwise hold its copy, and the budget, for as long as the job runs.
 inline constexpr uint64_t kDefaultRetainBytes = uint64_t{4} << 30;
-// How long kept sums stay after their collective completed: 4 x (op_timeout + WorkerGrace), and
+// How long kept sums stay after their collective completed: 8 x (op_timeout + WorkerGrace), and
 // at least 2 minutes. Every worker had pushed before this one completed, so a worker that needs
-// the copy asks when its own attempt fails (within op_timeout + WorkerGrace of this completion)
-// or when a retry of it, started after the re-plan, fails in turn; both lie well inside this.
-// A query later than that finds no copy, and fails as it would without peer recovery.
+// the copy asks when its own attempt fails (its deadline, op_timeout + WorkerGrace, then up to
+// WorkerGrace of recovery), or when a retry of it fails in turn: each retry may wait up to an
+// op timeout in its agent (for the node's other processes or a newer plan) and then runs as
+// long again, about 2 x (op_timeout + WorkerGrace), so the attempt and the client's default
+// three retries (ClientOptions::max_retries) lie within this. A query later than that finds no
+// copy, and fails as it would without peer recovery.
 std::chrono::milliseconds RetainedLifetime(std::chrono::milliseconds op_timeout);
 
 class PushPullWorker {

@@ -435,8 +435,8 @@ TEST_F(LocalClusterTest, FrozenSummationServerBecomesADeadlineError) {
   ASSERT_EQ(mkfifo(go.c_str(), 0600), 0);
   // Both held open to read and write: the processes' opens do not block, and their reads of the
   // go FIFO never see an end of file.
-  common::UniqueFd signal_fd(open(signal.c_str(), O_RDWR));
-  common::UniqueFd go_fd(open(go.c_str(), O_RDWR));
+  common::UniqueFd signal_fd(open(signal.c_str(), O_RDWR | O_CLOEXEC));
+  common::UniqueFd go_fd(open(go.c_str(), O_RDWR | O_CLOEXEC));
   ASSERT_GE(signal_fd.get(), 0);
   ASSERT_GE(go_fd.get(), 0);
   const int processes = kLocalWorkers * kLocalProcsPerNode;

@@ -361,8 +361,8 @@ TEST(PeerRecovery, ReplacedSumsAreNotHeld) {
 // those of a later collective stay their own lifetime.
 TEST(PeerRecovery, KeptSumsOfATensorThatNeverComesAgainExpire) {
   EXPECT_EQ(RetainedLifetime(std::chrono::seconds(5)), std::chrono::minutes(2));
-  // 4 x (60 s + WorkerGrace, at most 5 s).
-  EXPECT_EQ(RetainedLifetime(std::chrono::seconds(60)), std::chrono::seconds(260));
+  // 8 x (60 s + WorkerGrace, at most 5 s).
+  EXPECT_EQ(RetainedLifetime(std::chrono::seconds(60)), std::chrono::seconds(520));
   Cluster cluster(RecoveryJob());
   RunExact(cluster, "once", 0, kRecoveryCount);
   ExpectWorkerOneHolds(cluster, kRecoveryCount * 4);
