@@ -352,6 +352,18 @@ void BadInput(Client& c, const std::string& agent) {
       "after bad input: wrong sums");
 }
 
+// Reads one byte from `go_fifo`, waiting up to 60 s for it. The open returns once the test has
+// the FIFO open to write (at once where it holds it open to read and write).
+bool AwaitGo(const std::string& go_fifo) {
+  const int go = open(go_fifo.c_str(), O_RDONLY);
+  if (go < 0) return false;
+  pollfd p{go, POLLIN, 0};
+  char g = 0;
+  const bool ok = poll(&p, 1, 60000) == 1 && read(go, &g, 1) == 1;
+  close(go);
+  return ok;
+}
+
 // A training loop that goes on through a lost or frozen summation server: every iteration
 // all-reduces three tensors of exact sums, every element is checked, and no iteration may fail
 // (the client retries transparently). Before submitting each iteration listed in `signal_at`,
@@ -382,12 +394,7 @@ void Failover(Client& c, int iterations, const std::string& fifo, const std::str
     if (fd >= 0 && std::find(signal_at.begin(), signal_at.end(), it) != signal_at.end()) {
       const char b = 1;
       Expect(write(fd, &b, 1) == 1, "signal the test");
-      if (rank == 0) {
-        const int go = open(go_fifo.c_str(), O_RDONLY);  // until the test opens it to write
-        char g = 0;
-        Expect(go >= 0 && read(go, &g, 1) == 1, "the test's go");
-        if (go >= 0) close(go);
-      }
+      if (rank == 0) Expect(AwaitGo(go_fifo), "the test's go within 60 s");
     }
     const auto start = std::chrono::steady_clock::now();
     std::vector<tributary::client::Handle> handles;
@@ -454,13 +461,7 @@ void Timeout(Client& c, const std::string& fifo, const std::string& go_fifo) {
     const char b = 1;
     Expect(write(fd, &b, 1) == 1, "signal the test");
     close(fd);
-    const int go = open(go_fifo.c_str(), O_RDONLY);  // the test holds it open to read and write
-    if (go < 0) return Fail(absl::StrCat("open ", go_fifo, ": ", std::strerror(errno)));
-    pollfd p{go, POLLIN, 0};
-    char g = 0;
-    const bool ok = poll(&p, 1, 60000) == 1 && read(go, &g, 1) == 1;
-    close(go);
-    if (!ok) return Fail("no go from the test within 60 s");
+    if (!AwaitGo(go_fifo)) return Fail("no go from the test within 60 s");
   }
   const auto start = std::chrono::steady_clock::now();
   absl::Status s = c.AllReduce("t.frozen", **buf, 0, 200000, DataType::kFloat32, ReduceOp::kSum);
