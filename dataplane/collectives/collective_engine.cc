@@ -162,12 +162,37 @@ CollectiveEngine::CollectiveEngine(Transport* transport, Reducer* reducer,
 CollectiveEngine::~CollectiveEngine() = default;
 
 void CollectiveEngine::SetJob(const JobView& view) {
-  std::lock_guard lock(mu_);
-  auto [g, first] = generations_.try_emplace(view.job_hash(), view.generation, 0);
-  if (!first && view.generation > g->second.first) {
-    g->second = {view.generation, view.plan_version};
+  std::vector<Outgoing> out;
+  std::vector<Completion> done;
+  {
+    std::lock_guard lock(mu_);
+    auto [g, first] = generations_.try_emplace(view.job_hash(), view.generation, 0);
+    const bool moved = !first && view.generation > g->second.first;
+    if (moved) g->second = {view.generation, view.plan_version};
+    jobs_[view.job_hash()] = std::make_shared<const JobView>(view);
+    if (moved) {
+      // The job's membership moved on: its collectives of an older generation can no longer
+      // complete (the other nodes count their iterations from 0 again and will not send them),
+      // so they fail now, retriable, instead of at their op timeout. A rank left waiting there
+      // joined the new generation's sync an op timeout late, past its peers' deadline. The
+      // peers are not told: the old plan's addresses may be gone, and each gets this plan too.
+      std::vector<std::shared_ptr<OpState>> older;
+      for (auto& [key, op] : ops_) {
+        if (key.job == view.job_hash() && !op->finished && op->view->generation < view.generation) {
+          older.push_back(op);
+        }
+      }
+      for (auto& op : older) {
+        FailLocked(
+            op,
+            PlanChangedError(view.job_id, op->descriptor.plan_version, view.plan_version,
+                             absl::StrCat(op->Name(), " (membership generation ",
+                                          op->view->generation, " -> ", view.generation, ")")),
+            false, out, done);
+      }
+    }
   }
-  jobs_[view.job_hash()] = std::make_shared<const JobView>(view);
+  Flush(std::move(out), std::move(done));
 }
 
 void CollectiveEngine::SetEarlyMessageLimit(uint64_t bytes) {

@@ -902,6 +902,48 @@ TEST(EarlyMessagesTest, AStragglerOfAnOlderGenerationOverTheLimitFailsNothing) {
   ExpectSums(bufs, count, 3);
 }
 
+// A collective of an older membership generation that a peer will never run (it moved to the
+// new generation and counts its iterations from 0 again) fails, retriable, as soon as the new
+// generation's plan arrives; it waited out its op timeout (300 s here), and a rank stuck there
+// joined the new generation's first collective too late for its peers (python_rejoin).
+TEST(GenerationsTest, AnOlderGenerationsCollectiveFailsWhenTheMembershipMoves) {
+  const testing::ClusterOptions o = TwoRanks("job-m", 3);
+  testing::Cluster cluster(o);
+  const uint64_t count = 100;
+  std::vector<std::vector<std::byte>> bufs(2, std::vector<std::byte>(count * 4));
+  FillRanks(bufs, count);
+  auto stuck =
+      cluster.Post(0, Algorithm::kRing,
+                   MakeRingOp("grad", 4, DataType::kInt32, count, Reduction::kSum, bufs[0]));
+  EXPECT_EQ(stuck.wait_for(std::chrono::milliseconds(0)), std::future_status::timeout);
+  // A new plan of the same generation leaves it running.
+  JobView same = cluster.ViewOf(0);
+  same.plan_version = 4;
+  cluster.SetJob(0, same);
+  EXPECT_EQ(stuck.wait_for(std::chrono::milliseconds(0)), std::future_status::timeout);
+  for (int r = 0; r < 2; ++r) {
+    JobView v = cluster.ViewOf(r);
+    v.plan_version = 5;
+    v.generation = 1;
+    cluster.SetJob(r, v);
+  }
+  const absl::Status status = Await(stuck);
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_THAT(status.message(), HasSubstr("changed from v3 to v5"));
+  EXPECT_THAT(status.message(), HasSubstr("membership generation 0 -> 1"));
+  // The new generation's collectives run, from iteration 0.
+  FillRanks(bufs, count);
+  auto first =
+      cluster.Post(0, Algorithm::kRing,
+                   MakeRingOp("grad", 0, DataType::kInt32, count, Reduction::kSum, bufs[0]));
+  auto second =
+      cluster.Post(1, Algorithm::kRing,
+                   MakeRingOp("grad", 0, DataType::kInt32, count, Reduction::kSum, bufs[1]));
+  EXPECT_TRUE(Await(first).ok());
+  EXPECT_TRUE(Await(second).ok());
+  ExpectSums(bufs, count, 3);
+}
+
 // A failure is remembered as long as early messages are kept (the job's op timeout when longer
 // than kTombstoneTtl): a rank that starts the collective 90 s after another rank aborted it
 // fails at once with the abort's reason. It waited out its own op timeout for peers that were
